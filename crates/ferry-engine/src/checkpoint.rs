@@ -1,0 +1,118 @@
+//! Capture: walks a frozen tree through every resource kind and streams the image.
+
+use crate::error::{Context, Result};
+use crate::freeze::FrozenTree;
+use crate::objects::CaptureObjects;
+use crate::procfs;
+use crate::resources::{files::FdCapture, memory, process, signals, threads};
+use ferry_image::{ImageWriter, Process, Source, Tree};
+use ferry_inject::Injector;
+use ferry_sys::ptrace;
+use std::io::Write;
+use std::time::Instant;
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct CaptureReport {
+    pub pids: Vec<i32>,
+    pub threads: usize,
+    pub pages_written: u64,
+    pub zero_pages_skipped: u64,
+    pub memory_bytes: u64,
+    pub image_bytes: u64,
+    pub state_ms: f64,
+    pub memory_ms: f64,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Captures everything about the frozen tree into `out`. The tree stays frozen.
+pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureReport)> {
+    let t0 = Instant::now();
+    let root = frozen.procs.first().map(|p| p.pid).unwrap_or(0);
+    let mut tree = Tree {
+        root_pid: root,
+        source: Source {
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            boot_id: procfs::boot_id(),
+            captured_unix_ms: now_ms(),
+        },
+        ..Default::default()
+    };
+    let mut objects = CaptureObjects::default();
+    let mut fdcap = FdCapture::default();
+    let mut report = CaptureReport::default();
+    for fp in &frozen.procs {
+        report.pids.push(fp.pid);
+        let mut p = Process {
+            pid: fp.pid,
+            ppid: fp.stat.ppid,
+            pgid: fp.stat.pgid,
+            sid: fp.stat.sid,
+            comm: fp.stat.comm.clone(),
+            exit_signal: fp.stat.exit_signal,
+            ..Default::default()
+        };
+        if fp.zombie {
+            p.zombie_status = Some(fp.stat.exit_code);
+            tree.processes.push(p);
+            continue;
+        }
+        report.threads += fp.threads.len();
+        let syscall_at = ferry_inject::find_syscall_insn(fp.pid)?;
+        for t in &fp.threads {
+            // Signals arriving from now on stay queued, to be captured as pending.
+            ptrace::set_sigmask(t.tid, u64::MAX)
+                .ctx(fp.pid, || format!("block signals of thread {}", t.tid))?;
+        }
+        let leader = &fp.threads[0];
+        let inj = Injector::on_stack(fp.pid, leader.tid, leader.regs, syscall_at)?;
+        process::capture(fp.pid, &fp.stat, &inj, &mut p)?;
+        signals::capture(fp.pid, &inj, &mut p)?;
+        p.threads.push(threads::capture(fp.pid, leader, &inj)?);
+        inj.finish()?;
+        for t in &fp.threads[1..] {
+            let inj = Injector::on_stack(fp.pid, t.tid, t.regs, syscall_at)?;
+            p.threads.push(threads::capture(fp.pid, t, &inj)?);
+            inj.finish()?;
+        }
+        p.vmas = memory::capture(fp.pid, &procfs::smaps(fp.pid)?, &mut objects)?;
+        p.fds = fdcap.capture(fp.pid, &mut tree, &mut objects)?;
+        tree.processes.push(p);
+    }
+    tree.shmem = objects.shmem.clone();
+    tree.ghosts = objects.ghosts.clone();
+    report.state_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    let t1 = Instant::now();
+    let io = |e: std::io::Error| crate::Error::Io {
+        pid: root,
+        what: "write the image".into(),
+        source: e,
+    };
+    let mut w = ImageWriter::new(out).map_err(io)?;
+    w.write_tree(&tree).map_err(io)?;
+    let mut stats = memory::PageStats::default();
+    for p in tree.processes.iter().filter(|p| p.zombie_status.is_none()) {
+        memory::write_pages(p.pid, &p.vmas, &mut w, &mut stats)?;
+    }
+    let object_bytes = objects.write_contents(&mut w).map_err(io)?;
+    let (out, total) = w.finish().map_err(io)?;
+    report.pages_written = stats.pages_written;
+    report.zero_pages_skipped = stats.zero_pages_skipped;
+    report.memory_bytes = stats.pages_written * ferry_sys::PAGE_SIZE + object_bytes;
+    report.image_bytes = total;
+    report.memory_ms = t1.elapsed().as_secs_f64() * 1e3;
+    Ok((out, report))
+}

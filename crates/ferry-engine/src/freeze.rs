@@ -1,0 +1,251 @@
+//! Stopping a process tree in place, and letting it go again exactly as it was.
+//!
+//! Every thread is attached with PTRACE_SEIZE and stopped with PTRACE_INTERRUPT; nothing is
+//! written into the processes. A [`FrozenTree`] that is dropped without being killed puts every
+//! register and signal mask back and detaches, so an error anywhere during a checkpoint leaves
+//! the tree running as it was.
+
+use crate::error::{Context, Error, Result};
+use crate::procfs;
+use ferry_sys::ptrace;
+use ferry_sys::regs::GpRegs;
+use ferry_sys::wait::{wait_tid, WaitStatus};
+
+pub const ERESTARTSYS: i64 = 512;
+pub const ERESTARTNOINTR: i64 = 513;
+pub const ERESTARTNOHAND: i64 = 514;
+pub const ERESTART_RESTARTBLOCK: i64 = 516;
+
+/// System calls that fail with EINTR when their thread is merely stopped and resumed (see
+/// signal(7)); a thread caught in one is rewound so that it issues the call again.
+const EINTR_ON_STOP: &[u64] = &[
+    libc::SYS_epoll_wait as u64,
+    libc::SYS_epoll_pwait as u64,
+    441, // epoll_pwait2
+    libc::SYS_semop as u64,
+    libc::SYS_semtimedop as u64,
+    libc::SYS_rt_sigtimedwait as u64,
+];
+
+#[derive(Debug)]
+pub struct FrozenThread {
+    pub tid: i32,
+    /// The registers to resume with (after rewinding a call that would see a spurious EINTR).
+    pub regs: GpRegs,
+    pub sigmask: u64,
+    /// Signals that were on their way to the thread when it stopped, as raw siginfo.
+    pub intercepted: Vec<[u8; 128]>,
+}
+
+#[derive(Debug)]
+pub struct FrozenProc {
+    pub pid: i32,
+    pub stat: procfs::Stat,
+    pub threads: Vec<FrozenThread>,
+    pub zombie: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct FrozenTree {
+    /// Parents before children.
+    pub procs: Vec<FrozenProc>,
+    released: bool,
+}
+
+/// Seizes one thread and waits until it is in an interrupt stop. Returns `None` if the thread
+/// exited meanwhile.
+fn stop_thread(pid: i32, tid: i32) -> Result<Option<FrozenThread>> {
+    match ptrace::seize(tid, 0) {
+        Ok(()) => {}
+        Err(e) if e.errno == libc::ESRCH => return Ok(None),
+        Err(e) => return Err(e).ctx(pid, || format!("attach to thread {tid}")),
+    }
+    ptrace::interrupt(tid).ctx(pid, || format!("interrupt thread {tid}"))?;
+    let mut intercepted = Vec::new();
+    loop {
+        match wait_tid(tid, false).ctx(pid, || format!("wait for thread {tid} to stop"))? {
+            WaitStatus::Stopped {
+                event: ptrace::PTRACE_EVENT_STOP,
+                ..
+            } => break,
+            WaitStatus::Stopped { sig, event: 0 } => {
+                // A signal was being delivered as we stopped the thread: hold it back and
+                // queue it again later so it is neither lost nor delivered twice.
+                let mut info = ptrace::get_siginfo(tid).unwrap_or([0u8; 128]);
+                info[0..4].copy_from_slice(&sig.to_ne_bytes());
+                intercepted.push(info);
+                ptrace::cont(tid, 0)
+                    .ctx(pid, || format!("resume thread {tid} past signal {sig}"))?;
+            }
+            WaitStatus::Stopped { .. } => {
+                ptrace::cont(tid, 0).ctx(pid, || format!("resume thread {tid}"))?;
+            }
+            WaitStatus::Exited(_) | WaitStatus::Signaled(_) => return Ok(None),
+            WaitStatus::Nothing => {}
+        }
+    }
+    let mut regs = ptrace::get_regs(tid).ctx(pid, || format!("read registers of thread {tid}"))?;
+    let sigmask =
+        ptrace::get_sigmask(tid).ctx(pid, || format!("read signal mask of thread {tid}"))?;
+    if regs.orig_rax as i64 >= 0
+        && regs.rax as i64 == -(libc::EINTR as i64)
+        && EINTR_ON_STOP.contains(&regs.orig_rax)
+    {
+        regs.rax = regs.orig_rax;
+        regs.rip -= 2;
+        regs.orig_rax = u64::MAX;
+        ptrace::set_regs(tid, &regs).ctx(pid, || format!("rewind system call of thread {tid}"))?;
+    }
+    Ok(Some(FrozenThread {
+        tid,
+        regs,
+        sigmask,
+        intercepted,
+    }))
+}
+
+impl FrozenTree {
+    /// Stops `root` and all its descendants.
+    pub fn freeze(root: i32) -> Result<FrozenTree> {
+        let me = std::process::id() as i32;
+        let stat = procfs::stat(root)?;
+        if stat.flags & procfs::PF_KTHREAD != 0 {
+            return Err(Error::KernelThread { pid: root });
+        }
+        let mut tree = FrozenTree::default();
+        let mut queue = vec![root];
+        while let Some(pid) = queue.pop() {
+            if pid == me {
+                return Err(Error::IsFerry {
+                    pid: root,
+                    ferry: me,
+                });
+            }
+            let proc = tree.freeze_process(pid)?;
+            let zombie = proc.zombie;
+            tree.procs.push(proc);
+            if !zombie {
+                let mut kids = procfs::children(pid)?;
+                kids.reverse();
+                queue.extend(kids);
+            }
+        }
+        // Parents were pushed before their children; keep that order.
+        Ok(tree)
+    }
+
+    fn freeze_process(&mut self, pid: i32) -> Result<FrozenProc> {
+        let stat = procfs::stat(pid)?;
+        if stat.flags & procfs::PF_KTHREAD != 0 {
+            return Err(Error::KernelThread { pid });
+        }
+        if stat.state == 'Z' {
+            return Ok(FrozenProc {
+                pid,
+                stat,
+                threads: Vec::new(),
+                zombie: true,
+            });
+        }
+        let mut proc = FrozenProc {
+            pid,
+            stat,
+            threads: Vec::new(),
+            zombie: false,
+        };
+        // Threads may be created while we attach; repeat until a pass finds none new.
+        loop {
+            let mut new = 0;
+            for tid in procfs::tids(pid)? {
+                if proc.threads.iter().any(|t| t.tid == tid) {
+                    continue;
+                }
+                match stop_thread(pid, tid) {
+                    Ok(Some(t)) => {
+                        proc.threads.push(t);
+                        new += 1;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        // Keep what was stopped so that Drop lets it go again.
+                        self.procs.push(proc);
+                        return Err(e);
+                    }
+                }
+            }
+            if new == 0 {
+                break;
+            }
+        }
+        proc.threads
+            .sort_by_key(|t| if t.tid == pid { 0 } else { 1 });
+        if proc.threads.is_empty() {
+            return Err(Error::NoSuchProcess { pid });
+        }
+        Ok(proc)
+    }
+
+    /// Puts every thread back as it was and detaches. Errors are logged, not returned: each
+    /// thread is let go even if another could not be.
+    pub fn thaw(mut self) {
+        self.release();
+    }
+
+    fn release(&mut self) {
+        if self.released {
+            return;
+        }
+        self.released = true;
+        for p in &self.procs {
+            for t in &p.threads {
+                let restore = ptrace::set_regs(t.tid, &t.regs)
+                    .and_then(|_| ptrace::set_sigmask(t.tid, t.sigmask));
+                if let Err(e) = restore {
+                    log::warn!(
+                        "PID {}: restoring thread {} before detaching: {e}",
+                        p.pid,
+                        t.tid
+                    );
+                }
+                if let Err(e) = ptrace::detach(t.tid, 0) {
+                    log::warn!("PID {}: detaching thread {}: {e}", p.pid, t.tid);
+                }
+            }
+        }
+    }
+
+    /// Kills the whole tree (the image is safely written) and waits until its PIDs are free,
+    /// or until `patience` has passed.
+    pub fn kill(mut self, patience: std::time::Duration) {
+        self.released = true;
+        for p in &self.procs {
+            if !p.zombie {
+                let _ = ptrace::kill(p.pid, libc::SIGKILL);
+            }
+        }
+        for p in &self.procs {
+            for t in &p.threads {
+                // Collect the tracer's notification of each death.
+                while let Ok(s) = wait_tid(t.tid, false) {
+                    if matches!(s, WaitStatus::Exited(_) | WaitStatus::Signaled(_)) {
+                        break;
+                    }
+                }
+            }
+        }
+        let deadline = std::time::Instant::now() + patience;
+        for p in &self.procs {
+            while std::path::Path::new(&format!("/proc/{}", p.pid)).exists()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+impl Drop for FrozenTree {
+    fn drop(&mut self) {
+        self.release();
+    }
+}

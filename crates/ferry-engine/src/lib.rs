@@ -1,0 +1,22 @@
+//! Ferry's engine: capture the complete state of a running tree of Linux processes, and
+//! rebuild it, on an unmodified kernel, from user space. It knows nothing of networks: images
+//! are written to and read from any byte stream.
+//!
+//! - [`freeze`] stops a tree in place (and lets it go unharmed if anything fails).
+//! - [`checkpoint`] walks the frozen tree through every kind in [`resources`] and streams the
+//!   image.
+//! - [`restore`] reads an image completely, checks it, and rebuilds the tree through
+//!   [`husk`]s: processes created under their old PIDs and refilled from outside.
+
+#![forbid(unsafe_code)]
+
+pub mod checkpoint;
+pub mod error;
+pub mod freeze;
+pub mod husk;
+pub mod objects;
+pub mod procfs;
+pub mod resources;
+pub mod restore;
+
+pub use error::{Error, Result};

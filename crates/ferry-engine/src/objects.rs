@@ -1,0 +1,311 @@
+//! Objects that several processes (or several mappings and descriptors) may share: shared
+//! memory and deleted-but-still-used files. Each is captured once and recreated once.
+
+use crate::error::{Context, Error, Result};
+use crate::procfs::MapEntry;
+use ferry_image::stream::ObjectRef;
+use ferry_image::{GhostFile, ImageWriter, ShmemKind, ShmemObject, Vma};
+use ferry_sys::PAGE_SIZE;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
+
+#[derive(Default)]
+pub struct CaptureObjects {
+    pub shmem: Vec<ShmemObject>,
+    pub ghosts: Vec<GhostFile>,
+    keys: HashMap<(u64, u64), u32>,
+    ghost_keys: HashMap<(u64, u64), u32>,
+    sources: HashMap<ObjectRef, File>,
+}
+
+impl CaptureObjects {
+    pub fn is_shmem(&self, m: &MapEntry) -> bool {
+        m.name.starts_with("/memfd:")
+            || m.name.starts_with("/SYSV")
+            || (m.shared() && m.name == "/dev/zero (deleted)")
+    }
+
+    pub fn shmem_for_mapping(&mut self, pid: i32, m: &MapEntry) -> Result<u32> {
+        if let Some(id) = self.keys.get(&(m.dev, m.ino)) {
+            return Ok(*id);
+        }
+        if m.name.starts_with("/SYSV") {
+            return Err(Error::Unsupported {
+                pid,
+                what: format!("mapping {:x}-{:x} ({})", m.start, m.end, m.name),
+                why: "System V shared memory is not supported yet".into(),
+            });
+        }
+        let file = File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+            .ctx(pid, || {
+                format!("open the shared memory behind {:x}-{:x}", m.start, m.end)
+            })?;
+        self.add_shmem(pid, file, &m.name, m.dev, m.ino)
+    }
+
+    /// Registers a memfd that a process has open (whether or not it is mapped).
+    pub fn shmem_for_fd(
+        &mut self,
+        pid: i32,
+        fd: i32,
+        link: &str,
+        dev: u64,
+        ino: u64,
+    ) -> Result<u32> {
+        if let Some(id) = self.keys.get(&(dev, ino)) {
+            return Ok(*id);
+        }
+        let file = File::open(format!("/proc/{pid}/fd/{fd}"))
+            .ctx(pid, || format!("reopen fd {fd} ({link})"))?;
+        self.add_shmem(pid, file, link, dev, ino)
+    }
+
+    fn add_shmem(&mut self, pid: i32, file: File, name: &str, dev: u64, ino: u64) -> Result<u32> {
+        let id = self.shmem.len() as u32;
+        let size = file.metadata().ctx(pid, || format!("stat {name}"))?.len();
+        let kind = match name.strip_prefix("/memfd:") {
+            Some(rest) => ShmemKind::Memfd {
+                name: rest.strip_suffix(" (deleted)").unwrap_or(rest).to_string(),
+                seals: ferry_sys::fdops::get_seals(file.as_raw_fd()).unwrap_or(0),
+            },
+            None => ShmemKind::Anonymous,
+        };
+        self.shmem.push(ShmemObject {
+            id,
+            kind,
+            size,
+            ino,
+        });
+        self.keys.insert((dev, ino), id);
+        self.sources.insert(ObjectRef::Shmem(id), file);
+        Ok(id)
+    }
+
+    pub fn ghost_for_mapping(&mut self, pid: i32, m: &MapEntry) -> Result<u32> {
+        let src = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
+        self.ghost(pid, &src, m.path(), m.dev, m.ino)
+    }
+
+    pub fn ghost_for_fd(
+        &mut self,
+        pid: i32,
+        fd: i32,
+        path: &str,
+        dev: u64,
+        ino: u64,
+    ) -> Result<u32> {
+        self.ghost(pid, &format!("/proc/{pid}/fd/{fd}"), path, dev, ino)
+    }
+
+    fn ghost(&mut self, pid: i32, src: &str, path: &str, dev: u64, ino: u64) -> Result<u32> {
+        if let Some(id) = self.ghost_keys.get(&(dev, ino)) {
+            return Ok(*id);
+        }
+        let file = File::open(src).ctx(pid, || format!("open deleted file {path}"))?;
+        let md = file
+            .metadata()
+            .ctx(pid, || format!("stat deleted file {path}"))?;
+        let id = self.ghosts.len() as u32;
+        self.ghosts.push(GhostFile {
+            id,
+            path: path.to_string(),
+            mode: md.mode(),
+            uid: md.uid(),
+            gid: md.gid(),
+            size: md.len(),
+        });
+        self.ghost_keys.insert((dev, ino), id);
+        self.sources.insert(ObjectRef::Ghost(id), file);
+        Ok(id)
+    }
+
+    /// Writes the contents of every object: only the ranges that hold data, zero pages left out.
+    pub fn write_contents<W: Write>(&self, out: &mut ImageWriter<W>) -> std::io::Result<u64> {
+        let mut written = 0;
+        let mut refs: Vec<&ObjectRef> = self.sources.keys().collect();
+        refs.sort_by_key(|r| format!("{r:?}"));
+        for r in refs {
+            let file = &self.sources[r];
+            let size = file.metadata()?.len();
+            let mut pos = 0u64;
+            while pos < size {
+                let data_start =
+                    match ferry_sys::fdops::lseek(file.as_raw_fd(), pos as i64, libc::SEEK_DATA) {
+                        Ok(p) => p as u64,
+                        Err(_) => break,
+                    };
+                let hole =
+                    ferry_sys::fdops::lseek(file.as_raw_fd(), data_start as i64, libc::SEEK_HOLE)
+                        .map(|p| p as u64)
+                        .unwrap_or(size);
+                let mut off = data_start;
+                while off < hole {
+                    let len = (hole - off).min(ferry_image::stream::CHUNK as u64) as usize;
+                    let mut buf = vec![0u8; len];
+                    let n = file.read_at(&mut buf, off)?;
+                    buf.truncate(n);
+                    if n == 0 {
+                        break;
+                    }
+                    let page = PAGE_SIZE as usize;
+                    let mut k = 0;
+                    while k < n {
+                        let end = (k + page).min(n);
+                        if crate::resources::memory::is_zero(&buf[k..end]) {
+                            k = end;
+                            continue;
+                        }
+                        let mut e = end;
+                        while e < n
+                            && !crate::resources::memory::is_zero(&buf[e..(e + page).min(n)])
+                        {
+                            e = (e + page).min(n);
+                        }
+                        out.write_object(*r, off + k as u64, &buf[k..e])?;
+                        written += (e - k) as u64;
+                        k = e;
+                    }
+                    off += n as u64;
+                }
+                pos = hole;
+            }
+        }
+        Ok(written)
+    }
+}
+
+/// The recreated objects, held open by the restoring process until every process is built.
+#[derive(Default)]
+pub struct RestoreObjects {
+    shmem: HashMap<u32, File>,
+    memfd_seals: Vec<(u32, u32)>,
+    ghosts: HashMap<u32, (File, String)>,
+}
+
+impl RestoreObjects {
+    pub fn create(shmem: &[ShmemObject], ghosts: &[GhostFile]) -> Result<Self> {
+        let mut me = RestoreObjects::default();
+        let own = std::process::id() as i32;
+        for o in shmem {
+            let file = match &o.kind {
+                ShmemKind::Anonymous => ferry_sys::fdops::anon_shmem(o.size.max(PAGE_SIZE))
+                    .ctx(own, || format!("create shared memory object {}", o.id))?,
+                ShmemKind::Memfd { name, seals } => {
+                    let fd = ferry_sys::fdops::memfd_create(
+                        name,
+                        libc::MFD_ALLOW_SEALING | libc::MFD_CLOEXEC,
+                    )
+                    .ctx(own, || format!("recreate memfd {name}"))?;
+                    let f = File::from(fd);
+                    f.set_len(o.size)
+                        .ctx(own, || format!("size memfd {name}"))?;
+                    if *seals != 0 {
+                        me.memfd_seals.push((o.id, *seals));
+                    }
+                    f
+                }
+                ShmemKind::SysV { .. } => {
+                    return Err(Error::BadImage(
+                        "System V shared memory is not supported".into(),
+                    ))
+                }
+            };
+            me.shmem.insert(o.id, file);
+        }
+        for g in ghosts {
+            let mut path = g.path.clone();
+            let mut n = 0;
+            let file = loop {
+                match std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                {
+                    Ok(f) => break f,
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => {
+                        n += 1;
+                        path = format!("{}.ferry-ghost-{n}", g.path);
+                    }
+                    Err(e) => {
+                        return Err(e).ctx(own, || format!("recreate deleted file {}", g.path))
+                    }
+                }
+            };
+            let _ = std::fs::set_permissions(
+                &path,
+                std::os::unix::fs::PermissionsExt::from_mode(g.mode & 0o7777),
+            );
+            let _ = std::os::unix::fs::chown(&path, Some(g.uid), Some(g.gid));
+            file.set_len(g.size)
+                .ctx(own, || format!("size deleted file {}", g.path))?;
+            me.ghosts.insert(g.id, (file, path));
+        }
+        Ok(me)
+    }
+
+    pub fn fill(&self, object: ObjectRef, offset: u64, data: &[u8]) -> Result<()> {
+        let file = match object {
+            ObjectRef::Shmem(id) => self.shmem.get(&id),
+            ObjectRef::Ghost(id) => self.ghosts.get(&id).map(|(f, _)| f),
+        }
+        .ok_or_else(|| Error::BadImage(format!("data for unknown object {object:?}")))?;
+        file.write_all_at(data, offset)
+            .ctx(std::process::id() as i32, || format!("fill {object:?}"))
+    }
+
+    pub fn shmem_file(&self, id: u32) -> Result<&File> {
+        self.shmem
+            .get(&id)
+            .ok_or_else(|| Error::BadImage(format!("unknown shared memory object {id}")))
+    }
+
+    pub fn ghost_path(&self, id: u32) -> Result<&str> {
+        self.ghosts
+            .get(&id)
+            .map(|(_, p)| p.as_str())
+            .ok_or_else(|| Error::BadImage(format!("unknown deleted file {id}")))
+    }
+
+    /// The file a file-backed mapping maps: the file at `path`, or a recreated deleted file.
+    pub fn mapping_file(&self, pid: i32, path: &str, ghost: Option<u32>, v: &Vma) -> Result<File> {
+        let path = match ghost {
+            Some(id) => self.ghost_path(id)?.to_string(),
+            None => path.to_string(),
+        };
+        let write = v.shared && v.prot & libc::PROT_WRITE as u32 != 0;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(&path)
+            .map_err(|e| Error::Restore {
+                pid,
+                what: format!("open {path} to map it at {:x}: {e}", v.start),
+            })
+    }
+
+    /// Seals memfds and unlinks recreated deleted files, once every process holds them.
+    pub fn finish(&self) {
+        for (id, seals) in &self.memfd_seals {
+            if let Some(f) = self.shmem.get(id) {
+                if let Err(e) = ferry_sys::fdops::add_seals(f.as_raw_fd(), *seals) {
+                    log::warn!("sealing memfd object {id}: {e}");
+                }
+            }
+        }
+        for (_, path) in self.ghosts.values() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Drop for RestoreObjects {
+    fn drop(&mut self) {
+        for (_, path) in self.ghosts.values() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}

@@ -1,0 +1,387 @@
+//! File descriptors and the open file descriptions behind them: regular files (deleted ones
+//! too), directories, devices, pipes and FIFOs with their buffered bytes, eventfds, memfds.
+//!
+//! Descriptions shared between descriptors (dup) or processes (fork) are found with kcmp(2) and
+//! recreated once; every process then takes its copy of the one description with
+//! pidfd_getfd(2), so sharing survives exactly.
+
+use crate::error::{Context, Error, Result};
+use crate::husk::Husk;
+use crate::objects::{CaptureObjects, RestoreObjects};
+use crate::procfs;
+use ferry_image::{Fd, FileDesc, FileKind, Pipe, Process, Tree};
+use ferry_sys::fdops;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+/// Devices whose descriptors carry no state beyond their flags.
+const STATELESS_DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+
+#[derive(Default)]
+pub struct FdCapture {
+    seen: Vec<(i32, i32, u64, u64, u32)>,
+    pipes_by_ino: HashMap<u64, u32>,
+}
+
+fn octal(info: &[(String, String)], key: &str) -> i64 {
+    info.iter()
+        .find(|(k, _)| k == key)
+        .and_then(|(_, v)| i64::from_str_radix(v, 8).ok())
+        .unwrap_or(0)
+}
+
+fn decimal(info: &[(String, String)], key: &str) -> i64 {
+    info.iter()
+        .find(|(k, _)| k == key)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+impl FdCapture {
+    /// Records every descriptor of `pid` in `tree`, returning the process's fd table.
+    pub fn capture(
+        &mut self,
+        pid: i32,
+        tree: &mut Tree,
+        objects: &mut CaptureObjects,
+    ) -> Result<Vec<Fd>> {
+        let mut table = Vec::new();
+        for fd in procfs::fds(pid)? {
+            let link = procfs::readlink(pid, &format!("fd/{fd}"))?;
+            let md = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
+                .ctx(pid, || format!("stat fd {fd} ({link})"))?;
+            let info = procfs::fdinfo(pid, fd)?;
+            let flags = octal(&info, "flags");
+            let cloexec = flags & libc::O_CLOEXEC as i64 != 0;
+            let (dev, ino) = (md.dev(), md.ino());
+            let mut existing = None;
+            for (p2, fd2, d2, i2, id) in &self.seen {
+                if (*d2, *i2) == (dev, ino)
+                    && fdops::kcmp_file(pid, *p2, fd, *fd2)
+                        .ctx(pid, || format!("compare fd {fd} with PID {p2} fd {fd2}"))?
+                {
+                    existing = Some(*id);
+                    break;
+                }
+            }
+            let id = match existing {
+                Some(id) => id,
+                None => {
+                    let id = tree.files.len() as u32;
+                    let kind = self.classify(pid, fd, &link, &md, &info, tree, objects)?;
+                    tree.files.push(FileDesc {
+                        id,
+                        flags: (flags & !(libc::O_CLOEXEC as i64)) as i32,
+                        pos: decimal(&info, "pos"),
+                        kind,
+                    });
+                    id
+                }
+            };
+            self.seen.push((pid, fd, dev, ino, id));
+            table.push(Fd {
+                fd,
+                file: id,
+                cloexec,
+            });
+        }
+        Ok(table)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn classify(
+        &mut self,
+        pid: i32,
+        fd: i32,
+        link: &str,
+        md: &std::fs::Metadata,
+        info: &[(String, String)],
+        tree: &mut Tree,
+        objects: &mut CaptureObjects,
+    ) -> Result<FileKind> {
+        let unsupported = |why: &str| Error::Unsupported {
+            pid,
+            what: format!("fd {fd} ({link})"),
+            why: why.to_string(),
+        };
+        let ft = md.file_type();
+        if let Some(rest) = link.strip_prefix("pipe:[") {
+            let ino: u64 = rest.trim_end_matches(']').parse().unwrap_or(0);
+            return Ok(FileKind::Pipe {
+                pipe: self.pipe(pid, fd, ino, None, tree)?,
+            });
+        }
+        if link.starts_with("/memfd:") {
+            return Ok(FileKind::Memfd {
+                object: objects.shmem_for_fd(pid, fd, link, md.dev(), md.ino())?,
+            });
+        }
+        if link == "anon_inode:[eventfd]" {
+            let count = info
+                .iter()
+                .find(|(k, _)| k == "eventfd-count")
+                .and_then(|(_, v)| u64::from_str_radix(v, 16).ok())
+                .unwrap_or(0);
+            let semaphore = decimal(info, "eventfd-semaphore") != 0;
+            return Ok(FileKind::EventFd { count, semaphore });
+        }
+        if let Some(path) = link.strip_prefix('/').map(|_| link) {
+            let deleted = path.ends_with(" (deleted)");
+            let path = path.strip_suffix(" (deleted)").unwrap_or(path).to_string();
+            if ft.is_file() {
+                let ghost = if deleted {
+                    Some(objects.ghost_for_fd(pid, fd, &path, md.dev(), md.ino())?)
+                } else {
+                    None
+                };
+                return Ok(FileKind::Regular {
+                    path,
+                    size: md.len(),
+                    ghost,
+                });
+            }
+            if deleted {
+                return Err(unsupported(
+                    "it refers to a deleted file that is not a regular file",
+                ));
+            }
+            if ft.is_dir() {
+                return Ok(FileKind::Directory { path });
+            }
+            if ft.is_fifo() {
+                return Ok(FileKind::Pipe {
+                    pipe: self.pipe(pid, fd, md.ino(), Some(path), tree)?,
+                });
+            }
+            if ft.is_char_device() && STATELESS_DEVICES.contains(&path.as_str()) {
+                return Ok(FileKind::Device {
+                    path,
+                    rdev: md.rdev(),
+                });
+            }
+            return Err(unsupported("this kind of device is not supported yet"));
+        }
+        let why = if link.starts_with("socket:") {
+            "sockets are not supported yet"
+        } else if link.starts_with("anon_inode:") {
+            "this kind of anonymous-inode descriptor is not supported yet"
+        } else {
+            "this kind of descriptor is not known to Ferry"
+        };
+        Err(unsupported(why))
+    }
+
+    /// Registers a pipe (or FIFO) once, with the bytes buffered in it, read without consuming
+    /// them: tee(2) copies them into a pipe of our own.
+    fn pipe(
+        &mut self,
+        pid: i32,
+        fd: i32,
+        ino: u64,
+        fifo_path: Option<String>,
+        tree: &mut Tree,
+    ) -> Result<u32> {
+        if let Some(id) = self.pipes_by_ino.get(&ino) {
+            return Ok(*id);
+        }
+        let reader = fdops::open_path(
+            &format!("/proc/{pid}/fd/{fd}"),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            0,
+        )
+        .ctx(pid, || format!("open the read side of pipe fd {fd}"))?;
+        let capacity =
+            fdops::pipe_size(reader.as_raw_fd()).ctx(pid, || format!("size of pipe fd {fd}"))?;
+        let queued = fdops::fionread(reader.as_raw_fd())
+            .ctx(pid, || format!("bytes queued in pipe fd {fd}"))?;
+        let mut buffered = Vec::with_capacity(queued);
+        if queued > 0 {
+            let (r, w) = fdops::pipe2(libc::O_CLOEXEC | libc::O_NONBLOCK)
+                .ctx(pid, || "make a pipe".into())?;
+            fdops::set_pipe_size(w.as_raw_fd(), capacity.max(queued))
+                .ctx(pid, || "size a pipe".into())?;
+            let copied = fdops::tee(reader.as_raw_fd(), w.as_raw_fd(), queued)
+                .ctx(pid, || format!("copy the bytes queued in pipe fd {fd}"))?;
+            buffered.resize(copied, 0);
+            let mut got = 0;
+            while got < copied {
+                got += fdops::read_fd(r.as_raw_fd(), &mut buffered[got..])
+                    .ctx(pid, || "read copied pipe bytes".into())?;
+            }
+        }
+        let id = tree.pipes.len() as u32;
+        tree.pipes.push(Pipe {
+            id,
+            ino,
+            capacity: capacity as u64,
+            buffered,
+            fifo_path,
+        });
+        self.pipes_by_ino.insert(ino, id);
+        Ok(id)
+    }
+}
+
+/// Status flags that can be changed after open with F_SETFL.
+const SETFL_MASK: i32 =
+    libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME;
+
+/// Recreates every open file description of the tree in this process.
+pub fn open_descriptions(tree: &Tree, objects: &RestoreObjects) -> Result<HashMap<u32, OwnedFd>> {
+    let me = std::process::id() as i32;
+    let mut out = HashMap::new();
+    let mut pipe_ends: HashMap<u32, (Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>)> =
+        HashMap::new();
+    for p in &tree.pipes {
+        if let Some(path) = &p.fifo_path {
+            // Holding the FIFO open for both reading and writing lets the ends open without
+            // blocking and keeps the buffered bytes alive until the processes hold it.
+            let keep = fdops::open_path(path, libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
+                .ctx(me, || format!("open FIFO {path}"))?;
+            fill_pipe(&keep, p)?;
+            pipe_ends.insert(p.id, (None, None, Some(keep)));
+        } else {
+            let (r, w) =
+                fdops::pipe2(libc::O_CLOEXEC).ctx(me, || format!("recreate pipe {}", p.ino))?;
+            fill_pipe(&w, p)?;
+            pipe_ends.insert(p.id, (Some(r), Some(w), None));
+        }
+    }
+    let keep_flags = |f: i32| {
+        (f & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY)) | libc::O_CLOEXEC
+    };
+    for d in &tree.files {
+        let acc = d.flags & libc::O_ACCMODE;
+        let fd: OwnedFd = match &d.kind {
+            FileKind::Regular { path, ghost, .. } => {
+                let path = match ghost {
+                    Some(g) => objects.ghost_path(*g)?.to_string(),
+                    None => path.clone(),
+                };
+                fdops::open_path(&path, keep_flags(d.flags), 0).map_err(|e| Error::Restore {
+                    pid: me,
+                    what: format!("reopen {path}: {e}"),
+                })?
+            }
+            FileKind::Directory { path } => {
+                fdops::open_path(path, keep_flags(d.flags) | libc::O_DIRECTORY, 0).map_err(|e| {
+                    Error::Restore {
+                        pid: me,
+                        what: format!("reopen directory {path}: {e}"),
+                    }
+                })?
+            }
+            FileKind::Device { path, .. } => fdops::open_path(path, keep_flags(d.flags), 0)
+                .map_err(|e| Error::Restore {
+                    pid: me,
+                    what: format!("reopen {path}: {e}"),
+                })?,
+            FileKind::Pipe { pipe } => {
+                let p = tree.pipes.get(*pipe as usize).ok_or_else(|| {
+                    Error::BadImage(format!("file {} names unknown pipe {pipe}", d.id))
+                })?;
+                let ends = pipe_ends.get_mut(pipe).expect("every pipe was made above");
+                let taken = match (&p.fifo_path, acc) {
+                    (None, libc::O_RDONLY) => ends.0.take(),
+                    (None, _) => ends.1.take(),
+                    (Some(_), _) => None,
+                };
+                match taken {
+                    Some(fd) => fd,
+                    None => {
+                        // A second description of the same end, or a FIFO: open it anew.
+                        let src = match &p.fifo_path {
+                            Some(path) => path.clone(),
+                            None => {
+                                let any = ends.0.as_ref().or(ends.1.as_ref()).or(ends.2.as_ref());
+                                let any = any
+                                    .or_else(|| out.values().next())
+                                    .expect("pipe has an open end");
+                                format!("/proc/self/fd/{}", any.as_raw_fd())
+                            }
+                        };
+                        fdops::open_path(&src, acc | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
+                            .ctx(me, || format!("reopen pipe {}", p.ino))?
+                    }
+                }
+            }
+            FileKind::EventFd { count, semaphore } => {
+                let flags = libc::EFD_CLOEXEC | if *semaphore { libc::EFD_SEMAPHORE } else { 0 };
+                fdops::eventfd(0, flags)
+                    .and_then(|fd| {
+                        if *count > 0 {
+                            fdops::write_fd(fd.as_raw_fd(), &count.to_ne_bytes())?;
+                        }
+                        Ok(fd)
+                    })
+                    .ctx(me, || "recreate eventfd".into())?
+            }
+            FileKind::Memfd { object } => {
+                let f = objects.shmem_file(*object)?;
+                fdops::open_path(
+                    &format!("/proc/self/fd/{}", f.as_raw_fd()),
+                    keep_flags(d.flags),
+                    0,
+                )
+                .ctx(me, || format!("reopen memfd object {object}"))?
+            }
+            FileKind::Unknown => {
+                return Err(Error::BadImage(format!(
+                    "file {} has an unknown kind",
+                    d.id
+                )))
+            }
+        };
+        if matches!(
+            d.kind,
+            FileKind::Regular { .. } | FileKind::Directory { .. } | FileKind::Memfd { .. }
+        ) && d.pos != 0
+        {
+            fdops::lseek(fd.as_raw_fd(), d.pos, libc::SEEK_SET)
+                .ctx(me, || format!("seek file {} to {}", d.id, d.pos))?;
+        }
+        let now = fdops::get_fl(fd.as_raw_fd()).ctx(me, || "read file flags".into())?;
+        let want = (now & !SETFL_MASK) | (d.flags & SETFL_MASK);
+        if want != now {
+            fdops::set_fl(fd.as_raw_fd(), want)
+                .ctx(me, || format!("set flags {:o} on file {}", d.flags, d.id))?;
+        }
+        out.insert(d.id, fd);
+    }
+    Ok(out)
+}
+
+fn fill_pipe(w: &OwnedFd, p: &Pipe) -> Result<()> {
+    let me = std::process::id() as i32;
+    if p.capacity as usize > 65536 || p.buffered.len() > 65536 {
+        fdops::set_pipe_size(w.as_raw_fd(), (p.capacity as usize).max(p.buffered.len()))
+            .ctx(me, || format!("size pipe {}", p.ino))?;
+    }
+    let mut done = 0;
+    while done < p.buffered.len() {
+        done += fdops::write_fd(w.as_raw_fd(), &p.buffered[done..])
+            .ctx(me, || format!("refill pipe {}", p.ino))?;
+    }
+    Ok(())
+}
+
+/// Gives the rebuilt process its descriptors, each at its old number.
+pub fn install(h: &Husk, p: &Process, descs: &HashMap<u32, OwnedFd>) -> Result<()> {
+    for fd in &p.fds {
+        let d = descs.get(&fd.file).ok_or_else(|| {
+            Error::BadImage(format!(
+                "PID {} fd {} names unknown file {}",
+                p.pid, fd.fd, fd.file
+            ))
+        })?;
+        h.install_fd(d, Some((fd.fd, fd.cloexec)))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,304 @@
+//! The address space: every mapping with its protection, sharing, backing and madvise state,
+//! and the contents of the pages that are not simply the backing file or zero.
+
+use crate::error::{Context, Error, Result};
+use crate::husk::Husk;
+use crate::objects::{CaptureObjects, RestoreObjects};
+use crate::procfs::{self, MapEntry};
+use ferry_image::{Backing, ImageWriter, Vma};
+use ferry_sys::proc_mem::{vm_read, vm_write, ProcMem};
+use ferry_sys::PAGE_SIZE;
+use std::io::Write;
+
+const PM_PRESENT: u64 = 1 << 63;
+const PM_SWAPPED: u64 = 1 << 62;
+const PM_FILE: u64 = 1 << 61;
+const ARCH_MAP_VDSO_64: u64 = 0x2003;
+const MADV_DONTFORK: u64 = 10;
+const MADV_WIPEONFORK: u64 = 18;
+const MADV_DONTDUMP: u64 = 16;
+
+/// Describes every mapping of `pid`. Shared memory objects and deleted files are registered in
+/// `objects`, whose contents are written once however many processes map them.
+pub fn capture(pid: i32, maps: &[MapEntry], objects: &mut CaptureObjects) -> Result<Vec<Vma>> {
+    let mut out = Vec::new();
+    for m in maps {
+        let backing = match m.name.as_str() {
+            "[vdso]" => Backing::Vdso,
+            "[vvar]" => Backing::Vvar,
+            "[vvar_vclock]" => Backing::VvarVclock,
+            "[vsyscall]" => Backing::Vsyscall,
+            _ if m.ino == 0 => Backing::Anonymous,
+            _ if objects.is_shmem(m) => Backing::Shmem {
+                object: objects.shmem_for_mapping(pid, m)?,
+            },
+            _ if m.name.starts_with('/') => {
+                let ghost = if m.deleted() {
+                    Some(objects.ghost_for_mapping(pid, m)?)
+                } else {
+                    None
+                };
+                let size =
+                    std::fs::metadata(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+                        .map(|md| md.len())
+                        .unwrap_or(0);
+                Backing::File {
+                    path: m.path().to_string(),
+                    dev: m.dev,
+                    ino: m.ino,
+                    size,
+                    ghost,
+                }
+            }
+            _ => {
+                return Err(Error::Unsupported {
+                    pid,
+                    what: format!("mapping {:x}-{:x} ({})", m.start, m.end, m.name),
+                    why: "this kind of mapping is not known to Ferry".into(),
+                })
+            }
+        };
+        out.push(Vma {
+            start: m.start,
+            end: m.end,
+            prot: m.prot(),
+            shared: m.shared(),
+            offset: m.offset,
+            backing,
+            name: m.name.clone(),
+            growsdown: m.has_flag("gd"),
+            dontfork: m.has_flag("dc"),
+            wipeonfork: m.has_flag("wf"),
+            dontdump: m.has_flag("dd"),
+            locked: m.has_flag("lo"),
+        });
+    }
+    Ok(out)
+}
+
+/// Which pages of a private mapping hold data of their own (anonymous or copied-on-write).
+fn dumpable_pages(pid: i32, pagemap: &std::fs::File, v: &Vma) -> Result<Vec<bool>> {
+    use std::os::unix::fs::FileExt;
+    let n = ((v.end - v.start) / PAGE_SIZE) as usize;
+    let mut raw = vec![0u8; n * 8];
+    pagemap
+        .read_exact_at(&mut raw, v.start / PAGE_SIZE * 8)
+        .ctx(pid, || format!("read pagemap of {:x}-{:x}", v.start, v.end))?;
+    let file_backed = matches!(v.backing, Backing::File { .. });
+    Ok(raw
+        .chunks_exact(8)
+        .map(|c| {
+            let e = u64::from_ne_bytes(c.try_into().expect("8 bytes"));
+            e & (PM_PRESENT | PM_SWAPPED) != 0 && !(file_backed && e & PM_FILE != 0)
+        })
+        .collect())
+}
+
+pub(crate) fn is_zero(page: &[u8]) -> bool {
+    page.chunks_exact(8)
+        .all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0)
+}
+
+/// Statistics of what a capture wrote.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PageStats {
+    pub pages_scanned: u64,
+    pub pages_written: u64,
+    pub zero_pages_skipped: u64,
+}
+
+/// Writes the private pages of every mapping of `pid` that has data of its own.
+pub fn write_pages<W: Write>(
+    pid: i32,
+    vmas: &[Vma],
+    out: &mut ImageWriter<W>,
+    stats: &mut PageStats,
+) -> Result<()> {
+    let pagemap =
+        std::fs::File::open(format!("/proc/{pid}/pagemap")).ctx(pid, || "open pagemap".into())?;
+    let mem = ProcMem::open(pid).ctx(pid, || "open /proc/PID/mem".into())?;
+    let mut buf: Vec<u8> = Vec::new();
+    for v in vmas {
+        if v.shared || !matches!(v.backing, Backing::Anonymous | Backing::File { .. }) {
+            continue;
+        }
+        let present = dumpable_pages(pid, &pagemap, v)?;
+        stats.pages_scanned += present.len() as u64;
+        let mut i = 0;
+        while i < present.len() {
+            if !present[i] {
+                i += 1;
+                continue;
+            }
+            let mut j = i;
+            while j < present.len()
+                && present[j]
+                && (j - i) * (PAGE_SIZE as usize) < ferry_image::stream::CHUNK
+            {
+                j += 1;
+            }
+            let addr = v.start + i as u64 * PAGE_SIZE;
+            let len = (j - i) * PAGE_SIZE as usize;
+            buf.resize(len, 0);
+            let readable = v.prot & libc::PROT_READ as u32 != 0;
+            let done = if readable {
+                vm_read(pid, addr, &mut buf).unwrap_or(0)
+            } else {
+                0
+            };
+            if done < len {
+                mem.read_exact(addr + done as u64, &mut buf[done..])
+                    .ctx(pid, || format!("read memory at {:x} ({})", addr, v.name))?;
+            }
+            // Split the run at zero pages, which are not stored.
+            let mut k = 0;
+            let pages = len / PAGE_SIZE as usize;
+            while k < pages {
+                let page = |x: usize| &buf[x * PAGE_SIZE as usize..(x + 1) * PAGE_SIZE as usize];
+                if is_zero(page(k)) {
+                    stats.zero_pages_skipped += 1;
+                    k += 1;
+                    continue;
+                }
+                let mut e = k;
+                while e < pages && !is_zero(page(e)) {
+                    e += 1;
+                }
+                out.write_pages(
+                    pid,
+                    addr + k as u64 * PAGE_SIZE,
+                    &buf[k * PAGE_SIZE as usize..e * PAGE_SIZE as usize],
+                )
+                .ctx(pid, || "write pages to the image".into())?;
+                stats.pages_written += (e - k) as u64;
+                k = e;
+            }
+            i = j;
+        }
+    }
+    Ok(())
+}
+
+/// Maps every mapping of the process into the husk, empty. Contents come afterwards.
+pub fn restore_mappings(h: &Husk, vmas: &[Vma], objects: &RestoreObjects) -> Result<()> {
+    let inj = h.injector();
+    let pid = h.pid;
+    // The vDSO and its data pages come first, at their old place, as one unit.
+    let special: Vec<&Vma> = vmas
+        .iter()
+        .filter(|v| {
+            matches!(
+                v.backing,
+                Backing::Vdso | Backing::Vvar | Backing::VvarVclock
+            )
+        })
+        .collect();
+    if let Some(first) = special.iter().map(|v| v.start).min() {
+        inj.syscall(
+            "arch_prctl(ARCH_MAP_VDSO_64)",
+            libc::SYS_arch_prctl,
+            &[ARCH_MAP_VDSO_64, first],
+        )
+        .map_err(|e| Error::Restore {
+            pid,
+            what: format!("map the vDSO at {first:x}: {e}"),
+        })?;
+        let now = procfs::smaps(pid)?;
+        for v in &special {
+            if !now
+                .iter()
+                .any(|m| m.start == v.start && m.end == v.end && m.name == v.name)
+            {
+                return Err(Error::Restore {
+                    pid,
+                    what: format!(
+                        "this kernel's vDSO layout differs from the image's ({} at {:x}-{:x})",
+                        v.name, v.start, v.end
+                    ),
+                });
+            }
+        }
+    }
+    for v in vmas {
+        let len = v.end - v.start;
+        let mut flags = (libc::MAP_FIXED
+            | if v.shared {
+                libc::MAP_SHARED
+            } else {
+                libc::MAP_PRIVATE
+            }) as u64;
+        let fd = match &v.backing {
+            Backing::Vdso | Backing::Vvar | Backing::VvarVclock | Backing::Vsyscall => continue,
+            Backing::Anonymous => {
+                flags |= libc::MAP_ANONYMOUS as u64;
+                if v.growsdown {
+                    flags |= libc::MAP_GROWSDOWN as u64;
+                }
+                None
+            }
+            Backing::File { path, ghost, .. } => Some(objects.mapping_file(pid, path, *ghost, v)?),
+            Backing::Shmem { object } => Some(
+                objects
+                    .shmem_file(*object)?
+                    .try_clone()
+                    .ctx(pid, || format!("share memory object {object}"))?,
+            ),
+        };
+        let husk_fd = match &fd {
+            Some(f) => h.install_fd(f, None)? as u64,
+            None => u64::MAX,
+        };
+        let r = inj.syscall(
+            "mmap",
+            libc::SYS_mmap,
+            &[v.start, len, v.prot as u64, flags, husk_fd, v.offset],
+        );
+        if husk_fd != u64::MAX {
+            inj.syscall("close", libc::SYS_close, &[husk_fd])?;
+        }
+        let got = r.map_err(|e| Error::Restore {
+            pid,
+            what: format!("map {:x}-{:x} ({}): {e}", v.start, v.end, v.name),
+        })?;
+        if got != v.start {
+            return Err(Error::Restore {
+                pid,
+                what: format!("mapping {:x}-{:x} landed at {got:x}", v.start, v.end),
+            });
+        }
+        for (on, advice) in [
+            (v.dontfork, MADV_DONTFORK),
+            (v.wipeonfork, MADV_WIPEONFORK),
+            (v.dontdump, MADV_DONTDUMP),
+        ] {
+            if on {
+                inj.syscall("madvise", libc::SYS_madvise, &[v.start, len, advice])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes one run of captured private memory into the rebuilt process.
+pub fn restore_pages(pid: i32, mem: &ProcMem, vmas: &[Vma], addr: u64, data: &[u8]) -> Result<()> {
+    let writable = vmas.iter().any(|v| {
+        v.start <= addr
+            && addr + data.len() as u64 <= v.end
+            && v.prot & libc::PROT_WRITE as u32 != 0
+    });
+    let mut done = 0;
+    if writable {
+        done = vm_write(pid, addr, data).unwrap_or(0);
+    }
+    if done < data.len() {
+        mem.write_all(addr + done as u64, &data[done..])
+            .ctx(pid, || format!("write memory at {:x}", addr + done as u64))?;
+    }
+    Ok(())
+}
+
+/// Fills a shared memory object from its captured contents.
+pub fn restore_object_data(file: &std::fs::File, offset: u64, data: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(data, offset)
+}

@@ -1,0 +1,8 @@
+//! One module per kind of process state. Each holds both directions for its kind: `capture`
+//! from a frozen process into the image model, and `restore` into a process being rebuilt.
+
+pub mod files;
+pub mod memory;
+pub mod process;
+pub mod signals;
+pub mod threads;

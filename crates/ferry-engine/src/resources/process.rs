@@ -1,0 +1,264 @@
+//! Process-wide identity and limits: credentials, capabilities, rlimits, cwd and root, umask,
+//! personality, no_new_privs, and the kernel's address-space bookkeeping (PR_SET_MM_MAP).
+
+use crate::error::{Context, Result};
+use crate::husk::Husk;
+use crate::procfs;
+use ferry_image::{Creds, MmLayout, Process, Rlimit};
+use ferry_inject::Injector;
+
+const PR_GET_SECUREBITS: u64 = 27;
+const PR_SET_SECUREBITS: u64 = 28;
+const PR_SET_MM: u64 = 35;
+const PR_SET_MM_MAP: u64 = 14;
+const PR_SET_NO_NEW_PRIVS: u64 = 38;
+const PR_CAP_AMBIENT: u64 = 47;
+const PR_CAP_AMBIENT_RAISE: u64 = 2;
+const PR_CAPBSET_DROP: u64 = 24;
+const PR_SET_KEEPCAPS: u64 = 8;
+const RLIMIT_COUNT: u32 = 16;
+
+fn ids(s: &str) -> [u32; 4] {
+    let v: Vec<u32> = s
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    [
+        v.first().copied().unwrap_or(0),
+        v.get(1).copied().unwrap_or(0),
+        v.get(2).copied().unwrap_or(0),
+        v.get(3).copied().unwrap_or(0),
+    ]
+}
+
+/// Fills the identity fields of `p` from /proc and from calls injected through `inj`.
+pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -> Result<()> {
+    let status = procfs::status(pid)?;
+    p.pid = pid;
+    p.ppid = stat.ppid;
+    p.pgid = stat.pgid;
+    p.sid = stat.sid;
+    p.comm = stat.comm.clone();
+    p.exit_signal = stat.exit_signal;
+    p.cmdline = procfs::read_bytes(pid, "cmdline")?
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    p.exe = procfs::readlink(pid, "exe")?;
+    p.cwd = procfs::readlink(pid, "cwd")?;
+    p.root = procfs::readlink(pid, "root")?;
+    p.umask = u32::from_str_radix(procfs::field(&status, "Umask"), 8).unwrap_or(0o022);
+    p.no_new_privs = procfs::field(&status, "NoNewPrivs") == "1";
+    p.personality = u32::from_str_radix(procfs::read(pid, "personality")?.trim(), 16).unwrap_or(0);
+    p.creds = Creds {
+        uids: ids(procfs::field(&status, "Uid")),
+        gids: ids(procfs::field(&status, "Gid")),
+        groups: procfs::field(&status, "Groups")
+            .split_whitespace()
+            .filter_map(|g| g.parse().ok())
+            .collect(),
+        cap_inh: procfs::hex_field(&status, "CapInh"),
+        cap_prm: procfs::hex_field(&status, "CapPrm"),
+        cap_eff: procfs::hex_field(&status, "CapEff"),
+        cap_bnd: procfs::hex_field(&status, "CapBnd"),
+        cap_amb: procfs::hex_field(&status, "CapAmb"),
+        securebits: inj.syscall(
+            "prctl(PR_GET_SECUREBITS)",
+            libc::SYS_prctl,
+            &[PR_GET_SECUREBITS],
+        )? as u32,
+    };
+    for resource in 0..RLIMIT_COUNT {
+        let (cur, max) = ferry_sys::fdops::get_rlimit(pid, resource)
+            .ctx(pid, || format!("read rlimit {resource}"))?;
+        p.rlimits.push(Rlimit { resource, cur, max });
+    }
+    let auxv = procfs::read_bytes(pid, "auxv")?;
+    p.mm = MmLayout {
+        start_code: stat.start_code,
+        end_code: stat.end_code,
+        start_data: stat.start_data,
+        end_data: stat.end_data,
+        start_brk: stat.start_brk,
+        brk: inj.syscall("brk(0)", libc::SYS_brk, &[0])?,
+        start_stack: stat.start_stack,
+        arg_start: stat.arg_start,
+        arg_end: stat.arg_end,
+        env_start: stat.env_start,
+        env_end: stat.env_end,
+        auxv: auxv
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")))
+            .collect(),
+    };
+    Ok(())
+}
+
+/// Restores cwd, root, umask, personality, rlimits and the mm bookkeeping. Run after memory
+/// and descriptors are in place, before credentials are dropped.
+pub fn restore_environment(h: &Husk, p: &Process) -> Result<()> {
+    let inj = h.injector();
+    let pid = h.pid;
+    let path = |s: &str| -> Result<u64> {
+        let mut b = s.as_bytes().to_vec();
+        b.push(0);
+        Ok(inj.write_scratch(0, &b)?)
+    };
+    if p.root != "/" {
+        inj.syscall("chroot", libc::SYS_chroot, &[path(&p.root)?])?;
+    }
+    let cwd = p.cwd.strip_suffix(" (deleted)").unwrap_or(&p.cwd);
+    inj.syscall("chdir", libc::SYS_chdir, &[path(cwd)?])
+        .map_err(|e| crate::Error::Restore {
+            pid,
+            what: format!("cannot enter working directory {cwd}: {e}"),
+        })?;
+    inj.syscall("umask", libc::SYS_umask, &[p.umask as u64])?;
+    inj.syscall(
+        "personality",
+        libc::SYS_personality,
+        &[p.personality as u64],
+    )?;
+    for r in &p.rlimits {
+        ferry_sys::fdops::set_rlimit(pid, r.resource, r.cur, r.max).ctx(pid, || {
+            format!("set rlimit {} to {}/{}", r.resource, r.cur, r.max)
+        })?;
+    }
+    set_mm_map(h, p)
+}
+
+fn set_mm_map(h: &Husk, p: &Process) -> Result<()> {
+    let inj = h.injector();
+    let mm = &p.mm;
+    let auxv: Vec<u8> = mm.auxv.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let auxv_addr = inj.write_scratch(1024, &auxv)?;
+    let exe = ferry_sys::fdops::open_path(
+        p.exe.strip_suffix(" (deleted)").unwrap_or(&p.exe),
+        libc::O_RDONLY | libc::O_CLOEXEC,
+        0,
+    )
+    .ctx(h.pid, || format!("open executable {}", p.exe))?;
+    let exe_fd = h.install_fd(&exe, None)?;
+    let mut map: Vec<u8> = [
+        mm.start_code,
+        mm.end_code,
+        mm.start_data,
+        mm.end_data,
+        mm.start_brk,
+        mm.brk,
+        mm.start_stack,
+        mm.arg_start,
+        mm.arg_end,
+        mm.env_start,
+        mm.env_end,
+        auxv_addr,
+    ]
+    .iter()
+    .flat_map(|w| w.to_ne_bytes())
+    .collect();
+    map.extend_from_slice(&(auxv.len() as u32).to_ne_bytes());
+    map.extend_from_slice(&(exe_fd as u32).to_ne_bytes());
+    let map_addr = inj.write_scratch(512, &map)?;
+    let r = inj.syscall(
+        "prctl(PR_SET_MM_MAP)",
+        libc::SYS_prctl,
+        &[PR_SET_MM, PR_SET_MM_MAP, map_addr, map.len() as u64, 0],
+    );
+    inj.syscall("close", libc::SYS_close, &[exe_fd as u64])?;
+    r.map_err(|e| crate::Error::Restore {
+        pid: h.pid,
+        what: format!("set the address-space layout (PR_SET_MM_MAP): {e}"),
+    })?;
+    Ok(())
+}
+
+/// Drops to the process's credentials. The last step of a restore: afterwards the process may
+/// no longer be allowed to do what the earlier steps needed.
+pub fn restore_creds(h: &Husk, p: &Process) -> Result<()> {
+    let inj = h.injector();
+    let c = &p.creds;
+    for cap in 0..64u64 {
+        if c.cap_bnd & (1 << cap) == 0 && cap <= last_cap() {
+            inj.syscall(
+                "prctl(PR_CAPBSET_DROP)",
+                libc::SYS_prctl,
+                &[PR_CAPBSET_DROP, cap],
+            )?;
+        }
+    }
+    if c.uids != [0; 4] || c.gids != [0; 4] {
+        inj.syscall(
+            "prctl(PR_SET_KEEPCAPS)",
+            libc::SYS_prctl,
+            &[PR_SET_KEEPCAPS, 1],
+        )?;
+    }
+    let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_ne_bytes()).collect();
+    let gaddr = inj.write_scratch(0, &groups)?;
+    inj.syscall(
+        "setgroups",
+        libc::SYS_setgroups,
+        &[c.groups.len() as u64, gaddr],
+    )?;
+    inj.syscall(
+        "setresgid",
+        libc::SYS_setresgid,
+        &[c.gids[0] as u64, c.gids[1] as u64, c.gids[2] as u64],
+    )?;
+    inj.syscall("setfsgid", libc::SYS_setfsgid, &[c.gids[3] as u64])?;
+    inj.syscall(
+        "setresuid",
+        libc::SYS_setresuid,
+        &[c.uids[0] as u64, c.uids[1] as u64, c.uids[2] as u64],
+    )?;
+    inj.syscall("setfsuid", libc::SYS_setfsuid, &[c.uids[3] as u64])?;
+    // struct __user_cap_header_struct (version 3) and two __user_cap_data_struct.
+    let mut capbuf = Vec::new();
+    capbuf.extend_from_slice(&0x2008_0522u32.to_ne_bytes());
+    capbuf.extend_from_slice(&0i32.to_ne_bytes());
+    for half in [0u32, 32] {
+        capbuf.extend_from_slice(&((c.cap_eff >> half) as u32).to_ne_bytes());
+        capbuf.extend_from_slice(&((c.cap_prm >> half) as u32).to_ne_bytes());
+        capbuf.extend_from_slice(&((c.cap_inh >> half) as u32).to_ne_bytes());
+    }
+    let caddr = inj.write_scratch(256, &capbuf)?;
+    inj.syscall("capset", libc::SYS_capset, &[caddr, caddr + 8])?;
+    for cap in 0..64u64 {
+        if c.cap_amb & (1 << cap) != 0 {
+            inj.syscall(
+                "prctl(PR_CAP_AMBIENT_RAISE)",
+                libc::SYS_prctl,
+                &[PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0],
+            )?;
+        }
+    }
+    let keep = inj.syscall(
+        "prctl(PR_GET_SECUREBITS)",
+        libc::SYS_prctl,
+        &[PR_GET_SECUREBITS],
+    )?;
+    if keep as u32 != c.securebits {
+        // Needs CAP_SETPCAP, which a process that had other securebits set also had.
+        inj.syscall(
+            "prctl(PR_SET_SECUREBITS)",
+            libc::SYS_prctl,
+            &[PR_SET_SECUREBITS, c.securebits as u64],
+        )?;
+    }
+    if p.no_new_privs {
+        inj.syscall(
+            "prctl(PR_SET_NO_NEW_PRIVS)",
+            libc::SYS_prctl,
+            &[PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0],
+        )?;
+    }
+    Ok(())
+}
+
+fn last_cap() -> u64 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40)
+}

@@ -1,0 +1,133 @@
+//! Threads: registers, FPU/SSE/AVX state, TLS (fs/gs base), signal mask, alternate signal
+//! stack, robust futex list, rseq, clear_child_tid, name, and the system call they were in.
+
+use crate::error::{Context, Result};
+use crate::freeze::{self, FrozenThread};
+use crate::husk::Husk;
+use crate::procfs;
+use ferry_image::{AltStack, Rseq, SigInfo, SyscallState, Thread};
+use ferry_inject::Injector;
+use ferry_sys::ptrace;
+use ferry_sys::regs::{gp_from_words, gp_to_words};
+
+const PR_SET_NAME: u64 = 15;
+const PR_GET_TID_ADDRESS: u64 = 40;
+
+pub fn capture(pid: i32, ft: &FrozenThread, inj: &Injector) -> Result<Thread> {
+    let tid = ft.tid;
+    let what = |w: &str| format!("{w} of thread {tid}");
+    let xstate = ptrace::get_xstate(tid).ctx(pid, || what("read FPU/AVX state"))?;
+    let rseq = match ptrace::get_rseq(tid) {
+        Ok((addr, len, sig)) if addr != 0 => Some(Rseq { addr, len, sig }),
+        Ok(_) => None,
+        Err(e) => return Err(e).ctx(pid, || what("read rseq registration")),
+    };
+    let (robust_list, robust_list_len) =
+        ptrace::get_robust_list(tid).ctx(pid, || what("read robust futex list"))?;
+    inj.syscall("sigaltstack", libc::SYS_sigaltstack, &[0, inj.scratch(0)])?;
+    let ss = inj.read_scratch(0, 24)?;
+    let word = |b: &[u8], at: usize| u64::from_ne_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    inj.syscall(
+        "prctl(PR_GET_TID_ADDRESS)",
+        libc::SYS_prctl,
+        &[PR_GET_TID_ADDRESS, inj.scratch(32)],
+    )?;
+    let clear_child_tid = word(&inj.read_scratch(32, 8)?, 0);
+    let mut pending: Vec<SigInfo> = ptrace::peek_siginfo(tid, false)
+        .ctx(pid, || what("read pending signals"))?
+        .into_iter()
+        .map(|b| SigInfo(b.to_vec()))
+        .collect();
+    pending.extend(ft.intercepted.iter().map(|b| SigInfo(b.to_vec())));
+    let r = &ft.regs;
+    let in_syscall = r.orig_rax as i64 >= 0
+        && matches!(
+            -(r.rax as i64),
+            freeze::ERESTARTSYS
+                | freeze::ERESTARTNOINTR
+                | freeze::ERESTARTNOHAND
+                | freeze::ERESTART_RESTARTBLOCK
+        );
+    Ok(Thread {
+        tid,
+        comm: procfs::read(pid, &format!("task/{tid}/comm"))
+            .unwrap_or_default()
+            .trim_end_matches('\n')
+            .to_string(),
+        gp_regs: gp_to_words(r),
+        xstate,
+        sigmask: ft.sigmask,
+        pending,
+        altstack: AltStack {
+            sp: word(&ss, 0),
+            flags: i32::from_ne_bytes(ss[8..12].try_into().expect("4 bytes")),
+            size: word(&ss, 16),
+        },
+        robust_list,
+        robust_list_len,
+        rseq,
+        clear_child_tid,
+        syscall: if in_syscall {
+            SyscallState::Restart { nr: r.orig_rax }
+        } else {
+            SyscallState::None
+        },
+    })
+}
+
+/// Per-thread kernel state that is set from inside the thread: name, alternate stack, robust
+/// list, rseq and clear_child_tid. The thread must be stopped in `inj`.
+pub fn restore_inside(inj: &Injector, t: &Thread) -> Result<()> {
+    let mut name = t.comm.as_bytes().to_vec();
+    name.truncate(15);
+    name.push(0);
+    let a = inj.write_scratch(0, &name)?;
+    inj.syscall("prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, a])?;
+    if t.altstack.flags & libc::SS_DISABLE == 0 {
+        let mut ss = Vec::new();
+        ss.extend_from_slice(&t.altstack.sp.to_ne_bytes());
+        ss.extend_from_slice(&((t.altstack.flags & !libc::SS_ONSTACK) as i64).to_ne_bytes());
+        ss.extend_from_slice(&t.altstack.size.to_ne_bytes());
+        let a = inj.write_scratch(64, &ss)?;
+        inj.syscall("sigaltstack", libc::SYS_sigaltstack, &[a, 0])?;
+    }
+    if t.robust_list != 0 {
+        inj.syscall(
+            "set_robust_list",
+            libc::SYS_set_robust_list,
+            &[t.robust_list, t.robust_list_len],
+        )?;
+    }
+    if let Some(r) = &t.rseq {
+        inj.syscall(
+            "rseq",
+            libc::SYS_rseq,
+            &[r.addr, r.len as u64, 0, r.sig as u64],
+        )?;
+    }
+    inj.syscall(
+        "set_tid_address",
+        libc::SYS_set_tid_address,
+        &[t.clear_child_tid],
+    )?;
+    Ok(())
+}
+
+/// Puts the thread's registers, FPU state and signal mask in place: the last step before it
+/// is let go. A thread that was inside a system call is rewound to issue it again.
+pub fn restore_registers(h: &Husk, t: &Thread) -> Result<()> {
+    let mut regs = gp_from_words(&t.gp_regs).ok_or_else(|| {
+        crate::Error::BadImage(format!("thread {}: register set has the wrong size", t.tid))
+    })?;
+    if let SyscallState::Restart { nr } = t.syscall {
+        regs.rax = nr;
+        regs.rip -= 2;
+        regs.orig_rax = u64::MAX;
+    }
+    ptrace::set_xstate(t.tid, &t.xstate)
+        .ctx(h.pid, || format!("set FPU/AVX state of thread {}", t.tid))?;
+    ptrace::set_regs(t.tid, &regs).ctx(h.pid, || format!("set registers of thread {}", t.tid))?;
+    ptrace::set_sigmask(t.tid, t.sigmask)
+        .ctx(h.pid, || format!("set signal mask of thread {}", t.tid))?;
+    Ok(())
+}

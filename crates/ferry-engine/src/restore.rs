@@ -1,0 +1,390 @@
+//! Rebuild: reads a whole image, checks it, and recreates the tree. Nothing is created until
+//! the image has been read to its end marker with every checksum right; if any step of the
+//! rebuild fails, every process made so far is killed.
+
+use crate::error::{Error, Result};
+use crate::husk::{Husk, TRAMPOLINE_LEN};
+use crate::objects::RestoreObjects;
+use crate::resources::{files, memory, process, signals, threads};
+use ferry_image::stream::ObjectRef;
+use ferry_image::{ImageReader, Process, Record, Tree};
+use ferry_sys::ptrace;
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::time::Instant;
+
+/// An image read into memory and checked.
+pub struct LoadedImage {
+    pub tree: Tree,
+    /// Private memory per PID: (address, bytes).
+    pub pages: HashMap<i32, Vec<(u64, Vec<u8>)>>,
+    pub objects: Vec<(ObjectRef, u64, Vec<u8>)>,
+    pub data_bytes: u64,
+}
+
+/// Reads an image to its end marker, checking every record and the tree's consistency.
+pub fn load<R: Read>(input: R) -> Result<LoadedImage> {
+    let mut r = ImageReader::new(input)?;
+    let mut tree = None;
+    let mut pages: HashMap<i32, Vec<(u64, Vec<u8>)>> = HashMap::new();
+    let mut objects = Vec::new();
+    let mut data_bytes = 0;
+    while let Some(rec) = r.next_record()? {
+        match rec {
+            Record::Tree(t) if tree.is_none() => tree = Some(*t),
+            Record::Tree(_) => return Err(Error::BadImage("two tree records".into())),
+            Record::Pages { pid, addr, data } => {
+                data_bytes += data.len() as u64;
+                pages.entry(pid).or_default().push((addr, data));
+            }
+            Record::Object {
+                object,
+                offset,
+                data,
+            } => {
+                data_bytes += data.len() as u64;
+                objects.push((object, offset, data));
+            }
+            Record::End { .. } => {}
+        }
+    }
+    let tree = tree.ok_or_else(|| Error::BadImage("no tree record".into()))?;
+    let img = LoadedImage {
+        tree,
+        pages,
+        objects,
+        data_bytes,
+    };
+    validate(&img)?;
+    Ok(img)
+}
+
+/// Checks that the tree refers only to things it holds and that memory lands inside mappings.
+pub fn validate(img: &LoadedImage) -> Result<()> {
+    let t = &img.tree;
+    let bad = |s: String| Err(Error::BadImage(s));
+    if t.processes.first().map(|p| p.pid) != Some(t.root_pid) {
+        return bad("the first process is not the root".into());
+    }
+    let mut seen = HashSet::new();
+    for p in &t.processes {
+        if p.pid <= 0 || !seen.insert(p.pid) {
+            return bad(format!("PID {} is invalid or repeated", p.pid));
+        }
+        if p.pid != t.root_pid && !seen.contains(&p.ppid) {
+            return bad(format!("PID {} comes before its parent {}", p.pid, p.ppid));
+        }
+        if p.zombie_status.is_some() {
+            continue;
+        }
+        if p.threads.first().map(|t| t.tid) != Some(p.pid) {
+            return bad(format!("PID {}: the first thread is not the leader", p.pid));
+        }
+        for th in &p.threads {
+            if th.gp_regs.len() != ferry_sys::regs::GP_REGS_WORDS {
+                return bad(format!(
+                    "PID {} thread {}: register set has the wrong size",
+                    p.pid, th.tid
+                ));
+            }
+            if th.tid != p.pid && !seen.insert(th.tid) {
+                return bad(format!("TID {} is repeated", th.tid));
+            }
+        }
+        let mut last_end = 0;
+        for v in &p.vmas {
+            if v.start >= v.end
+                || v.start < last_end
+                || v.start % ferry_sys::PAGE_SIZE != 0
+                || v.end % ferry_sys::PAGE_SIZE != 0
+            {
+                return bad(format!(
+                    "PID {}: mapping {:x}-{:x} is malformed or overlaps",
+                    p.pid, v.start, v.end
+                ));
+            }
+            last_end = v.end;
+        }
+        for fd in &p.fds {
+            if fd.fd < 0 || fd.file as usize >= t.files.len() {
+                return bad(format!(
+                    "PID {} fd {} refers to unknown file {}",
+                    p.pid, fd.fd, fd.file
+                ));
+            }
+        }
+    }
+    for (pid, runs) in &img.pages {
+        let Some(p) = t.processes.iter().find(|p| p.pid == *pid) else {
+            return bad(format!("memory for unknown PID {pid}"));
+        };
+        for (addr, data) in runs {
+            let end = addr + data.len() as u64;
+            if !p.vmas.iter().any(|v| v.start <= *addr && end <= v.end) {
+                return bad(format!(
+                    "PID {pid}: memory at {addr:x}-{end:x} lies outside every mapping"
+                ));
+            }
+        }
+    }
+    for (o, off, data) in &img.objects {
+        let size = match o {
+            ObjectRef::Shmem(id) => t.shmem.get(*id as usize).map(|s| s.size),
+            ObjectRef::Ghost(id) => t.ghosts.get(*id as usize).map(|g| g.size),
+        };
+        match size {
+            Some(size) if off + data.len() as u64 <= size.max(ferry_sys::PAGE_SIZE) => {}
+            _ => return bad(format!("data for {o:?} at {off} does not fit the object")),
+        }
+    }
+    Ok(())
+}
+
+/// What is using a PID we need, for error messages.
+pub fn describe_pid(pid: i32) -> String {
+    match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+        Ok(c) => format!("by {}", c.trim()),
+        Err(_) => "by a thread of another process".into(),
+    }
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct RestoreReport {
+    pub root_pid: i32,
+    pub pids: Vec<i32>,
+    pub threads: usize,
+    pub memory_bytes: u64,
+    pub build_ms: f64,
+    pub memory_ms: f64,
+    pub finish_ms: f64,
+}
+
+/// Waits briefly for PIDs held only by zombies that init is about to reap; then insists that
+/// every PID and TID of the image is free.
+fn check_pids_free(tree: &Tree) -> Result<()> {
+    let ids: Vec<i32> = tree
+        .processes
+        .iter()
+        .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
+        .collect();
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    for id in ids {
+        loop {
+            let path = format!("/proc/{id}");
+            if !std::path::Path::new(&path).exists() {
+                break;
+            }
+            let zombie = std::fs::read_to_string(format!("{path}/stat"))
+                .map(|s| s.contains(") Z "))
+                .unwrap_or(false);
+            if !zombie || Instant::now() > deadline {
+                return Err(Error::PidTaken {
+                    pid: id,
+                    by: describe_pid(id),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    Ok(())
+}
+
+/// A gap for the trampoline that no process of the tree maps.
+fn choose_trampoline(tree: &Tree) -> u64 {
+    let mut used: Vec<(u64, u64)> = tree
+        .processes
+        .iter()
+        .flat_map(|p| p.vmas.iter().map(|v| (v.start, v.end)))
+        .collect();
+    used.sort();
+    let mut cand = 0x1000_0000u64;
+    for (s, e) in used {
+        if cand + TRAMPOLINE_LEN <= s {
+            break;
+        }
+        cand = cand.max(e);
+    }
+    cand
+}
+
+/// Rebuilds the tree in `img`. On success every process runs, detached from us.
+pub fn restore(img: &LoadedImage) -> Result<RestoreReport> {
+    let t0 = Instant::now();
+    let tree = &img.tree;
+    check_pids_free(tree)?;
+    ferry_sys::fdops::raise_nofile();
+    let objects = RestoreObjects::create(&tree.shmem, &tree.ghosts)?;
+    for (o, off, data) in &img.objects {
+        objects.fill(*o, *off, data)?;
+    }
+    let descs = files::open_descriptions(tree, &objects)?;
+    let spare_fd = tree
+        .processes
+        .iter()
+        .flat_map(|p| p.fds.iter().map(|f| f.fd))
+        .max()
+        .unwrap_or(2)
+        .max(2)
+        + 1;
+    let trampoline = choose_trampoline(tree);
+
+    let mut husks: Vec<Husk> = Vec::new();
+    let result = build(img, &objects, &descs, trampoline, spare_fd, &mut husks, t0);
+    match result {
+        Ok(report) => Ok(report),
+        Err(e) => {
+            for h in husks.iter().rev() {
+                h.kill();
+            }
+            Err(e)
+        }
+    }
+}
+
+fn build(
+    img: &LoadedImage,
+    objects: &RestoreObjects,
+    descs: &HashMap<u32, std::os::fd::OwnedFd>,
+    trampoline: u64,
+    spare_fd: i32,
+    husks: &mut Vec<Husk>,
+    t0: Instant,
+) -> Result<RestoreReport> {
+    let tree = &img.tree;
+    let mut report = RestoreReport {
+        root_pid: tree.root_pid,
+        ..Default::default()
+    };
+    // 1. The processes, parents first, with their sessions and process groups.
+    for p in &tree.processes {
+        let h = if p.pid == tree.root_pid {
+            let h = Husk::spawn_root(p.pid, trampoline, spare_fd)?;
+            // A restored tree is detached from whoever restores it: the root leads a session.
+            h.injector().syscall("setsid", libc::SYS_setsid, &[])?;
+            h
+        } else {
+            let parent = husks.iter().find(|h| h.pid == p.ppid).ok_or_else(|| {
+                Error::BadImage(format!("PID {}: parent {} missing", p.pid, p.ppid))
+            })?;
+            let h = parent.fork_child(p.pid, p.exit_signal)?;
+            join_session(&h, p, husks)?;
+            h
+        };
+        report.pids.push(p.pid);
+        husks.push(h);
+    }
+    // 2. Zombies die now, leaving their exit status for their parents.
+    for (p, h) in tree.processes.iter().zip(husks.iter()) {
+        if let Some(status) = p.zombie_status {
+            make_zombie(h, status)?;
+        }
+    }
+    report.build_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // 3. Address spaces, descriptors, environment, signals, threads.
+    let t1 = Instant::now();
+    let live: Vec<(&Process, &Husk)> = tree
+        .processes
+        .iter()
+        .zip(husks.iter())
+        .filter(|(p, _)| p.zombie_status.is_none())
+        .collect();
+    let mut thread_injectors = Vec::new();
+    for (p, h) in &live {
+        memory::restore_mappings(h, &p.vmas, objects)?;
+        for (addr, data) in img.pages.get(&p.pid).map(|v| v.as_slice()).unwrap_or(&[]) {
+            memory::restore_pages(p.pid, h.mem(), &p.vmas, *addr, data)?;
+            report.memory_bytes += data.len() as u64;
+        }
+    }
+    report.memory_ms = t1.elapsed().as_secs_f64() * 1e3;
+    let t2 = Instant::now();
+    for (p, h) in &live {
+        files::install(h, p, descs)?;
+        process::restore_environment(h, p)?;
+        signals::restore_actions(h, p)?;
+        threads::restore_inside(h.injector(), &p.threads[0])?;
+        for t in &p.threads[1..] {
+            let inj = h.create_thread(t.tid)?;
+            threads::restore_inside(&inj, t)?;
+            thread_injectors.push(inj);
+        }
+        signals::restore_timers(h, p)?;
+        report.threads += p.threads.len();
+    }
+    // 4. The last injected calls: pending signals, credentials, then the trampoline goes.
+    for (p, h) in &live {
+        signals::restore_pending(h, p)?;
+        h.drop_ferry_pidfd()?;
+        process::restore_creds(h, p)?;
+        h.remove_trampoline()?;
+        for t in &p.threads {
+            threads::restore_registers(h, t)?;
+        }
+    }
+    objects.finish();
+    // 5. Commit: let everything run.
+    for (p, _) in &live {
+        for t in &p.threads {
+            ptrace::detach(t.tid, 0).map_err(|e| Error::Restore {
+                pid: p.pid,
+                what: format!("let thread {} go: {e}", t.tid),
+            })?;
+        }
+    }
+    report.finish_ms = t2.elapsed().as_secs_f64() * 1e3;
+    Ok(report)
+}
+
+/// Puts a freshly forked husk into its session and process group.
+fn join_session(h: &Husk, p: &Process, made: &[Husk]) -> Result<()> {
+    let inj = h.injector();
+    if p.sid == p.pid {
+        inj.syscall("setsid", libc::SYS_setsid, &[])?;
+    } else if p.pgid == p.pid {
+        inj.syscall("setpgid", libc::SYS_setpgid, &[0, 0])?;
+    } else if made.iter().any(|m| m.pid == p.pgid) {
+        inj.syscall("setpgid", libc::SYS_setpgid, &[0, p.pgid as u64])?;
+    }
+    Ok(())
+}
+
+fn make_zombie(h: &Husk, status: i32) -> Result<()> {
+    let pid = h.pid;
+    let fail = |e: ferry_sys::SysError| Error::Restore {
+        pid,
+        what: format!("turn into a zombie: {e}"),
+    };
+    if libc::WIFSIGNALED(status) {
+        // Die of the same signal, with its default action and no core file.
+        let sig = libc::WTERMSIG(status);
+        ferry_sys::fdops::set_rlimit(pid, libc::RLIMIT_CORE as u32, 0, 0).map_err(fail)?;
+        let inj = h.injector();
+        inj.syscall(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            &[sig as u64, inj.write_scratch(0, &[0u8; 32])?, 0, 8],
+        )?;
+        ptrace::set_sigmask(pid, 0).map_err(fail)?;
+        ptrace::tgkill(pid, pid, sig).map_err(fail)?;
+        ptrace::cont(pid, 0).map_err(fail)?;
+        loop {
+            match ferry_sys::wait::wait_tid(pid, false).map_err(fail)? {
+                ferry_sys::wait::WaitStatus::Stopped { sig: s, event: 0 } => {
+                    ptrace::cont(pid, s).map_err(fail)?
+                }
+                ferry_sys::wait::WaitStatus::Stopped { .. } => {
+                    ptrace::cont(pid, 0).map_err(fail)?
+                }
+                _ => break,
+            }
+        }
+    } else {
+        // The call never returns: the injector reports the thread's exit, which is the point.
+        let _ = h.injector().syscall_raw(
+            "exit_group",
+            libc::SYS_exit_group,
+            &[libc::WEXITSTATUS(status) as u64],
+        );
+    }
+    Ok(())
+}

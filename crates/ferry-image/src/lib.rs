@@ -1,0 +1,21 @@
+//! Ferry's checkpoint image: what a captured process tree is, and how it is laid out as a stream.
+//!
+//! The image is one byte stream (see `docs/image-format.md`): a fixed header, then records, each
+//! framed with its kind, length and an XXH3 checksum, ending with an `End` record. The same
+//! [`stream::ImageWriter`] writes to a file or a socket, and [`stream::ImageReader`] never seeks.
+//! Metadata records hold CBOR-encoded [`model`] types; memory records hold raw page bytes.
+
+#![forbid(unsafe_code)]
+
+pub mod model;
+pub mod stream;
+
+pub use model::*;
+pub use stream::{ImageError, ImageReader, ImageWriter, Record};
+
+/// The 8 bytes every image starts with.
+pub const MAGIC: [u8; 8] = *b"FERRYIMG";
+/// Bumped whenever a change would make an older reader misread an image.
+pub const FORMAT_VERSION: u32 = 1;
+/// The image file inside a checkpoint directory.
+pub const IMAGE_FILE: &str = "image.ferry";

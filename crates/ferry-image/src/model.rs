@@ -1,0 +1,321 @@
+//! The captured state of a process tree. Every type here is CBOR-encoded into the image; fields
+//! are only ever added (with `#[serde(default)]`), never renamed or reused.
+
+use serde::{Deserialize, Serialize};
+
+/// Everything about a tree except the bytes of its memory, which follow in `Pages` records.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct Tree {
+    pub root_pid: i32,
+    /// Parents come before their children.
+    pub processes: Vec<Process>,
+    /// Open file descriptions, shared by every fd (in any process) that refers to them.
+    pub files: Vec<FileDesc>,
+    /// Pipes and FIFOs, with the bytes that were buffered in them.
+    pub pipes: Vec<Pipe>,
+    /// Shared memory objects (MAP_SHARED anonymous memory, memfd, SysV shm) whose contents
+    /// follow in `ObjectData` records.
+    pub shmem: Vec<ShmemObject>,
+    /// Files that were deleted while still open or mapped; their contents follow in
+    /// `ObjectData` records.
+    pub ghosts: Vec<GhostFile>,
+    #[serde(default)]
+    pub source: Source,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct Source {
+    pub hostname: String,
+    pub kernel: String,
+    pub boot_id: String,
+    pub captured_unix_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct Process {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    pub exe: String,
+    pub cwd: String,
+    pub root: String,
+    pub umask: u32,
+    pub personality: u32,
+    pub no_new_privs: bool,
+    pub creds: Creds,
+    pub rlimits: Vec<Rlimit>,
+    pub mm: MmLayout,
+    pub vmas: Vec<Vma>,
+    pub threads: Vec<Thread>,
+    /// One entry per signal 1..=64.
+    pub sigactions: Vec<SigAction>,
+    pub fds: Vec<Fd>,
+    pub itimers: Vec<ITimer>,
+    pub posix_timers: Vec<PosixTimer>,
+    /// Signals pending for the whole thread group, as raw 128-byte siginfo.
+    pub shared_pending: Vec<SigInfo>,
+    /// Set for a zombie: the wait status its parent will collect.
+    pub zombie_status: Option<i32>,
+    /// Signal sent to the parent when this process dies (usually SIGCHLD).
+    pub exit_signal: i32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct Creds {
+    /// real, effective, saved, filesystem
+    pub uids: [u32; 4],
+    pub gids: [u32; 4],
+    pub groups: Vec<u32>,
+    pub cap_inh: u64,
+    pub cap_prm: u64,
+    pub cap_eff: u64,
+    pub cap_bnd: u64,
+    pub cap_amb: u64,
+    pub securebits: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct Rlimit {
+    pub resource: u32,
+    pub cur: u64,
+    pub max: u64,
+}
+
+/// The kernel's bookkeeping of where things are in the address space (/proc/PID/stat).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct MmLayout {
+    pub start_code: u64,
+    pub end_code: u64,
+    pub start_data: u64,
+    pub end_data: u64,
+    pub start_brk: u64,
+    pub brk: u64,
+    pub start_stack: u64,
+    pub arg_start: u64,
+    pub arg_end: u64,
+    pub env_start: u64,
+    pub env_end: u64,
+    pub auxv: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct Vma {
+    pub start: u64,
+    pub end: u64,
+    /// PROT_READ | PROT_WRITE | PROT_EXEC
+    pub prot: u32,
+    pub shared: bool,
+    /// Offset into the backing object, in bytes.
+    pub offset: u64,
+    pub backing: Backing,
+    /// What /proc/PID/maps called it ("[heap]", "[stack]", a path ...).
+    pub name: String,
+    pub growsdown: bool,
+    pub dontfork: bool,
+    pub wipeonfork: bool,
+    pub dontdump: bool,
+    pub locked: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub enum Backing {
+    /// Private anonymous memory (heap, stacks, most data).
+    #[default]
+    Anonymous,
+    /// A file on disk: `file` indexes `Tree::files` when the file was open, else it is
+    /// identified by path (and checked by size and inode when it is mapped again).
+    File {
+        path: String,
+        dev: u64,
+        ino: u64,
+        size: u64,
+        ghost: Option<u32>,
+    },
+    /// A shared memory object in `Tree::shmem`.
+    Shmem {
+        object: u32,
+    },
+    Vdso,
+    Vvar,
+    VvarVclock,
+    Vsyscall,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct Thread {
+    pub tid: i32,
+    pub comm: String,
+    /// General registers in `user_regs_struct` order.
+    pub gp_regs: Vec<u64>,
+    /// The XSAVE area (x87, SSE, AVX ...).
+    #[serde(with = "serde_bytes")]
+    pub xstate: Vec<u8>,
+    pub sigmask: u64,
+    pub pending: Vec<SigInfo>,
+    pub altstack: AltStack,
+    pub robust_list: u64,
+    pub robust_list_len: u64,
+    pub rseq: Option<Rseq>,
+    pub clear_child_tid: u64,
+    /// How the thread's interrupted system call, if any, is to be resumed.
+    pub syscall: SyscallState,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub enum SyscallState {
+    /// Not in a system call: registers are resumed as they are.
+    #[default]
+    None,
+    /// Stopped inside system call `nr`; on resume it is issued again with the same arguments.
+    Restart { nr: u64 },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct AltStack {
+    pub sp: u64,
+    pub flags: i32,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct Rseq {
+    pub addr: u64,
+    pub len: u32,
+    pub sig: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct SigAction {
+    pub handler: u64,
+    pub flags: u64,
+    pub restorer: u64,
+    pub mask: u64,
+}
+
+/// A raw `siginfo_t` (128 bytes).
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct SigInfo(#[serde(with = "serde_bytes")] pub Vec<u8>);
+
+impl SigInfo {
+    pub fn signo(&self) -> i32 {
+        i32::from_ne_bytes(self.0[0..4].try_into().unwrap_or([0; 4]))
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct ITimer {
+    pub which: i32,
+    pub interval_us: u64,
+    pub value_us: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct PosixTimer {
+    pub id: i32,
+    pub clock: i32,
+    pub signo: i32,
+    pub notify: i32,
+    pub notify_tid: i32,
+    pub sigev_value: u64,
+    pub interval_ns: u64,
+    pub value_ns: u64,
+    pub overrun: i32,
+}
+
+/// One descriptor of a process.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct Fd {
+    pub fd: i32,
+    /// Index into `Tree::files`.
+    pub file: u32,
+    pub cloexec: bool,
+}
+
+/// An open file description (what `dup` and `fork` share).
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct FileDesc {
+    pub id: u32,
+    /// O_* status flags (access mode, O_APPEND, O_NONBLOCK ...).
+    pub flags: i32,
+    pub pos: i64,
+    pub kind: FileKind,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub enum FileKind {
+    #[default]
+    Unknown,
+    Regular {
+        path: String,
+        size: u64,
+        ghost: Option<u32>,
+    },
+    Directory {
+        path: String,
+    },
+    /// A character or block device opened by path (/dev/null, /dev/zero, /dev/urandom ...).
+    Device {
+        path: String,
+        rdev: u64,
+    },
+    /// One end of pipe `pipe` in `Tree::pipes` (a FIFO when `Pipe::fifo_path` is set); which
+    /// end follows from the access mode in `FileDesc::flags`.
+    Pipe {
+        pipe: u32,
+    },
+    EventFd {
+        count: u64,
+        semaphore: bool,
+    },
+    /// memfd opened as a file: the shared memory object `object`.
+    Memfd {
+        object: u32,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct Pipe {
+    pub id: u32,
+    pub ino: u64,
+    pub capacity: u64,
+    #[serde(with = "serde_bytes")]
+    pub buffered: Vec<u8>,
+    pub fifo_path: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct ShmemObject {
+    pub id: u32,
+    pub kind: ShmemKind,
+    pub size: u64,
+    pub ino: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub enum ShmemKind {
+    /// MAP_SHARED | MAP_ANONYMOUS memory, shared over fork.
+    #[default]
+    Anonymous,
+    Memfd {
+        name: String,
+        seals: u32,
+    },
+    SysV {
+        key: i32,
+        shmid: i32,
+        mode: u32,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct GhostFile {
+    pub id: u32,
+    pub path: String,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+}

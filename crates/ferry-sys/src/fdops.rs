@@ -1,0 +1,203 @@
+//! Small descriptor and process operations without a better home: kcmp, prlimit, tee, sockets'
+//! peek offsets, memfd.
+
+use crate::{check, SysResult};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+pub const KCMP_FILE: i32 = 0;
+
+/// Whether descriptor `fd1` of `pid1` and `fd2` of `pid2` are the same open file description.
+pub fn kcmp_file(pid1: i32, pid2: i32, fd1: i32, fd2: i32) -> SysResult<bool> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid1,
+            pid2,
+            KCMP_FILE,
+            fd1 as u64,
+            fd2 as u64,
+        )
+    };
+    Ok(check("kcmp(KCMP_FILE)", r)? == 0)
+}
+
+pub fn get_rlimit(pid: i32, resource: u32) -> SysResult<(u64, u64)> {
+    let mut old = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: old is a valid out-pointer; new is null.
+    let r = unsafe { libc::prlimit64(pid, resource as _, std::ptr::null(), &mut old) };
+    check("prlimit64(get)", r as libc::c_long)?;
+    Ok((old.rlim_cur, old.rlim_max))
+}
+
+pub fn set_rlimit(pid: i32, resource: u32, cur: u64, max: u64) -> SysResult<()> {
+    let new = libc::rlimit64 {
+        rlim_cur: cur,
+        rlim_max: max,
+    };
+    // SAFETY: new is a valid in-pointer; old is null.
+    let r = unsafe { libc::prlimit64(pid, resource as _, &new, std::ptr::null_mut()) };
+    check("prlimit64(set)", r as libc::c_long).map(drop)
+}
+
+/// Copies up to `len` bytes buffered in pipe `from` into pipe `to` without consuming them.
+pub fn tee(from: RawFd, to: RawFd, len: usize) -> SysResult<usize> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::tee(from, to, len, libc::SPLICE_F_NONBLOCK) };
+    check("tee", r as libc::c_long).map(|n| n as usize)
+}
+
+pub fn pipe2(flags: i32) -> SysResult<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds has room for the two descriptors.
+    let r = unsafe { libc::pipe2(fds.as_mut_ptr(), flags) };
+    check("pipe2", r as libc::c_long)?;
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+pub fn fionread(fd: RawFd) -> SysResult<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    check("ioctl(FIONREAD)", r as libc::c_long)?;
+    Ok(n as usize)
+}
+
+pub fn pipe_size(fd: RawFd) -> SysResult<usize> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) };
+    check("fcntl(F_GETPIPE_SZ)", r as libc::c_long).map(|n| n as usize)
+}
+
+pub fn set_pipe_size(fd: RawFd, size: usize) -> SysResult<()> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, size as libc::c_int) };
+    check("fcntl(F_SETPIPE_SZ)", r as libc::c_long).map(drop)
+}
+
+pub fn get_fl(fd: RawFd) -> SysResult<i32> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    check("fcntl(F_GETFL)", r as libc::c_long).map(|n| n as i32)
+}
+
+pub fn set_fl(fd: RawFd, flags: i32) -> SysResult<()> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
+    check("fcntl(F_SETFL)", r as libc::c_long).map(drop)
+}
+
+pub fn write_fd(fd: RawFd, buf: &[u8]) -> SysResult<usize> {
+    // SAFETY: buf is a valid slice for reading.
+    let r = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+    check("write", r as libc::c_long).map(|n| n as usize)
+}
+
+pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> SysResult<usize> {
+    // SAFETY: buf is a valid slice for writing.
+    let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    check("read", r as libc::c_long).map(|n| n as usize)
+}
+
+pub fn lseek(fd: RawFd, off: i64, whence: i32) -> SysResult<i64> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::lseek(fd, off, whence) };
+    check("lseek", r as libc::c_long).map(|n| n as i64)
+}
+
+pub fn eventfd(initval: u32, flags: i32) -> SysResult<OwnedFd> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::eventfd(initval, flags) };
+    let fd = check("eventfd", r as libc::c_long)?;
+    // SAFETY: new descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+pub fn open_path(path: &str, flags: i32, mode: u32) -> SysResult<OwnedFd> {
+    let c = std::ffi::CString::new(path)
+        .map_err(|_| crate::SysError::new("open (path has NUL)", libc::EINVAL))?;
+    // SAFETY: c is a valid NUL-terminated string.
+    let r = unsafe { libc::open(c.as_ptr(), flags, mode) };
+    let fd = check("open", r as libc::c_long)?;
+    // SAFETY: new descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+pub fn memfd_create(name: &str, flags: u32) -> SysResult<OwnedFd> {
+    let c = std::ffi::CString::new(name)
+        .map_err(|_| crate::SysError::new("memfd_create (name has NUL)", libc::EINVAL))?;
+    // SAFETY: c is a valid NUL-terminated string.
+    let r = unsafe { libc::memfd_create(c.as_ptr(), flags) };
+    let fd = check("memfd_create", r as libc::c_long)?;
+    // SAFETY: new descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Raises this process's soft RLIMIT_NOFILE to its hard limit: a restore holds many descriptors.
+pub fn raise_nofile() {
+    if let Ok((_, max)) = get_rlimit(0, libc::RLIMIT_NOFILE as u32) {
+        let _ = set_rlimit(0, libc::RLIMIT_NOFILE as u32, max, max);
+    }
+}
+
+pub fn raw(fd: &OwnedFd) -> RawFd {
+    fd.as_raw_fd()
+}
+
+/// Marks this process a child subreaper: orphaned descendants are reparented to it.
+pub fn set_child_subreaper() -> SysResult<()> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    check("prctl(PR_SET_CHILD_SUBREAPER)", r as libc::c_long).map(drop)
+}
+
+/// A new MAP_SHARED|MAP_ANONYMOUS memory object of `size` bytes, as a file: the same kind of
+/// object ("/dev/zero (deleted)") that a process gets from mmap, so it maps identically.
+pub fn anon_shmem(size: u64) -> SysResult<std::fs::File> {
+    // SAFETY: a fresh mapping at an address of the kernel's choosing; it is unmapped below and
+    // never dereferenced.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(crate::SysError::last("mmap(MAP_SHARED|MAP_ANONYMOUS)"));
+    }
+    let start = p as u64;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!(
+            "/proc/self/map_files/{:x}-{:x}",
+            start,
+            start + size
+        ))
+        .map_err(|e| {
+            crate::SysError::new("open /proc/self/map_files", e.raw_os_error().unwrap_or(0))
+        });
+    // SAFETY: p is the mapping made above, of exactly `size` bytes.
+    unsafe { libc::munmap(p, size as usize) };
+    file
+}
+
+pub fn get_seals(fd: RawFd) -> SysResult<u32> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    check("fcntl(F_GET_SEALS)", r as libc::c_long).map(|n| n as u32)
+}
+
+pub fn add_seals(fd: RawFd, seals: u32) -> SysResult<()> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals as libc::c_int) };
+    check("fcntl(F_ADD_SEALS)", r as libc::c_long).map(drop)
+}

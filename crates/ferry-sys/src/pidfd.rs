@@ -1,0 +1,23 @@
+//! pidfd_open(2), pidfd_getfd(2): taking a copy of another process's file descriptor.
+
+use crate::{check, SysResult};
+use std::os::fd::{FromRawFd, OwnedFd};
+
+pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = check("pidfd_open", r)?;
+    // SAFETY: the kernel just returned this new descriptor; we are its only owner.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Duplicates descriptor `targetfd` of the process behind `pidfd` into this process. The copy
+/// shares the open file description (offset, flags) with the original.
+pub fn pidfd_getfd(pidfd: &OwnedFd, targetfd: i32) -> SysResult<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), targetfd, 0) };
+    let fd = check("pidfd_getfd", r)?;
+    // SAFETY: the kernel just returned this new descriptor; we are its only owner.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
