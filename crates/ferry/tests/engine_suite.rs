@@ -1,0 +1,794 @@
+//! The engine's correctness suite.
+//!
+//! Every `tests/programs/*.c` is a small self-checking program about one kind
+//! of process state (see `tests/programs/README.md` for the protocol).  For
+//! each program there are two trials, run one at a time:
+//!
+//! * `native::NAME` runs it, waits for `ready`, touches `go` and requires the
+//!   verdict `PASS` (the program itself is right);
+//! * `cr::NAME` runs it, then twice does `ferry checkpoint PID --dir D` (which
+//!   kills the tree) and `ferry restore --dir D` (which must give back the
+//!   same root PID), then touches `go` and requires `PASS`.
+//!
+//! Programs listed in `tests/programs/PENDING` hold state the engine does not
+//! support yet: their `cr::` trial requires that `ferry checkpoint` refuses
+//! (non-zero status, a message on stderr) and leaves the program running
+//! unharmed.
+//!
+//! Environment: `FERRY_SUITE_FILTER=substr` runs only programs whose name
+//! contains `substr`; `FERRY_SUITE_KEEP=1` keeps the run directories of
+//! passing trials too (failing ones are always kept); `FERRY_SUITE_CC`
+//! overrides the C compiler (default `gcc`); `FERRY_SUITE_FERRY` runs another
+//! `ferry` binary (e.g. a release build) instead of the one cargo built.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::sleep;
+use std::time::{Duration, Instant, SystemTime};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+const NATIVE_RESULT_TIMEOUT: Duration = Duration::from_secs(10);
+const CR_RESULT_TIMEOUT: Duration = Duration::from_secs(20);
+const FERRY_TIMEOUT: Duration = Duration::from_secs(60);
+const EXIT_TIMEOUT: Duration = Duration::from_secs(5);
+const TREE_GONE_TIMEOUT: Duration = Duration::from_secs(10);
+const LOG_TAIL: usize = 16 * 1024;
+
+/// What all trials share.
+struct Suite {
+    programs_dir: PathBuf,
+    bin_dir: PathBuf,
+    runs_dir: PathBuf,
+    ferry: PathBuf,
+    cc: String,
+    keep: bool,
+    /// program name -> compiled binary or compiler output
+    built: Mutex<HashMap<String, Result<PathBuf, String>>>,
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    // Restore needs the original PIDs free: never run two trials at once.
+    args.test_threads = Some(1);
+
+    // Restored processes are detached by `ferry restore`; as a subreaper we
+    // become their parent, so we can reap them and nothing is left behind.
+    // SAFETY: prctl with integer arguments only changes this process's flag.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if rc != 0 {
+        eprintln!(
+            "engine_suite: PR_SET_CHILD_SUBREAPER failed: {}",
+            io::Error::last_os_error()
+        );
+    }
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = root.canonicalize().unwrap_or(root);
+    let programs_dir = root.join("tests/programs");
+    let work = option_env!("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join("engine_suite");
+    // Several suites may run at once (e.g. a developer's and an agent's):
+    // each gets its own run directories; those of finished suites are
+    // cleared when the next one starts.
+    let runs_root = work.join("runs");
+    clear_stale_runs(&runs_root);
+    let suite = Arc::new(Suite {
+        bin_dir: work.join("bin"),
+        runs_dir: runs_root.join(std::process::id().to_string()),
+        programs_dir: programs_dir.clone(),
+        ferry: std::env::var_os("FERRY_SUITE_FERRY")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ferry"))),
+        cc: std::env::var("FERRY_SUITE_CC").unwrap_or_else(|_| "gcc".into()),
+        keep: std::env::var_os("FERRY_SUITE_KEEP").is_some_and(|v| !v.is_empty() && v != "0"),
+        built: Mutex::new(HashMap::new()),
+    });
+
+    let filter = std::env::var("FERRY_SUITE_FILTER").unwrap_or_default();
+    let programs: Vec<String> = list_programs(&programs_dir)
+        .into_iter()
+        .filter(|p| p.contains(&filter))
+        .collect();
+    let pending = read_pending(&programs_dir.join("PENDING"));
+
+    let mut trials = Vec::new();
+    for name in &programs {
+        let (s, n) = (suite.clone(), name.clone());
+        trials.push(Trial::test(format!("native::{name}"), move || {
+            run_native(&s, &n)
+        }));
+    }
+    for name in &programs {
+        let (s, n) = (suite.clone(), name.clone());
+        let reason = pending.get(name).cloned();
+        trials.push(Trial::test(format!("cr::{name}"), move || {
+            run_cr(&s, &n, reason.as_deref())
+        }));
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    let _ = fs::remove_dir(&suite.runs_dir); // only if nothing was kept
+    conclusion.exit();
+}
+
+/// Remove `runs/<pid>` directories of suites that are no longer running.
+fn clear_stale_runs(runs_root: &Path) {
+    let Ok(rd) = fs::read_dir(runs_root) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        if let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+/// Names (without `.c`) of all programs, sorted.
+fn list_programs(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter_map(|n| n.strip_suffix(".c").map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// `PENDING`: one program name per line, optionally followed by `# reason`.
+fn read_pending(path: &Path) -> HashMap<String, String> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let mut map = HashMap::new();
+    for line in text.lines() {
+        let (name, reason) = match line.split_once('#') {
+            Some((n, r)) => (n.trim(), r.trim()),
+            None => (line.trim(), ""),
+        };
+        if !name.is_empty() {
+            map.insert(name.to_owned(), reason.to_owned());
+        }
+    }
+    map
+}
+
+// ---------------------------------------------------------------------------
+// Building the programs.
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// Compile `name.c` (once per run, and only if out of date).
+fn build(suite: &Suite, name: &str) -> Result<PathBuf, String> {
+    let mut built = suite.built.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = built.get(name) {
+        return r.clone();
+    }
+    let src = suite.programs_dir.join(format!("{name}.c"));
+    let header = suite.programs_dir.join("ferry_test.h");
+    let bin = suite.bin_dir.join(name);
+    let result = (|| {
+        fs::create_dir_all(&suite.bin_dir)
+            .map_err(|e| format!("mkdir {}: {e}", suite.bin_dir.display()))?;
+        let newest_input = [mtime(&src), mtime(&header)].into_iter().flatten().max();
+        if let (Some(b), Some(i)) = (mtime(&bin), newest_input) {
+            if b > i {
+                return Ok(bin.clone());
+            }
+        }
+        // Compile to a private name, then rename: another suite may be
+        // building or running the same program right now.
+        let tmp = suite
+            .bin_dir
+            .join(format!(".{name}.{}.tmp", std::process::id()));
+        let out = Command::new(&suite.cc)
+            .args(["-O1", "-g", "-pthread", "-Wall", "-o"])
+            .arg(&tmp)
+            .arg(&src)
+            .arg("-lrt")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", suite.cc))?;
+        if !out.status.success() {
+            let _ = fs::remove_file(&tmp);
+            return Err(format!(
+                "compiling {} failed ({}):\n{}{}",
+                src.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        fs::rename(&tmp, &bin).map_err(|e| format!("rename {}: {e}", tmp.display()))?;
+        Ok(bin.clone())
+    })();
+    built.insert(name.to_owned(), result.clone());
+    result
+}
+
+// ---------------------------------------------------------------------------
+// One run of one program.
+
+/// A program under test: its directory, and cleanup of its whole tree.
+struct Run {
+    name: String,
+    base: PathBuf,
+    t: PathBuf,
+    root: i32,
+    child: Option<Child>,
+    /// exit status of the root, once seen
+    exited: Option<ExitStatus>,
+    /// ferry invocations so far, for failure messages
+    ferry_log: String,
+    keep: bool,
+}
+
+impl Run {
+    fn start(suite: &Suite, name: &str, mode: &str) -> Result<Run, String> {
+        let bin = build(suite, name)?;
+        let base = suite.runs_dir.join(format!("{name}.{mode}"));
+        let _ = fs::remove_dir_all(&base);
+        let t = base.join("t");
+        fs::create_dir_all(&t).map_err(|e| format!("mkdir {}: {e}", t.display()))?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(t.join("log"))
+            .map_err(|e| format!("open log: {e}"))?;
+        let log2 = log.try_clone().map_err(|e| format!("dup log: {e}"))?;
+        let mut cmd = Command::new(&bin);
+        cmd.current_dir(&t)
+            .env("FERRY_TEST_DIR", &t)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2);
+        // SAFETY: the closure runs in the forked child before exec and only
+        // calls setsid(), which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let root = child.id() as i32;
+        Ok(Run {
+            name: name.to_owned(),
+            base,
+            t,
+            root,
+            child: Some(child),
+            exited: None,
+            ferry_log: String::new(),
+            keep: suite.keep,
+        })
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.t.join(name)
+    }
+
+    /// The test directory's log, the result file, and the ferry outputs.
+    fn report(&self, what: &str) -> Failed {
+        let mut msg = format!("{}: {what}\n", self.name);
+        if let Ok(r) = fs::read_to_string(self.file("result")) {
+            let _ = writeln!(msg, "--- result: {}", r.trim_end());
+        }
+        if !self.ferry_log.is_empty() {
+            msg.push_str(&self.ferry_log);
+        }
+        let log = fs::read(self.file("log")).unwrap_or_default();
+        let log = String::from_utf8_lossy(tail(&log, LOG_TAIL));
+        let _ = write!(msg, "--- {}:\n{}", self.file("log").display(), log);
+        if !log.ends_with('\n') {
+            msg.push('\n');
+        }
+        let _ = write!(msg, "--- run directory kept: {}", self.base.display());
+        Failed::from(msg)
+    }
+
+    /// Forget the std `Child` once it has exited (or was reaped by
+    /// `reap_zombies`, which makes `try_wait` fail with ECHILD).
+    fn poll_child(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            match c.try_wait() {
+                Ok(None) => {}
+                Ok(Some(st)) => {
+                    self.exited = Some(st);
+                    self.child = None;
+                }
+                Err(_) => self.child = None,
+            }
+        }
+    }
+
+    /// " (exit status ...)" if the root's exit has been seen, else "".
+    fn exit_note(&self) -> String {
+        self.exited.map(|st| format!(" ({st})")).unwrap_or_default()
+    }
+
+    /// Is the root process still running (not gone, not a zombie)?
+    fn root_alive(&mut self) -> bool {
+        self.poll_child();
+        match proc_state(self.root) {
+            Some('Z') | Some('X') => {
+                if self.child.is_none() && self.exited.is_none() {
+                    // A restored root is our child by reparenting: note how it ended.
+                    use std::os::unix::process::ExitStatusExt;
+                    let mut status = 0;
+                    // SAFETY: waitpid on a pid with a valid pointer to a local int.
+                    if unsafe { libc::waitpid(self.root, &mut status, libc::WNOHANG) } == self.root
+                    {
+                        self.exited = Some(ExitStatus::from_raw(status));
+                    }
+                }
+                false
+            }
+            Some(_) => true,
+            None => false,
+        }
+    }
+
+    /// Wait for `ready`; it must name the root pid.
+    fn wait_ready(&mut self) -> Result<(), Failed> {
+        let start = Instant::now();
+        loop {
+            if let Ok(text) = fs::read_to_string(self.file("ready")) {
+                return match text.trim().parse::<i32>() {
+                    Ok(pid) if pid == self.root => Ok(()),
+                    _ => Err(self.report(&format!(
+                        "ready file says {:?}, expected pid {}",
+                        text.trim(),
+                        self.root
+                    ))),
+                };
+            }
+            if self.file("result").exists() {
+                return Err(self.report("program gave a verdict before it was ready"));
+            }
+            if !self.root_alive() {
+                return Err(self.report(&format!(
+                    "program died before it was ready{}",
+                    self.exit_note()
+                )));
+            }
+            if start.elapsed() > READY_TIMEOUT {
+                return Err(self.report(&format!("no ready file after {READY_TIMEOUT:?}")));
+            }
+            sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn touch_go(&self) -> Result<(), Failed> {
+        File::create(self.file("go"))
+            .map_err(|e| self.report(&format!("cannot create go: {e}")))?;
+        Ok(())
+    }
+
+    /// Wait for the verdict; require PASS and a clean exit of the root.
+    fn wait_pass(&mut self, timeout: Duration) -> Result<(), Failed> {
+        let start = Instant::now();
+        let mut dead_since: Option<Instant> = None;
+        let verdict = loop {
+            if let Ok(text) = fs::read_to_string(self.file("result")) {
+                break text;
+            }
+            if !self.root_alive() {
+                // The verdict is written before exit; allow a moment for the rename.
+                let since = *dead_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_millis(200) {
+                    return Err(self.report(&format!(
+                        "program exited without a verdict{}",
+                        self.exit_note()
+                    )));
+                }
+            }
+            if start.elapsed() > timeout {
+                return Err(self.report(&format!("no result after {timeout:?}")));
+            }
+            sleep(Duration::from_millis(5));
+        };
+        if verdict.trim_end() != "PASS" {
+            return Err(self.report("program did not pass"));
+        }
+        match self.wait_root_exit(EXIT_TIMEOUT) {
+            Some(st) if st.success() => Ok(()),
+            Some(st) => Err(self.report(&format!("program said PASS but exited with {st}"))),
+            None => Err(self.report(&format!(
+                "program said PASS but did not exit within {EXIT_TIMEOUT:?}"
+            ))),
+        }
+    }
+
+    /// Reap the root (our child, or reparented to us) and return its status.
+    fn wait_root_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        use std::os::unix::process::ExitStatusExt;
+        let start = Instant::now();
+        loop {
+            if self.child.is_some() {
+                self.poll_child();
+            } else if let Some(st) = self.exited {
+                return Some(st);
+            } else {
+                let mut status = 0;
+                // SAFETY: waitpid on a pid with a valid pointer to a local int.
+                let r = unsafe { libc::waitpid(self.root, &mut status, libc::WNOHANG) };
+                if r == self.root {
+                    self.exited = Some(ExitStatus::from_raw(status));
+                    continue;
+                }
+                if r < 0 {
+                    // Not our child (yet?): fall back to watching /proc.
+                    proc_state(self.root)?;
+                }
+            }
+            if start.elapsed() > timeout {
+                return None;
+            }
+            sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Run ferry with a timeout; record its outputs for failure messages.
+    fn ferry(&mut self, suite: &Suite, label: &str, args: &[&str]) -> Result<FerryOutput, Failed> {
+        let out_path = self.base.join(format!("{label}.stdout"));
+        let err_path = self.base.join(format!("{label}.stderr"));
+        let open = |p: &Path| File::create(p).map_err(|e| format!("create {}: {e}", p.display()));
+        let stdout = open(&out_path).map_err(|e| self.report(&e))?;
+        let stderr = open(&err_path).map_err(|e| self.report(&e))?;
+        let started = Instant::now();
+        let mut child = Command::new(&suite.ferry)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| self.report(&format!("cannot run {}: {e}", suite.ferry.display())))?;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) if started.elapsed() > FERRY_TIMEOUT => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break None;
+                }
+                Ok(None) => sleep(Duration::from_millis(5)),
+                Err(e) => return Err(self.report(&format!("waiting for ferry: {e}"))),
+            }
+        };
+        let out = FerryOutput {
+            status,
+            stdout: fs::read_to_string(&out_path).unwrap_or_default(),
+            stderr: fs::read_to_string(&err_path).unwrap_or_default(),
+        };
+        let _ = write!(
+            self.ferry_log,
+            "--- ferry {} ({}, {:.2} s)\n--- stdout:\n{}--- stderr:\n{}",
+            args.join(" "),
+            match status {
+                Some(st) => st.to_string(),
+                None => format!("killed after {FERRY_TIMEOUT:?}"),
+            },
+            started.elapsed().as_secs_f64(),
+            with_newline(tail(out.stdout.as_bytes(), LOG_TAIL)),
+            with_newline(tail(out.stderr.as_bytes(), LOG_TAIL)),
+        );
+        Ok(out)
+    }
+
+    /// After a checkpoint: the whole tree must be gone and reaped (so that
+    /// restore can have the PIDs back).
+    fn wait_tree_gone(&mut self) -> Result<(), Failed> {
+        let start = Instant::now();
+        loop {
+            self.poll_child();
+            reap_zombies();
+            let left: Vec<i32> = tree_pids(self.root).into_iter().collect();
+            if left.is_empty() && self.child.is_none() {
+                self.exited = None; // that was the checkpointed incarnation
+                return Ok(());
+            }
+            if start.elapsed() > TREE_GONE_TIMEOUT {
+                return Err(self.report(&format!(
+                    "checkpoint succeeded but processes are still there after {TREE_GONE_TIMEOUT:?}: {left:?}"
+                )));
+            }
+            sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Checkpoint, wait for the tree to go, restore; the root must come back
+    /// with its PID.  `Ok(false)`: checkpoint failed (status and stderr are
+    /// in `ferry_log`), the program should be untouched.
+    fn checkpoint_restore(&mut self, suite: &Suite, round: u32) -> Result<bool, Failed> {
+        let img = self.base.join(format!("img{round}"));
+        let _ = fs::remove_dir_all(&img);
+        let img_s = img.to_string_lossy().into_owned();
+        let pid_s = self.root.to_string();
+        let ck = self.ferry(
+            suite,
+            &format!("checkpoint{round}"),
+            &["checkpoint", &pid_s, "--dir", &img_s],
+        )?;
+        match ck.status {
+            Some(st) if st.success() => {}
+            Some(_) => return Ok(false),
+            None => return Err(self.report(&format!("ferry checkpoint (round {round}) hung"))),
+        }
+        self.wait_tree_gone()?;
+        let rs = self.ferry(
+            suite,
+            &format!("restore{round}"),
+            &["restore", "--dir", &img_s],
+        )?;
+        match rs.status {
+            Some(st) if st.success() => {}
+            _ => return Err(self.report(&format!("ferry restore (round {round}) failed"))),
+        }
+        let last = rs
+            .stdout
+            .lines()
+            .map(str::trim)
+            .rfind(|l| !l.is_empty())
+            .unwrap_or("");
+        match last.parse::<i32>() {
+            Ok(pid) if pid == self.root => {}
+            Ok(pid) => {
+                return Err(self.report(&format!(
+                    "restore (round {round}) gave root pid {pid}, expected {}",
+                    self.root
+                )))
+            }
+            Err(_) => {
+                return Err(self.report(&format!(
+                "restore (round {round}): last line of stdout is {last:?}, expected the root pid"
+            )))
+            }
+        }
+        if !self.root_alive() {
+            return Err(self.report(&format!(
+                "root pid {} is not running after restore (round {round})",
+                self.root
+            )));
+        }
+        if self.file("result").exists() {
+            return Err(self.report(&format!(
+                "program gave a verdict before go (after restore round {round})"
+            )));
+        }
+        Ok(true)
+    }
+
+    /// Kill every process of the run (also after failures) and reap them.
+    fn cleanup(&mut self) {
+        let start = Instant::now();
+        loop {
+            if let Some(c) = self.child.as_mut() {
+                let _ = c.kill();
+            }
+            self.poll_child();
+            let pids = tree_pids(self.root);
+            for &pid in &pids {
+                // SAFETY: kill() with a pid taken from /proc; worst case ESRCH.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            reap_zombies();
+            if (pids.is_empty() && self.child.is_none())
+                || start.elapsed() > Duration::from_secs(10)
+            {
+                break;
+            }
+            sleep(Duration::from_millis(5));
+        }
+        reap_zombies();
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+struct FerryOutput {
+    status: Option<ExitStatus>,
+    stdout: String,
+    stderr: String,
+}
+
+fn tail(b: &[u8], n: usize) -> &[u8] {
+    &b[b.len().saturating_sub(n)..]
+}
+
+fn with_newline(b: &[u8]) -> String {
+    let mut s = String::from_utf8_lossy(b).into_owned();
+    if !s.is_empty() && !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------
+// The trials.
+
+fn run_native(suite: &Suite, name: &str) -> Result<(), Failed> {
+    let mut run = Run::start(suite, name, "native").map_err(Failed::from)?;
+    run.wait_ready()?;
+    run.touch_go()?;
+    run.wait_pass(NATIVE_RESULT_TIMEOUT)?;
+    finish(run)
+}
+
+fn run_cr(suite: &Suite, name: &str, pending: Option<&str>) -> Result<(), Failed> {
+    let mut run = Run::start(suite, name, "cr").map_err(Failed::from)?;
+    run.wait_ready()?;
+    for round in 1..=2 {
+        let ok = run.checkpoint_restore(suite, round)?;
+        if ok {
+            continue;
+        }
+        // The checkpoint was refused.
+        let Some(reason) = pending else {
+            return Err(run.report(&format!("ferry checkpoint (round {round}) failed")));
+        };
+        if round != 1 {
+            return Err(run.report(
+                "the first checkpoint of a PENDING program succeeded but the second failed",
+            ));
+        }
+        let stderr = fs::read_to_string(run.base.join("checkpoint1.stderr")).unwrap_or_default();
+        if stderr.trim().is_empty() {
+            return Err(run.report(&format!(
+                "PENDING ({reason}): checkpoint failed as expected, but printed no message on stderr"
+            )));
+        }
+        if !run.root_alive() {
+            return Err(run.report(&format!(
+                "PENDING ({reason}): checkpoint failed as expected, but the program did not survive it"
+            )));
+        }
+        if let Some(st @ ('T' | 't')) = proc_state(run.root) {
+            return Err(run.report(&format!(
+                "PENDING ({reason}): checkpoint failed as expected, but left the program stopped (state {st})"
+            )));
+        }
+        run.touch_go()?;
+        run.wait_pass(NATIVE_RESULT_TIMEOUT).map_err(|f| {
+            with_context(
+                f,
+                &format!("PENDING ({reason}): after the refused checkpoint"),
+            )
+        })?;
+        return finish(run);
+    }
+    run.touch_go()?;
+    run.wait_pass(CR_RESULT_TIMEOUT)?;
+    if let Some(reason) = pending {
+        eprintln!(
+            "NOTE: {name} is listed in tests/programs/PENDING ({reason}) but passed checkpoint/restore: \
+             it can be removed from PENDING"
+        );
+    }
+    finish(run)
+}
+
+fn with_context(f: Failed, ctx: &str) -> Failed {
+    Failed::from(format!("{ctx}: {}", f.message().unwrap_or("")))
+}
+
+/// Passed: clean up, and drop the run directory unless asked to keep it.
+fn finish(mut run: Run) -> Result<(), Failed> {
+    run.cleanup();
+    if !run.keep {
+        let _ = fs::remove_dir_all(&run.base);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// /proc helpers.
+
+struct ProcInfo {
+    pid: i32,
+    ppid: i32,
+    pgrp: i32,
+    session: i32,
+}
+
+fn parse_stat(text: &str) -> Option<(char, i32, i32, i32)> {
+    let rest = &text[text.rfind(')')? + 2..];
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let pgrp = f.next()?.parse().ok()?;
+    let session = f.next()?.parse().ok()?;
+    Some((state, ppid, pgrp, session))
+}
+
+fn proc_state(pid: i32) -> Option<char> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text).map(|s| s.0)
+}
+
+fn all_procs() -> Vec<ProcInfo> {
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (_, ppid, pgrp, session) = parse_stat(&text)?;
+            Some(ProcInfo {
+                pid,
+                ppid,
+                pgrp,
+                session,
+            })
+        })
+        .collect()
+}
+
+/// All processes of a run: our descendants (we are a subreaper, so orphans
+/// and restored processes are among them) and anything in the root's
+/// session or process group.
+fn tree_pids(root: i32) -> BTreeSet<i32> {
+    let me = std::process::id() as i32;
+    let procs = all_procs();
+    let mut out = BTreeSet::new();
+    let mut frontier: HashSet<i32> = HashSet::from([me]);
+    while !frontier.is_empty() {
+        let next: HashSet<i32> = procs
+            .iter()
+            .filter(|p| frontier.contains(&p.ppid) && p.pid != me && !out.contains(&p.pid))
+            .map(|p| p.pid)
+            .collect();
+        out.extend(next.iter().copied());
+        frontier = next;
+    }
+    for p in &procs {
+        if p.pid != me && (p.session == root || p.pgrp == root) {
+            out.insert(p.pid);
+        }
+    }
+    // Zombies that are already ours are not "left": reap_zombies takes them.
+    out.retain(|&pid| {
+        proc_state(pid).is_some_and(|s| s != 'Z' && s != 'X') || !is_our_child(pid, &procs)
+    });
+    out
+}
+
+fn is_our_child(pid: i32, procs: &[ProcInfo]) -> bool {
+    let me = std::process::id() as i32;
+    procs.iter().any(|p| p.pid == pid && p.ppid == me)
+}
+
+/// Reap every exited child without blocking.
+fn reap_zombies() {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid pointer to a local int.
+        let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
+        if r <= 0 {
+            break;
+        }
+    }
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need, checks formatting and lints, builds, and runs
+# every test as root. `.ci/run` calls this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh: the engine's tests checkpoint real processes and need root" >&2
+  exit 1
+fi
+bash scripts/install-deps.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo build --workspace --quiet
+cargo test --workspace --quiet -- --test-threads=1
