@@ -224,8 +224,9 @@ impl FrozenTree {
             }
         }
         for p in &self.procs {
-            for t in &p.threads {
-                // Collect the tracer's notification of each death.
+            // Collect the tracer's notification of each death; a group leader's comes only
+            // after all its other threads', so it is waited for last.
+            for t in p.threads.iter().rev() {
                 while let Ok(s) = wait_tid(t.tid, false) {
                     if matches!(s, WaitStatus::Exited(_) | WaitStatus::Signaled(_)) {
                         break;
