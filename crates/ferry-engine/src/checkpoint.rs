@@ -91,6 +91,7 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
         p.fds = fdcap.capture(fp.pid, &mut tree, &mut objects)?;
         tree.processes.push(p);
     }
+    refuse_orphaned_groups(&tree)?;
     tree.shmem = objects.shmem.clone();
     tree.ghosts = objects.ghosts.clone();
     report.state_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -115,4 +116,26 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
     report.image_bytes = total;
     report.memory_ms = t1.elapsed().as_secs_f64() * 1e3;
     Ok((out, report))
+}
+
+/// A process group or session whose leader has left the tree (but still has members in it)
+/// cannot be recreated: its ID would have to belong to a process that no longer exists.
+fn refuse_orphaned_groups(tree: &Tree) -> Result<()> {
+    let root = &tree.processes[0];
+    let pids: Vec<i32> = tree.processes.iter().map(|p| p.pid).collect();
+    for p in &tree.processes[1..] {
+        for (what, id, roots) in [
+            ("process group", p.pgid, root.pgid),
+            ("session", p.sid, root.sid),
+        ] {
+            if !pids.contains(&id) && id != roots {
+                return Err(crate::Error::Unsupported {
+                    pid: p.pid,
+                    what: format!("{what} {id}"),
+                    why: format!("its leader, PID {id}, is no longer part of the tree"),
+                });
+            }
+        }
+    }
+    Ok(())
 }

@@ -214,9 +214,9 @@ impl FrozenTree {
         }
     }
 
-    /// Kills the whole tree (the image is safely written) and waits until its PIDs are free,
-    /// or until `patience` has passed.
-    pub fn kill(mut self, patience: std::time::Duration) {
+    /// Kills the whole tree (the image is safely written) and waits until every thread is dead.
+    /// Reaping the processes is their parents' business.
+    pub fn kill(mut self) {
         self.released = true;
         for p in &self.procs {
             if !p.zombie {
@@ -232,14 +232,6 @@ impl FrozenTree {
                         break;
                     }
                 }
-            }
-        }
-        let deadline = std::time::Instant::now() + patience;
-        for p in &self.procs {
-            while std::path::Path::new(&format!("/proc/{}", p.pid)).exists()
-                && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(std::time::Duration::from_millis(5));
             }
         }
     }

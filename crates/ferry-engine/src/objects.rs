@@ -132,15 +132,23 @@ impl CaptureObjects {
             let size = file.metadata()?.len();
             let mut pos = 0u64;
             while pos < size {
-                let data_start =
-                    match ferry_sys::fdops::lseek(file.as_raw_fd(), pos as i64, libc::SEEK_DATA) {
-                        Ok(p) => p as u64,
-                        Err(_) => break,
-                    };
-                let hole =
-                    ferry_sys::fdops::lseek(file.as_raw_fd(), data_start as i64, libc::SEEK_HOLE)
-                        .map(|p| p as u64)
-                        .unwrap_or(size);
+                // Shared memory lives on tmpfs, whose SEEK_DATA/SEEK_HOLE skip what was never
+                // written. Deleted files may live anywhere (ext4 answers ENXIO for small files
+                // kept inline in the inode), so they are read whole, zero pages dropped below.
+                let (data_start, hole) = match r {
+                    ObjectRef::Ghost(_) => (pos, size),
+                    ObjectRef::Shmem(_) => {
+                        let Ok(start) =
+                            ferry_sys::fdops::lseek(file.as_raw_fd(), pos as i64, libc::SEEK_DATA)
+                        else {
+                            break;
+                        };
+                        let hole =
+                            ferry_sys::fdops::lseek(file.as_raw_fd(), start, libc::SEEK_HOLE)
+                                .unwrap_or(size as i64);
+                        (start as u64, (hole as u64).clamp(start as u64 + 1, size))
+                    }
+                };
                 let mut off = data_start;
                 while off < hole {
                     let len = (hole - off).min(ferry_image::stream::CHUNK as u64) as usize;
@@ -183,6 +191,10 @@ pub struct RestoreObjects {
     shmem: HashMap<u32, File>,
     memfd_seals: Vec<(u32, u32)>,
     ghosts: HashMap<u32, (File, String)>,
+    /// Files that stood where a deleted file has to be recreated: moved aside meanwhile,
+    /// (temporary name, real name).
+    displaced: Vec<(String, String)>,
+    put_back: std::cell::Cell<bool>,
 }
 
 impl RestoreObjects {
@@ -216,33 +228,32 @@ impl RestoreObjects {
             me.shmem.insert(o.id, file);
         }
         for g in ghosts {
-            let mut path = g.path.clone();
-            let mut n = 0;
-            let file = loop {
-                match std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .open(&path)
-                {
-                    Ok(f) => break f,
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => {
-                        n += 1;
-                        path = format!("{}.ferry-ghost-{n}", g.path);
-                    }
-                    Err(e) => {
-                        return Err(e).ctx(own, || format!("recreate deleted file {}", g.path))
-                    }
-                }
-            };
+            // The descriptor must show the old path once unlinked, so the file is recreated
+            // under that very name; a file that now has the name steps aside meanwhile.
+            if std::fs::symlink_metadata(&g.path).is_ok() {
+                let aside = format!("{}.ferry-aside-{}", g.path, std::process::id());
+                std::fs::rename(&g.path, &aside).ctx(own, || {
+                    format!(
+                        "move {} aside to recreate the deleted file of that name",
+                        g.path
+                    )
+                })?;
+                me.displaced.push((aside, g.path.clone()));
+            }
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&g.path)
+                .ctx(own, || format!("recreate deleted file {}", g.path))?;
             let _ = std::fs::set_permissions(
-                &path,
+                &g.path,
                 std::os::unix::fs::PermissionsExt::from_mode(g.mode & 0o7777),
             );
-            let _ = std::os::unix::fs::chown(&path, Some(g.uid), Some(g.gid));
+            let _ = std::os::unix::fs::chown(&g.path, Some(g.uid), Some(g.gid));
             file.set_len(g.size)
                 .ctx(own, || format!("size deleted file {}", g.path))?;
-            me.ghosts.insert(g.id, (file, path));
+            me.ghosts.insert(g.id, (file, g.path.clone()));
         }
         Ok(me)
     }
@@ -296,16 +307,26 @@ impl RestoreObjects {
                 }
             }
         }
+        self.put_back();
+    }
+
+    fn put_back(&self) {
+        if self.put_back.replace(true) {
+            return;
+        }
         for (_, path) in self.ghosts.values() {
             let _ = std::fs::remove_file(path);
+        }
+        for (aside, path) in &self.displaced {
+            if let Err(e) = std::fs::rename(aside, path) {
+                log::error!("could not move {aside} back to {path}: {e}");
+            }
         }
     }
 }
 
 impl Drop for RestoreObjects {
     fn drop(&mut self) {
-        for (_, path) in self.ghosts.values() {
-            let _ = std::fs::remove_file(path);
-        }
+        self.put_back();
     }
 }

@@ -288,7 +288,7 @@ fn build(
         .zip(husks.iter())
         .filter(|(p, _)| p.zombie_status.is_none())
         .collect();
-    let mut thread_injectors = Vec::new();
+    let mut thread_injectors: HashMap<i32, ferry_inject::Injector> = HashMap::new();
     for (p, h) in &live {
         memory::restore_mappings(h, &p.vmas, objects)?;
         for (addr, data) in img.pages.get(&p.pid).map(|v| v.as_slice()).unwrap_or(&[]) {
@@ -303,19 +303,22 @@ fn build(
         process::restore_environment(h, p)?;
         signals::restore_actions(h, p)?;
         threads::restore_inside(h.injector(), &p.threads[0])?;
+        threads::restore_sched(p.pid, h.injector(), &p.threads[0])?;
         for t in &p.threads[1..] {
             let inj = h.create_thread(t.tid)?;
             threads::restore_inside(&inj, t)?;
-            thread_injectors.push(inj);
+            threads::restore_sched(p.pid, &inj, t)?;
+            thread_injectors.insert(t.tid, inj);
         }
         signals::restore_timers(h, p)?;
         report.threads += p.threads.len();
     }
     // 4. The last injected calls: pending signals, credentials, then the trampoline goes.
     for (p, h) in &live {
-        signals::restore_pending(h, p)?;
+        signals::restore_pending(h, p, &thread_injectors)?;
         h.drop_ferry_pidfd()?;
         process::restore_creds(h, p)?;
+        process::restore_prctl(h, p)?;
         h.remove_trampoline()?;
         for t in &p.threads {
             threads::restore_registers(h, t)?;

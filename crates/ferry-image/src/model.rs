@@ -61,6 +61,31 @@ pub struct Process {
     pub zombie_status: Option<i32>,
     /// Signal sent to the parent when this process dies (usually SIGCHLD).
     pub exit_signal: i32,
+    #[serde(default)]
+    pub prctl: PrctlState,
+}
+
+/// Process attributes set with prctl(2).
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct PrctlState {
+    pub pdeathsig: i32,
+    pub dumpable: u32,
+    pub child_subreaper: bool,
+    pub thp_disable: bool,
+    /// Memory-deny-write-execute bits (PR_SET_MDWE).
+    pub mdwe: u32,
+}
+
+/// Scheduling attributes of a thread.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct Sched {
+    /// Policy, with SCHED_RESET_ON_FORK when set.
+    pub policy: i32,
+    pub priority: i32,
+    pub nice: i32,
+    pub ioprio: i32,
+    pub affinity: Vec<u64>,
+    pub timerslack_ns: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
@@ -162,6 +187,8 @@ pub struct Thread {
     pub clear_child_tid: u64,
     /// How the thread's interrupted system call, if any, is to be resumed.
     pub syscall: SyscallState,
+    #[serde(default)]
+    pub sched: Sched,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
@@ -283,6 +310,10 @@ pub struct Pipe {
     pub capacity: u64,
     #[serde(with = "serde_bytes")]
     pub buffered: Vec<u8>,
+    /// Lengths of the pipe buffers holding `buffered`: packet boundaries in a packet-mode
+    /// (O_DIRECT) pipe.
+    #[serde(default)]
+    pub packets: Vec<u64>,
     pub fifo_path: Option<String>,
 }
 

@@ -9,6 +9,7 @@ pub mod pidfd;
 pub mod proc_mem;
 pub mod ptrace;
 pub mod regs;
+pub mod sched;
 pub mod wait;
 
 use std::fmt;

@@ -58,6 +58,14 @@ impl FdCapture {
             let md = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
                 .ctx(pid, || format!("stat fd {fd} ({link})"))?;
             let info = procfs::fdinfo(pid, fd)?;
+            if info.iter().any(|(k, _)| k == "lock") {
+                return Err(Error::Unsupported {
+                    pid,
+                    what: format!("fd {fd} ({link})"),
+                    why: "it holds a file lock (flock, POSIX or OFD), which cannot be restored yet"
+                        .into(),
+                });
+            }
             let flags = octal(&info, "flags");
             let cloexec = flags & libc::O_CLOEXEC as i64 != 0;
             let (dev, ino) = (md.dev(), md.ino());
@@ -202,18 +210,25 @@ impl FdCapture {
         let queued = fdops::fionread(reader.as_raw_fd())
             .ctx(pid, || format!("bytes queued in pipe fd {fd}"))?;
         let mut buffered = Vec::with_capacity(queued);
+        let mut packets = Vec::new();
         if queued > 0 {
-            let (r, w) = fdops::pipe2(libc::O_CLOEXEC | libc::O_NONBLOCK)
+            // Read through an O_DIRECT end: each read returns one pipe buffer, which in a
+            // packet-mode pipe is one packet.
+            let (r, w) = fdops::pipe2(libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_DIRECT)
                 .ctx(pid, || "make a pipe".into())?;
             fdops::set_pipe_size(w.as_raw_fd(), capacity.max(queued))
                 .ctx(pid, || "size a pipe".into())?;
             let copied = fdops::tee(reader.as_raw_fd(), w.as_raw_fd(), queued)
                 .ctx(pid, || format!("copy the bytes queued in pipe fd {fd}"))?;
-            buffered.resize(copied, 0);
-            let mut got = 0;
-            while got < copied {
-                got += fdops::read_fd(r.as_raw_fd(), &mut buffered[got..])
+            let mut chunk = vec![0u8; 1 << 16];
+            while buffered.len() < copied {
+                let n = fdops::read_fd(r.as_raw_fd(), &mut chunk)
                     .ctx(pid, || "read copied pipe bytes".into())?;
+                if n == 0 {
+                    break;
+                }
+                buffered.extend_from_slice(&chunk[..n]);
+                packets.push(n as u64);
             }
         }
         let id = tree.pipes.len() as u32;
@@ -222,6 +237,7 @@ impl FdCapture {
             ino,
             capacity: capacity as u64,
             buffered,
+            packets,
             fifo_path,
         });
         self.pipes_by_ino.insert(ino, id);
@@ -245,12 +261,17 @@ pub fn open_descriptions(tree: &Tree, objects: &RestoreObjects) -> Result<HashMa
             // blocking and keeps the buffered bytes alive until the processes hold it.
             let keep = fdops::open_path(path, libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
                 .ctx(me, || format!("open FIFO {path}"))?;
-            fill_pipe(&keep, p)?;
+            fill_pipe(&keep, p, false)?;
             pipe_ends.insert(p.id, (None, None, Some(keep)));
         } else {
-            let (r, w) =
-                fdops::pipe2(libc::O_CLOEXEC).ctx(me, || format!("recreate pipe {}", p.ino))?;
-            fill_pipe(&w, p)?;
+            let packet_mode = tree.files.iter().any(|d| {
+                d.kind == FileKind::Pipe { pipe: p.id }
+                    && d.flags & libc::O_ACCMODE == libc::O_WRONLY
+                    && d.flags & libc::O_DIRECT != 0
+            });
+            let flags = libc::O_CLOEXEC | if packet_mode { libc::O_DIRECT } else { 0 };
+            let (r, w) = fdops::pipe2(flags).ctx(me, || format!("recreate pipe {}", p.ino))?;
+            fill_pipe(&w, p, packet_mode)?;
             pipe_ends.insert(p.id, (Some(r), Some(w), None));
         }
     }
@@ -358,16 +379,28 @@ pub fn open_descriptions(tree: &Tree, objects: &RestoreObjects) -> Result<HashMa
     Ok(out)
 }
 
-fn fill_pipe(w: &OwnedFd, p: &Pipe) -> Result<()> {
+fn fill_pipe(w: &OwnedFd, p: &Pipe, packet_mode: bool) -> Result<()> {
     let me = std::process::id() as i32;
     if p.capacity as usize > 65536 || p.buffered.len() > 65536 {
         fdops::set_pipe_size(w.as_raw_fd(), (p.capacity as usize).max(p.buffered.len()))
             .ctx(me, || format!("size pipe {}", p.ino))?;
     }
-    let mut done = 0;
-    while done < p.buffered.len() {
-        done += fdops::write_fd(w.as_raw_fd(), &p.buffered[done..])
-            .ctx(me, || format!("refill pipe {}", p.ino))?;
+    // In packet mode every write is one packet; elsewhere the boundaries do not matter.
+    let whole = [p.buffered.len() as u64];
+    let pieces: &[u64] = if packet_mode && !p.packets.is_empty() {
+        &p.packets
+    } else {
+        &whole
+    };
+    let mut at = 0usize;
+    for len in pieces {
+        let end = (at + *len as usize).min(p.buffered.len());
+        let mut done = at;
+        while done < end {
+            done += fdops::write_fd(w.as_raw_fd(), &p.buffered[done..end])
+                .ctx(me, || format!("refill pipe {}", p.ino))?;
+        }
+        at = end;
     }
     Ok(())
 }

@@ -84,7 +84,7 @@ fn dumpable_pages(pid: i32, pagemap: &std::fs::File, v: &Vma) -> Result<Vec<bool
     pagemap
         .read_exact_at(&mut raw, v.start / PAGE_SIZE * 8)
         .ctx(pid, || format!("read pagemap of {:x}-{:x}", v.start, v.end))?;
-    let file_backed = matches!(v.backing, Backing::File { .. });
+    let file_backed = matches!(v.backing, Backing::File { .. } | Backing::Shmem { .. });
     Ok(raw
         .chunks_exact(8)
         .map(|c| {
@@ -94,9 +94,13 @@ fn dumpable_pages(pid: i32, pagemap: &std::fs::File, v: &Vma) -> Result<Vec<bool
         .collect())
 }
 
-pub(crate) fn is_zero(page: &[u8]) -> bool {
-    page.chunks_exact(8)
-        .all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0)
+pub(crate) fn is_zero(bytes: &[u8]) -> bool {
+    let words = bytes.chunks_exact(8);
+    let tail = words.remainder();
+    tail.iter().all(|b| *b == 0)
+        && words
+            .into_iter()
+            .all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0)
 }
 
 /// Statistics of what a capture wrote.
@@ -119,7 +123,12 @@ pub fn write_pages<W: Write>(
     let mem = ProcMem::open(pid).ctx(pid, || "open /proc/PID/mem".into())?;
     let mut buf: Vec<u8> = Vec::new();
     for v in vmas {
-        if v.shared || !matches!(v.backing, Backing::Anonymous | Backing::File { .. }) {
+        if v.shared
+            || !matches!(
+                v.backing,
+                Backing::Anonymous | Backing::File { .. } | Backing::Shmem { .. }
+            )
+        {
             continue;
         }
         let present = dumpable_pages(pid, &pagemap, v)?;

@@ -4,7 +4,7 @@
 use crate::error::{Context, Result};
 use crate::husk::Husk;
 use crate::procfs;
-use ferry_image::{Creds, MmLayout, Process, Rlimit};
+use ferry_image::{Creds, MmLayout, PrctlState, Process, Rlimit};
 use ferry_inject::Injector;
 
 const PR_GET_SECUREBITS: u64 = 27;
@@ -74,6 +74,14 @@ pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -
             .ctx(pid, || format!("read rlimit {resource}"))?;
         p.rlimits.push(Rlimit { resource, cur, max });
     }
+    if procfs::field(&status, "Seccomp") != "0" {
+        return Err(crate::Error::Unsupported {
+            pid,
+            what: format!("seccomp mode {}", procfs::field(&status, "Seccomp")),
+            why: "seccomp filters cannot be captured yet".into(),
+        });
+    }
+    p.prctl = capture_prctl(inj)?;
     let auxv = procfs::read_bytes(pid, "auxv")?;
     p.mm = MmLayout {
         start_code: stat.start_code,
@@ -261,4 +269,97 @@ fn last_cap() -> u64 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(40)
+}
+
+const PR_SET_PDEATHSIG: u64 = 1;
+const PR_GET_PDEATHSIG: u64 = 2;
+const PR_GET_DUMPABLE: u64 = 3;
+const PR_SET_DUMPABLE: u64 = 4;
+const PR_SET_CHILD_SUBREAPER: u64 = 36;
+const PR_GET_CHILD_SUBREAPER: u64 = 37;
+const PR_SET_THP_DISABLE: u64 = 41;
+const PR_GET_THP_DISABLE: u64 = 42;
+const PR_SET_MDWE: u64 = 65;
+const PR_GET_MDWE: u64 = 66;
+
+fn capture_prctl(inj: &Injector) -> Result<PrctlState> {
+    let int_at = |off: u64| -> Result<i32> {
+        Ok(i32::from_ne_bytes(
+            inj.read_scratch(off, 4)?.try_into().expect("4 bytes"),
+        ))
+    };
+    inj.syscall(
+        "prctl(PR_GET_PDEATHSIG)",
+        libc::SYS_prctl,
+        &[PR_GET_PDEATHSIG, inj.scratch(0)],
+    )?;
+    let pdeathsig = int_at(0)?;
+    inj.syscall(
+        "prctl(PR_GET_CHILD_SUBREAPER)",
+        libc::SYS_prctl,
+        &[PR_GET_CHILD_SUBREAPER, inj.scratch(8)],
+    )?;
+    let child_subreaper = int_at(8)? != 0;
+    Ok(PrctlState {
+        pdeathsig,
+        dumpable: inj.syscall(
+            "prctl(PR_GET_DUMPABLE)",
+            libc::SYS_prctl,
+            &[PR_GET_DUMPABLE],
+        )? as u32,
+        child_subreaper,
+        thp_disable: inj.syscall(
+            "prctl(PR_GET_THP_DISABLE)",
+            libc::SYS_prctl,
+            &[PR_GET_THP_DISABLE, 0, 0, 0, 0],
+        )? != 0,
+        // Older kernels have no MDWE: nothing to keep then.
+        mdwe: inj
+            .syscall(
+                "prctl(PR_GET_MDWE)",
+                libc::SYS_prctl,
+                &[PR_GET_MDWE, 0, 0, 0, 0],
+            )
+            .unwrap_or(0) as u32,
+    })
+}
+
+/// prctl attributes; after the credentials, since changing them resets `dumpable`.
+pub fn restore_prctl(h: &Husk, p: &Process) -> Result<()> {
+    let inj = h.injector();
+    let s = &p.prctl;
+    if s.pdeathsig != 0 {
+        inj.syscall(
+            "prctl(PR_SET_PDEATHSIG)",
+            libc::SYS_prctl,
+            &[PR_SET_PDEATHSIG, s.pdeathsig as u64],
+        )?;
+    }
+    inj.syscall(
+        "prctl(PR_SET_DUMPABLE)",
+        libc::SYS_prctl,
+        &[PR_SET_DUMPABLE, s.dumpable as u64],
+    )?;
+    if s.child_subreaper {
+        inj.syscall(
+            "prctl(PR_SET_CHILD_SUBREAPER)",
+            libc::SYS_prctl,
+            &[PR_SET_CHILD_SUBREAPER, 1],
+        )?;
+    }
+    if s.thp_disable {
+        inj.syscall(
+            "prctl(PR_SET_THP_DISABLE)",
+            libc::SYS_prctl,
+            &[PR_SET_THP_DISABLE, 1, 0, 0, 0],
+        )?;
+    }
+    if s.mdwe != 0 {
+        inj.syscall(
+            "prctl(PR_SET_MDWE)",
+            libc::SYS_prctl,
+            &[PR_SET_MDWE, s.mdwe as u64, 0, 0, 0],
+        )?;
+    }
+    Ok(())
 }

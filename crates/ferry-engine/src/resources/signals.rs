@@ -68,11 +68,18 @@ fn posix_timers(pid: i32, inj: &Injector) -> Result<Vec<PosixTimer>> {
             }
             "notify" => {
                 if let (Some(t), Some((how, who))) = (out.last_mut(), v.split_once('/')) {
-                    t.notify = match how {
-                        "thread" => libc::SIGEV_THREAD_ID,
+                    // "signal|none|thread" / "pid|tid" . id, as the kernel prints it.
+                    let base = match how {
+                        "thread" => libc::SIGEV_THREAD,
                         "none" => libc::SIGEV_NONE,
                         _ => libc::SIGEV_SIGNAL,
                     };
+                    let thread_id = if who.starts_with("tid") {
+                        libc::SIGEV_THREAD_ID
+                    } else {
+                        0
+                    };
+                    t.notify = base | thread_id;
                     t.notify_tid = who
                         .split('.')
                         .nth(1)
@@ -126,9 +133,20 @@ pub fn restore_actions(h: &Husk, p: &Process) -> Result<()> {
 
 pub fn restore_timers(h: &Husk, p: &Process) -> Result<()> {
     let inj = h.injector();
+    // Setting a CPU-time timer adds a tick to it; take that tick off so that every
+    // checkpoint/restore cycle does not push the timer back.
+    let slack = if p.itimers.iter().any(|t| t.which != 0 && t.value_us != 0) {
+        ferry_sys::sched::cpu_itimer_slack_us()
+    } else {
+        0
+    };
     for t in &p.itimers {
         if t.value_us == 0 && t.interval_us == 0 {
             continue;
+        }
+        let mut t = t.clone();
+        if t.which != libc::ITIMER_REAL && t.value_us > slack {
+            t.value_us -= slack;
         }
         let words = [
             t.interval_us / 1_000_000,
@@ -193,7 +211,11 @@ pub fn restore_timers(h: &Husk, p: &Process) -> Result<()> {
 
 /// Empties the signal queues a rebuilt process picked up while being built (SIGCHLD from a
 /// zombie child, say), then queues exactly the signals the image says were pending.
-pub fn restore_pending(h: &Husk, p: &Process) -> Result<()> {
+pub fn restore_pending(
+    h: &Husk,
+    p: &Process,
+    threads: &std::collections::HashMap<i32, Injector>,
+) -> Result<()> {
     let inj = h.injector();
     let all = inj.write_scratch(0, &u64::MAX.to_ne_bytes())?;
     let zero = inj.write_scratch(16, &[0u8; 16])?;
@@ -215,7 +237,17 @@ pub fn restore_pending(h: &Husk, p: &Process) -> Result<()> {
             &[h.pid as u64, si.signo() as u64, a],
         )?;
     }
+    // A signal aimed at one thread, with the sender's own si_code, may only be queued by
+    // that thread itself.
     for t in &p.threads {
+        let inj = if t.tid == p.pid {
+            h.injector()
+        } else {
+            threads.get(&t.tid).ok_or_else(|| crate::Error::Restore {
+                pid: p.pid,
+                what: format!("thread {} was not created", t.tid),
+            })?
+        };
         for si in &t.pending {
             let a = inj.write_scratch(128, &si.0)?;
             inj.syscall(

@@ -5,10 +5,11 @@ use crate::error::{Context, Result};
 use crate::freeze::{self, FrozenThread};
 use crate::husk::Husk;
 use crate::procfs;
-use ferry_image::{AltStack, Rseq, SigInfo, SyscallState, Thread};
+use ferry_image::{AltStack, Rseq, Sched, SigInfo, SyscallState, Thread};
 use ferry_inject::Injector;
 use ferry_sys::ptrace;
 use ferry_sys::regs::{gp_from_words, gp_to_words};
+use ferry_sys::sched;
 
 const PR_SET_NAME: u64 = 15;
 const PR_GET_TID_ADDRESS: u64 = 40;
@@ -39,6 +40,7 @@ pub fn capture(pid: i32, ft: &FrozenThread, inj: &Injector) -> Result<Thread> {
         .map(|b| SigInfo(b.to_vec()))
         .collect();
     pending.extend(ft.intercepted.iter().map(|b| SigInfo(b.to_vec())));
+    let sched = capture_sched(pid, tid, inj)?;
     let r = &ft.regs;
     let in_syscall = r.orig_rax as i64 >= 0
         && matches!(
@@ -72,7 +74,49 @@ pub fn capture(pid: i32, ft: &FrozenThread, inj: &Injector) -> Result<Thread> {
         } else {
             SyscallState::None
         },
+        sched,
     })
+}
+
+const PR_SET_TIMERSLACK: u64 = 29;
+const PR_GET_TIMERSLACK: u64 = 30;
+
+fn capture_sched(pid: i32, tid: i32, inj: &Injector) -> Result<Sched> {
+    let what = |w: &str| format!("{w} of thread {tid}");
+    let (policy, priority) = sched::get_policy(tid).ctx(pid, || what("read scheduling policy"))?;
+    Ok(Sched {
+        policy,
+        priority,
+        nice: sched::get_nice(tid).ctx(pid, || what("read nice value"))?,
+        ioprio: sched::get_ioprio(tid).ctx(pid, || what("read I/O priority"))?,
+        affinity: sched::get_affinity(tid).ctx(pid, || what("read CPU affinity"))?,
+        timerslack_ns: inj.syscall(
+            "prctl(PR_GET_TIMERSLACK)",
+            libc::SYS_prctl,
+            &[PR_GET_TIMERSLACK],
+        )?,
+    })
+}
+
+/// Scheduling attributes, set once the thread exists (the timer slack from inside it).
+pub fn restore_sched(pid: i32, inj: &Injector, t: &Thread) -> Result<()> {
+    let s = &t.sched;
+    let what = |w: &str| format!("{w} of thread {}", t.tid);
+    if s.timerslack_ns != 0 {
+        inj.syscall(
+            "prctl(PR_SET_TIMERSLACK)",
+            libc::SYS_prctl,
+            &[PR_SET_TIMERSLACK, s.timerslack_ns],
+        )?;
+    }
+    if s.affinity.is_empty() {
+        return Ok(());
+    }
+    sched::set_policy(t.tid, s.policy, s.priority).ctx(pid, || what("set scheduling policy"))?;
+    sched::set_nice(t.tid, s.nice).ctx(pid, || what("set nice value"))?;
+    sched::set_ioprio(t.tid, s.ioprio).ctx(pid, || what("set I/O priority"))?;
+    sched::set_affinity(t.tid, &s.affinity).ctx(pid, || what("set CPU affinity"))?;
+    Ok(())
 }
 
 /// Per-thread kernel state that is set from inside the thread: name, alternate stack, robust

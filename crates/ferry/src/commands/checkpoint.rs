@@ -70,7 +70,7 @@ pub fn run(a: Args) -> Result<()> {
         frozen_ms = t0.elapsed().as_secs_f64() * 1e3;
     } else {
         frozen_ms = t0.elapsed().as_secs_f64() * 1e3;
-        frozen.kill(std::time::Duration::from_secs(5));
+        frozen.kill();
     }
     let report = Report {
         root_pid: a.pid,
