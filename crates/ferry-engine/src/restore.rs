@@ -360,7 +360,7 @@ fn make_zombie(h: &Husk, status: i32) -> Result<()> {
     if libc::WIFSIGNALED(status) {
         // Die of the same signal, with its default action and no core file.
         let sig = libc::WTERMSIG(status);
-        ferry_sys::fdops::set_rlimit(pid, libc::RLIMIT_CORE as u32, 0, 0).map_err(fail)?;
+        ferry_sys::fdops::set_rlimit(pid, libc::RLIMIT_CORE, 0, 0).map_err(fail)?;
         let inj = h.injector();
         inj.syscall(
             "rt_sigaction",

@@ -7,10 +7,14 @@
 
 #![forbid(unsafe_code)]
 
+pub mod anon_inodes;
 pub mod model;
+pub mod sockets;
 pub mod stream;
 
+pub use anon_inodes::*;
 pub use model::*;
+pub use sockets::*;
 pub use stream::{ImageError, ImageReader, ImageWriter, Record};
 
 /// The 8 bytes every image starts with.

@@ -301,6 +301,11 @@ pub enum FileKind {
     Memfd {
         object: u32,
     },
+    Epoll(crate::EpollDesc),
+    Timerfd(crate::TimerfdDesc),
+    Signalfd(crate::SignalfdDesc),
+    Inotify(crate::InotifyDesc),
+    Socket(crate::SocketDesc),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

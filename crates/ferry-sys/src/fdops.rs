@@ -106,7 +106,7 @@ pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> SysResult<usize> {
 pub fn lseek(fd: RawFd, off: i64, whence: i32) -> SysResult<i64> {
     // SAFETY: plain integer arguments.
     let r = unsafe { libc::lseek(fd, off, whence) };
-    check("lseek", r as libc::c_long).map(|n| n as i64)
+    check("lseek", r as libc::c_long)
 }
 
 pub fn eventfd(initval: u32, flags: i32) -> SysResult<OwnedFd> {
@@ -139,8 +139,8 @@ pub fn memfd_create(name: &str, flags: u32) -> SysResult<OwnedFd> {
 
 /// Raises this process's soft RLIMIT_NOFILE to its hard limit: a restore holds many descriptors.
 pub fn raise_nofile() {
-    if let Ok((_, max)) = get_rlimit(0, libc::RLIMIT_NOFILE as u32) {
-        let _ = set_rlimit(0, libc::RLIMIT_NOFILE as u32, max, max);
+    if let Ok((_, max)) = get_rlimit(0, libc::RLIMIT_NOFILE) {
+        let _ = set_rlimit(0, libc::RLIMIT_NOFILE, max, max);
     }
 }
 

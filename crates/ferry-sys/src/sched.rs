@@ -107,7 +107,7 @@ pub fn cpu_itimer_slack_us() -> u64 {
         libc::getitimer(libc::ITIMER_VIRTUAL, &mut got);
         libc::setitimer(libc::ITIMER_VIRTUAL, &off, std::ptr::null_mut());
     }
-    let v = got.it_value.tv_sec as i64 * 1_000_000 + got.it_value.tv_usec as i64;
+    let v = got.it_value.tv_sec * 1_000_000 + got.it_value.tv_usec;
     let extra = v - 100_000_000;
     // Round to whole milliseconds: the few microseconds we ran meanwhile are not slack.
     if extra > 0 {

@@ -176,6 +176,16 @@ impl FdCapture {
             }
             return Err(unsupported("this kind of device is not supported yet"));
         }
+        if link.starts_with("anon_inode:") {
+            if let Some(kind) = super::anon_inodes::classify(pid, fd, link, info)? {
+                return Ok(kind);
+            }
+        }
+        if link.starts_with("socket:") {
+            if let Some(kind) = super::sockets::classify(pid, fd, link, info)? {
+                return Ok(kind);
+            }
+        }
         let why = if link.starts_with("socket:") {
             "sockets are not supported yet"
         } else if link.starts_with("anon_inode:") {
@@ -245,6 +255,10 @@ impl FdCapture {
     }
 }
 
+/// The recreated ends of one pipe not yet handed out: read end, write end, and (for a FIFO)
+/// the read-write descriptor that keeps it open.
+type PipeEnds = (Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>);
+
 /// Status flags that can be changed after open with F_SETFL.
 const SETFL_MASK: i32 =
     libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME;
@@ -253,8 +267,7 @@ const SETFL_MASK: i32 =
 pub fn open_descriptions(tree: &Tree, objects: &RestoreObjects) -> Result<HashMap<u32, OwnedFd>> {
     let me = std::process::id() as i32;
     let mut out = HashMap::new();
-    let mut pipe_ends: HashMap<u32, (Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>)> =
-        HashMap::new();
+    let mut pipe_ends: HashMap<u32, PipeEnds> = HashMap::new();
     for p in &tree.pipes {
         if let Some(path) = &p.fifo_path {
             // Holding the FIFO open for both reading and writing lets the ends open without
@@ -353,6 +366,11 @@ pub fn open_descriptions(tree: &Tree, objects: &RestoreObjects) -> Result<HashMa
                 )
                 .ctx(me, || format!("reopen memfd object {object}"))?
             }
+            FileKind::Epoll(_)
+            | FileKind::Timerfd(_)
+            | FileKind::Signalfd(_)
+            | FileKind::Inotify(_) => super::anon_inodes::open(d)?,
+            FileKind::Socket(_) => super::sockets::open(d)?,
             FileKind::Unknown => {
                 return Err(Error::BadImage(format!(
                     "file {} has an unknown kind",
@@ -416,5 +434,9 @@ pub fn install(h: &Husk, p: &Process, descs: &HashMap<u32, OwnedFd>) -> Result<(
         })?;
         h.install_fd(d, Some((fd.fd, fd.cloexec)))?;
     }
+    // Kinds whose state refers to the process's own descriptor numbers (an epoll interest
+    // list, say) are completed once every descriptor is in place.
+    super::anon_inodes::after_install(h, p)?;
+    super::sockets::after_install(h, p)?;
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! One module per kind of process state. Each holds both directions for its kind: `capture`
 //! from a frozen process into the image model, and `restore` into a process being rebuilt.
 
+pub mod anon_inodes;
 pub mod files;
 pub mod memory;
 pub mod process;
 pub mod signals;
+pub mod sockets;
 pub mod threads;

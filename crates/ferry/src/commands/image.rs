@@ -112,6 +112,11 @@ pub fn run(c: Command) -> Result<()> {
                 FileKind::Pipe { pipe } => format!("pipe#{pipe}"),
                 FileKind::EventFd { count, .. } => format!("eventfd count={count}"),
                 FileKind::Memfd { object } => format!("memfd shmem#{object}"),
+                FileKind::Epoll(e) => format!("epoll {e:?}"),
+                FileKind::Timerfd(t) => format!("timerfd {t:?}"),
+                FileKind::Signalfd(s) => format!("signalfd {s:?}"),
+                FileKind::Inotify(i) => format!("inotify {i:?}"),
+                FileKind::Socket(s) => format!("socket {s:?}"),
                 FileKind::Unknown => "unknown".into(),
             };
             println!(
