@@ -54,6 +54,7 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
     let mut fdcap = FdCapture::default();
     let mut report = CaptureReport::default();
     for fp in &frozen.procs {
+        crate::cancel::check(&format!("capturing PID {}", fp.pid))?;
         report.pids.push(fp.pid);
         let mut p = Process {
             pid: fp.pid,
@@ -83,6 +84,7 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
         p.threads.push(threads::capture(fp.pid, leader, &inj)?);
         inj.finish()?;
         for t in &fp.threads[1..] {
+            crate::cancel::check(&format!("capturing thread {}", t.tid))?;
             let inj = Injector::on_stack(fp.pid, t.tid, t.regs, syscall_at)?;
             p.threads.push(threads::capture(fp.pid, t, &inj)?);
             inj.finish()?;

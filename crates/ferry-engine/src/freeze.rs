@@ -115,6 +115,7 @@ impl FrozenTree {
         let mut tree = FrozenTree::default();
         let mut queue = vec![root];
         while let Some(pid) = queue.pop() {
+            crate::cancel::check("freezing the tree")?;
             if pid == me {
                 return Err(Error::IsFerry {
                     pid: root,

@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cancel;
 pub mod checkpoint;
 pub mod error;
 pub mod freeze;

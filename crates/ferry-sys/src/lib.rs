@@ -7,6 +7,7 @@ pub mod clone3;
 pub mod fdops;
 pub mod pidfd;
 pub mod proc_mem;
+pub mod process;
 pub mod ptrace;
 pub mod regs;
 pub mod sched;

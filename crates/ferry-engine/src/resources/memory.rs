@@ -146,6 +146,7 @@ pub fn write_pages<W: Write>(
             {
                 j += 1;
             }
+            crate::cancel::check(&format!("copying the memory of PID {pid}"))?;
             let addr = v.start + i as u64 * PAGE_SIZE;
             let len = (j - i) * PAGE_SIZE as usize;
             buf.resize(len, 0);

@@ -34,7 +34,35 @@ struct Report {
     capture: CaptureReport,
 }
 
+/// Runs the checkpoint in a worker process. The worker is the only tracer of the tree: if this
+/// process is killed, even by SIGKILL, the worker is told (parent-death signal), stops at the
+/// next safe point, puts every thread back as it was and detaches. The tree never notices.
 pub fn run(a: Args) -> Result<()> {
+    use ferry_sys::process::{fork_single_threaded, Forked};
+    let parent = std::process::id() as i32;
+    match fork_single_threaded().context("start the checkpoint worker")? {
+        Forked::Parent { child } => {
+            let code = ferry_sys::process::wait_exit_code(child)
+                .context("wait for the checkpoint worker")?;
+            std::process::exit(code);
+        }
+        Forked::Child => {
+            let cancel = ferry_engine::cancel::flag();
+            for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+                signal_hook::flag::register(sig, cancel.clone())
+                    .context("install signal handlers")?;
+            }
+            ferry_sys::process::set_parent_death_signal(libc::SIGTERM)
+                .context("watch the ferry process")?;
+            if ferry_sys::process::parent_pid() != parent {
+                anyhow::bail!("ferry exited before the checkpoint started");
+            }
+            work(a)
+        }
+    }
+}
+
+fn work(a: Args) -> Result<()> {
     let t0 = Instant::now();
     std::fs::create_dir_all(&a.dir)
         .with_context(|| format!("create image directory {}", a.dir.display()))?;
@@ -44,7 +72,11 @@ pub fn run(a: Args) -> Result<()> {
     let freeze_ms = t0.elapsed().as_secs_f64() * 1e3;
     let file = std::fs::File::create(&tmp_path)
         .with_context(|| format!("create {}", tmp_path.display()))?;
-    let written = capture(&frozen, BufWriter::with_capacity(8 << 20, file));
+    let written = capture(&frozen, BufWriter::with_capacity(8 << 20, file)).and_then(|done| {
+        // Last chance to back out: after this point the tree is killed or let go as asked.
+        ferry_engine::cancel::check("writing the image")?;
+        Ok(done)
+    });
     let (out, capture_report) = match written {
         Ok(ok) => ok,
         Err(e) => {

@@ -1,0 +1,44 @@
+//! Forking a worker that outlives nothing: it is told (by a signal) when its parent dies.
+
+use crate::{check, SysError, SysResult};
+
+pub enum Forked {
+    Parent { child: i32 },
+    Child,
+}
+
+/// fork(2). The caller must be single-threaded: the child continues with a copy of this one
+/// thread only.
+pub fn fork_single_threaded() -> SysResult<Forked> {
+    // SAFETY: the callers fork before starting any thread, so the child's copy of the address
+    // space holds no lock taken by a thread that does not exist in the child.
+    let r = unsafe { libc::fork() };
+    match r {
+        -1 => Err(SysError::last("fork")),
+        0 => Ok(Forked::Child),
+        child => Ok(Forked::Parent { child }),
+    }
+}
+
+/// Asks the kernel to send `sig` to this process when its parent thread dies.
+pub fn set_parent_death_signal(sig: i32) -> SysResult<()> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) };
+    check("prctl(PR_SET_PDEATHSIG)", r as libc::c_long).map(drop)
+}
+
+pub fn parent_pid() -> i32 {
+    // SAFETY: getppid cannot fail.
+    unsafe { libc::getppid() }
+}
+
+/// Waits for a child process and returns its exit code (128 + signal if killed).
+pub fn wait_exit_code(child: i32) -> SysResult<i32> {
+    loop {
+        match crate::wait::wait_tid(child, false)? {
+            crate::wait::WaitStatus::Exited(c) => return Ok(c),
+            crate::wait::WaitStatus::Signaled(s) => return Ok(128 + s),
+            _ => continue,
+        }
+    }
+}

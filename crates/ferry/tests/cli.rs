@@ -1,0 +1,266 @@
+//! The `ferry` command against bad input and hostile timing: a wrong PID, ferry's own tree, a
+//! kernel thread, corrupted, truncated and foreign images, a PID in use, a resource that cannot
+//! be captured, and ferry killed at random moments of a checkpoint. In every case the error
+//! names the problem and the victim keeps running unharmed.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+
+fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("cli")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Builds the busy victim once per test binary.
+fn busy_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let out =
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("busy-{}", std::process::id()));
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/victims/busy.c");
+            let st = Command::new("gcc")
+                .args(["-O1", "-pthread", "-o"])
+                .arg(&out)
+                .arg(&src)
+                .status()
+                .expect("run gcc");
+            assert!(st.success(), "gcc failed on {}", src.display());
+            out
+        })
+        .clone()
+}
+
+struct Victim {
+    child: Child,
+    pid: i32,
+}
+
+impl Victim {
+    fn start() -> Victim {
+        let mut child = Command::new(busy_binary())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start victim");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("ready"), "victim did not start: {line:?}");
+        let pid = child.id() as i32;
+        Victim { child, pid }
+    }
+
+    fn status_field(&self, key: &str) -> String {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        s.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}:")))
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    }
+
+    /// Not stopped, not traced, and passes its own checks.
+    fn assert_unharmed(mut self) {
+        let state = self.status_field("State");
+        assert!(
+            !state.starts_with('t') && !state.starts_with('T'),
+            "victim left stopped: {state}"
+        );
+        assert_eq!(self.status_field("TracerPid"), "0", "victim left traced");
+        assert!(Command::new("kill")
+            .args(["-USR2", &self.pid.to_string()])
+            .status()
+            .unwrap()
+            .success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                let mut err = String::new();
+                std::io::Read::read_to_string(self.child.stderr.as_mut().unwrap(), &mut err)
+                    .unwrap();
+                assert!(st.success(), "victim failed its own checks ({st}): {err}");
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "victim did not finish its checks"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ferry(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(FERRY).args(args).output().expect("run ferry");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn nonexistent_pid_is_named() {
+    let d = scratch("nopid");
+    let (ok, _, err) = ferry(&["checkpoint", "999999", "--dir", d.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("no process with PID 999999"), "{err}");
+}
+
+#[test]
+fn kernel_thread_is_refused() {
+    let d = scratch("kthread");
+    let (ok, _, err) = ferry(&["checkpoint", "2", "--dir", d.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("kernel thread"), "{err}");
+}
+
+#[test]
+fn a_tree_containing_ferry_is_refused() {
+    // This test process is ferry's parent: its tree contains ferry.
+    let d = scratch("self");
+    let me = std::process::id().to_string();
+    let (ok, _, err) = ferry(&["checkpoint", &me, "--dir", d.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("is ferry itself"), "{err}");
+}
+
+#[test]
+fn bad_images_are_rejected_before_anything_is_created() {
+    let v = Victim::start();
+    let d = scratch("bad-images");
+    let dir = d.join("good");
+    let (ok, _, err) = ferry(&[
+        "checkpoint",
+        &v.pid.to_string(),
+        "--dir",
+        dir.to_str().unwrap(),
+        "--leave-running",
+    ]);
+    assert!(ok, "{err}");
+    let image = std::fs::read(dir.join("image.ferry")).unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "flipped",
+            {
+                let mut b = image.clone();
+                let n = b.len() / 2;
+                b[n] ^= 1;
+                b
+            },
+            "checksum mismatch",
+        ),
+        (
+            "truncated",
+            image[..image.len() - 100].to_vec(),
+            "truncated",
+        ),
+        (
+            "foreign",
+            b"#!/bin/sh\necho not an image\n".to_vec(),
+            "not a Ferry image",
+        ),
+        (
+            "future",
+            {
+                let mut b = image.clone();
+                b[8] = 200;
+                b
+            },
+            "version 200",
+        ),
+    ];
+    for (name, bytes, want) in cases {
+        let bad = d.join(name);
+        std::fs::create_dir_all(&bad).unwrap();
+        std::fs::write(bad.join("image.ferry"), bytes).unwrap();
+        let (ok, _, err) = ferry(&["restore", "--dir", bad.to_str().unwrap()]);
+        assert!(!ok, "{name} image was accepted");
+        assert!(err.contains(want), "{name}: expected {want:?} in {err}");
+    }
+    // The image is good, but its PIDs are in use: the error names the PID.
+    let (ok, _, err) = ferry(&["restore", "--dir", dir.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("PID {} is already in use", v.pid)),
+        "{err}"
+    );
+    v.assert_unharmed();
+}
+
+#[test]
+fn an_uncapturable_resource_is_named_and_the_process_carries_on() {
+    // flock(1) holds a lock on a file while its child sleeps: locks cannot be captured yet.
+    let d = scratch("refusal");
+    let lockfile = d.join("lock");
+    let mut sh = Command::new("flock")
+        .arg(&lockfile)
+        .args(["sleep", "30"])
+        .spawn()
+        .expect("start flock");
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = sh.id().to_string();
+    let (ok, _, err) = ferry(&["checkpoint", &pid, "--dir", d.join("img").to_str().unwrap()]);
+    assert!(!ok, "a tree holding a file lock was checkpointed");
+    assert!(
+        err.contains(&format!("PID {pid}")) && err.contains("file lock"),
+        "{err}"
+    );
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.contains("TracerPid:\t0"), "left traced: {status}");
+    assert!(sh.try_wait().unwrap().is_none(), "the refused process died");
+    let _ = sh.kill();
+    let _ = sh.wait();
+}
+
+#[test]
+fn killing_ferry_mid_checkpoint_leaves_the_process_unharmed() {
+    let v = Victim::start();
+    let d = scratch("kill-ferry");
+    for round in 0..12u64 {
+        let dir = d.join(format!("img{round}"));
+        let mut f = Command::new(FERRY)
+            .args([
+                "checkpoint",
+                &v.pid.to_string(),
+                "--dir",
+                dir.to_str().unwrap(),
+                "--leave-running",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Spread the kills over the whole checkpoint, freeze to finish.
+        std::thread::sleep(Duration::from_micros(round * round * 300));
+        let _ = f.kill();
+        let _ = f.wait();
+        // The worker notices and lets go within moments.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while v.status_field("TracerPid") != "0" {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: victim still traced"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    v.assert_unharmed();
+}
