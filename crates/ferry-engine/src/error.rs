@@ -28,7 +28,7 @@ pub enum Error {
     },
     #[error(transparent)]
     Inject(#[from] InjectError),
-    #[error("image: {0}")]
+    #[error("image")]
     Image(#[from] ImageError),
     #[error("image is inconsistent: {0}")]
     BadImage(String),

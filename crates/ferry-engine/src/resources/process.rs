@@ -69,9 +69,17 @@ pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -
             &[PR_GET_SECUREBITS],
         )? as u32,
     };
+    // Asked from inside: prlimit64 on another process with other credentials would need
+    // CAP_SYS_RESOURCE.
     for resource in 0..RLIMIT_COUNT {
-        let (cur, max) = ferry_sys::fdops::get_rlimit(pid, resource)
-            .ctx(pid, || format!("read rlimit {resource}"))?;
+        inj.syscall(
+            "prlimit64",
+            libc::SYS_prlimit64,
+            &[0, resource as u64, 0, inj.scratch(0)],
+        )?;
+        let b = inj.read_scratch(0, 16)?;
+        let cur = u64::from_ne_bytes(b[0..8].try_into().expect("8 bytes"));
+        let max = u64::from_ne_bytes(b[8..16].try_into().expect("8 bytes"));
         p.rlimits.push(Rlimit { resource, cur, max });
     }
     if procfs::field(&status, "Seccomp") != "0" {
@@ -195,13 +203,15 @@ pub fn restore_creds(h: &Husk, p: &Process) -> Result<()> {
             )?;
         }
     }
-    if c.uids != [0; 4] || c.gids != [0; 4] {
-        inj.syscall(
-            "prctl(PR_SET_KEEPCAPS)",
-            libc::SYS_prctl,
-            &[PR_SET_KEEPCAPS, 1],
-        )?;
-    }
+    // Securebits go first, while we are still root, with KEEP_CAPS on so that the
+    // capabilities survive the change of uid; KEEP_CAPS is put right at the end.
+    const SECBIT_KEEP_CAPS: u64 = 1 << 4;
+    let bits = c.securebits as u64;
+    inj.syscall(
+        "prctl(PR_SET_SECUREBITS)",
+        libc::SYS_prctl,
+        &[PR_SET_SECUREBITS, bits | SECBIT_KEEP_CAPS],
+    )?;
     let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_ne_bytes()).collect();
     let gaddr = inj.write_scratch(0, &groups)?;
     inj.syscall(
@@ -241,17 +251,11 @@ pub fn restore_creds(h: &Husk, p: &Process) -> Result<()> {
             )?;
         }
     }
-    let keep = inj.syscall(
-        "prctl(PR_GET_SECUREBITS)",
-        libc::SYS_prctl,
-        &[PR_GET_SECUREBITS],
-    )?;
-    if keep as u32 != c.securebits {
-        // Needs CAP_SETPCAP, which a process that had other securebits set also had.
+    if bits & SECBIT_KEEP_CAPS == 0 {
         inj.syscall(
-            "prctl(PR_SET_SECUREBITS)",
+            "prctl(PR_SET_KEEPCAPS)",
             libc::SYS_prctl,
-            &[PR_SET_SECUREBITS, c.securebits as u64],
+            &[PR_SET_KEEPCAPS, 0],
         )?;
     }
     if p.no_new_privs {
