@@ -32,7 +32,7 @@ echo "--- ferry checkpoint $pid --dir $work/image"
 sleep 1
 echo "--- it is gone (no output for a second):"; tail -n 1 "$work/out"
 echo "--- ferry image show $work/image (first lines)"
-"$ferry" image show "$work/image" | head -n 12
+"$ferry" image show "$work/image" | sed -n 1,12p
 echo "--- ferry restore --dir $work/image"
 "$ferry" restore --dir "$work/image"
 sleep 1.5

@@ -42,3 +42,10 @@ pub fn wait_exit_code(child: i32) -> SysResult<i32> {
         }
     }
 }
+
+/// Restores the default action of SIGPIPE (Rust ignores it), so that `ferry ... | head` ends
+/// quietly like any Unix tool instead of failing on a closed pipe.
+pub fn default_sigpipe() {
+    // SAFETY: installing the default disposition for one signal; no handler code involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}

@@ -30,6 +30,7 @@ enum Command {
 }
 
 fn main() {
+    ferry_sys::process::default_sigpipe();
     env_logger::Builder::from_env(env_logger::Env::default().filter_or("FERRY_LOG", "warn"))
         .format_timestamp_millis()
         .init();
