@@ -32,18 +32,48 @@ impl CaptureObjects {
         if let Some(id) = self.keys.get(&(m.dev, m.ino)) {
             return Ok(*id);
         }
-        if m.name.starts_with("/SYSV") {
-            return Err(Error::Unsupported {
-                pid,
-                what: format!("mapping {:x}-{:x} ({})", m.start, m.end, m.name),
-                why: "System V shared memory is not supported yet".into(),
-            });
-        }
         let file = File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
             .ctx(pid, || {
                 format!("open the shared memory behind {:x}-{:x}", m.start, m.end)
             })?;
+        if m.name.starts_with("/SYSV") {
+            return self.add_sysv(pid, file, m);
+        }
         self.add_shmem(pid, file, &m.name, m.dev, m.ino)
+    }
+
+    /// A System V segment. The kernel numbers a segment's file with its shmid, so the mapping's
+    /// inode finds its row in /proc/sysvipc/shm.
+    fn add_sysv(&mut self, pid: i32, file: File, m: &MapEntry) -> Result<u32> {
+        let table = std::fs::read_to_string("/proc/sysvipc/shm")
+            .ctx(pid, || "read /proc/sysvipc/shm".into())?;
+        // key shmid perms size cpid lpid nattch uid gid cuid cgid atime dtime ctime rss swap
+        let row = table.lines().skip(1).find_map(|line| {
+            let c: Vec<&str> = line.split_whitespace().collect();
+            let shmid: u64 = c.get(1)?.parse().ok()?;
+            (shmid == m.ino).then_some(())?;
+            Some((
+                c[0].parse::<i32>().ok()?,
+                shmid as i32,
+                u32::from_str_radix(c.get(2)?, 8).ok()?,
+                c.get(3)?.parse::<u64>().ok()?,
+            ))
+        });
+        let (key, shmid, mode, size) = row.ok_or_else(|| Error::Unsupported {
+            pid,
+            what: format!("mapping {:x}-{:x} ({})", m.start, m.end, m.name),
+            why: format!("System V segment {} is not in /proc/sysvipc/shm", m.ino),
+        })?;
+        let id = self.shmem.len() as u32;
+        self.shmem.push(ShmemObject {
+            id,
+            kind: ShmemKind::SysV { key, shmid, mode },
+            size,
+            ino: m.ino,
+        });
+        self.keys.insert((m.dev, m.ino), id);
+        self.sources.insert(ObjectRef::Shmem(id), file);
+        Ok(id)
     }
 
     /// Registers a memfd that a process has open (whether or not it is mapped).
@@ -195,6 +225,18 @@ pub struct RestoreObjects {
     /// (temporary name, real name).
     displaced: Vec<(String, String)>,
     put_back: std::cell::Cell<bool>,
+    /// System V segments: recreated from inside the first process that attaches them (so that
+    /// their creator PID is right); their contents wait here until then.
+    sysv: HashMap<u32, SysvSegment>,
+}
+
+struct SysvSegment {
+    key: i32,
+    shmid: i32,
+    mode: u32,
+    size: u64,
+    data: std::cell::RefCell<Vec<(u64, Vec<u8>)>>,
+    created: std::cell::Cell<bool>,
 }
 
 impl RestoreObjects {
@@ -219,10 +261,17 @@ impl RestoreObjects {
                     }
                     f
                 }
-                ShmemKind::SysV { .. } => {
-                    return Err(Error::BadImage(
-                        "System V shared memory is not supported".into(),
-                    ))
+                ShmemKind::SysV { key, shmid, mode } => {
+                    let seg = SysvSegment {
+                        key: *key,
+                        shmid: *shmid,
+                        mode: *mode,
+                        size: o.size,
+                        data: Default::default(),
+                        created: Default::default(),
+                    };
+                    me.sysv.insert(o.id, seg);
+                    continue;
                 }
             };
             me.shmem.insert(o.id, file);
@@ -259,6 +308,12 @@ impl RestoreObjects {
     }
 
     pub fn fill(&self, object: ObjectRef, offset: u64, data: &[u8]) -> Result<()> {
+        if let ObjectRef::Shmem(id) = object {
+            if let Some(seg) = self.sysv.get(&id) {
+                seg.data.borrow_mut().push((offset, data.to_vec()));
+                return Ok(());
+            }
+        }
         let file = match object {
             ObjectRef::Shmem(id) => self.shmem.get(&id),
             ObjectRef::Ghost(id) => self.ghosts.get(&id).map(|(f, _)| f),
@@ -299,7 +354,95 @@ impl RestoreObjects {
     }
 
     /// Seals memfds and unlinks recreated deleted files, once every process holds them.
+    pub fn is_sysv(&self, id: u32) -> bool {
+        self.sysv.contains_key(&id)
+    }
+
+    /// Attaches System V object `id` at the mapping `v` of the husk, creating the segment (under
+    /// its old shmid) and filling it at the first attach.
+    pub fn attach_sysv(&self, h: &crate::husk::Husk, id: u32, v: &Vma) -> Result<()> {
+        let seg = self
+            .sysv
+            .get(&id)
+            .ok_or_else(|| Error::BadImage(format!("unknown System V object {id}")))?;
+        let inj = h.injector();
+        let pid = h.pid;
+        if !seg.created.get() {
+            // A segment left over by the checkpointed (and killed) tree holds the old shmid.
+            if let Ok((_, nattch)) = ferry_sys::fdops::shm_stat(seg.shmid) {
+                if nattch != 0 {
+                    return Err(Error::Restore {
+                        pid,
+                        what: format!(
+                            "System V segment {} is in use by other processes",
+                            seg.shmid
+                        ),
+                    });
+                }
+                ferry_sys::fdops::shm_remove(seg.shmid).ctx(pid, || {
+                    format!("remove stale System V segment {}", seg.shmid)
+                })?;
+            }
+            std::fs::write("/proc/sys/kernel/shm_next_id", seg.shmid.to_string())
+                .ctx(pid, || "set shm_next_id".into())?;
+            let flags = (libc::IPC_CREAT | libc::IPC_EXCL) as u64 | (seg.mode & 0o777) as u64;
+            let got = inj.syscall(
+                "shmget",
+                libc::SYS_shmget,
+                &[seg.key as u32 as u64, seg.size, flags],
+            );
+            let _ = std::fs::write("/proc/sys/kernel/shm_next_id", "-1");
+            let got = got?;
+            if got as i32 != seg.shmid {
+                return Err(Error::Restore {
+                    pid,
+                    what: format!("System V segment came back as {got}, not {}", seg.shmid),
+                });
+            }
+            seg.created.set(true);
+        }
+        let mut flags = 0u64;
+        if v.prot & libc::PROT_WRITE as u32 == 0 {
+            flags |= libc::SHM_RDONLY as u64;
+        }
+        if v.prot & libc::PROT_EXEC as u32 != 0 {
+            flags |= 0o100000; // SHM_EXEC
+        }
+        let at = inj.syscall(
+            "shmat",
+            libc::SYS_shmat,
+            &[seg.shmid as u64, v.start, flags],
+        )?;
+        if at != v.start {
+            return Err(Error::Restore {
+                pid,
+                what: format!(
+                    "System V segment {} attached at {at:x}, not {:x}",
+                    seg.shmid, v.start
+                ),
+            });
+        }
+        let pending = std::mem::take(&mut *seg.data.borrow_mut());
+        if !pending.is_empty() {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(format!("/proc/{pid}/map_files/{:x}-{:x}", v.start, v.end))
+                .ctx(pid, || format!("open System V segment {}", seg.shmid))?;
+            for (off, data) in pending {
+                f.write_all_at(&data, off)
+                    .ctx(pid, || format!("fill System V segment {}", seg.shmid))?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn finish(&self) {
+        for seg in self.sysv.values() {
+            // Marked for removal at checkpoint: removed now that every process is attached.
+            if seg.mode & 0o1000 != 0 {
+                let _ = ferry_sys::fdops::shm_remove(seg.shmid);
+            }
+        }
         for (id, seals) in &self.memfd_seals {
             if let Some(f) = self.shmem.get(id) {
                 if let Err(e) = ferry_sys::fdops::add_seals(f.as_raw_fd(), *seals) {

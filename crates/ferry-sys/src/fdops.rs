@@ -201,3 +201,19 @@ pub fn add_seals(fd: RawFd, seals: u32) -> SysResult<()> {
     let r = unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals as libc::c_int) };
     check("fcntl(F_ADD_SEALS)", r as libc::c_long).map(drop)
 }
+
+/// Size and number of attaches of System V shared memory segment `shmid`.
+pub fn shm_stat(shmid: i32) -> SysResult<(u64, u64)> {
+    // SAFETY: shmid_ds is plain data; all-zero is a valid value for it.
+    let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+    // SAFETY: ds is a valid out-pointer for IPC_STAT.
+    let r = unsafe { libc::shmctl(shmid, libc::IPC_STAT, &mut ds) };
+    check("shmctl(IPC_STAT)", r as libc::c_long)?;
+    Ok((ds.shm_segsz as u64, ds.shm_nattch))
+}
+
+pub fn shm_remove(shmid: i32) -> SysResult<()> {
+    // SAFETY: IPC_RMID takes no buffer.
+    let r = unsafe { libc::shmctl(shmid, libc::IPC_RMID, std::ptr::null_mut()) };
+    check("shmctl(IPC_RMID)", r as libc::c_long).map(drop)
+}

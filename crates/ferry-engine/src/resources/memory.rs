@@ -247,6 +247,10 @@ pub fn restore_mappings(h: &Husk, vmas: &[Vma], objects: &RestoreObjects) -> Res
                 None
             }
             Backing::File { path, ghost, .. } => Some(objects.mapping_file(pid, path, *ghost, v)?),
+            Backing::Shmem { object } if objects.is_sysv(*object) => {
+                objects.attach_sysv(h, *object, v)?;
+                continue;
+            }
             Backing::Shmem { object } => Some(
                 objects
                     .shmem_file(*object)?
