@@ -14,7 +14,9 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 
-/* The "tfd: N events: X data: Y" parts of the fdinfo, one per line. */
+/* The "tfd: N events: X data: Y" parts of the fdinfo, in increasing tfd order:
+ * the kernel lists items in the order of their struct file's address, which
+ * no restore can reproduce (and no program can observe except here). */
 static void interest(int epfd, char *out, size_t size)
 {
 	char buf[4096], path[64];
@@ -22,17 +24,18 @@ static void interest(int epfd, char *out, size_t size)
 	out[0] = 0;
 	if (ferry_read_file(path, buf, sizeof buf) < 0)
 		return;
-	for (char *line = buf; line && *line;) {
-		char *nl = strchr(line, '\n');
-		if (nl)
-			*nl = 0;
-		int tfd;
-		unsigned events;
-		unsigned long long data;
-		if (sscanf(line, "tfd: %d events: %x data: %llx", &tfd, &events, &data) == 3)
-			snprintf(out + strlen(out), size - strlen(out), "tfd %d events %x data %llx; ", tfd,
-				 events, data);
-		line = nl ? nl + 1 : NULL;
+	for (int want = 0; want < 1024; want++) {
+		for (char *line = buf; line && *line;) {
+			char *nl = strchr(line, '\n');
+			int tfd;
+			unsigned events;
+			unsigned long long data;
+			if (sscanf(line, "tfd: %d events: %x data: %llx", &tfd, &events, &data) == 3 &&
+			    tfd == want)
+				snprintf(out + strlen(out), size - strlen(out), "tfd %d events %x data %llx; ",
+					 tfd, events, data);
+			line = nl ? nl + 1 : NULL;
+		}
 	}
 }
 

@@ -4,16 +4,70 @@ use serde::{Deserialize, Serialize};
 
 /// An epoll instance and its interest list.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
-pub struct EpollDesc {}
+pub struct EpollDesc {
+    /// In the order /proc/PID/fdinfo lists them.
+    pub items: Vec<EpollItem>,
+}
+
+/// One entry of an epoll interest list. An item is keyed by the watched file and the
+/// descriptor number it was registered under, so it is re-registered from inside a process that
+/// holds both the epoll instance and, at number `fd`, that very file.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct EpollItem {
+    /// The descriptor number the item was registered under (fdinfo's `tfd`).
+    pub fd: i32,
+    /// The event mask as the kernel holds it (EPOLLIN ..., EPOLLET, EPOLLONESHOT,
+    /// EPOLLEXCLUSIVE, EPOLLWAKEUP; EPOLLERR | EPOLLHUP, which the kernel always adds; a
+    /// one-shot item that has fired keeps only its flag bits).
+    pub events: u32,
+    pub data: u64,
+    /// The process whose descriptor table holds the watched file at number `fd`.
+    pub pid: i32,
+}
 
 /// A timerfd with its clock, settings and remaining time.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
-pub struct TimerfdDesc {}
+pub struct TimerfdDesc {
+    pub clockid: i32,
+    /// The flags of the last timerfd_settime: TFD_TIMER_ABSTIME, TFD_TIMER_CANCEL_ON_SET.
+    pub settime_flags: i32,
+    /// Expirations not read yet.
+    pub ticks: u64,
+    /// Time to the next expiration, in nanoseconds; 0 when disarmed.
+    pub value_ns: u64,
+    pub interval_ns: u64,
+    /// For an armed TFD_TIMER_ABSTIME timer: the next expiration, as a time of its clock.
+    pub deadline_ns: u64,
+}
 
 /// A signalfd and its signal mask.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
-pub struct SignalfdDesc {}
+pub struct SignalfdDesc {
+    /// Bit `n - 1` stands for signal `n`.
+    pub sigmask: u64,
+}
 
 /// An inotify instance and its watches.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
-pub struct InotifyDesc {}
+pub struct InotifyDesc {
+    /// In increasing order of watch descriptor.
+    pub watches: Vec<InotifyWatch>,
+}
+
+/// One inotify watch.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct InotifyWatch {
+    /// The watch descriptor, which the process sees in every event.
+    pub wd: i32,
+    /// The watched file or directory (the object itself: a symbolic link is not followed).
+    pub path: String,
+    /// IN_* events and IN_ONESHOT / IN_EXCL_UNLINK, as the kernel holds them.
+    pub mask: u32,
+    /// Device (user-space encoding) and inode of the watched object when it was captured.
+    pub dev: u64,
+    pub ino: u64,
+    /// The object's file handle (name_to_handle_at(2)), for diagnostics.
+    pub handle_type: i32,
+    #[serde(with = "serde_bytes")]
+    pub handle: Vec<u8>,
+}

@@ -3,6 +3,7 @@
 //! The rest of the workspace is `#![forbid(unsafe_code)]`; here every `unsafe` block carries a
 //! `SAFETY:` comment. Wrappers return [`SysResult`], whose error names the operation and the errno.
 
+pub mod anon_fds;
 pub mod clone3;
 pub mod fdops;
 pub mod pidfd;
