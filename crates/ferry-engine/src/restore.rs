@@ -272,6 +272,8 @@ fn build(
         };
         report.pids.push(p.pid);
         husks.push(h);
+        // A session leader takes its controlling terminal before it forks its session.
+        crate::resources::tty::take_ctty(husks.last().expect("just pushed"), p)?;
     }
     // 2. Zombies die now, leaving their exit status for their parents.
     for (p, h) in tree.processes.iter().zip(husks.iter()) {

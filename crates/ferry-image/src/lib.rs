@@ -11,10 +11,12 @@ pub mod anon_inodes;
 pub mod model;
 pub mod sockets;
 pub mod stream;
+pub mod tty;
 
 pub use anon_inodes::*;
 pub use model::*;
 pub use sockets::*;
+pub use tty::{PtyState, Termios, TtyDesc};
 pub use stream::{ImageError, ImageReader, ImageWriter, Record};
 
 /// The 8 bytes every image starts with.

@@ -306,6 +306,8 @@ pub enum FileKind {
     Signalfd(crate::SignalfdDesc),
     Inotify(crate::InotifyDesc),
     Socket(crate::SocketDesc),
+    /// One side of a pseudo-terminal.
+    Tty(crate::TtyDesc),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

@@ -12,6 +12,7 @@ pub mod process;
 pub mod ptrace;
 pub mod regs;
 pub mod sched;
+pub mod tty;
 pub mod wait;
 
 use std::fmt;

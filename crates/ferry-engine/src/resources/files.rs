@@ -174,6 +174,11 @@ impl FdCapture {
                     rdev: md.rdev(),
                 });
             }
+            if ft.is_char_device() {
+                if let Some(kind) = super::tty::classify(pid, fd, &path, md)? {
+                    return Ok(kind);
+                }
+            }
             return Err(unsupported("this kind of device is not supported yet"));
         }
         if link.starts_with("anon_inode:") {
@@ -371,6 +376,7 @@ pub fn open_descriptions(tree: &Tree, objects: &RestoreObjects) -> Result<HashMa
             | FileKind::Signalfd(_)
             | FileKind::Inotify(_) => super::anon_inodes::open(d)?,
             FileKind::Socket(_) => super::sockets::open(d)?,
+            FileKind::Tty(_) => super::tty::open(d, tree)?,
             FileKind::Unknown => {
                 return Err(Error::BadImage(format!(
                     "file {} has an unknown kind",
@@ -438,5 +444,6 @@ pub fn install(h: &Husk, p: &Process, descs: &HashMap<u32, OwnedFd>) -> Result<(
     // list, say) are completed once every descriptor is in place.
     super::anon_inodes::after_install(h, p)?;
     super::sockets::after_install(h, p)?;
+    super::tty::after_install(h, p)?;
     Ok(())
 }

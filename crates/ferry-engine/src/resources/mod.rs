@@ -8,3 +8,4 @@ pub mod process;
 pub mod signals;
 pub mod sockets;
 pub mod threads;
+pub mod tty;

@@ -1,0 +1,522 @@
+//! Pseudo-terminals (Unix 98 ptys): the master (/dev/ptmx) and slave (/dev/pts/N) sides, and a
+//! pty as a session's controlling terminal with its foreground process group.
+//!
+//! - **capture**: the pty's state is read through a copy of the master descriptor (on a master,
+//!   the terminal ioctls reach the slave side): pts number, termios (TCGETS2), window size,
+//!   packet mode, lock, the session it controls and its foreground group. Input queued for the
+//!   slave is read out through a slave of our own and written straight back to the master, in
+//!   order, so the live tree loses nothing; that is only exact without any input or echo
+//!   processing (raw mode), so queued input is refused otherwise. Output not yet read from the
+//!   master is refused. A slave whose master is not held in the checkpointed tree, and a pty
+//!   controlling a session whose leader is not in the tree, are refused.
+//! - **restore**: /dev/ptmx is opened until the same pts number comes back (lower ones are held
+//!   meanwhile, then closed), unlocked, given its termios, window size, packet mode and queued
+//!   input. A session leader takes it as its controlling terminal (TIOCSCTTY, injected) as soon
+//!   as it is made, before it forks the rest of its session, which so inherit it; the
+//!   foreground group is set (TIOCSPGRP) once every process exists.
+
+use crate::error::{Context, Error, Result};
+use crate::husk::Husk;
+use crate::procfs;
+use ferry_image::{FileDesc, FileKind, Process, PtyState, Termios, Tree, TtyDesc};
+use ferry_sys::{fdops, pidfd, tty};
+use std::collections::{BTreeMap, HashSet};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const TTYAUX_MAJOR: u32 = 5;
+const PTMX_MINOR: u32 = 2;
+const PTS_MAJOR_FIRST: u32 = 136;
+const PTS_MAJOR_LAST: u32 = 143;
+/// How long restore waits for a pts number still held by a terminal being torn down.
+const INDEX_WAIT: Duration = Duration::from_secs(3);
+
+fn unsupported(pid: i32, fd: i32, path: &str, why: String) -> Error {
+    Error::Unsupported {
+        pid,
+        what: format!("fd {fd} ({path})"),
+        why,
+    }
+}
+
+/// Describes descriptor `fd` of `pid`, a character device at `path`, if it is a pty side;
+/// `None` for any other device.
+pub fn classify(pid: i32, fd: i32, path: &str, md: &std::fs::Metadata) -> Result<Option<FileKind>> {
+    let (major, minor) = (libc::major(md.rdev()), libc::minor(md.rdev()));
+    if major == TTYAUX_MAJOR && minor == PTMX_MINOR {
+        return capture_master(pid, fd, path).map(Some);
+    }
+    if (PTS_MAJOR_FIRST..=PTS_MAJOR_LAST).contains(&major) {
+        let Some(index) = path
+            .strip_prefix("/dev/pts/")
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            return Err(unsupported(
+                pid,
+                fd,
+                path,
+                "a pty slave not reached through /dev/pts (another devpts mount?)".into(),
+            ));
+        };
+        if !master_in_tree(index)? {
+            return Err(unsupported(
+                pid,
+                fd,
+                path,
+                format!(
+                    "the master side of /dev/pts/{index} is not held by any process of the \
+                     checkpointed tree (a terminal provided from outside, e.g. by sshd or a \
+                     terminal emulator), so the pty cannot be recreated"
+                ),
+            ));
+        }
+        return Ok(Some(FileKind::Tty(TtyDesc {
+            index,
+            master: false,
+            state: None,
+        })));
+    }
+    Ok(None)
+}
+
+/// Every process frozen by us (traced by one of our threads).
+fn frozen_pids() -> Result<Vec<i32>> {
+    let me = std::process::id() as i32;
+    let mine: HashSet<i32> = procfs::tids(me)?.into_iter().collect();
+    let mut out = Vec::new();
+    let dir = std::fs::read_dir("/proc").ctx(me, || "list /proc".into())?;
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let traced = procfs::status(pid)
+            .ok()
+            .and_then(|s| procfs::field(&s, "TracerPid").parse::<i32>().ok())
+            .is_some_and(|t| mine.contains(&t));
+        if traced {
+            out.push(pid);
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a frozen process holds the master of pty `index`.
+fn master_in_tree(index: u32) -> Result<bool> {
+    for q in frozen_pids()? {
+        let Ok(fds) = procfs::fds(q) else { continue };
+        let Ok(pfd) = pidfd::pidfd_open(q) else {
+            continue;
+        };
+        for n in fds {
+            let link = procfs::readlink(q, &format!("fd/{n}")).unwrap_or_default();
+            if link != "/dev/ptmx" && link != "/dev/pts/ptmx" {
+                continue;
+            }
+            if let Ok(copy) = pidfd::pidfd_getfd(&pfd, n) {
+                if tty::ptn(copy.as_raw_fd()).ok() == Some(index) {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+    Ok(false)
+}
+
+fn to_image(t: tty::Termios) -> Termios {
+    Termios {
+        iflag: t.iflag,
+        oflag: t.oflag,
+        cflag: t.cflag,
+        lflag: t.lflag,
+        line: t.line,
+        cc: t.cc,
+        ispeed: t.ispeed,
+        ospeed: t.ospeed,
+    }
+}
+
+fn from_image(t: &Termios) -> tty::Termios {
+    tty::Termios {
+        iflag: t.iflag,
+        oflag: t.oflag,
+        cflag: t.cflag,
+        lflag: t.lflag,
+        line: t.line,
+        cc: t.cc.clone(),
+        ispeed: t.ispeed,
+        ospeed: t.ospeed,
+    }
+}
+
+/// Whether bytes written to the master reach the slave's reader exactly as they are, with no
+/// echo, signals or line editing: only then can queued input be read out and put back.
+fn input_passes_through(t: &Termios) -> bool {
+    let iflag_mangles = libc::IGNBRK
+        | libc::BRKINT
+        | libc::PARMRK
+        | libc::ISTRIP
+        | libc::INLCR
+        | libc::IGNCR
+        | libc::ICRNL
+        | libc::IUCLC
+        | libc::IXON;
+    let lflag_mangles = libc::ICANON | libc::ECHO | libc::ECHONL | libc::ISIG | libc::IEXTEN;
+    t.iflag & iflag_mangles == 0 && t.lflag & lflag_mangles == 0
+}
+
+fn capture_master(pid: i32, fd: i32, path: &str) -> Result<FileKind> {
+    let pfd = pidfd::pidfd_open(pid).ctx(pid, || "open a pidfd".into())?;
+    let copy = pidfd::pidfd_getfd(&pfd, fd).ctx(pid, || format!("take a copy of fd {fd}"))?;
+    let m = copy.as_raw_fd();
+    let what = |op: &str| format!("{op} of pty master fd {fd}");
+    let index = tty::ptn(m).ctx(pid, || what("pts number"))?;
+    let termios = to_image(tty::get_termios(m).ctx(pid, || what("termios"))?);
+    let winsize = tty::get_winsize(m).ctx(pid, || what("window size"))?;
+    let packet_mode = tty::packet_mode(m).ctx(pid, || what("packet mode"))?;
+    let locked = tty::locked(m).ctx(pid, || what("lock state"))?;
+    let session = match tty::sid(m) {
+        Ok(s) => s,
+        Err(e) if e.errno == libc::ENOTTY => 0,
+        Err(e) => return Err(e).ctx(pid, || what("session")),
+    };
+    let fg_pgrp = if session != 0 {
+        tty::pgrp(m).ctx(pid, || what("foreground process group"))?
+    } else {
+        0
+    };
+    if session != 0 {
+        let frozen = frozen_pids()?;
+        let leader_ok =
+            frozen.contains(&session) && procfs::stat(session).is_ok_and(|s| s.sid == session);
+        if !leader_ok {
+            return Err(unsupported(
+                pid,
+                fd,
+                path,
+                format!(
+                    "/dev/pts/{index} is the controlling terminal of session {session}, whose \
+                     leader is not part of the checkpointed tree"
+                ),
+            ));
+        }
+        if fg_pgrp != 0
+            && !frozen
+                .iter()
+                .any(|q| procfs::stat(*q).is_ok_and(|s| s.pgid == fg_pgrp))
+        {
+            return Err(unsupported(
+                pid,
+                fd,
+                path,
+                format!(
+                    "the foreground process group {fg_pgrp} of /dev/pts/{index} has no process \
+                     in the checkpointed tree"
+                ),
+            ));
+        }
+    }
+    let output = fdops::fionread(m).ctx(pid, || what("bytes queued"))?;
+    if output > 0 {
+        return Err(unsupported(
+            pid,
+            fd,
+            path,
+            format!(
+                "{output} bytes written on /dev/pts/{index} are not read from the master yet; \
+                 they cannot be captured without consuming them (retry once they are read)"
+            ),
+        ));
+    }
+    let input = if locked {
+        Vec::new()
+    } else {
+        take_input(pid, fd, path, m, index, &termios)?
+    };
+    Ok(FileKind::Tty(TtyDesc {
+        index,
+        master: true,
+        state: Some(PtyState {
+            termios,
+            winsize,
+            packet_mode,
+            locked,
+            session,
+            fg_pgrp,
+            input,
+        }),
+    }))
+}
+
+/// Reads the input queued for the slave of master `m` and writes it straight back.
+fn take_input(
+    pid: i32,
+    fd: i32,
+    path: &str,
+    m: i32,
+    index: u32,
+    termios: &Termios,
+) -> Result<Vec<u8>> {
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    let slave =
+        tty::open_peer(m, flags).ctx(pid, || format!("open the slave of /dev/pts/{index}"))?;
+    let queued = fdops::fionread(slave.as_raw_fd())
+        .ctx(pid, || format!("bytes queued for /dev/pts/{index}"))?;
+    if queued == 0 {
+        return Ok(Vec::new());
+    }
+    if !input_passes_through(termios) {
+        return Err(unsupported(
+            pid,
+            fd,
+            path,
+            format!(
+                "{queued} bytes of input are queued for /dev/pts/{index} and not read yet; \
+                 outside raw mode (no ICANON, ECHO, ISIG, IEXTEN, no input translation) they \
+                 cannot be read out and put back unchanged (retry once they are read)"
+            ),
+        ));
+    }
+    let mut buf = vec![0u8; queued];
+    let mut got = 0;
+    while got < queued {
+        match fdops::read_fd(slave.as_raw_fd(), &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.errno == libc::EAGAIN => break,
+            Err(e) => return Err(e).ctx(pid, || format!("read the input of /dev/pts/{index}")),
+        }
+    }
+    buf.truncate(got);
+    put_back(m, &buf).ctx(pid, || {
+        format!("put {got} bytes of input back into /dev/pts/{index}")
+    })?;
+    Ok(buf)
+}
+
+fn put_back(m: i32, data: &[u8]) -> ferry_sys::SysResult<()> {
+    let mut done = 0;
+    while done < data.len() {
+        done += fdops::write_fd(m, &data[done..])?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// restore
+
+/// Ptys recreated by [`open`], by pts number: the master until its description takes it, and
+/// how many descriptions of the pty are still to be opened.
+static MADE: Mutex<BTreeMap<u32, Made>> = Mutex::new(BTreeMap::new());
+/// Controlling terminals to give: session leader's PID -> (pts number, foreground group).
+static CTTY: Mutex<BTreeMap<i32, (u32, i32)>> = Mutex::new(BTreeMap::new());
+
+struct Made {
+    master: Option<OwnedFd>,
+    left: usize,
+}
+
+fn tty_of(d: &FileDesc) -> Option<&TtyDesc> {
+    match &d.kind {
+        FileKind::Tty(t) => Some(t),
+        _ => None,
+    }
+}
+
+/// Recreates the open file description `d` (a pty side) in this (the restoring) process.
+pub fn open(d: &FileDesc, tree: &Tree) -> Result<OwnedFd> {
+    let me = std::process::id() as i32;
+    let t = tty_of(d)
+        .ok_or_else(|| Error::BadImage(format!("file {}: {:?} is not a tty", d.id, d.kind)))?;
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if let std::collections::btree_map::Entry::Vacant(e) = made.entry(t.index) {
+        let descs: Vec<&TtyDesc> = tree
+            .files
+            .iter()
+            .filter_map(tty_of)
+            .filter(|x| x.index == t.index)
+            .collect();
+        let state = descs
+            .iter()
+            .find_map(|x| x.state.as_ref().filter(|_| x.master))
+            .ok_or_else(|| Error::BadImage(format!("pty {} has no master description", t.index)))?;
+        let has_slave = descs.iter().any(|x| !x.master);
+        let master = make_pty(t.index, state, has_slave)?;
+        if state.session != 0 {
+            CTTY.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(state.session, (t.index, state.fg_pgrp));
+        }
+        e.insert(Made {
+            master: Some(master),
+            left: descs.len(),
+        });
+    }
+    let entry = made.get_mut(&t.index).expect("inserted above");
+    entry.left = entry.left.saturating_sub(1);
+    let fd = if t.master {
+        entry.master.take().ok_or_else(|| {
+            Error::BadImage(format!("pty {} has two master descriptions", t.index))
+        })?
+    } else {
+        let path = format!("/dev/pts/{}", t.index);
+        let flags = (d.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC))
+            | libc::O_NOCTTY
+            | libc::O_CLOEXEC;
+        fdops::open_path(&path, flags, 0).ctx(me, || format!("reopen {path}"))?
+    };
+    if entry.left == 0 {
+        made.remove(&t.index);
+    }
+    Ok(fd)
+}
+
+/// Opens /dev/ptmx until pty `index` comes out, and gives it its state.
+fn make_pty(index: u32, s: &PtyState, has_slave: bool) -> Result<OwnedFd> {
+    let me = std::process::id() as i32;
+    let deadline = Instant::now() + INDEX_WAIT;
+    let master = loop {
+        let mut held = Vec::new();
+        let mut found = None;
+        let mut past = None;
+        for _ in 0..=index {
+            let m = fdops::open_path(
+                "/dev/ptmx",
+                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+                0,
+            )
+            .ctx(me, || "open /dev/ptmx".into())?;
+            let n = tty::ptn(m.as_raw_fd()).ctx(me, || "pts number of a new pty".into())?;
+            if n == index {
+                found = Some(m);
+                break;
+            }
+            if n > index {
+                past = Some(n);
+                break;
+            }
+            held.push(m);
+        }
+        drop(held);
+        if let Some(m) = found {
+            break m;
+        }
+        if Instant::now() > deadline {
+            let got = past.map_or(String::new(), |n| format!(" (the kernel handed out {n})"));
+            return Err(Error::Restore {
+                pid: me,
+                what: format!(
+                    "pty /dev/pts/{index} is in use {}{got}, so it cannot be recreated under its \
+                     number",
+                    pts_holder(index)
+                ),
+            });
+        }
+        // A terminal whose last holder just died is released a moment later.
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let m = master.as_raw_fd();
+    let what = |op: &str| format!("{op} of /dev/pts/{index}");
+    tty::set_locked(m, false).ctx(me, || what("unlock"))?;
+    tty::set_termios(m, &from_image(&s.termios)).ctx(me, || what("set the termios"))?;
+    tty::set_winsize(m, s.winsize).ctx(me, || what("set the window size"))?;
+    if s.packet_mode {
+        tty::set_packet_mode(m, true).ctx(me, || what("set packet mode"))?;
+    }
+    if !s.input.is_empty() {
+        put_back(m, &s.input).ctx(me, || what("refill the input"))?;
+    }
+    if s.locked && !has_slave {
+        tty::set_locked(m, true).ctx(me, || what("lock"))?;
+    }
+    Ok(master)
+}
+
+/// Who holds /dev/pts/`index`, for error messages.
+fn pts_holder(index: u32) -> String {
+    let want = format!("/dev/pts/{index}");
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return "by another program".into();
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = procfs::fds(pid) else { continue };
+        if fds
+            .iter()
+            .any(|n| procfs::readlink(pid, &format!("fd/{n}")).is_ok_and(|l| l == want))
+        {
+            return format!("by PID {pid} ({})", crate::restore::describe_pid(pid));
+        }
+    }
+    "by another program".into()
+}
+
+/// Runs `f` with the slave of pty `index` installed in the husk at a free number.
+fn with_slave_in(h: &Husk, index: u32, f: impl FnOnce(i32) -> Result<()>) -> Result<()> {
+    let me = std::process::id() as i32;
+    let path = format!("/dev/pts/{index}");
+    let slave = fdops::open_path(&path, libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC, 0)
+        .ctx(me, || format!("open {path}"))?;
+    let n = h.install_fd(&slave, None)?;
+    let r = f(n);
+    h.injector()
+        .syscall("close", libc::SYS_close, &[n as u64])?;
+    r
+}
+
+/// Makes a freshly made session leader take its controlling terminal, before it forks the
+/// rest of its session.
+pub fn take_ctty(h: &Husk, p: &Process) -> Result<()> {
+    let Some((index, _)) = CTTY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&p.pid)
+        .copied()
+    else {
+        return Ok(());
+    };
+    with_slave_in(h, index, |n| {
+        h.injector()
+            .syscall(
+                "ioctl(TIOCSCTTY)",
+                libc::SYS_ioctl,
+                &[n as u64, libc::TIOCSCTTY, 0],
+            )
+            .map_err(|e| Error::Restore {
+                pid: h.pid,
+                what: format!("make /dev/pts/{index} the controlling terminal: {e}"),
+            })?;
+        Ok(())
+    })
+}
+
+/// Once every process exists: the foreground process group of the terminal `p` controls.
+pub fn after_install(h: &Husk, p: &Process) -> Result<()> {
+    let Some((index, fg)) = CTTY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&p.pid)
+    else {
+        return Ok(());
+    };
+    if fg == 0 {
+        return Ok(());
+    }
+    with_slave_in(h, index, |n| {
+        let inj = h.injector();
+        let addr = inj.write_scratch(0, &fg.to_ne_bytes())?;
+        inj.syscall(
+            "ioctl(TIOCSPGRP)",
+            libc::SYS_ioctl,
+            &[n as u64, libc::TIOCSPGRP, addr],
+        )
+        .map_err(|e| Error::Restore {
+            pid: h.pid,
+            what: format!("make group {fg} the foreground of /dev/pts/{index}: {e}"),
+        })?;
+        Ok(())
+    })
+}

@@ -1,0 +1,45 @@
+//! Image schema of terminal descriptors: the two sides of a pseudo-terminal (Unix 98 ptys).
+
+use serde::{Deserialize, Serialize};
+
+/// One side of pseudo-terminal `/dev/pts/<index>`. The pty's own state (termios, window size,
+/// packet mode, controlling session ...) is held by its master description; a slave
+/// description carries only the index.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct TtyDesc {
+    pub index: u32,
+    /// The master side (/dev/ptmx), else the slave (/dev/pts/<index>).
+    pub master: bool,
+    /// Set on a master description: the state of the pty.
+    pub state: Option<PtyState>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct PtyState {
+    pub termios: Termios,
+    /// Rows, columns, x pixels, y pixels.
+    pub winsize: [u16; 4],
+    pub packet_mode: bool,
+    pub locked: bool,
+    /// The session that has the pty as its controlling terminal (its leader's PID), or 0.
+    pub session: i32,
+    /// The foreground process group, or 0.
+    pub fg_pgrp: i32,
+    /// Input queued for the slave to read, in order.
+    #[serde(with = "serde_bytes")]
+    pub input: Vec<u8>,
+}
+
+/// `struct termios2`.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct Termios {
+    pub iflag: u32,
+    pub oflag: u32,
+    pub cflag: u32,
+    pub lflag: u32,
+    pub line: u8,
+    #[serde(with = "serde_bytes")]
+    pub cc: Vec<u8>,
+    pub ispeed: u32,
+    pub ospeed: u32,
+}
