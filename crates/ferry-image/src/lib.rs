@@ -16,8 +16,8 @@ pub mod tty;
 pub use anon_inodes::*;
 pub use model::*;
 pub use sockets::*;
-pub use tty::{PtyState, Termios, TtyDesc};
 pub use stream::{ImageError, ImageReader, ImageWriter, Record};
+pub use tty::{PtyState, Termios, TtyDesc};
 
 /// The 8 bytes every image starts with.
 pub const MAGIC: [u8; 8] = *b"FERRYIMG";
