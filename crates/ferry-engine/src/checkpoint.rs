@@ -94,6 +94,7 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
         tree.processes.push(p);
     }
     refuse_orphaned_groups(&tree)?;
+    crate::resources::sockets::finish_capture(frozen, &mut tree)?;
     tree.shmem = objects.shmem.clone();
     tree.ghosts = objects.ghosts.clone();
     report.state_ms = t0.elapsed().as_secs_f64() * 1e3;

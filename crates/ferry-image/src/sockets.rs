@@ -1,7 +1,229 @@
-//! Image schema of sockets.
+//! Image schema of sockets: UNIX (stream, datagram, seqpacket), TCP and UDP over IPv4 and IPv6.
+//!
+//! Sockets refer to each other by the inode number they had when captured (`SocketDesc::ino`):
+//! the two ends of a connection, a listening socket and the clients waiting in its queue.
 
 use serde::{Deserialize, Serialize};
 
 /// A socket: its family, type, addresses, options, state and queued data.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
-pub struct SocketDesc {}
+pub struct SocketDesc {
+    /// Inode number of the socket when it was captured; other sockets name it by this.
+    pub ino: u64,
+    pub family: SockFamily,
+    pub sock_type: SockType,
+    pub protocol: i32,
+    /// The name the socket is bound to (getsockname), `None` when it is not bound.
+    pub local: Option<SockAddr>,
+    /// The peer's name (getpeername), when connected.
+    pub peer: Option<SockAddr>,
+    pub state: SockState,
+    pub shutdown: Shutdown,
+    /// For a UNIX socket bound to a path: the socket file.
+    pub path_file: Option<SocketFile>,
+    /// SO_PEERCRED of a UNIX socket: who created the pair, called listen() or connect().
+    pub peer_cred: Option<PeerCred>,
+    /// Data waiting to be read from this socket, oldest first: for datagram and seqpacket
+    /// sockets one message per datagram or record; for stream sockets chunks whose boundaries
+    /// carry no meaning.
+    pub queue: Vec<SockMsg>,
+    /// Options that differ between sockets (raw values as getsockopt returns them).
+    pub opts: Vec<SockOpt>,
+    /// A pending error (SO_ERROR) the socket will report: ECONNRESET for a UNIX stream socket
+    /// whose peer closed without reading everything.
+    #[serde(default)]
+    pub error: i32,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub enum SockFamily {
+    #[default]
+    Unix,
+    Inet,
+    Inet6,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub enum SockType {
+    #[default]
+    Stream,
+    Dgram,
+    Seqpacket,
+}
+
+/// A socket address.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum SockAddr {
+    /// A UNIX socket that has no name (autobind never happened).
+    UnixUnnamed,
+    /// A UNIX name in the file system, as the socket was bound (possibly relative).
+    UnixPath(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// A UNIX name in the abstract namespace, without the leading NUL byte.
+    UnixAbstract(#[serde(with = "serde_bytes")] Vec<u8>),
+    Inet {
+        addr: [u8; 4],
+        port: u16,
+    },
+    Inet6 {
+        addr: [u8; 16],
+        port: u16,
+        flowinfo: u32,
+        scope_id: u32,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub enum SockState {
+    /// Neither listening nor connected (maybe bound).
+    #[default]
+    Unconnected,
+    /// Listening, with the connections that wait to be accepted, in queue order.
+    Listening {
+        backlog: u32,
+        pending: Vec<PendingConn>,
+    },
+    /// Connected. For UNIX sockets `peer_ino` is the peer's inode: a socket of the tree, or 0
+    /// when the peer has been closed. For UDP it is 0 and `SocketDesc::peer` says where to.
+    Connected { peer_ino: u64 },
+    /// A UNIX client whose connection waits in the queue of the listening socket `listener_ino`
+    /// (which lists it in its `pending`).
+    Pending { listener_ino: u64 },
+}
+
+/// A connection waiting in a listening UNIX socket's queue.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct PendingConn {
+    /// Inode of the client socket (a socket of the tree), or 0 if the client has been closed.
+    pub client_ino: u64,
+    /// What the client sent that waits in the server's end of the connection.
+    pub queue: Vec<SockMsg>,
+    /// SO_PEERCRED the server end will report: who called connect().
+    pub cred: Option<PeerCred>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct Shutdown {
+    /// No more receptions (SHUT_RD here, or SHUT_WR at the peer).
+    pub read: bool,
+    /// No more transmissions.
+    pub write: bool,
+}
+
+/// The file a UNIX socket bound to a path created.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct SocketFile {
+    /// For a relative name: the directory it was bound in.
+    pub dir: Option<String>,
+    /// The file has been removed (or replaced) since the socket was bound.
+    pub deleted: bool,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Credentials of a process as a UNIX socket recorded them.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct PeerCred {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// One message waiting in a socket's receive queue.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct SockMsg {
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// Sender's address, when the socket reports one (datagrams).
+    pub from: Option<SockAddr>,
+}
+
+/// A socket option, as getsockopt(level, name) returned it.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct SockOpt {
+    pub level: i32,
+    pub name: i32,
+    #[serde(with = "serde_bytes")]
+    pub value: Vec<u8>,
+}
+
+impl std::fmt::Display for SockAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SockAddr::UnixUnnamed => write!(f, "(unnamed)"),
+            SockAddr::UnixPath(p) => write!(f, "{}", String::from_utf8_lossy(p)),
+            SockAddr::UnixAbstract(n) => write!(f, "@{}", String::from_utf8_lossy(n)),
+            SockAddr::Inet { addr, port } => {
+                write!(f, "{}:{port}", std::net::Ipv4Addr::from(*addr))
+            }
+            SockAddr::Inet6 { addr, port, .. } => {
+                write!(f, "[{}]:{port}", std::net::Ipv6Addr::from(*addr))
+            }
+        }
+    }
+}
+
+/// One line for people: family and type, names, state and how much is queued.
+impl std::fmt::Display for SocketDesc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match (self.family, self.sock_type) {
+            (SockFamily::Unix, SockType::Stream) => "unix stream",
+            (SockFamily::Unix, SockType::Dgram) => "unix dgram",
+            (SockFamily::Unix, SockType::Seqpacket) => "unix seqpacket",
+            (SockFamily::Inet, SockType::Stream) => "tcp",
+            (SockFamily::Inet6, SockType::Stream) => "tcp6",
+            (SockFamily::Inet, _) => "udp",
+            (SockFamily::Inet6, _) => "udp6",
+        };
+        write!(f, "{kind} [{}]", self.ino)?;
+        if let Some(l) = &self.local {
+            write!(f, " {l}")?;
+            if self.path_file.as_ref().is_some_and(|p| p.deleted) {
+                write!(f, " (deleted)")?;
+            }
+        }
+        match &self.state {
+            SockState::Unconnected => {}
+            SockState::Listening { backlog, pending } => {
+                write!(f, " listening backlog={backlog}")?;
+                if !pending.is_empty() {
+                    write!(f, " waiting={}", pending.len())?;
+                }
+            }
+            SockState::Connected { peer_ino } => {
+                write!(f, " ->")?;
+                if let Some(p) = &self.peer {
+                    write!(f, " {p}")?;
+                }
+                match (*peer_ino, self.family) {
+                    (0, SockFamily::Unix) => write!(f, " (closed)")?,
+                    (0, _) => {}
+                    (ino, _) => write!(f, " [{ino}]")?,
+                }
+            }
+            SockState::Pending { listener_ino } => {
+                write!(f, " waiting in the queue of [{listener_ino}]")?
+            }
+        }
+        if self.shutdown.read || self.shutdown.write {
+            let how = match (self.shutdown.read, self.shutdown.write) {
+                (true, true) => "rdwr",
+                (true, false) => "rd",
+                _ => "wr",
+            };
+            write!(f, " shut={how}")?;
+        }
+        if !self.queue.is_empty() {
+            let bytes: usize = self.queue.iter().map(|m| m.data.len()).sum();
+            write!(f, " queued={bytes}B")?;
+            if self.sock_type != SockType::Stream {
+                write!(f, "/{}msg", self.queue.len())?;
+            }
+        }
+        if let Some(c) = &self.peer_cred {
+            write!(f, " cred={}:{}:{}", c.pid, c.uid, c.gid)?;
+        }
+        Ok(())
+    }
+}

@@ -12,6 +12,7 @@ pub mod process;
 pub mod ptrace;
 pub mod regs;
 pub mod sched;
+pub mod sockets;
 pub mod tty;
 pub mod wait;
 

@@ -375,7 +375,7 @@ pub fn open_descriptions(tree: &Tree, objects: &RestoreObjects) -> Result<HashMa
             | FileKind::Timerfd(_)
             | FileKind::Signalfd(_)
             | FileKind::Inotify(_) => super::anon_inodes::open(d)?,
-            FileKind::Socket(_) => super::sockets::open(d)?,
+            FileKind::Socket(_) => super::sockets::open(d, tree)?,
             FileKind::Tty(_) => super::tty::open(d, tree)?,
             FileKind::Unknown => {
                 return Err(Error::BadImage(format!(

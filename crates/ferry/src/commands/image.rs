@@ -116,7 +116,7 @@ pub fn run(c: Command) -> Result<()> {
                 FileKind::Timerfd(t) => format!("timerfd {t:?}"),
                 FileKind::Signalfd(s) => format!("signalfd {s:?}"),
                 FileKind::Inotify(i) => format!("inotify {i:?}"),
-                FileKind::Socket(s) => format!("socket {s:?}"),
+                FileKind::Socket(s) => format!("socket {s}"),
                 FileKind::Tty(t) => format!("tty {t:?}"),
                 FileKind::Unknown => "unknown".into(),
             };

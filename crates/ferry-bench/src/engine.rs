@@ -1,0 +1,680 @@
+//! `ferry-bench engine`: checkpoint and restore against a plain memory copy.
+//!
+//! For each size, in one run and one after the other:
+//!
+//! 1. the physical limit: `memcpy` between two pre-faulted buffers of the
+//!    size in this process (best of several copies), and writing the same
+//!    bytes to a file in the image directory followed by fsync (what any
+//!    image on that disk costs at least);
+//! 2. a child (`ferry-bench hold`) fills that much memory with non-zero
+//!    pseudo-random data and says ready;
+//! 3. `ferry checkpoint PID --dir D --json` (which kills it), then
+//!    `ferry restore --dir D --json`, each timed from outside as well;
+//! 4. the restored child checksums its memory again: a restore that lost a
+//!    page fails the benchmark.
+
+use crate::hold;
+use anyhow::{anyhow, bail, Context, Result};
+use std::fmt::Write as _;
+use std::fs::{self, File};
+use std::io::Write as _;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+const MIB: f64 = 1048576.0;
+const GIB: f64 = 1073741824.0;
+const FERRY_TIMEOUT: Duration = Duration::from_secs(600);
+const HOLD_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Memory sizes to measure, in MiB, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,64,512,2048")]
+    sizes: Vec<usize>,
+    /// The ferry binary to measure. Default: the workspace's
+    /// target/release/ferry, brought up to date with
+    /// `cargo build --release -p ferry` first.
+    #[arg(long)]
+    ferry: Option<PathBuf>,
+    /// Where the images go: a fresh directory is made inside it and
+    /// removed afterwards.
+    #[arg(long, default_value = "/tmp")]
+    dir: PathBuf,
+    /// Runs per size; the table shows the run with the median checkpoint +
+    /// restore time.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Evict the image from the page cache before restoring, so that
+    /// restore reads it from disk (as on another machine or after a reboot).
+    #[arg(long)]
+    cold: bool,
+    /// Also print ferry's JSON reports of every run.
+    #[arg(long)]
+    verbose: bool,
+}
+
+/// Everything measured in one run of one size (times in ms).
+#[derive(Default, Clone)]
+struct Sample {
+    copy_ms: f64,
+    disk_ms: f64,
+    ck_wall: f64,
+    ck_total: f64,
+    freeze: f64,
+    frozen: f64,
+    state: f64,
+    ck_memory: f64,
+    image_bytes: f64,
+    memory_bytes: f64,
+    rs_wall: f64,
+    rs_total: f64,
+    read: f64,
+    build: f64,
+    rs_memory: f64,
+    finish: f64,
+    down: f64,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.sizes.is_empty() || a.sizes.contains(&0) {
+        bail!("--sizes needs sizes in MiB, all above 0");
+    }
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "ferry-bench: this is a debug build: filling and checking memory will be slow \
+             (the measurements of ferry are not affected); use cargo run --release -p ferry-bench"
+        );
+    }
+    let ferry = ferry_binary(a.ferry.as_deref())?;
+    // Restored processes are detached by `ferry restore`; as a subreaper we
+    // become their parent and can reap them.
+    // SAFETY: prctl with integer arguments only changes this process's flag.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        eprintln!(
+            "ferry-bench: PR_SET_CHILD_SUBREAPER failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    fs::create_dir_all(&a.dir).with_context(|| format!("create {}", a.dir.display()))?;
+    let work = a
+        .dir
+        .join(format!("ferry-bench-engine.{}", std::process::id()));
+    fs::create_dir_all(&work).with_context(|| format!("create {}", work.display()))?;
+    let result = measure_all(&a, &ferry, &work);
+    let _ = fs::remove_dir_all(&work);
+    let rows = result?;
+    print!("{}", machine(&a.dir, &ferry));
+    print!("{}", table(&rows, a.runs, a.cold));
+    Ok(())
+}
+
+fn measure_all(a: &Args, ferry: &Path, work: &Path) -> Result<Vec<(usize, Sample)>> {
+    let mut rows = Vec::new();
+    for &mib in &a.sizes {
+        let mut samples = Vec::new();
+        for r in 0..a.runs {
+            eprintln!("ferry-bench: {mib} MiB, run {}/{}", r + 1, a.runs);
+            let dir = work.join(format!("{mib}-{r}"));
+            fs::create_dir_all(&dir)?;
+            let s =
+                measure(a, ferry, &dir, mib).with_context(|| format!("{mib} MiB, run {}", r + 1));
+            let s = match s {
+                Ok(s) => s,
+                Err(e) => {
+                    // Keep the evidence: move it out of the directory about to be removed.
+                    let kept = a
+                        .dir
+                        .join(format!("ferry-bench-failed.{}", std::process::id()));
+                    if fs::rename(&dir, &kept).is_ok() {
+                        return Err(e.context(format!("files kept in {}", kept.display())));
+                    }
+                    return Err(e);
+                }
+            };
+            let _ = fs::remove_dir_all(&dir);
+            samples.push(s);
+        }
+        rows.push((mib, median(&samples)));
+    }
+    Ok(rows)
+}
+
+/// The given ferry, or the workspace's release build brought up to date.
+fn ferry_binary(given: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        if !p.is_file() {
+            bail!("--ferry {}: no such file", p.display());
+        }
+        return Ok(p.to_path_buf());
+    }
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let ws = ws.canonicalize().unwrap_or(ws);
+    let target = match std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from) {
+        Some(t) if t.is_absolute() => t,
+        Some(t) => ws.join(t),
+        None => ws.join("target"),
+    };
+    let bin = target.join("release/ferry");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("ferry-bench: cargo build --release -p ferry");
+    let built = Command::new(&cargo)
+        .args(["build", "--release", "--quiet", "-p", "ferry"])
+        .current_dir(&ws)
+        .stdin(Stdio::null())
+        .status();
+    match built {
+        Ok(st) if st.success() && bin.is_file() => Ok(bin),
+        Ok(_) | Err(_) if bin.is_file() => {
+            eprintln!(
+                "ferry-bench: the build failed; measuring the existing {}",
+                bin.display()
+            );
+            Ok(bin)
+        }
+        Ok(st) => Err(anyhow!(
+            "cargo build --release -p ferry failed ({st}) and there is no {}; \
+             give a ferry binary with --ferry",
+            bin.display()
+        )),
+        Err(e) => Err(anyhow!(
+            "cannot run {}: {e}; build ferry with cargo build --release -p ferry \
+             or give it with --ferry",
+            Path::new(&cargo).display()
+        )),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The baselines.
+
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    let mut x = seed | 1;
+    for chunk in bytes.chunks_mut(8) {
+        x = hold::xorshift(x);
+        chunk.copy_from_slice(&x.to_ne_bytes()[..chunk.len()]);
+    }
+    bytes
+}
+
+/// Best time of `memcpy` between two pre-faulted buffers, in ms; and the
+/// time to write the same bytes to a file in `dir` and fsync it.
+fn baselines(len: usize, dir: &Path) -> Result<(f64, f64)> {
+    let src = random_bytes(len, 42);
+    let mut dst = vec![0xffu8; len];
+    std::hint::black_box(&mut dst);
+    let mut best = f64::INFINITY;
+    let started = Instant::now();
+    let mut reps = 0;
+    while reps < 5 || (started.elapsed() < Duration::from_millis(300) && reps < 10_000) {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        best = best.min(t.elapsed().as_secs_f64() * 1e3);
+        reps += 1;
+    }
+    if dst != src {
+        bail!("memcpy baseline: the copy differs from its source");
+    }
+    drop(dst);
+    let path = dir.join("baseline-write");
+    let t = Instant::now();
+    let mut f = File::create(&path).with_context(|| format!("create {}", path.display()))?;
+    for chunk in src.chunks(8 << 20) {
+        f.write_all(chunk)
+            .with_context(|| format!("write {}", path.display()))?;
+    }
+    f.sync_all()
+        .with_context(|| format!("fsync {}", path.display()))?;
+    let disk = t.elapsed().as_secs_f64() * 1e3;
+    drop(f);
+    let _ = fs::remove_file(&path);
+    Ok((best, disk))
+}
+
+// ---------------------------------------------------------------------------
+// One measurement.
+
+/// The `hold` child, killed and reaped whatever happens.
+struct Holder {
+    pid: i32,
+    child: Option<Child>,
+}
+
+impl Holder {
+    fn is_ours(&self) -> bool {
+        fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .is_ok_and(|s| s.contains("(ferry-bench)") && !stat_state_is_zombie(&s))
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        } else if self.is_ours() {
+            // SAFETY: kill() on the pid of our own (restored) benchmark child.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            wait_gone(self.pid, Duration::from_secs(10));
+        }
+    }
+}
+
+fn stat_state_is_zombie(stat: &str) -> bool {
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .is_some_and(|s| s == "Z" || s == "X")
+}
+
+/// Reap `pid` (our child, or reparented to us) or wait for it to vanish.
+fn wait_gone(pid: i32, timeout: Duration) -> bool {
+    let start = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid pointer to a local int.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid || (r < 0 && !Path::new(&format!("/proc/{pid}")).exists()) {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        sleep(Duration::from_millis(2));
+    }
+}
+
+fn wait_file(path: &Path, timeout: Duration, holder: &mut Holder) -> Result<String> {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = fs::read_to_string(path) {
+            return Ok(text);
+        }
+        if let Some(c) = holder.child.as_mut() {
+            if let Some(st) = c.try_wait()? {
+                holder.child = None;
+                bail!(
+                    "the benchmark child exited ({st}) before writing {}",
+                    path.display()
+                );
+            }
+        } else if !holder.is_ours() {
+            bail!(
+                "the restored benchmark child died before writing {}",
+                path.display()
+            );
+        }
+        if start.elapsed() > timeout {
+            bail!("no {} within {timeout:?}", path.display());
+        }
+        sleep(Duration::from_millis(5));
+    }
+}
+
+/// Run ferry with a time limit; its JSON report on success.
+fn ferry_json(ferry: &Path, args: &[&str], dir: &Path, label: &str) -> Result<serde_json::Value> {
+    let out = dir.join(format!("{label}.stdout"));
+    let err = dir.join(format!("{label}.stderr"));
+    let mut child = Command::new(ferry)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(File::create(&out)?)
+        .stderr(File::create(&err)?)
+        .spawn()
+        .with_context(|| format!("cannot run {}", ferry.display()))?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if start.elapsed() > FERRY_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "ferry {} did not finish within {FERRY_TIMEOUT:?}",
+                args.join(" ")
+            );
+        }
+        sleep(Duration::from_millis(1));
+    };
+    let stdout = fs::read_to_string(&out).unwrap_or_default();
+    if !status.success() {
+        bail!(
+            "ferry {} failed ({status}): {}",
+            args.join(" "),
+            fs::read_to_string(&err).unwrap_or_default().trim()
+        );
+    }
+    serde_json::from_str(&stdout)
+        .with_context(|| format!("ferry {}: stdout is not a JSON report: {stdout:?}", args[0]))
+}
+
+fn num(v: &serde_json::Value, key: &str) -> Result<f64> {
+    v.get(key)
+        .and_then(|x| x.as_f64())
+        .ok_or_else(|| anyhow!("ferry's JSON report has no number {key:?}: {v}"))
+}
+
+fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
+    let len = mib << 20;
+    let (copy_ms, disk_ms) = baselines(len, dir)?;
+
+    let log = File::create(dir.join("hold.log"))?;
+    let mut cmd = Command::new(std::env::current_exe().context("find ferry-bench itself")?);
+    cmd.args(["hold", "--mib", &mib.to_string(), "--dir"])
+        .arg(dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setsid(), which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("start the benchmark child")?;
+    let pid = child.id() as i32;
+    let mut holder = Holder {
+        pid,
+        child: Some(child),
+    };
+    let ready = wait_file(&dir.join("ready"), HOLD_TIMEOUT, &mut holder)?;
+    let sum = ready
+        .split_whitespace()
+        .nth(1)
+        .ok_or_else(|| anyhow!("ready file {ready:?} has no checksum"))?
+        .to_owned();
+    sleep(Duration::from_millis(100));
+
+    let img = dir.join("img");
+    let img_s = img.to_string_lossy().into_owned();
+    let pid_s = pid.to_string();
+    let t0 = Instant::now();
+    let ck = ferry_json(
+        ferry,
+        &["checkpoint", &pid_s, "--dir", &img_s, "--json"],
+        dir,
+        "checkpoint",
+    )?;
+    let ck_wall = t0.elapsed().as_secs_f64() * 1e3;
+    // The checkpoint killed the child: reap it so its PID is free again.
+    if let Some(mut c) = holder.child.take() {
+        c.wait().context("reap the checkpointed child")?;
+    }
+    if a.cold {
+        let image = ck
+            .get("image")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| anyhow!("ferry's checkpoint report names no image file: {ck}"))?;
+        evict(Path::new(image))?;
+    }
+    let t1 = Instant::now();
+    let rs = ferry_json(
+        ferry,
+        &["restore", "--dir", &img_s, "--json"],
+        dir,
+        "restore",
+    )?;
+    let rs_wall = t1.elapsed().as_secs_f64() * 1e3;
+    let down = t0.elapsed().as_secs_f64() * 1e3;
+    if a.verbose {
+        eprintln!("checkpoint: {ck}\nrestore: {rs}");
+    }
+    let restored = num(&rs, "root_pid")? as i32;
+    if restored != pid {
+        bail!("ferry restore gave PID {restored}, expected {pid}");
+    }
+
+    File::create(dir.join("go"))?;
+    let result = wait_file(&dir.join("result"), HOLD_TIMEOUT, &mut holder)?;
+    if result.trim() != sum {
+        bail!(
+            "the restored child's memory differs: checksum {} after restore, {sum} before",
+            result.trim()
+        );
+    }
+    if !wait_gone(pid, Duration::from_secs(30)) {
+        bail!("the restored child did not exit after writing its result");
+    }
+    std::mem::forget(holder); // gone and reaped
+    let _ = fs::remove_dir_all(&img);
+
+    Ok(Sample {
+        copy_ms,
+        disk_ms,
+        ck_wall,
+        ck_total: num(&ck, "total_ms")?,
+        freeze: num(&ck, "freeze_ms")?,
+        frozen: num(&ck, "frozen_ms")?,
+        state: num(&ck, "state_ms")?,
+        ck_memory: num(&ck, "memory_ms")?,
+        image_bytes: num(&ck, "image_bytes")?,
+        memory_bytes: num(&ck, "memory_bytes")?,
+        rs_wall,
+        rs_total: num(&rs, "total_ms")?,
+        read: num(&rs, "read_ms")?,
+        build: num(&rs, "build_ms")?,
+        rs_memory: num(&rs, "memory_ms")?,
+        finish: num(&rs, "finish_ms")?,
+        down,
+    })
+}
+
+/// Drop one file's pages from the page cache (they are clean: the image was
+/// fsynced), leaving everyone else's cache alone.
+fn evict(path: &Path) -> Result<()> {
+    let f = File::open(path).with_context(|| format!("open {}", path.display()))?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: posix_fadvise on an fd we own; it only drops cached pages.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        bail!(
+            "posix_fadvise(DONTNEED) {}: {}",
+            path.display(),
+            std::io::Error::from_raw_os_error(rc)
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The report.
+
+/// The run whose checkpoint + restore time is the median one, whole: its
+/// parts add up, unlike medians taken column by column.
+fn median(samples: &[Sample]) -> Sample {
+    let mut v: Vec<&Sample> = samples.iter().collect();
+    v.sort_by(|a, b| (a.ck_wall + a.rs_wall).total_cmp(&(b.ck_wall + b.rs_wall)));
+    v[v.len() / 2].clone()
+}
+
+fn first_line_with(path: &str, key: &str) -> Option<String> {
+    fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(key))
+        .map(|l| {
+            l.split_once(':')
+                .map(|x| x.1)
+                .unwrap_or(l)
+                .trim()
+                .to_owned()
+        })
+}
+
+/// What the numbers were measured on.
+fn machine(dir: &Path, ferry: &Path) -> String {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let model = first_line_with("/proc/cpuinfo", "model name").unwrap_or_default();
+    let mem = first_line_with("/proc/meminfo", "MemTotal")
+        .and_then(|m| m.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|kib| format!("{:.1} GiB", kib / MIB))
+        .unwrap_or_default();
+    // The filesystem holding the images: the longest mount point above dir.
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let fs_line = fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 2 && dir.starts_with(f[1]))
+                .then(|| (f[1].len(), format!("{} ({} on {})", f[2], f[0], f[1])))
+        })
+        .max()
+        .map(|x| x.1)
+        .unwrap_or_default();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "machine: {cpus} CPUs ({model}), {mem}, kernel {}",
+        kernel.trim()
+    );
+    let _ = writeln!(
+        s,
+        "images:  {} on {fs_line}; ferry: {}",
+        dir.display(),
+        ferry.display()
+    );
+    s
+}
+
+fn table(rows: &[(usize, Sample)], runs: usize, cold: bool) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n{} (of {runs} run{} per size, the one with the median checkpoint + restore time; \
+         times in ms; %copy = throughput as a percentage of memcpy's)\n",
+        if cold {
+            "restore from disk (image evicted from the page cache)"
+        } else {
+            "restore from the page cache"
+        },
+        if runs == 1 { "" } else { "s" }
+    );
+    let head = [
+        "size MiB",
+        "memcpy GiB/s",
+        "write+fsync",
+        "checkpoint",
+        "frozen",
+        "restore",
+        "downtime",
+        "image MiB",
+        "ckpt %copy",
+        "restore %copy",
+        "ck+rs %copy",
+    ];
+    let mut lines = vec![head.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    for (mib, x) in rows {
+        let gib = *mib as f64 / 1024.0;
+        let pct = |t: f64| format!("{:.1}%", 100.0 * x.copy_ms / t);
+        lines.push(vec![
+            mib.to_string(),
+            format!("{:.1}", gib / (x.copy_ms / 1e3)),
+            format!("{:.0}", x.disk_ms),
+            format!("{:.0}", x.ck_wall),
+            format!("{:.0}", x.frozen),
+            format!("{:.0}", x.rs_wall),
+            format!("{:.0}", x.down),
+            format!("{:.1}", x.image_bytes / MIB),
+            pct(x.ck_wall),
+            pct(x.rs_wall),
+            pct(x.ck_wall + x.rs_wall),
+        ]);
+    }
+    s.push_str(&markdown(&lines));
+    let _ = writeln!(
+        s,
+        "\nwhere the time goes (ms; checkpoint and restore as measured inside ferry; \
+         'other' = ferry's own total minus the parts, 'start' = wall time minus ferry's total)\n"
+    );
+    let head = [
+        "size MiB",
+        "ck: start",
+        "freeze",
+        "state",
+        "memory",
+        "other (flush, fsync, kill)",
+        "rs: start",
+        "read image",
+        "build",
+        "memory",
+        "finish",
+        "other",
+        "ck memory GiB/s",
+        "rs memory GiB/s",
+    ];
+    let mut lines = vec![head.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    for (mib, x) in rows {
+        let rate = |ms: f64| {
+            if ms > 0.0 {
+                format!("{:.2}", x.memory_bytes / GIB / (ms / 1e3))
+            } else {
+                "-".into()
+            }
+        };
+        lines.push(vec![
+            mib.to_string(),
+            format!("{:.0}", x.ck_wall - x.ck_total),
+            format!("{:.0}", x.freeze),
+            format!("{:.0}", x.state),
+            format!("{:.0}", x.ck_memory),
+            format!("{:.0}", x.ck_total - x.freeze - x.state - x.ck_memory),
+            format!("{:.0}", x.rs_wall - x.rs_total),
+            format!("{:.0}", x.read),
+            format!("{:.0}", x.build),
+            format!("{:.0}", x.rs_memory),
+            format!("{:.0}", x.finish),
+            format!(
+                "{:.0}",
+                x.rs_total - x.read - x.build - x.rs_memory - x.finish
+            ),
+            rate(x.ck_memory),
+            rate(x.rs_memory),
+        ]);
+    }
+    s.push_str(&markdown(&lines));
+    s
+}
+
+/// A Markdown table with aligned columns (numbers right-aligned).
+fn markdown(lines: &[Vec<String>]) -> String {
+    let cols = lines[0].len();
+    let width: Vec<usize> = (0..cols)
+        .map(|c| lines.iter().map(|l| l[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut s = String::new();
+    for (i, l) in lines.iter().enumerate() {
+        s.push('|');
+        for (c, cell) in l.iter().enumerate() {
+            if i == 0 {
+                let _ = write!(s, " {cell:<w$} |", w = width[c]);
+            } else {
+                let _ = write!(s, " {cell:>w$} |", w = width[c]);
+            }
+        }
+        s.push('\n');
+        if i == 0 {
+            s.push('|');
+            for w in &width {
+                let _ = write!(s, "{}:|", "-".repeat(w + 1));
+            }
+            s.push('\n');
+        }
+    }
+    s
+}

@@ -1,0 +1,51 @@
+//! `ferry-bench`: benchmarks of Ferry.
+//!
+//! `ferry-bench engine` checkpoints and restores processes holding 1, 64,
+//! 512 and 2048 MiB of touched memory with the release `ferry` binary and
+//! prints one table: checkpoint and restore times, the time the process
+//! stood still, the image size, and how all that compares with a plain
+//! memory copy of the same size measured in the same run (the physical
+//! limit) and with writing the same bytes to the image directory's disk.
+//! See docs/benchmarks.md.
+
+mod engine;
+mod hold;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "ferry-bench", about = "Benchmarks of Ferry")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Time checkpoint and restore of processes of several memory sizes
+    /// against a plain memory copy of the same size.
+    Engine(engine::Args),
+    /// (Internal) the process being checkpointed: fills MIB MiB of memory
+    /// with non-zero pseudo-random data, writes `ready` in its cwd, waits
+    /// for `go`, checks its memory and writes `result`.
+    #[command(hide = true)]
+    Hold {
+        #[arg(long)]
+        mib: usize,
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Engine(a) => engine::run(a),
+        Command::Hold { mib, dir } => hold::run(mib, &dir),
+    };
+    if let Err(e) = result {
+        eprintln!("ferry-bench: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,707 @@
+//! Sockets: the BSD socket calls on raw addresses, sending and peeking with ancillary data,
+//! sock_diag(7) queries about UNIX sockets, and short-lived helper processes that make sockets
+//! under a given PID and credentials (which a UNIX socket records as its peer's).
+//!
+//! Addresses are passed as the raw bytes of a `struct sockaddr_*` (as long as the kernel
+//! reported or expects them), so that every family and every UNIX name round-trips exactly.
+
+use crate::{check, SysError, SysResult};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The largest socket address (`struct sockaddr_storage`).
+pub const ADDR_MAX: usize = 128;
+
+pub const SOL_SOCKET: i32 = libc::SOL_SOCKET;
+pub const SO_PASSPIDFD: i32 = 76;
+pub const SO_PASSRIGHTS: i32 = 83;
+pub const SO_INQ: i32 = 84;
+pub const SCM_PIDFD: i32 = 0x04;
+
+fn own(fd: libc::c_long) -> OwnedFd {
+    // SAFETY: the caller passes a descriptor the kernel just created for us; nobody else owns it.
+    unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
+}
+
+pub fn socket(domain: i32, ty: i32, protocol: i32) -> SysResult<OwnedFd> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::socket(domain, ty, protocol) };
+    check("socket", r as libc::c_long).map(own)
+}
+
+pub fn socketpair(domain: i32, ty: i32) -> SysResult<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds has room for the two descriptors.
+    let r = unsafe { libc::socketpair(domain, ty, 0, fds.as_mut_ptr()) };
+    check("socketpair", r as libc::c_long)?;
+    Ok((own(fds[0] as libc::c_long), own(fds[1] as libc::c_long)))
+}
+
+/// getsockopt with a buffer of `max` bytes; returns as many bytes as the kernel wrote.
+pub fn getsockopt(fd: RawFd, level: i32, name: i32, max: usize) -> SysResult<Vec<u8>> {
+    let mut buf = vec![0u8; max];
+    let mut len = max as libc::socklen_t;
+    // SAFETY: buf has `len` writable bytes; len is a valid in/out pointer.
+    let r = unsafe { libc::getsockopt(fd, level, name, buf.as_mut_ptr().cast(), &mut len) };
+    check("getsockopt", r as libc::c_long)?;
+    buf.truncate((len as usize).min(max));
+    Ok(buf)
+}
+
+/// The length getsockopt reports when given no buffer at all (for SO_GET_FILTER: the number of
+/// instructions of the attached classic filter).
+pub fn getsockopt_len(fd: RawFd, level: i32, name: i32) -> SysResult<usize> {
+    let mut len: libc::socklen_t = 0;
+    // SAFETY: a zero-length buffer: the kernel writes only `len`.
+    let r = unsafe { libc::getsockopt(fd, level, name, std::ptr::null_mut(), &mut len) };
+    check("getsockopt", r as libc::c_long)?;
+    Ok(len as usize)
+}
+
+pub fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> SysResult<i32> {
+    let b = getsockopt(fd, level, name, 4)?;
+    let mut w = [0u8; 4];
+    w[..b.len()].copy_from_slice(&b);
+    Ok(i32::from_ne_bytes(w))
+}
+
+pub fn setsockopt(fd: RawFd, level: i32, name: i32, value: &[u8]) -> SysResult<()> {
+    // SAFETY: value is a valid slice of the given length.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            value.as_ptr().cast(),
+            value.len() as libc::socklen_t,
+        )
+    };
+    check("setsockopt", r as libc::c_long).map(drop)
+}
+
+pub fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> SysResult<()> {
+    setsockopt(fd, level, name, &value.to_ne_bytes())
+}
+
+fn name_call(
+    op: &'static str,
+    fd: RawFd,
+    f: unsafe extern "C" fn(RawFd, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int,
+) -> SysResult<Vec<u8>> {
+    let mut buf = [0u8; ADDR_MAX];
+    let mut len = ADDR_MAX as libc::socklen_t;
+    // SAFETY: buf has `len` writable bytes; f is getsockname or getpeername.
+    let r = unsafe { f(fd, buf.as_mut_ptr().cast(), &mut len) };
+    check(op, r as libc::c_long)?;
+    Ok(buf[..(len as usize).min(ADDR_MAX)].to_vec())
+}
+
+/// The raw address the socket is bound to.
+pub fn getsockname(fd: RawFd) -> SysResult<Vec<u8>> {
+    name_call("getsockname", fd, libc::getsockname)
+}
+
+/// The raw address of the socket's peer (ENOTCONN when it has none).
+pub fn getpeername(fd: RawFd) -> SysResult<Vec<u8>> {
+    name_call("getpeername", fd, libc::getpeername)
+}
+
+fn addr_ptr(addr: &[u8]) -> SysResult<libc::sockaddr_storage> {
+    if addr.len() > ADDR_MAX {
+        return Err(SysError::new("socket address too long", libc::EINVAL));
+    }
+    // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    // SAFETY: ss is ADDR_MAX bytes long and addr is at most that.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            addr.as_ptr(),
+            (&mut ss as *mut libc::sockaddr_storage).cast::<u8>(),
+            addr.len(),
+        )
+    };
+    Ok(ss)
+}
+
+pub fn bind(fd: RawFd, addr: &[u8]) -> SysResult<()> {
+    let ss = addr_ptr(addr)?;
+    // SAFETY: ss holds addr.len() valid bytes.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            (&ss as *const libc::sockaddr_storage).cast(),
+            addr.len() as libc::socklen_t,
+        )
+    };
+    check("bind", r as libc::c_long).map(drop)
+}
+
+pub fn connect(fd: RawFd, addr: &[u8]) -> SysResult<()> {
+    let ss = addr_ptr(addr)?;
+    // SAFETY: ss holds addr.len() valid bytes.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&ss as *const libc::sockaddr_storage).cast(),
+            addr.len() as libc::socklen_t,
+        )
+    };
+    check("connect", r as libc::c_long).map(drop)
+}
+
+pub fn listen(fd: RawFd, backlog: i32) -> SysResult<()> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::listen(fd, backlog) };
+    check("listen", r as libc::c_long).map(drop)
+}
+
+pub fn accept(fd: RawFd, flags: i32) -> SysResult<OwnedFd> {
+    // SAFETY: null address pointers: the peer's address is not wanted.
+    let r = unsafe { libc::accept4(fd, std::ptr::null_mut(), std::ptr::null_mut(), flags) };
+    check("accept4", r as libc::c_long).map(own)
+}
+
+pub fn shutdown(fd: RawFd, how: i32) -> SysResult<()> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::shutdown(fd, how) };
+    check("shutdown", r as libc::c_long).map(drop)
+}
+
+/// The events among `events` that are ready on `fd` right now (poll with no timeout).
+pub fn poll_now(fd: RawFd, events: i16) -> SysResult<i16> {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: p is one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    check("poll", r as libc::c_long)?;
+    Ok(p.revents)
+}
+
+/// ioctl(SIOCINQ/SIOCOUTQ/...) returning an int.
+pub fn ioctl_int(fd: RawFd, req: libc::c_ulong) -> SysResult<i32> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: the requests used here write one int.
+    let r = unsafe { libc::ioctl(fd, req, &mut n) };
+    check("ioctl", r as libc::c_long)?;
+    Ok(n)
+}
+
+/// Sends `data` (to `to` when given), with descriptors `rights` attached as SCM_RIGHTS.
+pub fn send(
+    fd: RawFd,
+    data: &[u8],
+    to: Option<&[u8]>,
+    rights: &[RawFd],
+    flags: i32,
+) -> SysResult<usize> {
+    let ss = addr_ptr(to.unwrap_or(&[]))?;
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(rights) as u32) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain old data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(to) = to {
+        msg.msg_name = (&ss as *const libc::sockaddr_storage) as *mut libc::c_void;
+        msg.msg_namelen = to.len() as libc::socklen_t;
+    }
+    if !rights.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: the control buffer is CMSG_SPACE(rights) bytes, aligned, so the first header
+        // and its data fit in it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(rights) as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                rights.as_ptr(),
+                libc::CMSG_DATA(c).cast::<RawFd>(),
+                rights.len(),
+            );
+        }
+    }
+    // SAFETY: msg points at iov, ss and control, which all outlive the call.
+    let r = unsafe { libc::sendmsg(fd, &msg, flags) };
+    check("sendmsg", r as libc::c_long).map(|n| n as usize)
+}
+
+/// One message (or chunk of a stream) as recvmsg returned it.
+#[derive(Debug, Default)]
+pub struct Received {
+    pub data: Vec<u8>,
+    /// The sender's raw address (empty when the socket gives none).
+    pub from: Vec<u8>,
+    /// Descriptors that came with it (SCM_RIGHTS).
+    pub rights: Vec<OwnedFd>,
+    /// The sender's pidfd (SCM_PIDFD, with SO_PASSPIDFD).
+    pub pidfds: Vec<OwnedFd>,
+    /// SCM_CREDENTIALS: pid, uid, gid.
+    pub creds: Option<(i32, u32, u32)>,
+    /// MSG_TRUNC, MSG_CTRUNC ...
+    pub flags: i32,
+}
+
+/// recvmsg of at most `max` bytes with `flags` (MSG_PEEK, MSG_DONTWAIT ...), collecting the
+/// sender's address and ancillary data.
+pub fn recv(fd: RawFd, max: usize, flags: i32) -> SysResult<Received> {
+    let mut data = vec![0u8; max];
+    let mut ss = addr_ptr(&[])?;
+    let mut control = vec![0u64; 512];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: max,
+    };
+    // SAFETY: msghdr is plain old data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_name = (&mut ss as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = ADDR_MAX as libc::socklen_t;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control.len() * 8;
+    // SAFETY: msg points at data, ss and control, which all outlive the call.
+    let r = unsafe { libc::recvmsg(fd, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
+    let n = check("recvmsg", r as libc::c_long)? as usize;
+    data.truncate(n.min(max));
+    let mut out = Received {
+        data,
+        flags: msg.msg_flags,
+        ..Default::default()
+    };
+    let namelen = (msg.msg_namelen as usize).min(ADDR_MAX);
+    // SAFETY: ss is ADDR_MAX bytes; the kernel wrote namelen of them.
+    let name = unsafe {
+        std::slice::from_raw_parts((&ss as *const libc::sockaddr_storage).cast::<u8>(), namelen)
+    };
+    out.from = name.to_vec();
+    // SAFETY: the kernel filled the control buffer with well-formed headers, which the CMSG
+    // macros walk within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let len = (*c).cmsg_len - (libc::CMSG_DATA(c) as usize - c as usize);
+            let level = (*c).cmsg_level;
+            let ty = (*c).cmsg_type;
+            if level == libc::SOL_SOCKET && (ty == libc::SCM_RIGHTS || ty == SCM_PIDFD) {
+                let n = len / std::mem::size_of::<RawFd>();
+                let p = libc::CMSG_DATA(c).cast::<RawFd>();
+                for i in 0..n {
+                    let fd = own(p.add(i).read_unaligned() as libc::c_long);
+                    if ty == libc::SCM_RIGHTS {
+                        out.rights.push(fd);
+                    } else {
+                        out.pidfds.push(fd);
+                    }
+                }
+            } else if level == libc::SOL_SOCKET && ty == libc::SCM_CREDENTIALS {
+                let u = libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned();
+                out.creds = Some((u.pid, u.uid, u.gid));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(out)
+}
+
+// ---- sock_diag(7) for UNIX sockets ----
+
+const NETLINK_SOCK_DIAG: i32 = 4;
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 1;
+const NLM_F_DUMP: u16 = 0x300;
+
+pub const UDIAG_SHOW_NAME: u32 = 0x01;
+pub const UDIAG_SHOW_VFS: u32 = 0x02;
+pub const UDIAG_SHOW_PEER: u32 = 0x04;
+pub const UDIAG_SHOW_ICONS: u32 = 0x08;
+pub const UDIAG_SHOW_RQLEN: u32 = 0x10;
+pub const UDIAG_SHOW_ALL: u32 = 0x1f;
+
+/// What sock_diag reports about one UNIX socket.
+#[derive(Debug, Clone, Default)]
+pub struct UnixDiag {
+    pub ino: u32,
+    pub sock_type: u8,
+    /// TCP_ESTABLISHED (1), TCP_CLOSE (7) or TCP_LISTEN (10).
+    pub state: u8,
+    /// The bound name (sun_path bytes, a leading NUL for abstract names).
+    pub name: Option<Vec<u8>>,
+    /// The socket file it is bound to: (inode, device).
+    pub vfs: Option<(u32, u32)>,
+    /// The peer's inode (0 when the peer has no file: closed, or not yet accepted).
+    pub peer: Option<u32>,
+    /// For a listening socket: the inodes of the clients whose connections wait in its queue.
+    pub icons: Vec<u32>,
+    /// Queued bytes (for a listener: pending connections) and, for a listener, its backlog;
+    /// for other sockets the bytes this socket has sent that its peer has not read yet.
+    pub rqlen: Option<(u32, u32)>,
+    /// RCV_SHUTDOWN (1) | SEND_SHUTDOWN (2).
+    pub shutdown: u8,
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .map(|s| u32::from_ne_bytes(s.try_into().expect("4 bytes")))
+        .unwrap_or(0)
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    b.get(at..at + 2)
+        .map(|s| u16::from_ne_bytes(s.try_into().expect("2 bytes")))
+        .unwrap_or(0)
+}
+
+fn parse_unix_diag(p: &[u8]) -> UnixDiag {
+    let mut d = UnixDiag {
+        sock_type: p.get(1).copied().unwrap_or(0),
+        state: p.get(2).copied().unwrap_or(0),
+        ino: u32_at(p, 4),
+        ..Default::default()
+    };
+    let mut at = 16;
+    while at + 4 <= p.len() {
+        let len = u16_at(p, at) as usize;
+        let ty = u16_at(p, at + 2) & 0x3fff;
+        if len < 4 || at + len > p.len() {
+            break;
+        }
+        let v = &p[at + 4..at + len];
+        match ty {
+            0 => d.name = Some(v.to_vec()),
+            1 => d.vfs = Some((u32_at(v, 0), u32_at(v, 4))),
+            2 => d.peer = Some(u32_at(v, 0)),
+            3 => d.icons = v.chunks_exact(4).map(|c| u32_at(c, 0)).collect(),
+            4 => d.rqlen = Some((u32_at(v, 0), u32_at(v, 4))),
+            6 => d.shutdown = v.first().copied().unwrap_or(0),
+            _ => {}
+        }
+        at += (len + 3) & !3;
+    }
+    d
+}
+
+/// Asks sock_diag about the UNIX socket with inode `ino` (`None` if there is none), or, with
+/// `ino` = `None`, about every UNIX socket of our network namespace.
+pub fn unix_diag(ino: Option<u32>, show: u32) -> SysResult<Vec<UnixDiag>> {
+    let nl = socket(
+        libc::AF_NETLINK,
+        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+        NETLINK_SOCK_DIAG,
+    )?;
+    let mut req = Vec::with_capacity(40);
+    req.extend_from_slice(&40u32.to_ne_bytes());
+    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    let flags = NLM_F_REQUEST | if ino.is_none() { NLM_F_DUMP } else { 0 };
+    req.extend_from_slice(&flags.to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    req.extend_from_slice(&0u32.to_ne_bytes()); // port id
+    req.extend_from_slice(&[libc::AF_UNIX as u8, 0, 0, 0]);
+    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // all states
+    req.extend_from_slice(&ino.unwrap_or(0).to_ne_bytes());
+    req.extend_from_slice(&show.to_ne_bytes());
+    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // no cookie
+    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    send(nl.as_raw_fd(), &req, None, &[], 0)?;
+    let mut out = Vec::new();
+    loop {
+        let got = recv(nl.as_raw_fd(), 1 << 16, 0)?;
+        let b = &got.data;
+        if b.is_empty() {
+            return Ok(out);
+        }
+        let mut at = 0;
+        while at + 16 <= b.len() {
+            let len = u32_at(b, at) as usize;
+            let ty = u16_at(b, at + 4);
+            if len < 16 || at + len > b.len() {
+                return Err(SysError::new("sock_diag: malformed reply", libc::EPROTO));
+            }
+            let payload = &b[at + 16..at + len];
+            match ty {
+                NLMSG_DONE => return Ok(out),
+                NLMSG_ERROR => {
+                    let e = -(u32_at(payload, 0) as i32);
+                    return match e {
+                        0 => Ok(out),
+                        libc::ENOENT if ino.is_some() => Ok(out),
+                        e => Err(SysError::new("sock_diag", e)),
+                    };
+                }
+                SOCK_DIAG_BY_FAMILY => out.push(parse_unix_diag(payload)),
+                _ => {}
+            }
+            at += (len + 3) & !3;
+        }
+        if ino.is_some() {
+            return Ok(out);
+        }
+    }
+}
+
+// ---- helper processes ----
+
+/// Credentials for a helper process to take before it acts.
+#[derive(Debug, Clone, Default)]
+pub struct HelperCred {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// One thing a helper process does. Descriptors are shared with the caller.
+#[derive(Debug, Clone, Copy)]
+pub enum HelperOp<'a> {
+    /// socketpair(AF_UNIX, ty); results: the two new descriptors.
+    SocketPair {
+        ty: i32,
+    },
+    Listen {
+        fd: RawFd,
+        backlog: i32,
+    },
+    Connect {
+        fd: RawFd,
+        addr: &'a [u8],
+    },
+    Bind {
+        fd: RawFd,
+        addr: &'a [u8],
+    },
+    /// chdir (NUL-terminated path), for binding a relative name.
+    Chdir {
+        path: &'a [u8],
+    },
+}
+
+const PR_SET_SECUREBITS: libc::c_int = 28;
+const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
+
+/// What one helper operation did.
+#[derive(Debug, Default)]
+pub struct HelperResult {
+    /// 0, or the errno the operation failed with.
+    pub errno: i32,
+    /// The two descriptors `SocketPair` made.
+    pub fds: Option<(OwnedFd, OwnedFd)>,
+}
+
+/// Runs `ops` in order in a short-lived child process that shares our descriptor table: under
+/// PID `pid` if given, and with credentials `cred` if given (it keeps its capabilities). The
+/// child exits before this returns, so `pid` is free again.
+///
+/// Returns `Ok(None)` if `pid` is taken, else one result per op.
+pub fn run_as(
+    pid: Option<i32>,
+    cred: Option<&HelperCred>,
+    ops: &[HelperOp],
+) -> SysResult<Option<Vec<HelperResult>>> {
+    let raw = run_as_raw(pid, cred, ops)?;
+    Ok(raw.map(|v| {
+        v.into_iter()
+            .zip(ops)
+            .map(|(r, op)| {
+                if r[0] < 0 {
+                    HelperResult {
+                        errno: (-r[0]) as i32,
+                        fds: None,
+                    }
+                } else if let HelperOp::SocketPair { .. } = op {
+                    HelperResult {
+                        errno: 0,
+                        // The helper made these two descriptors in our (shared) table; nobody
+                        // else knows them.
+                        fds: Some((own(r[0] as libc::c_long), own(r[1] as libc::c_long))),
+                    }
+                } else {
+                    HelperResult::default()
+                }
+            })
+            .collect()
+    }))
+}
+
+fn run_as_raw(
+    pid: Option<i32>,
+    cred: Option<&HelperCred>,
+    ops: &[HelperOp],
+) -> SysResult<Option<Vec<[i64; 2]>>> {
+    for op in ops {
+        if let HelperOp::Chdir { path } = op {
+            if path.last() != Some(&0) {
+                return Err(SysError::new(
+                    "helper chdir (path not terminated)",
+                    libc::EINVAL,
+                ));
+            }
+        }
+    }
+    let size = (ops.len() * 16 + 16).next_multiple_of(4096);
+    // SAFETY: a fresh shared anonymous mapping of `size` bytes, unmapped below.
+    let shared = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if shared == libc::MAP_FAILED {
+        return Err(SysError::last("mmap (helper results)"));
+    }
+    let results = shared.cast::<i64>();
+    let tids = [pid.unwrap_or(0) as libc::pid_t];
+    let args = crate::clone3::CloneArgs {
+        flags: libc::CLONE_FILES as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        set_tid: if pid.is_some() {
+            tids.as_ptr() as u64
+        } else {
+            0
+        },
+        set_tid_size: u64::from(pid.is_some()),
+        ..Default::default()
+    };
+    let groups: Vec<libc::gid_t> = cred.map(|c| c.groups.clone()).unwrap_or_default();
+    // SAFETY: clone3 without CLONE_VM is a fork; args and tids outlive the call. The child
+    // runs only raw system calls on memory that was set up before (no allocation, no locks),
+    // writes to the shared mapping and exits.
+    let child = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const crate::clone3::CloneArgs,
+            std::mem::size_of::<crate::clone3::CloneArgs>(),
+        )
+    };
+    if child == 0 {
+        // SAFETY: in the child, see above; `results` has room for every op.
+        unsafe { helper_child(cred, &groups, ops, results) };
+    }
+    let outcome = if child < 0 {
+        let e = SysError::last("clone3 (socket helper)");
+        if e.errno == libc::EEXIST {
+            Ok(None)
+        } else {
+            Err(e)
+        }
+    } else {
+        let mut status = 0;
+        // SAFETY: status is a valid out-pointer; child is our child.
+        let r = unsafe { libc::waitpid(child as libc::pid_t, &mut status, 0) };
+        if r < 0 {
+            Err(SysError::last("waitpid (socket helper)"))
+        } else if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+            // SAFETY: the child wrote the failing errno to the first word before exiting.
+            let e = unsafe { results.read() };
+            Err(SysError::new(
+                "socket helper: set credentials",
+                if e < 0 { (-e) as i32 } else { libc::EIO },
+            ))
+        } else {
+            let mut out = Vec::with_capacity(ops.len());
+            for i in 0..ops.len() {
+                // SAFETY: the child wrote two words per op after the first two.
+                let (a, b) =
+                    unsafe { (results.add(2 + 2 * i).read(), results.add(3 + 2 * i).read()) };
+                out.push([a, b]);
+            }
+            Ok(Some(out))
+        }
+    };
+    // SAFETY: shared is the mapping of `size` bytes made above.
+    unsafe { libc::munmap(shared, size) };
+    outcome
+}
+
+/// The body of a helper process: never returns.
+///
+/// # Safety
+/// Must run in a freshly forked child only; `results` must have room for `2 + 2 * ops.len()`
+/// words.
+unsafe fn helper_child(
+    cred: Option<&HelperCred>,
+    groups: &[libc::gid_t],
+    ops: &[HelperOp],
+    results: *mut i64,
+) -> ! {
+    let fail = |_: libc::c_long| -> ! {
+        // SAFETY: errno of this (only) thread; results has room for the first word; _exit
+        // ends only this child.
+        unsafe {
+            results.write(-(*libc::__errno_location() as i64));
+            libc::_exit(1)
+        }
+    };
+    if let Some(c) = cred {
+        // SAFETY: raw system calls with plain arguments or pointers to live memory.
+        unsafe {
+            // Keep every capability across the change of user ID.
+            libc::syscall(
+                libc::SYS_prctl,
+                PR_SET_SECUREBITS,
+                SECBIT_NO_SETUID_FIXUP,
+                0,
+                0,
+                0,
+            );
+            let r = libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr());
+            if r < 0 {
+                fail(r);
+            }
+            let r = libc::syscall(libc::SYS_setresgid, c.gid, c.gid, c.gid);
+            if r < 0 {
+                fail(r);
+            }
+            let r = libc::syscall(libc::SYS_setresuid, c.uid, c.uid, c.uid);
+            if r < 0 {
+                fail(r);
+            }
+        }
+    }
+    for (i, op) in ops.iter().enumerate() {
+        let mut out = [0i64; 2];
+        // SAFETY: raw system calls with plain arguments or pointers to live memory.
+        let r = unsafe {
+            match *op {
+                HelperOp::SocketPair { ty } => {
+                    let mut fds = [0 as libc::c_int; 2];
+                    let r =
+                        libc::syscall(libc::SYS_socketpair, libc::AF_UNIX, ty, 0, fds.as_mut_ptr());
+                    out = [fds[0] as i64, fds[1] as i64];
+                    r
+                }
+                HelperOp::Listen { fd, backlog } => libc::syscall(libc::SYS_listen, fd, backlog),
+                HelperOp::Connect { fd, addr } => {
+                    libc::syscall(libc::SYS_connect, fd, addr.as_ptr(), addr.len())
+                }
+                HelperOp::Bind { fd, addr } => {
+                    libc::syscall(libc::SYS_bind, fd, addr.as_ptr(), addr.len())
+                }
+                HelperOp::Chdir { path } => libc::syscall(libc::SYS_chdir, path.as_ptr()),
+            }
+        };
+        if r < 0 {
+            // SAFETY: errno of this (only) thread.
+            out = [-(unsafe { *libc::__errno_location() } as i64), 0];
+        }
+        // SAFETY: results has room for two words per op after the first two.
+        unsafe {
+            results.add(2 + 2 * i).write(out[0]);
+            results.add(3 + 2 * i).write(out[1]);
+        }
+    }
+    // SAFETY: _exit ends only this child.
+    unsafe { libc::_exit(0) }
+}

@@ -1,0 +1,3 @@
+module ferry.test/go-ticker
+
+go 1.19
