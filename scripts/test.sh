@@ -17,4 +17,10 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 cargo build --workspace --quiet
-cargo test --workspace --quiet -- --test-threads=1
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --quiet -- --test-threads=1 2>&1 | tee "$log"
+# One closing line with the totals over every test binary (cargo's last one is often an empty
+# doc-test run).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f; exit (f > 0) }' "$log"
