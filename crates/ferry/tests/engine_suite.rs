@@ -21,7 +21,7 @@
 //! overrides the C compiler (default `gcc`); `FERRY_SUITE_FERRY` runs another
 //! `ferry` binary (e.g. a release build) instead of the one cargo built.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -32,6 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime};
 
+mod common;
+
+use common::*;
 use libtest_mimic::{Arguments, Failed, Trial};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -118,21 +121,6 @@ fn main() {
     let conclusion = libtest_mimic::run(&args, trials);
     let _ = fs::remove_dir(&suite.runs_dir); // only if nothing was kept
     conclusion.exit();
-}
-
-/// Remove `runs/<pid>` directories of suites that are no longer running.
-fn clear_stale_runs(runs_root: &Path) {
-    let Ok(rd) = fs::read_dir(runs_root) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        if let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) {
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = fs::remove_dir_all(e.path());
-            }
-        }
-    }
 }
 
 /// Names (without `.c`) of all programs, sorted.
@@ -614,18 +602,6 @@ struct FerryOutput {
     stderr: String,
 }
 
-fn tail(b: &[u8], n: usize) -> &[u8] {
-    &b[b.len().saturating_sub(n)..]
-}
-
-fn with_newline(b: &[u8]) -> String {
-    let mut s = String::from_utf8_lossy(b).into_owned();
-    if !s.is_empty() && !s.ends_with('\n') {
-        s.push('\n');
-    }
-    s
-}
-
 // ---------------------------------------------------------------------------
 // The trials.
 
@@ -701,94 +677,4 @@ fn finish(mut run: Run) -> Result<(), Failed> {
         let _ = fs::remove_dir_all(&run.base);
     }
     Ok(())
-}
-
-// ---------------------------------------------------------------------------
-// /proc helpers.
-
-struct ProcInfo {
-    pid: i32,
-    ppid: i32,
-    pgrp: i32,
-    session: i32,
-}
-
-fn parse_stat(text: &str) -> Option<(char, i32, i32, i32)> {
-    let rest = &text[text.rfind(')')? + 2..];
-    let mut f = rest.split_whitespace();
-    let state = f.next()?.chars().next()?;
-    let ppid = f.next()?.parse().ok()?;
-    let pgrp = f.next()?.parse().ok()?;
-    let session = f.next()?.parse().ok()?;
-    Some((state, ppid, pgrp, session))
-}
-
-fn proc_state(pid: i32) -> Option<char> {
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text).map(|s| s.0)
-}
-
-fn all_procs() -> Vec<ProcInfo> {
-    let Ok(rd) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let (_, ppid, pgrp, session) = parse_stat(&text)?;
-            Some(ProcInfo {
-                pid,
-                ppid,
-                pgrp,
-                session,
-            })
-        })
-        .collect()
-}
-
-/// All processes of a run: our descendants (we are a subreaper, so orphans
-/// and restored processes are among them) and anything in the root's
-/// session or process group.
-fn tree_pids(root: i32) -> BTreeSet<i32> {
-    let me = std::process::id() as i32;
-    let procs = all_procs();
-    let mut out = BTreeSet::new();
-    let mut frontier: HashSet<i32> = HashSet::from([me]);
-    while !frontier.is_empty() {
-        let next: HashSet<i32> = procs
-            .iter()
-            .filter(|p| frontier.contains(&p.ppid) && p.pid != me && !out.contains(&p.pid))
-            .map(|p| p.pid)
-            .collect();
-        out.extend(next.iter().copied());
-        frontier = next;
-    }
-    for p in &procs {
-        if p.pid != me && (p.session == root || p.pgrp == root) {
-            out.insert(p.pid);
-        }
-    }
-    // Zombies that are already ours are not "left": reap_zombies takes them.
-    out.retain(|&pid| {
-        proc_state(pid).is_some_and(|s| s != 'Z' && s != 'X') || !is_our_child(pid, &procs)
-    });
-    out
-}
-
-fn is_our_child(pid: i32, procs: &[ProcInfo]) -> bool {
-    let me = std::process::id() as i32;
-    procs.iter().any(|p| p.pid == pid && p.ppid == me)
-}
-
-/// Reap every exited child without blocking.
-fn reap_zombies() {
-    loop {
-        let mut status = 0;
-        // SAFETY: waitpid with a valid pointer to a local int.
-        let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
-        if r <= 0 {
-            break;
-        }
-    }
 }

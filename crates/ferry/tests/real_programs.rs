@@ -38,7 +38,6 @@
 //! trials too (failing ones are always kept); `FERRY_REAL_FERRY` runs
 //! another `ferry` binary (e.g. a release build).
 
-use std::collections::{BTreeSet, HashSet};
 use std::fmt::Write as _;
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -50,6 +49,9 @@ use std::sync::Arc;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::*;
 use libtest_mimic::{Arguments, Failed, Trial};
 
 /// The machine is small and shared: generous limits, tight polling.
@@ -127,21 +129,6 @@ fn main() {
     let conclusion = libtest_mimic::run(&args, trials);
     let _ = fs::remove_dir(&suite.runs_dir); // only if nothing was kept
     conclusion.exit();
-}
-
-/// Remove `runs/<pid>` directories of harnesses that are no longer running.
-fn clear_stale_runs(runs_root: &Path) {
-    let Ok(rd) = fs::read_dir(runs_root) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        if let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) {
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = fs::remove_dir_all(e.path());
-            }
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -750,18 +737,6 @@ impl Drop for Run {
     }
 }
 
-fn tail(b: &[u8], n: usize) -> &[u8] {
-    &b[b.len().saturating_sub(n)..]
-}
-
-fn with_newline(b: &[u8]) -> String {
-    let mut s = String::from_utf8_lossy(b).into_owned();
-    if !s.is_empty() && !s.ends_with('\n') {
-        s.push('\n');
-    }
-    s
-}
-
 // ---------------------------------------------------------------------------
 // The common course of a trial.
 
@@ -1237,90 +1212,4 @@ fn redis_data(suite: &Suite) -> Result<(), Failed> {
     }
     run.require_clean_exit("was asked to SHUTDOWN NOSAVE")?;
     run.finish()
-}
-
-// ---------------------------------------------------------------------------
-// /proc helpers.
-
-struct ProcInfo {
-    pid: i32,
-    ppid: i32,
-    pgrp: i32,
-    session: i32,
-}
-
-fn parse_stat(text: &str) -> Option<(char, i32, i32, i32)> {
-    let rest = &text[text.rfind(')')? + 2..];
-    let mut f = rest.split_whitespace();
-    let state = f.next()?.chars().next()?;
-    let ppid = f.next()?.parse().ok()?;
-    let pgrp = f.next()?.parse().ok()?;
-    let session = f.next()?.parse().ok()?;
-    Some((state, ppid, pgrp, session))
-}
-
-fn proc_state(pid: i32) -> Option<char> {
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text).map(|s| s.0)
-}
-
-fn all_procs() -> Vec<ProcInfo> {
-    let Ok(rd) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let (_, ppid, pgrp, session) = parse_stat(&text)?;
-            Some(ProcInfo {
-                pid,
-                ppid,
-                pgrp,
-                session,
-            })
-        })
-        .collect()
-}
-
-/// All processes of a run: our descendants (we are a subreaper, so orphans
-/// and restored processes are among them) and anything in the root's
-/// session or process group.  Zombies that are ours are left out:
-/// `reap_zombies` takes them.
-fn tree_pids(root: i32) -> BTreeSet<i32> {
-    let me = std::process::id() as i32;
-    let procs = all_procs();
-    let mut out = BTreeSet::new();
-    let mut frontier: HashSet<i32> = HashSet::from([me]);
-    while !frontier.is_empty() {
-        let next: HashSet<i32> = procs
-            .iter()
-            .filter(|p| frontier.contains(&p.ppid) && p.pid != me && !out.contains(&p.pid))
-            .map(|p| p.pid)
-            .collect();
-        out.extend(next.iter().copied());
-        frontier = next;
-    }
-    for p in &procs {
-        if p.pid != me && (p.session == root || p.pgrp == root) {
-            out.insert(p.pid);
-        }
-    }
-    out.retain(|&pid| {
-        proc_state(pid).is_some_and(|s| s != 'Z' && s != 'X')
-            || !procs.iter().any(|p| p.pid == pid && p.ppid == me)
-    });
-    out
-}
-
-/// Reap every exited child without blocking.
-fn reap_zombies() {
-    loop {
-        let mut status = 0;
-        // SAFETY: waitpid with a valid pointer to a local int.
-        let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
-        if r <= 0 {
-            break;
-        }
-    }
 }
