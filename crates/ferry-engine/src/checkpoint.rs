@@ -3,6 +3,7 @@
 use crate::error::{Context, Result};
 use crate::freeze::FrozenTree;
 use crate::objects::CaptureObjects;
+use crate::pidview::PidView;
 use crate::procfs;
 use crate::resources::{files::FdCapture, memory, process, signals, threads};
 use ferry_image::{ImageWriter, Process, Source, Tree};
@@ -13,7 +14,12 @@ use std::time::Instant;
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct CaptureReport {
+    /// The processes, by our PIDs.
     pub pids: Vec<i32>,
+    /// The same processes as the tree numbers them (in its own PID namespace), in the same order.
+    pub tree_pids: Vec<i32>,
+    /// The root as the tree numbers it (the image's `root_pid`).
+    pub tree_root_pid: i32,
     pub threads: usize,
     pub pages_written: u64,
     pub zero_pages_skipped: u64,
@@ -50,6 +56,8 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
         },
         ..Default::default()
     };
+    // Refuse trees that span PID or time namespaces before anything else.
+    let view = PidView::of(frozen)?;
     let mut objects = CaptureObjects::default();
     let mut fdcap = FdCapture::default();
     let mut report = CaptureReport::default();
@@ -97,6 +105,13 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
     crate::resources::sockets::finish_capture(frozen, &mut tree)?;
     tree.shmem = objects.shmem.clone();
     tree.ghosts = objects.ghosts.clone();
+    // Everything was captured with our PIDs; the image holds the tree's own.
+    let hosts: Vec<i32> = tree.processes.iter().map(|p| p.pid).collect();
+    view.translate(&mut tree)?;
+    report.tree_pids = tree.processes.iter().map(|p| p.pid).collect();
+    report.tree_root_pid = tree.root_pid;
+    // The last thing read while the tree is frozen: no clock reading it made can be later.
+    tree.clocks = Some(crate::pidview::clocks_seen_by(root)?);
     report.state_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let t1 = Instant::now();
@@ -108,8 +123,10 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
     let mut w = ImageWriter::new(out).map_err(io)?;
     w.write_tree(&tree).map_err(io)?;
     let mut stats = memory::PageStats::default();
-    for p in tree.processes.iter().filter(|p| p.zombie_status.is_none()) {
-        memory::write_pages(p.pid, &p.vmas, &mut w, &mut stats)?;
+    for (p, host) in tree.processes.iter().zip(hosts) {
+        if p.zombie_status.is_none() {
+            memory::write_pages(host, p.pid, &p.vmas, &mut w, &mut stats)?;
+        }
     }
     let object_bytes = objects.write_contents(&mut w).map_err(io)?;
     let (out, total) = w.finish().map_err(io)?;

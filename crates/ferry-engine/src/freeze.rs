@@ -52,10 +52,13 @@ pub struct FrozenTree {
     released: bool,
 }
 
+/// The ptrace options every frozen thread is seized with: none (no event is traced).
+const FREEZE_OPTIONS: u64 = 0;
+
 /// Seizes one thread and waits until it is in an interrupt stop. Returns `None` if the thread
 /// exited meanwhile.
 fn stop_thread(pid: i32, tid: i32) -> Result<Option<FrozenThread>> {
-    match ptrace::seize(tid, 0) {
+    match ptrace::seize(tid, FREEZE_OPTIONS) {
         Ok(()) => {}
         Err(e) if e.errno == libc::ESRCH => return Ok(None),
         Err(e) => return Err(e).ctx(pid, || format!("attach to thread {tid}")),
@@ -184,6 +187,22 @@ impl FrozenTree {
             return Err(Error::NoSuchProcess { pid });
         }
         Ok(proc)
+    }
+
+    /// Sets PTRACE_O_EXITKILL on every traced thread (keeping the other options): from now on,
+    /// if the tracer (this thread of ferry) dies, every process of the tree is killed instead of
+    /// being let go. The commit point of a migration: once the tree runs elsewhere, the original
+    /// must not carry on if the source dies. `thaw` still lets it go (detaching clears the option).
+    pub fn set_exit_kill(&self) -> Result<()> {
+        for p in self.procs.iter().filter(|p| !p.zombie) {
+            for t in &p.threads {
+                ptrace::set_options(t.tid, FREEZE_OPTIONS | ptrace::PTRACE_O_EXITKILL)
+                    .ctx(p.pid, || {
+                        format!("set PTRACE_O_EXITKILL on thread {}", t.tid)
+                    })?;
+            }
+        }
+        Ok(())
     }
 
     /// Puts every thread back as it was and detaches. Errors are logged, not returned: each

@@ -24,17 +24,37 @@ const CLONE_THREAD: u64 = 0x10000;
 const CLONE_SYSVSEM: u64 = 0x40000;
 const SYS_CLOSE_RANGE: i64 = 436;
 const SYS_CLONE3: i64 = 435;
-const SYS_PIDFD_OPEN: i64 = 434;
 const SYS_PIDFD_GETFD: i64 = 438;
 
 pub struct Husk {
+    /// The PID as the tree sees it (the image's): the number injected calls inside the tree
+    /// use (setpgid, rt_sigqueueinfo ...).
     pub pid: i32,
+    /// The PID in our namespace, for ptrace, /proc and process_vm_*: the same as `pid` unless
+    /// the tree is rebuilt in a guest PID namespace.
+    pub host: i32,
     inj: Injector,
     mem: ProcMem,
     trampoline: u64,
+    /// The husk's pidfd of ferry (at `spare_fd`), through which it takes copies of ferry's
+    /// descriptors. Inherited from its creation on: a husk in a guest PID namespace could not
+    /// name ferry by PID.
     ferry_pidfd: Cell<Option<i32>>,
     /// A descriptor number above every one the image uses, for the husk's pidfd of ferry.
     spare_fd: i32,
+}
+
+/// Where a root husk is made.
+#[derive(Clone, Copy)]
+pub enum Place<'a> {
+    /// In our own namespaces.
+    Here,
+    /// In guest namespaces; `helper_pid` is a PID free there (and not in the image) for the
+    /// launcher that makes the root inside them.
+    Guest {
+        ns: &'a crate::guest_ns::GuestNamespaces,
+        helper_pid: i32,
+    },
 }
 
 fn stop_new(pid: i32, tid: i32) -> Result<ferry_sys::regs::GpRegs> {
@@ -60,14 +80,31 @@ fn stop_new(pid: i32, tid: i32) -> Result<ferry_sys::regs::GpRegs> {
 }
 
 impl Husk {
-    /// Creates the root of a rebuilt tree: PID `pid`, adopted by our subreaper or init, with
-    /// nothing but the trampoline at `trampoline` in its address space.
-    pub fn spawn_root(pid: i32, trampoline: u64, spare_fd: i32) -> Result<Husk> {
-        ferry_sys::clone3::spawn_idle_with_pid(pid).map_err(|e| {
-            if e.errno == libc::EEXIST {
+    /// Creates the root of a rebuilt tree: PID `pid` (in the guest namespace when `place` says
+    /// so), adopted by our subreaper or init (by the guest's init in a guest), with nothing but
+    /// the trampoline at `trampoline` in its address space and `ferry_pidfd` (a pidfd of this
+    /// process, which the new process inherits) at descriptor `spare_fd`.
+    pub fn spawn_root(
+        pid: i32,
+        trampoline: u64,
+        spare_fd: i32,
+        ferry_pidfd: &impl AsRawFd,
+        place: Place<'_>,
+    ) -> Result<Husk> {
+        let made = match place {
+            Place::Here => ferry_sys::clone3::spawn_idle_with_pid(pid),
+            Place::Guest { ns, helper_pid } => {
+                ferry_sys::clone3::spawn_idle_in_guest(ns.pidfd().as_raw_fd(), pid, helper_pid)
+            }
+        };
+        made.map_err(|e| {
+            if e.errno == libc::EEXIST && e.op == "clone3(set_tid)" {
                 Error::PidTaken {
                     pid,
-                    by: crate::restore::describe_pid(pid),
+                    by: match place {
+                        Place::Here => crate::restore::describe_pid(pid),
+                        Place::Guest { .. } => "by another process of the guest namespace".into(),
+                    },
                 }
             } else {
                 Error::Restore {
@@ -76,16 +113,22 @@ impl Husk {
                 }
             }
         })?;
+        let host = match place {
+            Place::Here => pid,
+            Place::Guest { ns, .. } => ns.host_pid(pid)?,
+        };
         let opts =
             ptrace::PTRACE_O_TRACECLONE | ptrace::PTRACE_O_TRACEFORK | ptrace::PTRACE_O_EXITKILL;
-        ptrace::seize(pid, opts).ctx(pid, || "attach to the new process".into())?;
-        ptrace::interrupt(pid).ctx(pid, || "stop the new process".into())?;
-        let regs = stop_new(pid, pid)?;
-        let syscall_at = ferry_inject::find_syscall_insn(pid)?;
+        ptrace::seize(host, opts).ctx(pid, || {
+            format!("attach to the new process (host PID {host})")
+        })?;
+        ptrace::interrupt(host).ctx(pid, || "stop the new process".into())?;
+        let regs = stop_new(pid, host)?;
+        let syscall_at = ferry_inject::find_syscall_insn(host)?;
         let scratch = (regs.rsp - 8192) & !15;
         let inj = Injector::new(
-            pid,
-            pid,
+            host,
+            host,
             regs,
             Site {
                 syscall_at,
@@ -93,23 +136,26 @@ impl Husk {
                 scratch_len: 4096,
             },
         )?;
-        let mem = ProcMem::open(pid).ctx(pid, || "open /proc/PID/mem".into())?;
+        let mem = ProcMem::open(host).ctx(pid, || "open /proc/PID/mem".into())?;
         let mut h = Husk {
             pid,
+            host,
             inj,
             mem,
             trampoline,
             ferry_pidfd: Cell::new(None),
             spare_fd,
         };
-        h.clear_out()?;
+        h.clear_out(ferry_pidfd.as_raw_fd())?;
         Ok(h)
     }
 
-    /// Leaves only the trampoline in the address space and no descriptors open.
-    fn clear_out(&mut self) -> Result<()> {
+    /// Leaves only the trampoline in the address space and no descriptors open but the
+    /// inherited pidfd of ferry `ferry_fd`, moved to the spare descriptor.
+    fn clear_out(&mut self, ferry_fd: i32) -> Result<()> {
         let t = self.trampoline;
         let pid = self.pid;
+        let host = self.host;
         let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
         let prot = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
         let got = self
@@ -137,11 +183,27 @@ impl Husk {
             scratch: t + ferry_sys::PAGE_SIZE,
             scratch_len: ferry_sys::PAGE_SIZE,
         });
-        self.inj
-            .syscall("close_range", SYS_CLOSE_RANGE, &[0, u32::MAX as u64, 0])?;
+        let spare = self.spare_fd as u64;
+        if ferry_fd != self.spare_fd {
+            self.inj.syscall(
+                "dup3(pidfd of ferry)",
+                libc::SYS_dup3,
+                &[ferry_fd as u64, spare, libc::O_CLOEXEC as u64],
+            )?;
+        }
+        self.ferry_pidfd.set(Some(self.spare_fd));
+        if spare > 0 {
+            self.inj
+                .syscall("close_range", SYS_CLOSE_RANGE, &[0, spare - 1, 0])?;
+        }
+        self.inj.syscall(
+            "close_range",
+            SYS_CLOSE_RANGE,
+            &[spare + 1, u32::MAX as u64, 0],
+        )?;
         // The copy of ferry has glibc's rseq area registered; the kernel would fault the husk
         // as soon as that memory is gone.
-        if let Ok((addr, len, sig)) = ptrace::get_rseq(pid) {
+        if let Ok((addr, len, sig)) = ptrace::get_rseq(host) {
             if addr != 0 {
                 self.inj.syscall(
                     "rseq(unregister)",
@@ -150,7 +212,7 @@ impl Husk {
                 )?;
             }
         }
-        for m in crate::procfs::smaps(pid)? {
+        for m in crate::procfs::smaps(host)? {
             if m.start == t || m.name == "[vsyscall]" {
                 continue;
             }
@@ -168,7 +230,8 @@ impl Husk {
         &self.mem
     }
 
-    /// Forks a child husk with PID `pid` (its address space: the trampoline only).
+    /// Forks a child husk with PID `pid` (its address space: the trampoline only; its
+    /// descriptors: the pidfd of ferry).
     pub fn fork_child(&self, pid: i32, exit_signal: i32) -> Result<Husk> {
         let tid_addr = self.inj.write_scratch(512, &pid.to_ne_bytes())?;
         let args = ferry_sys::clone3::CloneArgs {
@@ -177,20 +240,23 @@ impl Husk {
             set_tid_size: 1,
             ..Default::default()
         };
-        let got = self.clone3(pid, &args)?;
-        let regs = stop_new(pid, got)?;
-        let inj = Injector::new(pid, pid, regs, self.inj.site())?;
-        let mem = ProcMem::open(pid).ctx(pid, || "open /proc/PID/mem".into())?;
+        let host = self.clone3(pid, &args)?;
+        let regs = stop_new(pid, host)?;
+        let inj = Injector::new(host, host, regs, self.inj.site())?;
+        let mem = ProcMem::open(host).ctx(pid, || "open /proc/PID/mem".into())?;
         Ok(Husk {
             pid,
+            host,
             inj,
             mem,
             trampoline: self.trampoline,
-            ferry_pidfd: Cell::new(None),
+            ferry_pidfd: Cell::new(self.ferry_pidfd.get()),
             spare_fd: self.spare_fd,
         })
     }
 
+    /// Runs clone3 in the husk for a process or thread that is to be `want` in the tree's
+    /// namespace; returns its PID in ours (which the tracer learns from the fork event).
     fn clone3(&self, want: i32, args: &ferry_sys::clone3::CloneArgs) -> Result<i32> {
         let bytes = args.to_bytes();
         let a = self.inj.write_scratch(0, &bytes)?;
@@ -218,11 +284,15 @@ impl Husk {
                 what: format!("clone3 made {got}, not {want}"),
             });
         }
-        Ok(want)
+        self.inj.take_new_child().ok_or_else(|| Error::Restore {
+            pid: self.pid,
+            what: format!("clone3 made {want}, but no fork or clone event reported it"),
+        })
     }
 
-    /// Adds thread `tid` to the process; returns an injector for it.
-    pub fn create_thread(&self, tid: i32) -> Result<Injector> {
+    /// Adds thread `tid` (the tree's number) to the process; returns its TID in our namespace
+    /// and an injector for it.
+    pub fn create_thread(&self, tid: i32) -> Result<(i32, Injector)> {
         let tid_addr = self.inj.write_scratch(512, &tid.to_ne_bytes())?;
         let flags =
             CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM;
@@ -232,32 +302,18 @@ impl Husk {
             set_tid_size: 1,
             ..Default::default()
         };
-        self.clone3(tid, &args)?;
-        let regs = stop_new(self.pid, tid)?;
-        Ok(Injector::new(self.pid, tid, regs, self.inj.site())?)
+        let host = self.clone3(tid, &args)?;
+        let regs = stop_new(self.pid, host)?;
+        Ok((host, Injector::new(self.host, host, regs, self.inj.site())?))
     }
 
     /// Gives the husk a copy of one of our descriptors, sharing its open file description: at
     /// number `at` (with close-on-exec as given), or at the lowest free number.
     pub fn install_fd(&self, fd: &impl AsRawFd, at: Option<(i32, bool)>) -> Result<i32> {
-        let pidfd = match self.ferry_pidfd.get() {
-            Some(p) => p,
-            None => {
-                let p = self.inj.syscall(
-                    "pidfd_open",
-                    SYS_PIDFD_OPEN,
-                    &[std::process::id() as u64, 0],
-                )?;
-                self.inj.syscall(
-                    "dup3",
-                    libc::SYS_dup3,
-                    &[p, self.spare_fd as u64, libc::O_CLOEXEC as u64],
-                )?;
-                self.inj.syscall("close", libc::SYS_close, &[p])?;
-                self.ferry_pidfd.set(Some(self.spare_fd));
-                self.spare_fd
-            }
-        };
+        let pidfd = self.ferry_pidfd.get().ok_or_else(|| Error::Restore {
+            pid: self.pid,
+            what: "the husk's pidfd of ferry is already closed".into(),
+        })?;
         let tmp = self.inj.syscall(
             "pidfd_getfd",
             SYS_PIDFD_GETFD,
@@ -310,6 +366,6 @@ impl Husk {
     }
 
     pub fn kill(&self) {
-        let _ = ptrace::kill(self.pid, libc::SIGKILL);
+        let _ = ptrace::kill(self.host, libc::SIGKILL);
     }
 }

@@ -5,6 +5,10 @@
 //! - [`freeze`] stops a tree in place (and lets it go unharmed if anything fails).
 //! - [`checkpoint`] walks the frozen tree through every kind in [`resources`] and streams the
 //!   image.
+//! - [`pidview`] turns the PIDs the engine works with into those the tree sees (its own PID
+//!   namespace), for the image.
+//! - [`guest_ns`] makes the PID, time and mount namespaces a tree can be rebuilt in, under its
+//!   own PIDs whatever this machine's are.
 //! - [`restore`] reads an image completely, checks it, and rebuilds the tree through
 //!   [`husk`]s: processes created under their old PIDs and refilled from outside.
 
@@ -14,8 +18,10 @@ pub mod cancel;
 pub mod checkpoint;
 pub mod error;
 pub mod freeze;
+pub mod guest_ns;
 pub mod husk;
 pub mod objects;
+pub mod pidview;
 pub mod procfs;
 pub mod resources;
 pub mod restore;

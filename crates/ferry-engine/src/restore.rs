@@ -1,9 +1,15 @@
 //! Rebuild: reads a whole image, checks it, and recreates the tree. Nothing is created until
 //! the image has been read to its end marker with every checksum right; if any step of the
 //! rebuild fails, every process made so far is killed.
+//!
+//! The tree is rebuilt in our namespaces ([`restore`]) or, with [`RestoreOptions::guest`], in
+//! guest namespaces ([`crate::guest_ns`]), where it gets its PIDs back even if they are taken
+//! here. Either way the engine drives each process by its PID in our namespace
+//! ([`Husk::host`]); injected calls that name a process inside the tree use the tree's numbers.
 
-use crate::error::{Error, Result};
-use crate::husk::{Husk, TRAMPOLINE_LEN};
+use crate::error::{Context, Error, Result};
+use crate::guest_ns::GuestNamespaces;
+use crate::husk::{Husk, Place, TRAMPOLINE_LEN};
 use crate::objects::RestoreObjects;
 use crate::resources::{files, memory, process, signals, threads};
 use ferry_image::stream::ObjectRef;
@@ -11,6 +17,7 @@ use ferry_image::{ImageReader, Process, Record, Tree};
 use ferry_sys::ptrace;
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// An image read into memory and checked.
@@ -148,10 +155,25 @@ pub fn describe_pid(pid: i32) -> String {
     }
 }
 
+/// One rebuilt process: its PID as the tree sees it (the image's), and in our namespace.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct RestoredPid {
+    pub pid: i32,
+    pub host_pid: i32,
+}
+
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct RestoreReport {
+    /// The root, as the tree sees it (the image's PID).
     pub root_pid: i32,
+    /// Every process, as the tree sees it, parents first.
     pub pids: Vec<i32>,
+    /// The root's PID in our namespace (the same as `root_pid` unless rebuilt in a guest).
+    pub root_host_pid: i32,
+    /// Every process with both its PIDs, parents first.
+    pub processes: Vec<RestoredPid>,
+    /// The guest namespaces' init, in our namespace, when the tree was rebuilt in a guest.
+    pub guest_init_host_pid: Option<i32>,
     pub threads: usize,
     pub memory_bytes: u64,
     pub build_ms: f64,
@@ -159,34 +181,73 @@ pub struct RestoreReport {
     pub finish_ms: f64,
 }
 
-/// Waits briefly for PIDs held only by zombies that init is about to reap; then insists that
-/// every PID and TID of the image is free.
-fn check_pids_free(tree: &Tree) -> Result<()> {
-    let ids: Vec<i32> = tree
-        .processes
+/// How and where to rebuild a tree.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RestoreOptions<'a> {
+    /// Rebuild the tree inside these guest namespaces (its PIDs are then the guest's, and its
+    /// clocks those of the guest time namespace) instead of in ours.
+    pub guest: Option<&'a GuestNamespaces>,
+}
+
+/// The PIDs and TIDs of an image.
+fn image_ids(tree: &Tree) -> Vec<i32> {
+    tree.processes
         .iter()
         .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
-        .collect();
+        .collect()
+}
+
+/// Waits briefly for PIDs held only by zombies that init is about to reap; then insists that
+/// every PID and TID of the image is free (in the guest PID namespace, when there is one, where
+/// PID 1 is always taken by its init).
+fn check_pids_free(tree: &Tree, guest: Option<&GuestNamespaces>) -> Result<()> {
+    let proc_root = guest
+        .map(|g| g.proc_root())
+        .unwrap_or_else(|| PathBuf::from("/proc"));
     let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    for id in ids {
+    for id in image_ids(tree) {
+        if guest.is_some() && id == 1 {
+            return Err(Error::PidTaken {
+                pid: id,
+                by: "by the guest namespace's init".into(),
+            });
+        }
         loop {
-            let path = format!("/proc/{id}");
-            if !std::path::Path::new(&path).exists() {
+            let path = proc_root.join(id.to_string());
+            if !path.exists() {
                 break;
             }
-            let zombie = std::fs::read_to_string(format!("{path}/stat"))
+            let zombie = std::fs::read_to_string(path.join("stat"))
                 .map(|s| s.contains(") Z "))
                 .unwrap_or(false);
             if !zombie || Instant::now() > deadline {
                 return Err(Error::PidTaken {
                     pid: id,
-                    by: describe_pid(id),
+                    by: match guest {
+                        None => describe_pid(id),
+                        Some(g) => format!(
+                            "by {} in the guest namespace",
+                            std::fs::read_to_string(path.join("comm"))
+                                .map(|c| c.trim().to_string())
+                                .unwrap_or_else(|_| format!("a process of {}", g.pid_namespace()))
+                        ),
+                    },
                 });
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
     Ok(())
+}
+
+/// A PID that is free in the guest namespace and not in the image, for the launcher that makes
+/// the root there.
+fn helper_pid(tree: &Tree, guest: &GuestNamespaces) -> i32 {
+    let ids: HashSet<i32> = image_ids(tree).into_iter().collect();
+    let proc_root = guest.proc_root();
+    (2..)
+        .find(|n| !ids.contains(n) && !proc_root.join(n.to_string()).exists())
+        .expect("a free PID")
 }
 
 /// A gap for the trampoline that no process of the tree maps.
@@ -207,17 +268,108 @@ fn choose_trampoline(tree: &Tree) -> u64 {
     cand
 }
 
-/// Rebuilds the tree in `img`. On success every process runs, detached from us.
+/// Rebuilds the tree in `img` in our namespaces and lets it run: [`restore_with`] with the
+/// default options, then [`RestoredTree::resume`].
 pub fn restore(img: &LoadedImage) -> Result<RestoreReport> {
+    restore_with(img, &RestoreOptions::default())?.resume()
+}
+
+/// A rebuilt tree, held stopped: every process and thread exists with all its state, and only
+/// the final detach is left. [`RestoredTree::resume`] lets it run; [`RestoredTree::kill`] (or
+/// dropping it) kills every process of it, so no half-built tree is ever left behind.
+///
+/// ptrace belongs to the thread that attached: only the thread that called [`restore_with`]
+/// can resume or reap the tree. The type is therefore neither `Send` nor `Sync`. If that thread
+/// (or ferry) dies first, PTRACE_O_EXITKILL kills the tree.
+pub struct RestoredTree {
+    husks: Vec<Husk>,
+    /// Per live process: its PID (the tree's) and the host TIDs of its threads, leader first.
+    live: Vec<(i32, Vec<i32>)>,
+    report: RestoreReport,
+    finish_started: Instant,
+    done: bool,
+    _tracer_thread: std::marker::PhantomData<*const ()>,
+}
+
+impl RestoredTree {
+    /// What was rebuilt (the timings so far; `finish_ms` is completed by `resume`).
+    pub fn report(&self) -> &RestoreReport {
+        &self.report
+    }
+
+    /// The root's PID in our namespace.
+    pub fn root_host_pid(&self) -> i32 {
+        self.report.root_host_pid
+    }
+
+    /// Lets every thread run, detached from us. If a thread cannot be let go, the whole tree is
+    /// killed and the error returned.
+    pub fn resume(mut self) -> Result<RestoreReport> {
+        for (pid, tids) in &self.live {
+            for tid in tids {
+                if let Err(e) = ptrace::detach(*tid, 0) {
+                    let err = Error::Restore {
+                        pid: *pid,
+                        what: format!("let thread {tid} go: {e}"),
+                    };
+                    self.kill_all();
+                    return Err(err);
+                }
+            }
+        }
+        self.done = true;
+        self.report.finish_ms += self.finish_started.elapsed().as_secs_f64() * 1e3;
+        Ok(std::mem::take(&mut self.report))
+    }
+
+    /// Kills every process of the tree and waits until each of its threads is dead.
+    pub fn kill(mut self) {
+        self.kill_all();
+    }
+
+    fn kill_all(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        for h in self.husks.iter().rev() {
+            h.kill();
+        }
+        // Collect our notification of each death (a leader's comes after its other threads').
+        for (_, tids) in &self.live {
+            for tid in tids.iter().rev() {
+                while let Ok(s) = ferry_sys::wait::wait_tid(*tid, false) {
+                    if matches!(
+                        s,
+                        ferry_sys::wait::WaitStatus::Exited(_)
+                            | ferry_sys::wait::WaitStatus::Signaled(_)
+                    ) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for RestoredTree {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// Rebuilds the tree in `img` as `opts` say, and holds it stopped (see [`RestoredTree`]). If
+/// anything fails, every process made so far is killed.
+pub fn restore_with(img: &LoadedImage, opts: &RestoreOptions<'_>) -> Result<RestoredTree> {
     let t0 = Instant::now();
     let tree = &img.tree;
-    check_pids_free(tree)?;
+    check_pids_free(tree, opts.guest)?;
     ferry_sys::fdops::raise_nofile();
     let objects = RestoreObjects::create(&tree.shmem, &tree.ghosts)?;
     for (o, off, data) in &img.objects {
         objects.fill(*o, *off, data)?;
     }
-    let descs = files::open_descriptions(tree, &objects)?;
+    let descs = files::open_descriptions(tree, &objects, opts.guest.is_none())?;
     let spare_fd = tree
         .processes
         .iter()
@@ -227,11 +379,40 @@ pub fn restore(img: &LoadedImage) -> Result<RestoreReport> {
         .max(2)
         + 1;
     let trampoline = choose_trampoline(tree);
+    let place = match opts.guest {
+        None => Place::Here,
+        Some(ns) => Place::Guest {
+            ns,
+            helper_pid: helper_pid(tree, ns),
+        },
+    };
+    let me = ferry_sys::ns::getpid();
+    let ferry_pidfd =
+        ferry_sys::pidfd::pidfd_open(me).ctx(me, || "open a pidfd of ferry itself".into())?;
 
     let mut husks: Vec<Husk> = Vec::new();
-    let result = build(img, &objects, &descs, trampoline, spare_fd, &mut husks, t0);
-    match result {
-        Ok(report) => Ok(report),
+    let mut live = Vec::new();
+    let ctx = BuildContext {
+        img,
+        objects: &objects,
+        descs: &descs,
+        trampoline,
+        spare_fd,
+        place,
+        ferry_pidfd: &ferry_pidfd,
+    };
+    match build(&ctx, &mut husks, &mut live, t0) {
+        Ok((mut report, finish_started)) => {
+            report.guest_init_host_pid = opts.guest.map(|g| g.init_host_pid());
+            Ok(RestoredTree {
+                husks,
+                live,
+                report,
+                finish_started,
+                done: false,
+                _tracer_thread: std::marker::PhantomData,
+            })
+        }
         Err(e) => {
             for h in husks.iter().rev() {
                 h.kill();
@@ -241,15 +422,23 @@ pub fn restore(img: &LoadedImage) -> Result<RestoreReport> {
     }
 }
 
-fn build(
-    img: &LoadedImage,
-    objects: &RestoreObjects,
-    descs: &HashMap<u32, std::os::fd::OwnedFd>,
+struct BuildContext<'a> {
+    img: &'a LoadedImage,
+    objects: &'a RestoreObjects,
+    descs: &'a HashMap<u32, std::os::fd::OwnedFd>,
     trampoline: u64,
     spare_fd: i32,
+    place: Place<'a>,
+    ferry_pidfd: &'a std::os::fd::OwnedFd,
+}
+
+fn build(
+    cx: &BuildContext<'_>,
     husks: &mut Vec<Husk>,
+    live_tids: &mut Vec<(i32, Vec<i32>)>,
     t0: Instant,
-) -> Result<RestoreReport> {
+) -> Result<(RestoreReport, Instant)> {
+    let img = cx.img;
     let tree = &img.tree;
     let mut report = RestoreReport {
         root_pid: tree.root_pid,
@@ -258,9 +447,10 @@ fn build(
     // 1. The processes, parents first, with their sessions and process groups.
     for p in &tree.processes {
         let h = if p.pid == tree.root_pid {
-            let h = Husk::spawn_root(p.pid, trampoline, spare_fd)?;
+            let h = Husk::spawn_root(p.pid, cx.trampoline, cx.spare_fd, cx.ferry_pidfd, cx.place)?;
             // A restored tree is detached from whoever restores it: the root leads a session.
             h.injector().syscall("setsid", libc::SYS_setsid, &[])?;
+            report.root_host_pid = h.host;
             h
         } else {
             let parent = husks.iter().find(|h| h.pid == p.ppid).ok_or_else(|| {
@@ -271,6 +461,10 @@ fn build(
             h
         };
         report.pids.push(p.pid);
+        report.processes.push(RestoredPid {
+            pid: p.pid,
+            host_pid: h.host,
+        });
         husks.push(h);
         // A session leader takes its controlling terminal before it forks its session.
         crate::resources::tty::take_ctty(husks.last().expect("just pushed"), p)?;
@@ -292,52 +486,47 @@ fn build(
         .collect();
     let mut thread_injectors: HashMap<i32, ferry_inject::Injector> = HashMap::new();
     for (p, h) in &live {
-        memory::restore_mappings(h, &p.vmas, objects)?;
+        memory::restore_mappings(h, &p.vmas, cx.objects)?;
         for (addr, data) in img.pages.get(&p.pid).map(|v| v.as_slice()).unwrap_or(&[]) {
-            memory::restore_pages(p.pid, h.mem(), &p.vmas, *addr, data)?;
+            memory::restore_pages(h.host, h.mem(), &p.vmas, *addr, data)?;
             report.memory_bytes += data.len() as u64;
         }
     }
     report.memory_ms = t1.elapsed().as_secs_f64() * 1e3;
     let t2 = Instant::now();
     for (p, h) in &live {
-        files::install(h, p, descs)?;
+        files::install(h, p, cx.descs)?;
         process::restore_environment(h, p)?;
         signals::restore_actions(h, p)?;
         threads::restore_inside(h.injector(), &p.threads[0])?;
         threads::restore_sched(p.pid, h.injector(), &p.threads[0])?;
+        let mut tids = vec![h.host];
         for t in &p.threads[1..] {
-            let inj = h.create_thread(t.tid)?;
+            let (host, inj) = h.create_thread(t.tid)?;
+            tids.push(host);
             threads::restore_inside(&inj, t)?;
             threads::restore_sched(p.pid, &inj, t)?;
             thread_injectors.insert(t.tid, inj);
         }
+        live_tids.push((p.pid, tids));
         signals::restore_timers(h, p)?;
         report.threads += p.threads.len();
     }
     // 4. The last injected calls: pending signals, credentials, then the trampoline goes.
-    for (p, h) in &live {
+    for ((p, h), (_, tids)) in live.iter().zip(live_tids.iter()) {
         signals::restore_pending(h, p, &thread_injectors)?;
         h.drop_ferry_pidfd()?;
         process::restore_creds(h, p)?;
         process::restore_prctl(h, p)?;
         h.remove_trampoline()?;
-        for t in &p.threads {
-            threads::restore_registers(h, t)?;
+        for (t, host) in p.threads.iter().zip(tids) {
+            threads::restore_registers(p.pid, *host, t)?;
         }
     }
-    objects.finish();
-    // 5. Commit: let everything run.
-    for (p, _) in &live {
-        for t in &p.threads {
-            ptrace::detach(t.tid, 0).map_err(|e| Error::Restore {
-                pid: p.pid,
-                what: format!("let thread {} go: {e}", t.tid),
-            })?;
-        }
-    }
+    cx.objects.finish();
+    // 5. Only the commit is left (RestoredTree::resume): letting every thread run.
     report.finish_ms = t2.elapsed().as_secs_f64() * 1e3;
-    Ok(report)
+    Ok((report, Instant::now()))
 }
 
 /// Puts a freshly forked husk into its session and process group.
@@ -354,7 +543,7 @@ fn join_session(h: &Husk, p: &Process, made: &[Husk]) -> Result<()> {
 }
 
 fn make_zombie(h: &Husk, status: i32) -> Result<()> {
-    let pid = h.pid;
+    let pid = h.host;
     let fail = |e: ferry_sys::SysError| Error::Restore {
         pid,
         what: format!("turn into a zombie: {e}"),

@@ -21,6 +21,19 @@ pub struct Tree {
     pub ghosts: Vec<GhostFile>,
     #[serde(default)]
     pub source: Source,
+    /// The clocks as the tree saw them when it was captured (host clock plus the offsets of the
+    /// tree's time namespace); absent in images from before this field existed. A destination
+    /// that rebuilds the tree in a time namespace of its own starts it from these values, so
+    /// that CLOCK_MONOTONIC and CLOCK_BOOTTIME never run backwards.
+    #[serde(default)]
+    pub clocks: Option<Clocks>,
+}
+
+/// Readings of the clocks that a time namespace can shift, in nanoseconds.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct Clocks {
+    pub monotonic_ns: u64,
+    pub boottime_ns: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]

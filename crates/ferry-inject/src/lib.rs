@@ -56,6 +56,9 @@ pub struct Injector {
     base: GpRegs,
     mem: ProcMem,
     saved_scratch: Option<Vec<u8>>,
+    /// The process or thread the last injected fork/clone made, as our PID namespace numbers it
+    /// (PTRACE_GETEVENTMSG): the call's own result is the number in the tracee's namespace.
+    new_child: std::cell::Cell<Option<i32>>,
 }
 
 impl Injector {
@@ -68,6 +71,7 @@ impl Injector {
             base,
             mem,
             saved_scratch: None,
+            new_child: std::cell::Cell::new(None),
         })
     }
 
@@ -120,6 +124,7 @@ impl Injector {
 
     /// Runs one system call and returns the raw kernel result (negative errno on failure).
     pub fn syscall_raw(&self, call: &'static str, nr: i64, args: &[u64]) -> Result<i64> {
+        self.new_child.set(None);
         let mut r = self.base;
         r.rax = nr as u64;
         // -1 tells the kernel's syscall-restart logic that no system call is in progress.
@@ -142,6 +147,8 @@ impl Injector {
                 WaitStatus::Stopped { sig, event: 0 } if sig == libc::SIGTRAP => break,
                 // fork/clone events of an injected clone3: step on to the end of the call.
                 WaitStatus::Stopped { event, .. } if (1..=3).contains(&event) => {
+                    let child = ptrace::get_event_msg(self.tid).map_err(|e| self.sys(e))?;
+                    self.new_child.set(Some(child as i32));
                     ptrace::singlestep(self.tid, 0).map_err(|e| self.sys(e))?;
                 }
                 // A signal the mask could not hold back (SIGCHLD to a traced parent is reported
@@ -175,6 +182,12 @@ impl Injector {
         }
         let out = ptrace::get_regs(self.tid).map_err(|e| self.sys(e))?;
         Ok(out.rax as i64)
+    }
+
+    /// The PID (in our namespace) of the process or thread made by the last injected call that
+    /// made one (fork, clone, clone3), once; `None` if none was made since the last time.
+    pub fn take_new_child(&self) -> Option<i32> {
+        self.new_child.take()
     }
 
     /// Runs one system call; a negative result becomes [`InjectError::Failed`].

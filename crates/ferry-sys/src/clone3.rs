@@ -103,3 +103,93 @@ pub fn spawn_idle_with_pid(pid: i32) -> SysResult<()> {
         )),
     }
 }
+
+/// Like [`spawn_idle_with_pid`], but the new process is made inside the PID, time and mount
+/// namespaces of the process behind `ns_pidfd` (the init of a guest namespace), with PID `pid`
+/// there, and is adopted by that init: the launcher joins the namespaces (setns) and forks a
+/// second launcher inside them, under the free PID `helper_pid`, which makes the process with
+/// clone3(set_tid) and exits at once. The new process's PID in our namespace is the kernel's
+/// choice; find it through the init's children.
+///
+/// Returns `Err` with `EEXIST` when `pid` is taken there; a failure to join the namespaces or to
+/// start the second launcher is reported under its own operation name.
+pub fn spawn_idle_in_guest(ns_pidfd: i32, pid: i32, helper_pid: i32) -> SysResult<()> {
+    let tids = [pid as libc::pid_t];
+    let helper_tids = [helper_pid as libc::pid_t];
+    let args = CloneArgs {
+        exit_signal: libc::SIGCHLD as u64,
+        set_tid: tids.as_ptr() as u64,
+        set_tid_size: 1,
+        ..Default::default()
+    };
+    let helper_args = CloneArgs {
+        exit_signal: libc::SIGCHLD as u64,
+        set_tid: helper_tids.as_ptr() as u64,
+        set_tid_size: 1,
+        ..Default::default()
+    };
+    let ns = libc::CLONE_NEWPID | crate::ns::CLONE_NEWTIME | libc::CLONE_NEWNS;
+    // SAFETY: fork in a program that may have other threads: the children below only make raw
+    // system calls (setns, clone3, waitpid, pause, _exit) on memory prepared before the fork.
+    let launcher = unsafe { libc::fork() };
+    if launcher < 0 {
+        return Err(SysError::last("fork (restore launcher)"));
+    }
+    if launcher == 0 {
+        let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(1);
+        // SAFETY: raw system calls; args, helper_args and the tid arrays live on this stack
+        // frame, which outlives every call; every path ends in pause or _exit.
+        unsafe {
+            // Exit codes: 0 made; below 128 the errno of making the process; 128 + errno of
+            // joining the namespaces or starting the second launcher (errnos stay below 128).
+            if libc::setns(ns_pidfd, ns) != 0 {
+                libc::_exit(128 + errno().min(127));
+            }
+            let helper = libc::syscall(
+                libc::SYS_clone3,
+                &helper_args as *const CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            );
+            if helper < 0 {
+                libc::_exit(128 + errno().min(127));
+            }
+            if helper == 0 {
+                let r = libc::syscall(
+                    libc::SYS_clone3,
+                    &args as *const CloneArgs,
+                    std::mem::size_of::<CloneArgs>(),
+                );
+                if r == 0 {
+                    loop {
+                        libc::pause();
+                    }
+                }
+                libc::_exit(if r < 0 { errno().min(127) } else { 0 });
+            }
+            let mut status = 0;
+            if libc::waitpid(helper as libc::pid_t, &mut status, 0) < 0 {
+                libc::_exit(128 + errno().min(127));
+            }
+            libc::_exit(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::EINTR
+            });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: status is a valid out-pointer; launcher is our child.
+    let r = unsafe { libc::waitpid(launcher, &mut status, 0) };
+    if r < 0 {
+        return Err(SysError::last("waitpid (restore launcher)"));
+    }
+    match crate::wait::decode(status) {
+        crate::wait::WaitStatus::Exited(0) => Ok(()),
+        crate::wait::WaitStatus::Exited(c) if c >= 128 => Err(SysError::new(
+            "setns into the guest namespaces or start the launcher there",
+            c - 128,
+        )),
+        crate::wait::WaitStatus::Exited(errno) => Err(SysError::new("clone3(set_tid)", errno)),
+        _ => Err(SysError::new("restore launcher (killed)", libc::EINTR)),
+    }
+}

@@ -21,3 +21,20 @@ pub fn pidfd_getfd(pidfd: &OwnedFd, targetfd: i32) -> SysResult<OwnedFd> {
     // SAFETY: the kernel just returned this new descriptor; we are its only owner.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
+
+/// Sends signal `sig` to the process behind `pidfd` (which cannot have been replaced by another
+/// process under a recycled PID).
+pub fn pidfd_send_signal(pidfd: &OwnedFd, sig: i32) -> SysResult<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain integer arguments; a null siginfo asks for a kill(2)-like signal.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    check("pidfd_send_signal", r).map(drop)
+}

@@ -56,6 +56,18 @@ pub fn seize(tid: i32, options: u64) -> SysResult<()> {
     .map(drop)
 }
 
+/// PTRACE_SETOPTIONS: replaces the tracing options of a stopped tracee.
+pub fn set_options(tid: i32, options: u64) -> SysResult<()> {
+    ptrace(
+        "ptrace(PTRACE_SETOPTIONS)",
+        libc::PTRACE_SETOPTIONS,
+        tid,
+        0,
+        options as usize,
+    )
+    .map(drop)
+}
+
 pub fn interrupt(tid: i32) -> SysResult<()> {
     ptrace("ptrace(PTRACE_INTERRUPT)", PTRACE_INTERRUPT, tid, 0, 0).map(drop)
 }

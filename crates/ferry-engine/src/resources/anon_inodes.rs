@@ -279,7 +279,7 @@ fn restore_epoll_items(h: &Husk, p: &Process) -> Result<()> {
             continue;
         };
         if !e.items.iter().any(|i| i.pid == p.pid)
-            || !fdops::kcmp_file(p.pid, me, f.fd, e.ours).unwrap_or(false)
+            || !fdops::kcmp_file(h.host, me, f.fd, e.ours).unwrap_or(false)
         {
             continue;
         }
@@ -448,7 +448,8 @@ fn unpoke(pid: i32, p: Poke) -> Result<()> {
 /// else, for an empty anonymous pipe or an idle timerfd, by making it ready for a moment.
 /// Whatever cannot be made to fire keeps EPOLLERR|EPOLLHUP.
 fn disarm_one_shots(h: &Husk, epfd: i32, items: &[&EpollItem]) -> Result<()> {
-    let pid = h.pid;
+    // /proc and pidfd_getfd: our number for the process.
+    let pid = h.host;
     for i in items {
         epoll_ctl(
             h,

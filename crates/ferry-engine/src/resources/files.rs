@@ -268,8 +268,14 @@ type PipeEnds = (Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>);
 const SETFL_MASK: i32 =
     libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME;
 
-/// Recreates every open file description of the tree in this process.
-pub fn open_descriptions(tree: &Tree, objects: &RestoreObjects) -> Result<HashMap<u32, OwnedFd>> {
+/// Recreates every open file description of the tree in this process. `peer_pids`: whether
+/// UNIX sockets may be made under the PIDs their peers' credentials name (not when the tree is
+/// rebuilt in a guest PID namespace, where our PIDs mean nothing).
+pub fn open_descriptions(
+    tree: &Tree,
+    objects: &RestoreObjects,
+    peer_pids: bool,
+) -> Result<HashMap<u32, OwnedFd>> {
     let me = std::process::id() as i32;
     let mut out = HashMap::new();
     let mut pipe_ends: HashMap<u32, PipeEnds> = HashMap::new();
@@ -375,7 +381,7 @@ pub fn open_descriptions(tree: &Tree, objects: &RestoreObjects) -> Result<HashMa
             | FileKind::Timerfd(_)
             | FileKind::Signalfd(_)
             | FileKind::Inotify(_) => super::anon_inodes::open(d)?,
-            FileKind::Socket(_) => super::sockets::open(d, tree)?,
+            FileKind::Socket(_) => super::sockets::open(d, tree, peer_pids)?,
             FileKind::Tty(_) => super::tty::open(d, tree)?,
             FileKind::Unknown => {
                 return Err(Error::BadImage(format!(

@@ -111,9 +111,11 @@ pub struct PageStats {
     pub zero_pages_skipped: u64,
 }
 
-/// Writes the private pages of every mapping of `pid` that has data of its own.
+/// Writes the private pages of every mapping of `pid` that has data of its own, in records
+/// that name the process `image_pid` (its PID as the tree sees it).
 pub fn write_pages<W: Write>(
     pid: i32,
+    image_pid: i32,
     vmas: &[Vma],
     out: &mut ImageWriter<W>,
     stats: &mut PageStats,
@@ -175,7 +177,7 @@ pub fn write_pages<W: Write>(
                     e += 1;
                 }
                 out.write_pages(
-                    pid,
+                    image_pid,
                     addr + k as u64 * PAGE_SIZE,
                     &buf[k * PAGE_SIZE as usize..e * PAGE_SIZE as usize],
                 )
@@ -213,7 +215,7 @@ pub fn restore_mappings(h: &Husk, vmas: &[Vma], objects: &RestoreObjects) -> Res
             pid,
             what: format!("map the vDSO at {first:x}: {e}"),
         })?;
-        let now = procfs::smaps(pid)?;
+        let now = procfs::smaps(h.host)?;
         for v in &special {
             if !now
                 .iter()

@@ -137,7 +137,7 @@ pub fn restore_environment(h: &Husk, p: &Process) -> Result<()> {
         &[p.personality as u64],
     )?;
     for r in &p.rlimits {
-        ferry_sys::fdops::set_rlimit(pid, r.resource, r.cur, r.max).ctx(pid, || {
+        ferry_sys::fdops::set_rlimit(h.host, r.resource, r.cur, r.max).ctx(pid, || {
             format!("set rlimit {} to {}/{}", r.resource, r.cur, r.max)
         })?;
     }

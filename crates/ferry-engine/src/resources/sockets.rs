@@ -1380,7 +1380,7 @@ thread_local! {
 
 /// Recreates the open file description `d` in this (the restoring) process. All the sockets of
 /// the tree are made together, when the first one is asked for.
-pub fn open(d: &FileDesc, tree: &Tree) -> Result<OwnedFd> {
+pub fn open(d: &FileDesc, tree: &Tree, peer_pids: bool) -> Result<OwnedFd> {
     let first = tree
         .files
         .iter()
@@ -1388,7 +1388,7 @@ pub fn open(d: &FileDesc, tree: &Tree) -> Result<OwnedFd> {
         .map(|f| f.id);
     if first == Some(d.id) {
         MADE.with(|m| m.borrow_mut().clear());
-        let made = Builder::new(tree).build()?;
+        let made = Builder::new(tree, peer_pids).build()?;
         MADE.with(|m| *m.borrow_mut() = made);
     }
     MADE.with(|m| m.borrow_mut().remove(&d.id))
@@ -1436,10 +1436,12 @@ struct Builder<'a> {
     phantoms: Vec<(usize, OwnedFd)>,
     /// Socket files to remove once every connection to them is made.
     remove_later: Vec<PathBuf>,
+    /// Whether sockets may be made under the PIDs of the credentials they carry.
+    peer_pids: bool,
 }
 
 impl<'a> Builder<'a> {
-    fn new(tree: &'a Tree) -> Self {
+    fn new(tree: &'a Tree, peer_pids: bool) -> Self {
         let socks: Vec<(u32, &SocketDesc)> = tree
             .files
             .iter()
@@ -1464,6 +1466,7 @@ impl<'a> Builder<'a> {
             made_peer: HashMap::new(),
             phantoms: Vec::new(),
             remove_later: Vec::new(),
+            peer_pids,
         }
     }
 
@@ -1539,10 +1542,18 @@ impl<'a> Builder<'a> {
                 gid: c.gid,
                 groups: c.groups.clone(),
             };
-            match sk::run_as(Some(c.pid), Some(&hc), ops) {
+            let as_pid = if self.peer_pids && c.pid > 0 {
+                sk::run_as(Some(c.pid), Some(&hc), ops)
+            } else {
+                Ok(None)
+            };
+            match as_pid {
                 Ok(Some(r)) => return r,
                 Ok(None) => {
-                    log::debug!("PID {} is taken: its sockets are made under another", c.pid)
+                    log::debug!(
+                        "PID {} is taken (or not ours): its sockets are made under another",
+                        c.pid
+                    )
                 }
                 Err(e) => log::warn!("socket helper as PID {}: {e}", c.pid),
             }

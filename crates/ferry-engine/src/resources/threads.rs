@@ -3,7 +3,6 @@
 
 use crate::error::{Context, Result};
 use crate::freeze::{self, FrozenThread};
-use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{AltStack, Rseq, Sched, SigInfo, SyscallState, Thread};
 use ferry_inject::Injector;
@@ -98,9 +97,11 @@ fn capture_sched(pid: i32, tid: i32, inj: &Injector) -> Result<Sched> {
     })
 }
 
-/// Scheduling attributes, set once the thread exists (the timer slack from inside it).
+/// Scheduling attributes, set once the thread exists (the timer slack from inside it); `inj`
+/// is the thread's injector (its `tid` is the thread's TID in our namespace).
 pub fn restore_sched(pid: i32, inj: &Injector, t: &Thread) -> Result<()> {
     let s = &t.sched;
+    let host = inj.tid;
     let what = |w: &str| format!("{w} of thread {}", t.tid);
     if s.timerslack_ns != 0 {
         inj.syscall(
@@ -112,10 +113,10 @@ pub fn restore_sched(pid: i32, inj: &Injector, t: &Thread) -> Result<()> {
     if s.affinity.is_empty() {
         return Ok(());
     }
-    sched::set_policy(t.tid, s.policy, s.priority).ctx(pid, || what("set scheduling policy"))?;
-    sched::set_nice(t.tid, s.nice).ctx(pid, || what("set nice value"))?;
-    sched::set_ioprio(t.tid, s.ioprio).ctx(pid, || what("set I/O priority"))?;
-    sched::set_affinity(t.tid, &s.affinity).ctx(pid, || what("set CPU affinity"))?;
+    sched::set_policy(host, s.policy, s.priority).ctx(pid, || what("set scheduling policy"))?;
+    sched::set_nice(host, s.nice).ctx(pid, || what("set nice value"))?;
+    sched::set_ioprio(host, s.ioprio).ctx(pid, || what("set I/O priority"))?;
+    sched::set_affinity(host, &s.affinity).ctx(pid, || what("set CPU affinity"))?;
     Ok(())
 }
 
@@ -157,9 +158,10 @@ pub fn restore_inside(inj: &Injector, t: &Thread) -> Result<()> {
     Ok(())
 }
 
-/// Puts the thread's registers, FPU state and signal mask in place: the last step before it
-/// is let go. A thread that was inside a system call is rewound to issue it again.
-pub fn restore_registers(h: &Husk, t: &Thread) -> Result<()> {
+/// Puts the registers, FPU state and signal mask of thread `t` of process `pid` (the tree's
+/// numbers) in place, through its TID in our namespace `host`: the last step before it is let
+/// go. A thread that was inside a system call is rewound to issue it again.
+pub fn restore_registers(pid: i32, host: i32, t: &Thread) -> Result<()> {
     let mut regs = gp_from_words(&t.gp_regs).ok_or_else(|| {
         crate::Error::BadImage(format!("thread {}: register set has the wrong size", t.tid))
     })?;
@@ -168,10 +170,10 @@ pub fn restore_registers(h: &Husk, t: &Thread) -> Result<()> {
         regs.rip -= 2;
         regs.orig_rax = u64::MAX;
     }
-    ptrace::set_xstate(t.tid, &t.xstate)
-        .ctx(h.pid, || format!("set FPU/AVX state of thread {}", t.tid))?;
-    ptrace::set_regs(t.tid, &regs).ctx(h.pid, || format!("set registers of thread {}", t.tid))?;
-    ptrace::set_sigmask(t.tid, t.sigmask)
-        .ctx(h.pid, || format!("set signal mask of thread {}", t.tid))?;
+    ptrace::set_xstate(host, &t.xstate)
+        .ctx(pid, || format!("set FPU/AVX state of thread {}", t.tid))?;
+    ptrace::set_regs(host, &regs).ctx(pid, || format!("set registers of thread {}", t.tid))?;
+    ptrace::set_sigmask(host, t.sigmask)
+        .ctx(pid, || format!("set signal mask of thread {}", t.tid))?;
     Ok(())
 }

@@ -1,7 +1,8 @@
-//! `ferry restore --dir DIR`
+//! `ferry restore --dir DIR [--pid-namespace]`
 
 use anyhow::{Context, Result};
-use ferry_engine::restore::{load, restore, RestoreReport};
+use ferry_engine::guest_ns::GuestNamespaces;
+use ferry_engine::restore::{load, restore_with, RestoreOptions, RestoreReport};
 use std::io::BufReader;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -14,6 +15,11 @@ pub struct Args {
     /// Print a machine-readable report.
     #[arg(long)]
     pub json: bool,
+    /// Rebuild the tree in fresh PID, time and mount namespaces of its own: it gets back its
+    /// PIDs even if they are taken here (the original may still run), and its monotonic clocks
+    /// continue from where it saw them. Prints the root's PID on this machine.
+    #[arg(long)]
+    pub pid_namespace: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -33,7 +39,18 @@ pub fn run(a: Args) -> Result<()> {
     let img = load(BufReader::with_capacity(8 << 20, file))
         .with_context(|| format!("read image {}", path.display()))?;
     let read_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let report = restore(&img).with_context(|| format!("restore from {}", path.display()))?;
+    let guest = if a.pid_namespace {
+        let exe = std::env::current_exe().context("find the ferry executable")?;
+        Some(GuestNamespaces::create(&exe, img.tree.clocks).context("make the guest namespaces")?)
+    } else {
+        None
+    };
+    let opts = RestoreOptions {
+        guest: guest.as_ref(),
+    };
+    let report = restore_with(&img, &opts)
+        .and_then(|tree| tree.resume())
+        .with_context(|| format!("restore from {}", path.display()))?;
     let report = Report {
         read_ms,
         total_ms: t0.elapsed().as_secs_f64() * 1e3,
@@ -43,7 +60,8 @@ pub fn run(a: Args) -> Result<()> {
     if a.json {
         super::print_json(&report)?;
     } else {
-        println!("{}", report.restore.root_pid);
+        // Our PID of the root: the same as the image's unless it was rebuilt in a namespace.
+        println!("{}", report.restore.root_host_pid);
     }
     Ok(())
 }

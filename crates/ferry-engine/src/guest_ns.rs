@@ -1,0 +1,194 @@
+//! Guest namespaces: a PID namespace, a time namespace and a mount namespace (with a /proc of
+//! its own) in which a tree is rebuilt under the PIDs it had, whatever PIDs are taken here, with
+//! clocks that continue from where the tree saw them.
+//!
+//! PID 1 of the namespaces is an exec'd init (`ferry __guest-init`): it reaps orphans, and it
+//! exits once [`GuestNamespaces`] has been dropped and no other process is left in its PID
+//! namespace (it looks once a second; its exit would SIGKILL every guest, so it never leaves
+//! earlier). Being exec'd, it shares no memory with the process that made it.
+//!
+//! The engine keeps working with the PIDs of its own namespace (ptrace, /proc): a process in
+//! the guest has one PID there (the tree's, as in the image) and another here (the host PID);
+//! [`GuestNamespaces::host_pid`] and [`GuestNamespaces::guest_pid`] translate.
+
+use crate::error::{Context, Error, Result};
+use crate::procfs;
+use ferry_image::Clocks;
+use ferry_sys::ns::{dup_at_least, spawn_guest_init, GuestInitSpec};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// The hidden subcommand of the `ferry` binary that runs as the guest init.
+pub const GUEST_INIT_COMMAND: &str = "__guest-init";
+
+/// Fresh PID, time and mount namespaces, held by their init.
+pub struct GuestNamespaces {
+    init: i32,
+    pidfd: OwnedFd,
+    /// Write end of a pipe the init reads: while it is open, the init stays even with nothing
+    /// else in its namespace (nothing has been restored into it yet).
+    _hold: OwnedFd,
+    /// `pid:[inode]` of the guest PID namespace.
+    ns: String,
+    offsets: Clocks,
+}
+
+impl std::fmt::Debug for GuestNamespaces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestNamespaces")
+            .field("init", &self.init)
+            .field("ns", &self.ns)
+            .field("offsets", &self.offsets)
+            .finish()
+    }
+}
+
+fn last_ns_pid(status: &[(String, String)]) -> Option<i32> {
+    procfs::field(status, "NSpid")
+        .split_whitespace()
+        .last()
+        .and_then(|x| x.parse().ok())
+}
+
+impl GuestNamespaces {
+    /// Makes new PID, time and mount namespaces whose PID 1 is `init_exe __guest-init`.
+    ///
+    /// `clocks_seen`: CLOCK_MONOTONIC and CLOCK_BOOTTIME as the tree to be rebuilt last saw
+    /// them (`Tree::clocks`). Each clock of the time namespace is offset by
+    /// `max(0, seen - now)`, so that it continues from where the tree left it and never runs
+    /// backwards (it runs on from the later of the two). Without it, the offsets are 0.
+    pub fn create(init_exe: &Path, clocks_seen: Option<Clocks>) -> Result<GuestNamespaces> {
+        let me = ferry_sys::ns::getpid();
+        let now = |clock: i32| {
+            ferry_sys::anon_fds::clock_now_ns(clock).ctx(me, || format!("read clock {clock}"))
+        };
+        let offsets = match clocks_seen {
+            Some(c) => Clocks {
+                monotonic_ns: c.monotonic_ns.saturating_sub(now(libc::CLOCK_MONOTONIC)?),
+                boottime_ns: c.boottime_ns.saturating_sub(now(libc::CLOCK_BOOTTIME)?),
+            },
+            None => Clocks::default(),
+        };
+        let (r, w) = ferry_sys::fdops::pipe2(libc::O_CLOEXEC)
+            .ctx(me, || "make the guest init's hold pipe".into())?;
+        let r = dup_at_least(r, 3).ctx(me, || "move the hold pipe above stdio".into())?;
+        let args = vec![
+            GUEST_INIT_COMMAND.to_string(),
+            "--hold-fd".to_string(),
+            r.as_raw_fd().to_string(),
+        ];
+        let init = spawn_guest_init(&GuestInitSpec {
+            exe: init_exe,
+            args: &args,
+            monotonic_offset_ns: offsets.monotonic_ns,
+            boottime_offset_ns: offsets.boottime_ns,
+            keep_fd: r.as_raw_fd(),
+        })
+        .map_err(|source| Error::Sys {
+            pid: me,
+            what: format!(
+                "make guest namespaces with {} {GUEST_INIT_COMMAND} as their init",
+                init_exe.display()
+            ),
+            source,
+        })?;
+        drop(r);
+        let pidfd = ferry_sys::pidfd::pidfd_open(init)
+            .ctx(init, || "open a pidfd of the guest init".into())?;
+        // Make sure the pidfd is the init we made (its PID could not have been reused before it
+        // exits, and it only exits once we close the hold pipe).
+        let status = procfs::status(init)?;
+        let ns = procfs::readlink(init, "ns/pid")?;
+        let ours = procfs::readlink(me, "ns/pid")?;
+        if last_ns_pid(&status) != Some(1) || ns == ours {
+            return Err(Error::Restore {
+                pid: init,
+                what: format!(
+                    "the guest init is not PID 1 of a new PID namespace (NSpid {:?}, {ns})",
+                    procfs::field(&status, "NSpid")
+                ),
+            });
+        }
+        Ok(GuestNamespaces {
+            init,
+            pidfd,
+            _hold: w,
+            ns,
+            offsets,
+        })
+    }
+
+    /// The init's PID in our namespace.
+    pub fn init_host_pid(&self) -> i32 {
+        self.init
+    }
+
+    /// A pidfd of the init: `setns(pidfd, CLONE_NEWPID | CLONE_NEWTIME | CLONE_NEWNS)` joins the
+    /// guest namespaces (the PID and time namespaces for the caller's next children).
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    /// `pid:[inode]`: the guest PID namespace, as /proc/PID/ns/pid reads.
+    pub fn pid_namespace(&self) -> &str {
+        &self.ns
+    }
+
+    /// The offsets of CLOCK_MONOTONIC and CLOCK_BOOTTIME in the guest time namespace.
+    pub fn clock_offsets(&self) -> Clocks {
+        self.offsets
+    }
+
+    /// The guest's /proc, as seen from here (through the init's root).
+    pub fn proc_root(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root/proc", self.init))
+    }
+
+    /// Whether host process `host` lives in the guest PID namespace; its PID there if so.
+    pub fn guest_pid(&self, host: i32) -> Option<i32> {
+        if procfs::readlink(host, "ns/pid").ok()? != self.ns {
+            return None;
+        }
+        last_ns_pid(&procfs::status(host).ok()?)
+    }
+
+    /// The host PID of the process whose PID in the guest namespace is `guest`: searched among
+    /// the init's descendants, then among every process.
+    pub fn host_pid(&self, guest: i32) -> Result<i32> {
+        if guest == 1 {
+            return Ok(self.init);
+        }
+        let mut queue = vec![self.init];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(p) = queue.pop() {
+            if !seen.insert(p) {
+                continue;
+            }
+            for c in procfs::children(p).unwrap_or_default() {
+                if self.guest_pid(c) == Some(guest) {
+                    return Ok(c);
+                }
+                queue.push(c);
+            }
+        }
+        // Processes that joined the namespace with setns are nobody's descendants here.
+        let dir = std::fs::read_dir("/proc").ctx(self.init, || "list /proc".into())?;
+        for e in dir.flatten() {
+            if let Some(h) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
+                if !seen.contains(&h) && self.guest_pid(h) == Some(guest) {
+                    return Ok(h);
+                }
+            }
+        }
+        Err(Error::Restore {
+            pid: guest,
+            what: format!("no process has PID {guest} in guest namespace {}", self.ns),
+        })
+    }
+
+    /// Kills the init, and with it every process of the guest PID namespace.
+    pub fn kill(self) -> Result<()> {
+        ferry_sys::pidfd::pidfd_send_signal(&self.pidfd, libc::SIGKILL)
+            .ctx(self.init, || "kill the guest init".into())
+    }
+}
