@@ -49,3 +49,17 @@ pub fn decode(status: i32) -> WaitStatus {
         WaitStatus::Nothing
     }
 }
+
+/// Reaps one ended child of any kind without blocking: its PID and raw wait status, or None
+/// when no child has ended (or there are no children).
+pub fn reap_any() -> Option<(i32, i32)> {
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: status is a valid out-pointer.
+        let r = unsafe { libc::waitpid(-1, &mut status, libc::__WALL | libc::WNOHANG) };
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return (r > 0).then_some((r, status));
+    }
+}

@@ -1,5 +1,6 @@
-//! `ferry`: transparent process migration for Linux clusters. One binary: the user's commands
-//! and (later) the node daemon. Each subcommand lives in `commands/`, one file each.
+//! `ferry`: transparent process migration for Linux clusters. One binary: the user's commands,
+//! the node daemon, and the engine workers the daemon runs. Each subcommand lives in
+//! `commands/`, one file each.
 
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,9 @@ use clap::{Parser, Subcommand};
     about = "Transparent process migration for Linux clusters"
 )]
 struct Cli {
+    /// Which node is "here" where several daemons share this machine (a local cluster).
+    #[arg(long, global = true, env = "FERRY_NODE")]
+    node: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -27,18 +31,59 @@ enum Command {
     /// Inspect images.
     #[command(subcommand)]
     Image(commands::image::Command),
+    /// Move a running process and its descendants to another node.
+    Migrate(commands::migrate::Args),
+    /// List the cluster's nodes and their load.
+    Nodes(commands::nodes::Args),
+    /// List processes under Ferry across the cluster.
+    Ps(commands::ps::Args),
+    /// Say whether this node takes guests from now on.
+    Accept(commands::accept::Args),
+    /// Run the node daemon in the foreground.
+    Daemon(commands::daemon::Args),
+    /// Start or stop a local cluster of daemons on loopback addresses.
+    #[command(subcommand)]
+    Cluster(commands::cluster::Command),
+    /// Engine worker of a daemon: capture and stream a tree (internal).
+    #[command(name = "__capture-worker", hide = true)]
+    CaptureWorker { pid: i32 },
+    /// Engine worker of a daemon: receive and rebuild a tree (internal).
+    #[command(name = "__restore-worker", hide = true)]
+    RestoreWorker,
+    #[command(name = "__guest-init", hide = true)]
+    GuestInit(commands::guest_init::Args),
 }
 
 fn main() {
-    ferry_sys::process::default_sigpipe();
-    env_logger::Builder::from_env(env_logger::Env::default().filter_or("FERRY_LOG", "warn"))
-        .format_timestamp_millis()
-        .init();
     let cli = Cli::parse();
+    // A user command piped into `head` just ends; the daemon and its workers must instead see
+    // EPIPE on a peer that went away, and back out properly (Rust ignores SIGPIPE by default).
+    if !matches!(
+        cli.command,
+        Command::Daemon(_) | Command::CaptureWorker { .. } | Command::RestoreWorker
+    ) {
+        ferry_sys::process::default_sigpipe();
+    }
+    // The daemon logs structured lines through `tracing`; everything else uses env_logger.
+    if !matches!(cli.command, Command::Daemon(_)) {
+        env_logger::Builder::from_env(env_logger::Env::default().filter_or("FERRY_LOG", "warn"))
+            .format_timestamp_millis()
+            .init();
+    }
+    let node = cli.node.as_deref();
     let result = match cli.command {
         Command::Checkpoint(a) => commands::checkpoint::run(a),
         Command::Restore(a) => commands::restore::run(a),
         Command::Image(c) => commands::image::run(c),
+        Command::GuestInit(a) => commands::guest_init::run(a),
+        Command::Migrate(a) => commands::migrate::run(a, node),
+        Command::Nodes(a) => commands::nodes::run(a, node),
+        Command::Ps(a) => commands::ps::run(a, node),
+        Command::Daemon(a) => commands::daemon::run(a),
+        Command::Accept(a) => commands::accept::run(a, node),
+        Command::Cluster(c) => commands::cluster::run(c),
+        Command::CaptureWorker { pid } => commands::worker::capture_worker(pid),
+        Command::RestoreWorker => commands::worker::restore_worker(),
     };
     if let Err(e) = result {
         eprintln!("ferry: {e:#}");

@@ -1,8 +1,17 @@
 //! One module per subcommand.
 
+pub mod accept;
 pub mod checkpoint;
+pub mod client;
+pub mod cluster;
+pub mod daemon;
+pub mod guest_init;
 pub mod image;
+pub mod migrate;
+pub mod nodes;
+pub mod ps;
 pub mod restore;
+pub mod worker;
 
 /// Prints a report as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::collections::{BTreeSet, HashSet};
 use std::fs;
 use std::path::Path;

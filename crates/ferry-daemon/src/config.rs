@@ -1,0 +1,65 @@
+//! The daemon's configuration file (TOML).
+//!
+//! ```toml
+//! name = "a"
+//! listen = "127.0.0.1:7070"
+//! data_dir = "/var/lib/ferry"
+//! accept_guests = true
+//! peers = ["127.0.0.2:7070"]
+//! [credentials]
+//! ca_cert = "/etc/ferry/ca.pem"
+//! cert = "/etc/ferry/a.pem"
+//! key = "/etc/ferry/a.key"
+//! ```
+
+use anyhow::{Context, Result};
+use ferry_transport::CredentialPaths;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This node's name; must be the common name of its certificate.
+    pub name: String,
+    /// Where peers reach this node (TCP, mutual TLS): migration, remote execution and gossip.
+    pub listen: SocketAddr,
+    /// Holds the CLI's control socket (`ferry.sock`) and the daemon's pid file.
+    pub data_dir: PathBuf,
+    #[serde(default = "yes")]
+    pub accept_guests: bool,
+    /// Nodes to join through; any one alive is enough.
+    #[serde(default)]
+    pub peers: Vec<SocketAddr>,
+    pub credentials: CredentialPaths,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("read config {}", path.display()))?;
+        let c: Config =
+            toml::from_str(&text).with_context(|| format!("parse config {}", path.display()))?;
+        ferry_transport::credentials::check_node_name(&c.name)
+            .with_context(|| format!("config {}", path.display()))?;
+        Ok(c)
+    }
+
+    pub fn to_toml(&self) -> Result<String> {
+        Ok(toml::to_string(self)?)
+    }
+
+    pub fn control_socket(&self) -> PathBuf {
+        control_socket(&self.data_dir)
+    }
+}
+
+/// The CLI finds its daemon here.
+pub fn control_socket(data_dir: &Path) -> PathBuf {
+    data_dir.join("ferry.sock")
+}

@@ -1,0 +1,21 @@
+//! The Ferry node daemon. One per machine (several on one machine for a local cluster), each
+//! with a name, a listen address and the cluster's credentials.
+//!
+//! - [`node`]: startup, the peer and CLI doors, shutdown.
+//! - [`membership`]: who is in the cluster and how loaded (foca SWIM over mutual TLS).
+//! - [`migrate`]: moving a live tree, source and destination sides, with the commit protocol.
+//! - [`exec`]: running a command on another node for a caller at home.
+//! - [`workers`]: the single-threaded `ferry` processes that run the engine for the daemon.
+//! - [`guests`], [`load`], [`reaper`]: bookkeeping.
+
+pub mod config;
+pub mod exec;
+pub mod guests;
+pub mod load;
+pub mod membership;
+pub mod migrate;
+pub mod node;
+pub mod reaper;
+pub mod workers;
+
+pub use config::Config;

@@ -1,0 +1,412 @@
+//! One node's daemon: accepts peers (mutual TLS) and its own CLI (a root-only UNIX socket),
+//! gossips membership and load, reaps what it starts, and stops cleanly on SIGTERM.
+
+use crate::config::Config;
+use crate::guests::Guests;
+use crate::load::LoadSampler;
+use crate::membership::{Membership, NodeId};
+use crate::reaper::Reaper;
+use crate::{exec, migrate};
+use anyhow::{bail, Context, Result};
+use ferry_transport::message::{kind, NodeInfo, ProcInfo};
+use ferry_transport::{read_msg, tls, write_msg, Conn, Credentials, FrameError, Msg};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::signal::unix::{signal, SignalKind};
+
+pub struct Node {
+    pub config: Config,
+    pub creds: Credentials,
+    pub membership: Membership,
+    pub reaper: Reaper,
+    pub guests: Guests,
+    /// How each migration this node sent ended (true: committed), for destinations that lost
+    /// us between `Rebuilt` and `Commit`.
+    pub outcomes: Mutex<HashMap<u64, bool>>,
+    next_id: AtomicU64,
+    /// Starts as the config's `accept_guests`; `ferry accept` changes it.
+    pub accepting: AtomicBool,
+    /// Test-only fault injection (FERRY_FAULT=node:point), see [`Node::fault`].
+    fault: Option<String>,
+    /// The ferry binary, run as engine workers.
+    pub exe: PathBuf,
+}
+
+impl Node {
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Connects to the live member called `name`.
+    pub async fn dial(&self, name: &str) -> Result<Conn> {
+        let Some(m) = self.membership.find(name) else {
+            let known: Vec<String> = self
+                .membership
+                .members()
+                .into_iter()
+                .map(|m| m.id.name)
+                .collect();
+            bail!(
+                "no live node named {name:?} (live: {})",
+                if known.is_empty() {
+                    "none besides this one".to_string()
+                } else {
+                    known.join(", ")
+                }
+            );
+        };
+        tls::connect(&self.creds, m.id.addr, Duration::from_secs(5))
+            .await
+            .with_context(|| format!("reach node {name}"))
+    }
+
+    /// Fault injection for the test suite: when FERRY_FAULT is `NAME:POINT` for this node and
+    /// `point` is reached, the daemon dies on the spot, as if the machine had crashed there.
+    /// Points: `exit-after-commit` (source, after sending Commit), `exit-after-rebuilt`
+    /// (destination, after sending Rebuilt).
+    pub fn fault(&self, point: &str) {
+        if self.fault.as_deref() == Some(point) {
+            tracing::error!(event = "fault-injected", point);
+            std::process::exit(137);
+        }
+    }
+
+    pub fn own_load(&self) -> ferry_policy::NodeLoad {
+        self.membership.own_load().unwrap_or_default()
+    }
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("create data directory {}", config.data_dir.display()))?;
+    ferry_sys::fdops::set_child_subreaper().context("become the subreaper of our guests")?;
+    let creds = Credentials::load(&config.credentials).context("load cluster credentials")?;
+    if creds.node != config.name {
+        bail!(
+            "config names this node {:?} but its certificate {} is for {:?}",
+            config.name,
+            config.credentials.cert.display(),
+            creds.node
+        );
+    }
+    let tcp = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("listen on {}", config.listen))?;
+    let sock_path = config.control_socket();
+    if UnixStream::connect(&sock_path).await.is_ok() {
+        bail!(
+            "another daemon already serves {}; stop it first",
+            sock_path.display()
+        );
+    }
+    let _ = std::fs::remove_file(&sock_path);
+    let control = UnixListener::bind(&sock_path)
+        .with_context(|| format!("bind control socket {}", sock_path.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("restrict {}", sock_path.display()))?;
+    }
+    let me = NodeId {
+        name: config.name.clone(),
+        addr: config.listen,
+        bump: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+    };
+    let membership = Membership::start(me, creds.clone(), config.peers.clone());
+    let accepting = config.accept_guests;
+    let fault = std::env::var("FERRY_FAULT").ok().and_then(|f| {
+        let (node, point) = f.split_once(':')?;
+        (node == config.name).then(|| point.to_string())
+    });
+    let node = Arc::new(Node {
+        creds,
+        membership,
+        config,
+        reaper: Reaper::default(),
+        guests: Guests::default(),
+        outcomes: Mutex::default(),
+        next_id: AtomicU64::new(1),
+        accepting: AtomicBool::new(accepting),
+        fault,
+        exe,
+    });
+    tracing::info!(event = "started", node = %node.name(), listen = %node.config.listen,
+        control = %sock_path.display(), peers = ?node.config.peers);
+
+    tokio::spawn(publish_load(node.clone()));
+    tokio::spawn(reap(node.clone()));
+    tokio::spawn(rejoin(node.clone()));
+    let peers = tokio::spawn(accept_peers(node.clone(), tcp));
+    let cli = tokio::spawn(accept_cli(node.clone(), control));
+
+    let mut term = signal(SignalKind::terminate()).context("watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("watch SIGINT")?;
+    let why = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!(event = "stopping", node = %node.name(), signal = why,
+        guests = node.guests.count());
+    peers.abort();
+    cli.abort();
+    node.membership.leave().await;
+    let _ = std::fs::remove_file(&sock_path);
+    tracing::info!(event = "stopped", node = %node.name());
+    Ok(())
+}
+
+async fn publish_load(node: Arc<Node>) {
+    let mut sampler = LoadSampler::default();
+    loop {
+        let load = sampler.sample(node.guests.count(), node.accepting.load(Ordering::Relaxed));
+        node.membership.publish(load);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Keeps knocking on the configured peers while we know nobody: a node started before its
+/// peers, or cut off from them, finds its way back.
+async fn rejoin(node: Arc<Node>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if node.membership.members().is_empty() {
+            for p in &node.config.peers {
+                node.membership.announce(*p);
+            }
+        }
+    }
+}
+
+async fn reap(node: Arc<Node>) {
+    let mut chld = match signal(SignalKind::child()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot watch SIGCHLD; reaping by polling only");
+            return poll_reap(node).await;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = chld.recv() => {}
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        reap_now(&node);
+    }
+}
+
+async fn poll_reap(node: Arc<Node>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reap_now(&node);
+    }
+}
+
+fn reap_now(node: &Node) {
+    for (pid, status) in node.reaper.reap() {
+        if let Some(g) = node.guests.remove(pid) {
+            tracing::info!(event = "guest-ended", pid, home_pid = g.home_pid,
+                home = %g.home_node, status = %describe_status(status));
+        }
+    }
+}
+
+pub fn describe_status(status: i32) -> String {
+    if libc::WIFSIGNALED(status) {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("exit {}", libc::WEXITSTATUS(status))
+    }
+}
+
+async fn accept_peers(node: Arc<Node>, tcp: TcpListener) {
+    loop {
+        let (stream, from) = match tcp.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let node = node.clone();
+        tokio::spawn(async move {
+            let conn = match tls::accept(&node.creds, stream).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(event = "refused", from = %from, error = %format!("{e:#}"));
+                    return;
+                }
+            };
+            let peer = conn.peer.clone();
+            if let Err(e) = serve_peer(&node, conn).await {
+                tracing::warn!(event = "peer-error", peer = %peer, from = %from,
+                    error = %format!("{e:#}"));
+            }
+        });
+    }
+}
+
+async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
+    let first = match read_msg(&mut conn.stream).await {
+        Ok(m) => m,
+        Err(FrameError::Closed) => return Ok(()),
+        Err(e) => return Err(e).context("first message"),
+    };
+    match first {
+        Msg::Gossip { packet } => {
+            node.membership.deliver(packet.into_vec());
+            loop {
+                match read_msg(&mut conn.stream).await {
+                    Ok(Msg::Gossip { packet }) => node.membership.deliver(packet.into_vec()),
+                    Ok(other) => bail!("{} message on a gossip connection", kind(&other)),
+                    Err(FrameError::Closed) => return Ok(()),
+                    Err(e) => return Err(e).context("gossip connection"),
+                }
+            }
+        }
+        Msg::MigrateOffer(offer) => migrate::receive(node.clone(), conn, offer).await,
+        Msg::Run(spec) => exec::serve(node.clone(), conn, spec).await,
+        Msg::OutcomeQuery { id } => {
+            let committed = node
+                .outcomes
+                .lock()
+                .expect("outcomes lock")
+                .get(&id)
+                .copied()
+                .unwrap_or(false);
+            write_msg(&mut conn.stream, &Msg::Outcome { id, committed }).await?;
+            Ok(())
+        }
+        Msg::LocalProcesses => {
+            write_msg(&mut conn.stream, &Msg::Processes(node.guests.list())).await?;
+            Ok(())
+        }
+        other => bail!("unexpected {} message from a peer", kind(&other)),
+    }
+}
+
+async fn accept_cli(node: Arc<Node>, control: UnixListener) {
+    loop {
+        let stream = match control.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept on control socket");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let node = node.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve_cli(&node, stream).await {
+                tracing::debug!(error = %format!("{e:#}"), "cli connection");
+            }
+        });
+    }
+}
+
+async fn serve_cli(node: &Arc<Node>, mut s: UnixStream) -> Result<()> {
+    // The socket is root's only (0600); check anyway: this is the door to ptrace.
+    let cred = s.peer_cred().context("peer credentials")?;
+    if cred.uid() != 0 {
+        write_msg(&mut s, &Msg::error("only root may use the ferry daemon")).await?;
+        return Ok(());
+    }
+    let request = read_msg(&mut s).await?;
+    match request {
+        Msg::ListNodes => write_msg(&mut s, &Msg::Nodes(nodes(node))).await?,
+        Msg::LocalProcesses => write_msg(&mut s, &Msg::Processes(node.guests.list())).await?,
+        Msg::ListProcesses => {
+            let all = processes(node).await;
+            write_msg(&mut s, &Msg::Processes(all)).await?
+        }
+        Msg::Migrate { pid, to } => {
+            let reply = match migrate::send(node.clone(), &mut s, pid, &to).await {
+                Ok(report) => Msg::Migrated(report),
+                Err(e) => {
+                    let message = format!("{e:#}");
+                    tracing::warn!(event = "migrate-failed", pid, to = %to, error = %message);
+                    Msg::Error { message }
+                }
+            };
+            write_msg(&mut s, &reply).await?
+        }
+        Msg::Run(spec) => exec::relay(node.clone(), s, spec).await?,
+        Msg::SetAccepting { accepting } => {
+            node.accepting.store(accepting, Ordering::Relaxed);
+            tracing::info!(event = "accepting", accepting);
+            write_msg(&mut s, &Msg::Done).await?
+        }
+        other => {
+            write_msg(
+                &mut s,
+                &Msg::error(format!("the daemon does not serve {}", kind(&other))),
+            )
+            .await?
+        }
+    }
+    Ok(())
+}
+
+fn nodes(node: &Node) -> Vec<NodeInfo> {
+    let mut v = vec![NodeInfo {
+        name: node.name().to_string(),
+        addr: node.config.listen.to_string(),
+        state: "self".into(),
+        load: node.membership.own_load(),
+    }];
+    for m in node.membership.members() {
+        v.push(NodeInfo {
+            name: m.id.name,
+            addr: m.id.addr.to_string(),
+            state: "alive".into(),
+            load: m.load,
+        });
+    }
+    v.sort_by(|a, b| a.name.cmp(&b.name));
+    v
+}
+
+/// Every node's guests, asked in parallel; a node that does not answer in time is skipped.
+async fn processes(node: &Arc<Node>) -> Vec<ProcInfo> {
+    let mut all = node.guests.list();
+    let mut asks = Vec::new();
+    for m in node.membership.members() {
+        let node = node.clone();
+        asks.push(tokio::spawn(async move {
+            let work = async {
+                let mut c = tls::connect(&node.creds, m.id.addr, Duration::from_secs(2)).await?;
+                write_msg(&mut c.stream, &Msg::LocalProcesses).await?;
+                match read_msg(&mut c.stream).await? {
+                    Msg::Processes(p) => Ok(p),
+                    other => bail!("unexpected {}", kind(&other)),
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(3), work)
+                .await
+                .unwrap_or_else(|_| bail!("timed out"))
+                .unwrap_or_else(|e: anyhow::Error| {
+                    tracing::debug!(node = %m.id.name, error = %e, "ps");
+                    Vec::new()
+                })
+        }));
+    }
+    for a in asks {
+        if let Ok(p) = a.await {
+            all.extend(p);
+        }
+    }
+    all.sort_by(|a, b| (&a.home_node, a.home_pid).cmp(&(&b.home_node, b.home_pid)));
+    all
+}

@@ -1,0 +1,44 @@
+//! Engine workers: the daemon never ptraces anything itself. Each capture or restore runs in a
+//! fresh single-threaded `ferry` process (the only tracer of its tree, as ptrace wants), fed
+//! and read through two pipes carrying the same frames as the network. A worker that crashes
+//! takes nothing down with it; a daemon that dies closes the pipes, and the worker backs out.
+
+use anyhow::{Context, Result};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use tokio::io::BufReader;
+use tokio::net::unix::pipe;
+
+pub struct Worker {
+    pub pid: i32,
+    /// Frames to the worker (its stdin).
+    pub tx: pipe::Sender,
+    /// Frames from the worker (its stdout).
+    pub rx: BufReader<pipe::Receiver>,
+}
+
+impl Worker {
+    pub fn spawn(exe: &Path, args: &[String]) -> Result<Worker> {
+        let mut child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("start worker {} {}", exe.display(), args.join(" ")))?;
+        let stdin: OwnedFd = child.stdin.take().expect("piped").into();
+        let stdout: OwnedFd = child.stdout.take().expect("piped").into();
+        let pid = child.id() as i32;
+        // The daemon's reaper collects the exit status; the Child handle is just dropped.
+        drop(child);
+        Ok(Worker {
+            pid,
+            tx: pipe::Sender::from_owned_fd(stdin).context("worker stdin")?,
+            rx: BufReader::with_capacity(
+                1 << 20,
+                pipe::Receiver::from_owned_fd(stdout).context("worker stdout")?,
+            ),
+        })
+    }
+}

@@ -1,0 +1,129 @@
+//! Where processes should run. Pure decisions over the load each node publishes: which node is
+//! idlest (Sprite's idle-host selection), and whether a node takes a guest. The daemon measures;
+//! this crate decides, so the rules can be read, and tested, in one place.
+
+use serde::{Deserialize, Serialize};
+
+/// What a node publishes about itself through the membership gossip.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeLoad {
+    /// Processes ready to run right now (/proc/stat procs_running), ourselves excluded.
+    pub runnable: u32,
+    pub cpus: u32,
+    /// Share of CPU time idle over the last sampling period, 0..=100.
+    pub cpu_idle_pct: f32,
+    pub free_memory_bytes: u64,
+    /// Seconds since a console (tty, input device) was last used; None: no console seen.
+    pub console_idle_secs: Option<u64>,
+    /// Guests this node runs: processes migrated in or started here by `ferry run`.
+    pub guests: u32,
+    /// The owner lets this node take guests.
+    pub accepting: bool,
+}
+
+/// A console used within this many seconds means someone is at the machine (Sprite used 30 s).
+pub const CONSOLE_BUSY_SECS: u64 = 30;
+
+impl NodeLoad {
+    /// The owner is at the machine: guests are unwelcome.
+    pub fn owner_present(&self) -> bool {
+        matches!(self.console_idle_secs, Some(s) if s < CONSOLE_BUSY_SECS)
+    }
+
+    /// Lower is idler. Runnable work per CPU dominates; guests break ties, so that a local
+    /// cluster whose nodes share one machine still spreads its guests.
+    pub fn busyness(&self) -> f64 {
+        let cpus = self.cpus.max(1) as f64;
+        self.runnable as f64 / cpus
+            + (100.0 - self.cpu_idle_pct as f64) / 100.0
+            + self.guests as f64 * 0.25
+    }
+}
+
+/// Whether a node with `load` should take a guest needing `memory_bytes`; the reason if not.
+pub fn admit(load: &NodeLoad, memory_bytes: u64) -> Result<(), String> {
+    if !load.accepting {
+        return Err("this node does not accept guests (accept_guests = false)".into());
+    }
+    // Keep a margin: a guest that fits only by exhausting memory would be killed later.
+    let margin = 64 << 20;
+    if memory_bytes.saturating_add(margin) > load.free_memory_bytes {
+        return Err(format!(
+            "not enough free memory: the guest needs {} MiB, {} MiB are free",
+            memory_bytes >> 20,
+            load.free_memory_bytes >> 20
+        ));
+    }
+    Ok(())
+}
+
+/// Picks the idlest node that accepts guests and whose owner is away; `exclude` is the caller's
+/// own node when it wants somewhere else.
+pub fn choose_idlest<'a>(
+    nodes: impl IntoIterator<Item = (&'a str, &'a NodeLoad)>,
+    exclude: Option<&str>,
+) -> Option<&'a str> {
+    nodes
+        .into_iter()
+        .filter(|(name, load)| Some(*name) != exclude && load.accepting && !load.owner_present())
+        .min_by(|(an, a), (bn, b)| {
+            a.busyness()
+                .partial_cmp(&b.busyness())
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then_with(|| an.cmp(bn))
+        })
+        .map(|(name, _)| name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(runnable: u32, guests: u32) -> NodeLoad {
+        NodeLoad {
+            runnable,
+            cpus: 2,
+            cpu_idle_pct: 50.0,
+            free_memory_bytes: 8 << 30,
+            console_idle_secs: None,
+            guests,
+            accepting: true,
+        }
+    }
+
+    #[test]
+    fn idlest_accepting_node_wins() {
+        let a = load(4, 0);
+        let b = load(0, 1);
+        let mut c = load(0, 0);
+        c.accepting = false;
+        let mut d = load(0, 0);
+        d.console_idle_secs = Some(3);
+        let nodes = [("a", &a), ("b", &b), ("c", &c), ("d", &d)];
+        assert_eq!(choose_idlest(nodes, None), Some("b"));
+        assert_eq!(choose_idlest(nodes, Some("b")), Some("a"));
+        assert_eq!(choose_idlest([("c", &c)], None), None);
+    }
+
+    #[test]
+    fn ties_spread_by_guests_then_name() {
+        let x = load(0, 2);
+        let y = load(0, 0);
+        let z = load(0, 0);
+        assert_eq!(
+            choose_idlest([("x", &x), ("z", &z), ("y", &y)], None),
+            Some("y")
+        );
+    }
+
+    #[test]
+    fn admission_checks_acceptance_and_memory() {
+        let mut l = load(0, 0);
+        assert!(admit(&l, 1 << 30).is_ok());
+        assert!(admit(&l, 9 << 30)
+            .unwrap_err()
+            .contains("not enough free memory"));
+        l.accepting = false;
+        assert!(admit(&l, 0).unwrap_err().contains("does not accept guests"));
+    }
+}

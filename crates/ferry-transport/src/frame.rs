@@ -1,0 +1,302 @@
+//! Frames: how bytes on a connection are cut into messages.
+//!
+//! Every frame is `[length: u32 big-endian][kind: u8][payload: length bytes]`. A `Msg` frame
+//! carries one CBOR-encoded [`Msg`]; a `Data` frame carries raw bytes of a stream (an image, a
+//! program's output) without re-encoding; an `End` frame closes that stream. Anything else, or a
+//! frame longer than [`MAX_FRAME`], is a malformed peer: the connection is dropped.
+
+use crate::message::Msg;
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The largest payload a peer may send in one frame.
+pub const MAX_FRAME: usize = 4 << 20;
+/// Data frames are cut to this size when a stream is forwarded.
+pub const DATA_CHUNK: usize = 1 << 20;
+
+const KIND_MSG: u8 = 1;
+const KIND_DATA: u8 = 2;
+const KIND_END: u8 = 3;
+
+#[derive(Debug)]
+pub enum Frame {
+    Msg(Msg),
+    Data(Vec<u8>),
+    End,
+}
+
+#[derive(Debug, Error)]
+pub enum FrameError {
+    #[error("connection closed")]
+    Closed,
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+}
+
+impl FrameError {
+    pub fn malformed(what: impl Into<String>) -> Self {
+        FrameError::Malformed(what.into())
+    }
+}
+
+/// Reads the next frame; `Closed` at a clean end of the connection between frames.
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, FrameError> {
+    let mut head = [0u8; 5];
+    match r.read_exact(&mut head).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::malformed(format!(
+            "frame of {len} bytes (limit {MAX_FRAME})"
+        )));
+    }
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            FrameError::malformed(format!("connection closed inside a frame of {len} bytes"))
+        } else {
+            e.into()
+        }
+    })?;
+    decode(head[4], payload)
+}
+
+async fn write_raw<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    kind: u8,
+    payload: &[u8],
+) -> Result<(), FrameError> {
+    w.write_all(&header(kind, payload.len())?).await?;
+    w.write_all(payload).await?;
+    Ok(())
+}
+
+pub async fn write_msg<W: AsyncWrite + Unpin>(w: &mut W, msg: &Msg) -> Result<(), FrameError> {
+    let mut buf = Vec::new();
+    ciborium::into_writer(msg, &mut buf)
+        .map_err(|e| FrameError::malformed(format!("encode {msg:?}: {e}")))?;
+    write_raw(w, KIND_MSG, &buf).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Writes stream bytes, cut into frames of at most [`DATA_CHUNK`]. Not flushed: callers stream.
+pub async fn write_data<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8]) -> Result<(), FrameError> {
+    for chunk in data.chunks(DATA_CHUNK) {
+        write_raw(w, KIND_DATA, chunk).await?;
+    }
+    Ok(())
+}
+
+pub async fn write_end<W: AsyncWrite + Unpin>(w: &mut W) -> Result<(), FrameError> {
+    write_raw(w, KIND_END, &[]).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Reads frames until a `Msg` arrives; stream frames at this point are a protocol error.
+pub async fn read_msg<R: AsyncRead + Unpin>(r: &mut R) -> Result<Msg, FrameError> {
+    match read_frame(r).await? {
+        Frame::Msg(m) => Ok(m),
+        Frame::Data(d) => Err(FrameError::malformed(format!(
+            "{} bytes of stream data where a message was expected",
+            d.len()
+        ))),
+        Frame::End => Err(FrameError::malformed(
+            "end of stream where a message was expected",
+        )),
+    }
+}
+
+/// The same frames over blocking streams, for engine workers (single-threaded processes that talk
+/// to their daemon through pipes).
+pub mod blocking {
+    use super::*;
+    use std::io::{Read, Write};
+
+    pub fn read_frame<R: Read>(r: &mut R) -> Result<Frame, FrameError> {
+        let mut head = [0u8; 5];
+        match r.read_exact(&mut head) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(FrameError::Closed)
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        if len > MAX_FRAME {
+            return Err(FrameError::malformed(format!(
+                "frame of {len} bytes (limit {MAX_FRAME})"
+            )));
+        }
+        let mut payload = vec![0u8; len];
+        r.read_exact(&mut payload)?;
+        decode(head[4], payload)
+    }
+
+    pub fn write_msg<W: Write>(w: &mut W, msg: &Msg) -> Result<(), FrameError> {
+        let mut buf = Vec::new();
+        ciborium::into_writer(msg, &mut buf)
+            .map_err(|e| FrameError::malformed(format!("encode {msg:?}: {e}")))?;
+        w.write_all(&header(KIND_MSG, buf.len())?)?;
+        w.write_all(&buf)?;
+        w.flush()?;
+        Ok(())
+    }
+
+    pub fn write_data<W: Write>(w: &mut W, data: &[u8]) -> Result<(), FrameError> {
+        for chunk in data.chunks(DATA_CHUNK) {
+            w.write_all(&header(KIND_DATA, chunk.len())?)?;
+            w.write_all(chunk)?;
+        }
+        Ok(())
+    }
+
+    pub fn write_end<W: Write>(w: &mut W) -> Result<(), FrameError> {
+        w.write_all(&header(KIND_END, 0)?)?;
+        w.flush()?;
+        Ok(())
+    }
+
+    /// A `Write` that sends everything written to it as data frames: the engine writes its
+    /// image into this, and never knows it goes to a pipe or a socket.
+    pub struct DataWriter<W: Write>(pub W);
+
+    impl<W: Write> Write for DataWriter<W> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(DATA_CHUNK);
+            write_data(&mut self.0, &buf[..n]).map_err(std::io::Error::other)?;
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.0.flush()
+        }
+    }
+
+    /// A `Read` over the data frames of a stream, up to its `End` frame. A message frame in
+    /// the middle, or the connection closing before `End`, is an error.
+    pub struct DataReader<R: Read> {
+        inner: R,
+        buf: Vec<u8>,
+        pos: usize,
+        done: bool,
+    }
+
+    impl<R: Read> DataReader<R> {
+        pub fn new(inner: R) -> Self {
+            DataReader {
+                inner,
+                buf: Vec::new(),
+                pos: 0,
+                done: false,
+            }
+        }
+        pub fn into_inner(self) -> R {
+            self.inner
+        }
+    }
+
+    impl<R: Read> Read for DataReader<R> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            while self.pos == self.buf.len() {
+                if self.done {
+                    return Ok(0);
+                }
+                match read_frame(&mut self.inner) {
+                    Ok(Frame::Data(d)) => {
+                        self.buf = d;
+                        self.pos = 0;
+                    }
+                    Ok(Frame::End) => self.done = true,
+                    Ok(Frame::Msg(m)) => {
+                        return Err(std::io::Error::other(format!(
+                            "stream interrupted by a {} message",
+                            crate::message::kind(&m)
+                        )))
+                    }
+                    Err(FrameError::Closed) => {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "stream closed before its end",
+                        ))
+                    }
+                    Err(e) => return Err(std::io::Error::other(e.to_string())),
+                }
+            }
+            let n = out.len().min(self.buf.len() - self.pos);
+            out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+            self.pos += n;
+            Ok(n)
+        }
+    }
+}
+
+fn header(kind: u8, len: usize) -> Result<[u8; 5], FrameError> {
+    if len > MAX_FRAME {
+        return Err(FrameError::malformed(format!(
+            "refusing to send a frame of {len} bytes"
+        )));
+    }
+    let mut head = [0u8; 5];
+    head[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    head[4] = kind;
+    Ok(head)
+}
+
+fn decode(kind: u8, payload: Vec<u8>) -> Result<Frame, FrameError> {
+    let len = payload.len();
+    match kind {
+        KIND_MSG => ciborium::from_reader(payload.as_slice())
+            .map(Frame::Msg)
+            .map_err(|e| FrameError::malformed(format!("undecodable message: {e}"))),
+        KIND_DATA => Ok(Frame::Data(payload)),
+        KIND_END if len == 0 => Ok(Frame::End),
+        kind => Err(FrameError::malformed(format!(
+            "unknown frame kind {kind} ({len} bytes)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn round_trip_and_rejects() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        write_msg(&mut a, &Msg::Commit).await.unwrap();
+        write_data(&mut a, b"hello").await.unwrap();
+        write_end(&mut a).await.unwrap();
+        assert!(matches!(
+            read_frame(&mut b).await.unwrap(),
+            Frame::Msg(Msg::Commit)
+        ));
+        assert!(matches!(read_frame(&mut b).await.unwrap(), Frame::Data(d) if d == b"hello"));
+        assert!(matches!(read_frame(&mut b).await.unwrap(), Frame::End));
+
+        // Too long, unknown kind, garbage CBOR, truncated: all malformed, none panics.
+        for bad in [
+            vec![0xff, 0xff, 0xff, 0xff, 1],
+            vec![0, 0, 0, 0, 9],
+            vec![0, 0, 0, 2, 1, 0xff, 0xff],
+            vec![0, 0, 0, 9, 2, 1],
+        ] {
+            let (mut a, mut b) = tokio::io::duplex(1 << 16);
+            a.write_all(&bad).await.unwrap();
+            drop(a);
+            let got = read_frame(&mut b).await;
+            assert!(
+                matches!(got, Err(FrameError::Malformed(_))),
+                "{bad:?}: {got:?}"
+            );
+        }
+        let (a, mut b) = tokio::io::duplex(16);
+        drop(a);
+        assert!(matches!(read_frame(&mut b).await, Err(FrameError::Closed)));
+    }
+}

@@ -1,0 +1,224 @@
+//! Every message Ferry sends: between daemons (over mutual TLS) and between the CLI and the
+//! daemon of its own machine (over a root-only UNIX socket). One enum serves both so a daemon can
+//! relay a remote program's I/O to the CLI frame by frame. Variants and fields are only ever
+//! added, never renamed; docs/wire-format.md describes the conversations.
+
+use ferry_policy::NodeLoad;
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Msg {
+    // ---- Between daemons -------------------------------------------------------------
+    /// First message of every connection between daemons: who is calling.
+    Hello {
+        node: String,
+    },
+    /// A membership (SWIM) packet, opaque to the transport.
+    Gossip {
+        packet: ByteBuf,
+    },
+    /// "May I send you this tree?" Answered by `Accept` or `Refused`.
+    MigrateOffer(MigrateOffer),
+    Accept,
+    Refused {
+        reason: String,
+    },
+    /// The destination rebuilt the tree and holds it stopped. The source's commit point.
+    Rebuilt(Rebuilt),
+    /// The source destroyed its copy: the destination may let the tree run.
+    Commit,
+    /// The tree runs at the destination.
+    Resumed,
+    /// Either side gives up before the commit point; the tree stays at the source.
+    Abort {
+        reason: String,
+    },
+    /// A destination that lost the source after `Rebuilt` asks how migration `id` ended.
+    OutcomeQuery {
+        id: u64,
+    },
+    Outcome {
+        id: u64,
+        committed: bool,
+    },
+
+    // ---- Remote execution (caller <-> its daemon <-> remote daemon) ------------------
+    Run(RunSpec),
+    Started {
+        node: String,
+        pid: i32,
+    },
+    /// Bytes of stdin (0), stdout (1) or stderr (2).
+    Io {
+        stream: u8,
+        data: ByteBuf,
+    },
+    IoEnd {
+        stream: u8,
+    },
+    Signal {
+        signal: i32,
+    },
+    Resize {
+        rows: u16,
+        cols: u16,
+    },
+    /// How the remote program ended: an exit code, or the signal that killed it.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+
+    // ---- CLI <-> its daemon -----------------------------------------------------------
+    ListNodes,
+    Nodes(Vec<NodeInfo>),
+    ListProcesses,
+    Processes(Vec<ProcInfo>),
+    /// The processes this daemon hosts or is home for (asked of peers by `ListProcesses`).
+    LocalProcesses,
+    Migrate {
+        pid: i32,
+        to: String,
+    },
+    /// Whether this node takes guests from now on (the owner wants the machine, or lends it).
+    SetAccepting {
+        accepting: bool,
+    },
+    Done,
+    Progress {
+        phase: String,
+        bytes: u64,
+    },
+    Migrated(MigrateReport),
+    Error {
+        message: String,
+    },
+
+    // ---- A daemon <-> its engine workers (over pipes) --------------------------------
+    /// Capture worker: the tree passed the preflight checks and can be moved.
+    Movable {
+        memory_bytes: u64,
+        uid: u32,
+        command: String,
+    },
+    /// Daemon to capture worker: freeze and stream the image.
+    Go,
+    Frozen,
+    Captured {
+        image_bytes: u64,
+    },
+    /// Daemon to capture worker at the commit point: destroy the original.
+    Kill,
+    Killed,
+    /// Daemon to capture worker before the commit point: let the original carry on.
+    Thaw,
+    Thawed,
+    /// Daemon to restore worker after the commit: let the rebuilt tree run.
+    Resume,
+}
+
+impl Msg {
+    pub fn error(message: impl Into<String>) -> Msg {
+        Msg::Error {
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MigrateOffer {
+    /// Chosen by the source, unique on it.
+    pub id: u64,
+    pub from_node: String,
+    /// Where the tree started and the PID it had there (it keeps that PID everywhere).
+    pub home_node: String,
+    pub home_pid: i32,
+    pub command: String,
+    pub uid: u32,
+    /// Resident memory of the tree, for the destination's admission check.
+    pub memory_bytes: u64,
+    pub since_unix_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Rebuilt {
+    /// Host PID of the tree's root on the destination.
+    pub pid: i32,
+    pub load_ms: f64,
+    pub restore_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunSpec {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    pub umask: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    /// (resource, soft, hard)
+    pub rlimits: Vec<(u32, u64, u64)>,
+    /// Set when the caller's stdin and stdout are a terminal: the program gets a pty this size.
+    pub tty: Option<(u16, u16)>,
+    pub home_node: String,
+    /// The PID of `ferry run` at home: the program's identity there.
+    pub home_pid: i32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub addr: String,
+    /// "self", "alive" or "down".
+    pub state: String,
+    pub load: Option<NodeLoad>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcInfo {
+    pub home_node: String,
+    pub node: String,
+    /// The PID the process has at home, and sees itself.
+    pub home_pid: i32,
+    /// Its PID on the node where it runs.
+    pub pid: i32,
+    pub uid: u32,
+    pub command: String,
+    /// "running", "migrating", "exited"
+    pub state: String,
+    /// "migrated" or "remote-exec"
+    pub kind: String,
+    pub since_unix_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MigrateReport {
+    pub pid: i32,
+    pub from: String,
+    pub to: String,
+    /// The tree's PID on the destination.
+    pub dest_pid: i32,
+    /// From the moment the tree stopped at the source until it ran at the destination.
+    pub freeze_ms: f64,
+    pub preflight_ms: f64,
+    pub offer_ms: f64,
+    /// Capture at the source, streamed and loaded at the destination as it arrives.
+    pub transfer_ms: f64,
+    pub restore_ms: f64,
+    pub commit_ms: f64,
+    pub total_ms: f64,
+    pub image_bytes: u64,
+    /// Bytes written to the connection, framing included (TLS adds its own few percent).
+    pub wire_bytes: u64,
+}
+
+/// The variant's name, for logs and errors (never the payload: it may be large or private).
+pub fn kind(m: &Msg) -> String {
+    let s = format!("{m:?}");
+    s.split(|c: char| !c.is_alphanumeric())
+        .next()
+        .unwrap_or("?")
+        .to_string()
+}

@@ -1,0 +1,228 @@
+//! `ferry cluster up [--nodes N]` / `ferry cluster down`: a local cluster of daemons on loopback
+//! addresses (127.0.0.11, .12, ...), each with its own certificate from a fresh cluster CA, all
+//! state under one directory. The embedded default behind README's first command.
+
+use super::client::{self, cluster_dir, local_nodes};
+use anyhow::{bail, Context, Result};
+use ferry_daemon::Config;
+use ferry_transport::{ClusterCa, Msg};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Start a local cluster of N daemons on loopback addresses.
+    Up(UpArgs),
+    /// Stop the local cluster's daemons (guests they host keep running).
+    Down(DirArg),
+}
+
+#[derive(clap::Args)]
+pub struct UpArgs {
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Where the cluster keeps its state [default: $FERRY_CLUSTER_DIR or /run/ferry/cluster].
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// TCP port every node listens on (each on its own loopback address).
+    #[arg(long, default_value_t = 7070)]
+    pub port: u16,
+    /// First loopback address; node i gets this plus i.
+    #[arg(long, default_value = "127.0.0.11")]
+    pub first_addr: Ipv4Addr,
+}
+
+#[derive(clap::Args)]
+pub struct DirArg {
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+pub fn run(c: Command) -> Result<()> {
+    match c {
+        Command::Up(a) => up(a),
+        Command::Down(a) => down(&cluster_dir(a.dir.as_deref())),
+    }
+}
+
+/// Node names: a, b, c, ... z, then n26, n27...
+pub fn node_name(i: usize) -> String {
+    if i < 26 {
+        ((b'a' + i as u8) as char).to_string()
+    } else {
+        format!("n{i}")
+    }
+}
+
+fn up(a: UpArgs) -> Result<()> {
+    if a.nodes == 0 || a.nodes > 200 {
+        bail!("--nodes must be between 1 and 200");
+    }
+    let dir = cluster_dir(a.dir.as_deref());
+    if local_nodes(&dir)
+        .iter()
+        .any(|n| running_pid(&dir.join(n)).is_some())
+    {
+        bail!(
+            "a local cluster is already running in {} (stop it with `ferry cluster down`)",
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let certs = dir.join("certs");
+    std::fs::create_dir_all(&certs)?;
+    let ca = ClusterCa::generate(&dir.display().to_string())?;
+    ca.save(&certs)?;
+    let names: Vec<String> = (0..a.nodes).map(node_name).collect();
+    let addr = |i: usize| -> Result<SocketAddr> {
+        let base = u32::from(a.first_addr);
+        let ip = Ipv4Addr::from(base + i as u32);
+        if ip.octets()[0] != 127 {
+            bail!("{ip} is not a loopback address");
+        }
+        Ok(SocketAddr::from((ip, a.port)))
+    };
+    let exe = std::env::current_exe().context("find the ferry binary")?;
+    for (i, name) in names.iter().enumerate() {
+        let data_dir = dir.join(name);
+        std::fs::create_dir_all(&data_dir)?;
+        let config = Config {
+            name: name.clone(),
+            listen: addr(i)?,
+            data_dir: data_dir.clone(),
+            accept_guests: true,
+            // Everyone joins through the first node; the first knows the second, should it
+            // restart alone.
+            peers: if i == 0 {
+                if a.nodes > 1 {
+                    vec![addr(1)?]
+                } else {
+                    vec![]
+                }
+            } else {
+                vec![addr(0)?]
+            },
+            credentials: ca.issue_node_files(name, &certs)?,
+        };
+        let cfg_path = data_dir.join("ferry.toml");
+        std::fs::write(&cfg_path, config.to_toml()?)
+            .with_context(|| format!("write {}", cfg_path.display()))?;
+        start_daemon(&exe, &cfg_path, &data_dir)?;
+    }
+    // Ready when every daemon answers and sees all the others.
+    let rt = client::runtime()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for name in &names {
+        loop {
+            let sock = ferry_daemon::config::control_socket(&dir.join(name));
+            let seen = rt.block_on(async {
+                let mut s = tokio::net::UnixStream::connect(&sock).await.ok()?;
+                ferry_transport::write_msg(&mut s, &Msg::ListNodes)
+                    .await
+                    .ok()?;
+                match ferry_transport::read_msg(&mut s).await.ok()? {
+                    Msg::Nodes(n) => Some(n.iter().filter(|n| n.load.is_some()).count()),
+                    _ => None,
+                }
+            });
+            if seen == Some(names.len()) {
+                break;
+            }
+            if Instant::now() > deadline {
+                let log = dir.join(name).join("daemon.log");
+                bail!(
+                    "node {name} did not join the cluster within 20 s (sees {:?} of {} nodes); \
+                     its log: {}",
+                    seen,
+                    names.len(),
+                    log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    println!(
+        "local cluster of {} nodes up in {}",
+        names.len(),
+        dir.display()
+    );
+    for (i, name) in names.iter().enumerate() {
+        println!(
+            "  {name}  {}  log {}",
+            addr(i)?,
+            dir.join(name).join("daemon.log").display()
+        );
+    }
+    Ok(())
+}
+
+fn start_daemon(exe: &Path, cfg: &Path, data_dir: &Path) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data_dir.join("daemon.log"))
+        .context("open daemon.log")?;
+    let child = std::process::Command::new(exe)
+        .arg("daemon")
+        .arg("--config")
+        .arg(cfg)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        // Its own session: the daemon outlives this command and its terminal.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("start the daemon for {}", cfg.display()))?;
+    std::fs::write(data_dir.join("daemon.pid"), child.id().to_string())?;
+    Ok(())
+}
+
+fn running_pid(data_dir: &Path) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(data_dir.join("daemon.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let zombie = stat
+        .rsplit(')')
+        .next()
+        .is_some_and(|s| s.trim_start().starts_with('Z'));
+    (!zombie && cmd.split(|b| *b == 0).any(|a| a == b"daemon")).then_some(pid)
+}
+
+fn down(dir: &Path) -> Result<()> {
+    let names = local_nodes(dir);
+    if names.is_empty() {
+        bail!("no local cluster in {}", dir.display());
+    }
+    let mut stopping = Vec::new();
+    for n in &names {
+        if let Some(pid) = running_pid(&dir.join(n)) {
+            ferry_sys::ptrace::kill(pid, libc::SIGTERM).ok();
+            stopping.push((n.clone(), pid));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for (n, pid) in &stopping {
+        while running_pid(&dir.join(n)).is_some() {
+            if Instant::now() > deadline {
+                eprintln!("ferry: node {n} (PID {pid}) ignored SIGTERM; killing it");
+                ferry_sys::ptrace::kill(*pid, libc::SIGKILL).ok();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = std::fs::remove_file(dir.join(n).join("daemon.pid"));
+    }
+    println!(
+        "stopped {} of {} nodes in {}",
+        stopping.len(),
+        names.len(),
+        dir.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! `ferry migrate PID --to NODE [--json]`: move a live process tree to another node.
+
+use super::client;
+use anyhow::{bail, Context, Result};
+use ferry_transport::{read_msg, write_msg, Msg};
+use std::io::IsTerminal;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The process (with its descendants) to move: a PID on this node, or the home PID of a
+    /// guest running here.
+    pub pid: i32,
+    /// The node to move it to.
+    #[arg(long)]
+    pub to: String,
+    /// Print a machine-readable report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args, node: Option<&str>) -> Result<()> {
+    let rt = client::runtime()?;
+    let report = rt.block_on(async {
+        let mut s = client::connect(node).await?;
+        write_msg(
+            &mut s,
+            &Msg::Migrate {
+                pid: a.pid,
+                to: a.to.clone(),
+            },
+        )
+        .await?;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = indicatif::ProgressBar::new_spinner();
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} {msg} {bytes} ({bytes_per_sec}) {elapsed}",
+                )
+                .expect("valid template"),
+            );
+            b.enable_steady_tick(std::time::Duration::from_millis(100));
+            b
+        });
+        let result = loop {
+            match read_msg(&mut s)
+                .await
+                .context("the daemon stopped answering")?
+            {
+                Msg::Progress { phase, bytes } => {
+                    if let Some(b) = &bar {
+                        b.set_message(format!("PID {} to {}: {phase}", a.pid, a.to));
+                        b.set_position(bytes);
+                    }
+                }
+                Msg::Migrated(r) => break Ok(r),
+                Msg::Error { message } => break Err(anyhow::anyhow!("{message}")),
+                other => bail!(
+                    "unexpected answer {}",
+                    ferry_transport::message::kind(&other)
+                ),
+            }
+        };
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        result
+    })?;
+    if a.json {
+        return super::print_json(&report);
+    }
+    println!(
+        "moved PID {} from {} to {} (PID {} there): stood still {:.0} ms, {:.1} MiB on the wire, \
+         {:.0} ms in all",
+        report.pid,
+        report.from,
+        report.to,
+        report.dest_pid,
+        report.freeze_ms,
+        report.wire_bytes as f64 / (1 << 20) as f64,
+        report.total_ms
+    );
+    Ok(())
+}

@@ -1,0 +1,225 @@
+//! Engine workers: the daemon's hands. Each runs in its own single-threaded `ferry` process,
+//! the only tracer of its tree, and talks to its daemon in frames over stdin and stdout (see
+//! ferry_daemon::workers). If the daemon goes away, a worker backs out: a capture worker thaws
+//! the tree, a restore worker kills what it built.
+
+use anyhow::{Context, Result};
+use ferry_engine::checkpoint::capture;
+use ferry_engine::freeze::FrozenTree;
+use ferry_transport::frame::blocking::{read_frame, write_end, write_msg, DataReader, DataWriter};
+use ferry_transport::{Frame, Msg};
+use std::io::{BufWriter, Write};
+use std::time::Instant;
+
+fn next_command(input: &mut impl std::io::Read) -> Option<Msg> {
+    match read_frame(input) {
+        Ok(Frame::Msg(m)) => Some(m),
+        _ => None,
+    }
+}
+
+fn fail(out: &mut impl Write, e: &anyhow::Error) -> Result<()> {
+    write_msg(
+        out,
+        &Msg::Error {
+            message: format!("{e:#}"),
+        },
+    )?;
+    Ok(())
+}
+
+/// Resident memory of the tree rooted at `pid` (for the destination's admission check), and the
+/// root's owner and command line.
+fn describe_tree(pid: i32) -> Result<(u64, u32, String)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("PID {pid} does not exist"))?;
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let command = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut rss = 0u64;
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{p}/status")) {
+            rss += s
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024;
+        }
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                let children =
+                    std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                todo.extend(
+                    children
+                        .split_whitespace()
+                        .filter_map(|c| c.parse::<i32>().ok()),
+                );
+            }
+        }
+    }
+    Ok((rss, uid, command))
+}
+
+/// `ferry __capture-worker PID`
+pub fn capture_worker(pid: i32) -> Result<()> {
+    ferry_sys::process::set_parent_death_signal(libc::SIGTERM).context("watch the daemon")?;
+    let cancel = ferry_engine::cancel::flag();
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        signal_hook::flag::register(sig, cancel.clone()).context("install signal handlers")?;
+    }
+    let mut input = std::io::stdin().lock();
+    let mut out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+    let (memory_bytes, uid, command) = match describe_tree(pid) {
+        Ok(x) => x,
+        Err(e) => return fail(&mut out, &e),
+    };
+    write_msg(
+        &mut out,
+        &Msg::Movable {
+            memory_bytes,
+            uid,
+            command,
+        },
+    )?;
+    if !matches!(next_command(&mut input), Some(Msg::Go)) {
+        return Ok(());
+    }
+    let frozen = match FrozenTree::freeze(pid).with_context(|| format!("freeze PID {pid}")) {
+        Ok(f) => f,
+        Err(e) => return fail(&mut out, &e),
+    };
+    write_msg(&mut out, &Msg::Frozen)?;
+    let captured = capture(&frozen, DataWriter(&mut out))
+        .map(|(_, report)| report)
+        .map_err(anyhow::Error::from)
+        .and_then(|report| {
+            write_end(&mut out)?;
+            Ok(report)
+        });
+    let report = match captured {
+        Ok(r) => r,
+        Err(e) => {
+            frozen.thaw();
+            return fail(&mut out, &e.context(format!("capture PID {pid}")));
+        }
+    };
+    write_msg(
+        &mut out,
+        &Msg::Captured {
+            image_bytes: report.image_bytes,
+        },
+    )?;
+    match next_command(&mut input) {
+        Some(Msg::Kill) => {
+            frozen.kill();
+            write_msg(&mut out, &Msg::Killed)?;
+        }
+        _ => {
+            frozen.thaw();
+            let _ = write_msg(&mut out, &Msg::Thawed);
+        }
+    }
+    Ok(())
+}
+
+/// `ferry __restore-worker`: the image arrives on stdin as data frames.
+pub fn restore_worker() -> Result<()> {
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    let t0 = Instant::now();
+    let mut reader = DataReader::new(std::io::stdin().lock());
+    let img = match ferry_engine::restore::load(&mut reader).context("receive the image") {
+        Ok(i) => i,
+        Err(e) => return fail(&mut out, &e),
+    };
+    let mut input = reader.into_inner();
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let t1 = Instant::now();
+    let held = match hold::rebuild(&img) {
+        Ok(h) => h,
+        Err(e) => return fail(&mut out, &e),
+    };
+    write_msg(
+        &mut out,
+        &Msg::Rebuilt(ferry_transport::message::Rebuilt {
+            pid: held.root_pid(),
+            load_ms,
+            restore_ms: t1.elapsed().as_secs_f64() * 1e3,
+        }),
+    )?;
+    // After `Rebuilt` the source may already have destroyed the original; only an explicit
+    // `Abort` kills the copy. Losing the daemon here (EOF) means it died after passing our
+    // `Rebuilt` on: the source commits on it, so the copy must run.
+    match next_command(&mut input) {
+        Some(Msg::Abort { .. }) => held.kill(),
+        _ => match held.resume() {
+            Ok(()) => {
+                let _ = write_msg(&mut out, &Msg::Resumed);
+            }
+            Err(e) => {
+                let _ = fail(&mut out, &e);
+            }
+        },
+    }
+    Ok(())
+}
+
+/// Rebuilding a tree in namespaces of its own (so it keeps its PIDs, and its monotonic clocks
+/// never run backwards) and holding it stopped until the commit.
+mod hold {
+    use anyhow::{Context, Result};
+    use ferry_engine::guest_ns::GuestNamespaces;
+    use ferry_engine::restore::{restore_with, LoadedImage, RestoreOptions, RestoredTree};
+
+    pub struct Held {
+        guest: GuestNamespaces,
+        tree: RestoredTree,
+    }
+
+    pub fn rebuild(img: &LoadedImage) -> Result<Held> {
+        let exe = std::env::current_exe().context("find the ferry binary")?;
+        let guest = GuestNamespaces::create(&exe, img.tree.clocks)
+            .context("make namespaces for the guest")?;
+        let tree = match restore_with(
+            img,
+            &RestoreOptions {
+                guest: Some(&guest),
+            },
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = guest.kill();
+                return Err(anyhow::Error::from(e).context("rebuild the tree"));
+            }
+        };
+        Ok(Held { guest, tree })
+    }
+
+    impl Held {
+        pub fn root_pid(&self) -> i32 {
+            self.tree.root_host_pid()
+        }
+
+        /// Lets the tree run; the namespaces' init stays as long as the tree does.
+        pub fn resume(self) -> Result<()> {
+            self.tree.resume().context("let the rebuilt tree run")?;
+            drop(self.guest);
+            Ok(())
+        }
+
+        pub fn kill(self) {
+            self.tree.kill();
+            let _ = self.guest.kill();
+        }
+    }
+}

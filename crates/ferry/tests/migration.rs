@@ -1,0 +1,409 @@
+//! Live migration between the daemons of real local clusters on loopback: a ticking victim is
+//! moved around and must never notice (same PID in its own eyes, memory intact, monotonic clock
+//! never backwards, keeps counting), and every failure before the commit point leaves it
+//! running where it was. Faults are real: daemons killed, a foreign certificate, garbage on the
+//! wire.
+
+mod common;
+
+use common::cluster::Cluster;
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn main() {
+    let args = Arguments::from_args();
+    let tests = vec![
+        Trial::test("migrate_a_to_b_to_c_to_a", migrate_around),
+        Trial::test("refusals_leave_the_process_running", refusals),
+        Trial::test(
+            "destination_killed_mid_transfer",
+            destination_killed_mid_transfer,
+        ),
+        Trial::test("source_dies_after_commit", source_dies_after_commit),
+        Trial::test(
+            "destination_daemon_dies_after_rebuild",
+            destination_dies_after_rebuild,
+        ),
+        Trial::test("foreign_certificate_and_garbage_refused", hostile_peers),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("migration")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn ticker_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("ticker-{}", std::process::id()));
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/victims/ticker.c");
+            let st = Command::new("gcc")
+                .args(["-O2", "-o"])
+                .arg(&out)
+                .arg(&src)
+                .status()
+                .unwrap();
+            assert!(st.success(), "build ticker");
+            out
+        })
+        .clone()
+}
+
+/// A ticking victim and the status line it keeps rewriting.
+struct Ticker {
+    child: Child,
+    status: PathBuf,
+}
+
+#[derive(Debug, PartialEq)]
+struct Status {
+    count: u64,
+    pid: i32,
+    ok: bool,
+    mono: bool,
+}
+
+impl Ticker {
+    fn start(dir: &Path, mib: u32) -> Ticker {
+        let status = dir.join("ticker.status");
+        let child = Command::new(ticker_binary())
+            .arg(mib.to_string())
+            .arg(&status)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Ticker { child, status };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while t.status().is_none_or(|s| s.count < 2) {
+            assert!(Instant::now() < deadline, "ticker did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        t
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn status(&self) -> Option<Status> {
+        let text = std::fs::read_to_string(&self.status).ok()?;
+        let field = |k: &str| -> Option<String> {
+            text.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .map(str::to_string)
+        };
+        Some(Status {
+            count: field("count=")?.parse().ok()?,
+            pid: field("pid=")?.parse().ok()?,
+            ok: field("ok=")? == "1",
+            mono: field("mono=")? == "1",
+        })
+    }
+
+    /// Fails unless the ticker counts on, intact, under its own PID.
+    fn assert_alive(&self, what: &str) {
+        let before = self.status().expect("status");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let now = self.status().expect("status");
+            assert!(now.ok, "{what}: memory pattern damaged: {now:?}");
+            assert!(now.mono, "{what}: CLOCK_MONOTONIC went backwards: {now:?}");
+            assert_eq!(now.pid, self.pid(), "{what}: the process sees another PID");
+            if now.count > before.count + 2 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the ticker stopped counting at {now:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn migrate(c: &Cluster, on: &str, pid: i32, to: &str) -> Result<serde_json::Value, String> {
+    let o = c.run(on, &["migrate", &pid.to_string(), "--to", to, "--json"]);
+    if o.status.success() {
+        serde_json::from_slice(&o.stdout).map_err(|e| format!("bad json: {e}: {}", text(&o)))
+    } else {
+        Err(text(&o))
+    }
+}
+
+fn ps(c: &Cluster, on: &str) -> Vec<serde_json::Value> {
+    let o = c.run(on, &["ps", "--json"]);
+    assert!(o.status.success(), "ps: {}", text(&o));
+    serde_json::from_slice::<Vec<serde_json::Value>>(&o.stdout).unwrap()
+}
+
+/// The guest with this home PID, as `ferry ps` lists it.
+fn guest(c: &Cluster, on: &str, home_pid: i32) -> Option<serde_json::Value> {
+    ps(c, on)
+        .into_iter()
+        .find(|p| p["home_pid"].as_i64() == Some(home_pid as i64))
+}
+
+fn pid_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+fn kill_host_pid(pid: i64) {
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+}
+
+fn migrate_around() -> Result<(), Failed> {
+    let c = Cluster::up("around", 3);
+    let dir = scratch("around");
+    let t = Ticker::start(&dir, 32);
+    let home = t.pid();
+    let mut host_pid = home;
+    for (from, to) in [("a", "b"), ("b", "c"), ("c", "a")] {
+        let r = migrate(&c, from, home, to).map_err(|e| format!("{from} -> {to}: {e}"))?;
+        assert_eq!(r["to"], to);
+        assert!(r["freeze_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["wire_bytes"].as_u64().unwrap() > 1 << 20, "{r}");
+        assert!(!pid_alive(host_pid), "the copy on {from} still runs");
+        let g = guest(&c, "a", home).ok_or(format!("ps does not list {home} after {to}"))?;
+        assert_eq!(g["node"], to, "{g}");
+        assert_eq!(g["home_node"], "a", "{g}");
+        host_pid = g["pid"].as_i64().unwrap() as i32;
+        assert_ne!(host_pid, home, "a guest runs under its own host PID");
+        t.assert_alive(&format!("after {from} -> {to}"));
+    }
+    kill_host_pid(host_pid as i64);
+    Ok(())
+}
+
+fn refusals() -> Result<(), Failed> {
+    let c = Cluster::up("refuse", 3);
+    let dir = scratch("refuse");
+    let t = Ticker::start(&dir, 4);
+    let pid = t.pid();
+
+    let o = c.run("c", &["accept", "no"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let e = migrate(&c, "a", pid, "c").expect_err("c refuses guests");
+    assert!(e.contains("does not accept guests"), "{e}");
+    assert!(e.contains("keeps running") || e.contains("refused"), "{e}");
+    t.assert_alive("after a refusal");
+    assert!(c.run("c", &["accept", "yes"]).status.success());
+
+    let e = migrate(&c, "a", pid, "nowhere").expect_err("unknown node");
+    assert!(e.contains("no live node named \"nowhere\""), "{e}");
+    let e = migrate(&c, "a", pid, "a").expect_err("same node");
+    assert!(e.contains("already on node a"), "{e}");
+    let e = migrate(&c, "a", 999_999_999, "b").expect_err("no such PID");
+    assert!(e.contains("999999999"), "{e}");
+    t.assert_alive("after bad requests");
+
+    // A dead node: it leaves the membership and cannot be chosen.
+    kill_host_pid(c.daemon_pid("c") as i64);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let e = migrate(&c, "a", pid, "c").expect_err("c is dead");
+        if e.contains("no live node named \"c\"") {
+            break;
+        }
+        assert!(
+            e.contains("keeps running") || e.contains("reach node c"),
+            "unexpected: {e}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "c never left the membership: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    t.assert_alive("after trying a dead node");
+    Ok(())
+}
+
+fn destination_killed_mid_transfer() -> Result<(), Failed> {
+    let c = Cluster::up("midway", 2);
+    let dir = scratch("midway");
+    // Big enough that the transfer takes a while.
+    let t = Ticker::start(&dir, 768);
+    let pid = t.pid();
+    let m = c
+        .ferry("a")
+        .args(["migrate", &pid.to_string(), "--to", "b"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.log("b").contains("migrate-in") {
+        assert!(Instant::now() < deadline, "b never received the offer");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    kill_host_pid(c.daemon_pid("b") as i64);
+    let o = m.wait_with_output().unwrap();
+    let e = text(&o);
+    assert!(
+        !o.status.success(),
+        "migration to a killed node succeeded: {e}"
+    );
+    assert!(e.contains("keeps running on a"), "{e}");
+    assert!(pid_alive(pid));
+    t.assert_alive("after the destination died mid-transfer");
+    Ok(())
+}
+
+fn source_dies_after_commit() -> Result<(), Failed> {
+    let c = Cluster::up_with("commit", 2, &[("FERRY_FAULT", "a:exit-after-commit")]);
+    let dir = scratch("commit");
+    let t = Ticker::start(&dir, 8);
+    let pid = t.pid();
+    let e = migrate(&c, "a", pid, "b").expect_err("the source daemon dies");
+    assert!(
+        e.contains("stopped answering") || e.contains("connection"),
+        "{e}"
+    );
+    assert!(!pid_alive(pid), "the original survived its commit");
+    let g = guest(&c, "b", pid).ok_or("b does not host the process")?;
+    assert_eq!(g["node"], "b");
+    t.assert_alive("on b after the source died");
+    kill_host_pid(g["pid"].as_i64().unwrap());
+    Ok(())
+}
+
+fn destination_dies_after_rebuild() -> Result<(), Failed> {
+    let c = Cluster::up_with("rebuilt", 2, &[("FERRY_FAULT", "b:exit-after-rebuilt")]);
+    let dir = scratch("rebuilt");
+    let t = Ticker::start(&dir, 8);
+    let pid = t.pid();
+    let e = migrate(&c, "a", pid, "b").expect_err("the destination daemon dies");
+    assert!(e.contains("after commit"), "{e}");
+    // Past the commit point the copy must run, even without its daemon.
+    assert!(!pid_alive(pid), "the original survived its commit");
+    t.assert_alive("on b after its daemon died");
+    // Find and stop the copy: the ticker that writes our status file.
+    let out = Command::new("pgrep")
+        .args(["-f", &t.status.display().to_string()])
+        .output()
+        .unwrap();
+    for p in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+        kill_host_pid(p.parse().unwrap());
+    }
+    Ok(())
+}
+
+/// Speaks TLS to `addr` with openssl, offering `cert`/`key` (or none), sends `payload`, and
+/// returns what openssl printed.
+fn openssl_send(addr: &str, ca: &Path, cert: Option<(&Path, &Path)>, payload: &[u8]) -> String {
+    let mut cmd = Command::new("openssl");
+    cmd.args([
+        "s_client",
+        "-quiet",
+        "-connect",
+        addr,
+        "-servername",
+        "ferry-node.cluster",
+    ])
+    .arg("-CAfile")
+    .arg(ca);
+    if let Some((c, k)) = cert {
+        cmd.arg("-cert").arg(c).arg("-key").arg(k);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    let mut stdin = child.stdin.take().unwrap();
+    let _ = stdin.write_all(payload);
+    std::thread::sleep(Duration::from_millis(300));
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    text(&o)
+}
+
+fn hostile_peers() -> Result<(), Failed> {
+    let c = Cluster::up("hostile", 2);
+    let other = Cluster::up("foreign", 1);
+    let b_addr = format!("127.0.0.12:{}", c.port);
+    let certs = c.dir.join("certs");
+    let foreign = other.dir.join("certs");
+
+    // A certificate from another cluster's CA, and no certificate at all: refused, logged.
+    openssl_send(
+        &b_addr,
+        &foreign.join("ca.pem"),
+        Some((&foreign.join("a.pem"), &foreign.join("a.key"))),
+        b"hello",
+    );
+    openssl_send(&b_addr, &certs.join("ca.pem"), None, b"hello");
+    // A member's certificate, then garbage; then a well-framed message that is not CBOR;
+    // then a Hello claiming another name than the certificate's.
+    let member = Some((certs.join("a.pem"), certs.join("a.key")));
+    let member = member.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+    openssl_send(&b_addr, &certs.join("ca.pem"), member, &[0xff; 64]);
+    openssl_send(
+        &b_addr,
+        &certs.join("ca.pem"),
+        member,
+        &[0, 0, 0, 3, 1, 0xff, 0xfe, 0xfd],
+    );
+    let mut lie = Vec::new();
+    let hello = [
+        0xa1, 0x65, b'H', b'e', b'l', b'l', b'o', 0xa1, 0x64, b'n', b'o', b'd', b'e', 0x61, b'b',
+    ];
+    lie.extend_from_slice(&(hello.len() as u32).to_be_bytes());
+    lie.push(1);
+    lie.extend_from_slice(&hello);
+    openssl_send(&b_addr, &certs.join("ca.pem"), member, &lie);
+
+    std::thread::sleep(Duration::from_millis(300));
+    let log = c.log("b");
+    let refused = log.matches("event=\"refused\"").count();
+    assert!(
+        refused >= 5,
+        "expected 5 refusals in b's log, saw {refused}:\n{log}"
+    );
+    assert!(
+        log.contains("certificate names \\\"a\\\"") || log.contains("certificate names"),
+        "{log}"
+    );
+    // Still a working cluster: b answers and a migration through it works.
+    let dir = scratch("hostile");
+    let t = Ticker::start(&dir, 4);
+    let r = migrate(&c, "a", t.pid(), "b").map_err(|e| format!("after hostile peers: {e}"))?;
+    t.assert_alive("after hostile peers");
+    kill_host_pid(r["dest_pid"].as_i64().unwrap());
+    Ok(())
+}
