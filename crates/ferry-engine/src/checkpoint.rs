@@ -107,7 +107,7 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
     tree.ghosts = objects.ghosts.clone();
     // Everything was captured with our PIDs; the image holds the tree's own.
     let hosts: Vec<i32> = tree.processes.iter().map(|p| p.pid).collect();
-    view.translate(&mut tree)?;
+    view.translate(&mut tree, frozen)?;
     report.tree_pids = tree.processes.iter().map(|p| p.pid).collect();
     report.tree_root_pid = tree.root_pid;
     // The last thing read while the tree is frozen: no clock reading it made can be later.

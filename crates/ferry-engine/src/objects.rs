@@ -426,7 +426,10 @@ impl RestoreObjects {
         if !pending.is_empty() {
             let f = std::fs::OpenOptions::new()
                 .write(true)
-                .open(format!("/proc/{pid}/map_files/{:x}-{:x}", v.start, v.end))
+                .open(format!(
+                    "/proc/{}/map_files/{:x}-{:x}",
+                    h.host, v.start, v.end
+                ))
                 .ctx(pid, || format!("open System V segment {}", seg.shmid))?;
             for (off, data) in pending {
                 f.write_all_at(&data, off)

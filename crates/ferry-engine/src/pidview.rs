@@ -204,7 +204,23 @@ impl PidView {
     /// Rewrites every PID-valued field of `tree` (captured with host PIDs) into the tree's view.
     /// Raw siginfo records need nothing: the kernel queued them with `si_pid` already in the
     /// receiver's namespace.
-    pub fn translate(&self, tree: &mut Tree) -> Result<()> {
+    pub fn translate(&self, tree: &mut Tree, frozen: &FrozenTree) -> Result<()> {
+        // Where each description is held (host PID, fd), while the tree still has host PIDs.
+        let mut holders: HashMap<u32, (i32, i32)> = HashMap::new();
+        for p in tree.processes.iter().filter(|p| p.zombie_status.is_none()) {
+            for f in &p.fds {
+                holders.entry(f.file).or_insert((p.pid, f.fd));
+            }
+        }
+        // Which process holds each socket, by inode.
+        let socket_holder: HashMap<u64, i32> = tree
+            .files
+            .iter()
+            .filter_map(|f| match &f.kind {
+                FileKind::Socket(s) => Some((s.ino, holders.get(&f.id)?.0)),
+                _ => None,
+            })
+            .collect();
         tree.root_pid = self.member(tree.root_pid, || "the root".into())?;
         for p in &mut tree.processes {
             let host = p.pid;
@@ -235,11 +251,35 @@ impl PidView {
                 }
                 FileKind::Socket(s) => {
                     if let Some(c) = &mut s.peer_cred {
-                        c.pid = self.of_pid(c.pid);
+                        c.pid = match self.map.get(&c.pid) {
+                            Some(v) => *v,
+                            None if self.ours => c.pid,
+                            // Credentials of a process that is gone (a socket made by a helper
+                            // at an earlier restore, say) have no number here any more: ask
+                            // a holder of the socket, inside the tree's namespace.
+                            None => match holders.get(&f.id) {
+                                Some(&(pid, fd)) => peer_pid_inside(frozen, pid, fd)?,
+                                None => 0,
+                            },
+                        };
                     }
                     if let SockState::Listening { pending, .. } = &mut s.state {
-                        for c in pending.iter_mut().filter_map(|c| c.cred.as_mut()) {
-                            c.pid = self.of_pid(c.pid);
+                        for c in pending.iter_mut() {
+                            let client = c.client_ino;
+                            let Some(cred) = c.cred.as_mut() else {
+                                continue;
+                            };
+                            cred.pid = match self.map.get(&cred.pid) {
+                                Some(v) => *v,
+                                None if self.ours => cred.pid,
+                                // Whoever connected is gone (a helper of an earlier restore):
+                                // the process holding the client socket stands in for it.
+                                None => socket_holder
+                                    .get(&client)
+                                    .and_then(|h| self.map.get(h))
+                                    .copied()
+                                    .unwrap_or(0),
+                            };
                         }
                     }
                 }
@@ -248,6 +288,37 @@ impl PidView {
         }
         Ok(())
     }
+}
+
+/// SO_PEERCRED's PID of socket `fd` of frozen process `pid`, as that process sees it (asked by
+/// a call injected into it).
+fn peer_pid_inside(frozen: &FrozenTree, pid: i32, fd: i32) -> Result<i32> {
+    let t = frozen
+        .procs
+        .iter()
+        .find(|p| p.pid == pid)
+        .and_then(|p| p.threads.first())
+        .ok_or(Error::NoSuchProcess { pid })?;
+    let syscall_at = ferry_inject::find_syscall_insn(pid)?;
+    let inj = ferry_inject::Injector::on_stack(pid, t.tid, t.regs, syscall_at)?;
+    let asked = (|| -> Result<i32> {
+        let len = inj.write_scratch(64, &12u32.to_ne_bytes())?;
+        inj.syscall(
+            "getsockopt(SO_PEERCRED)",
+            libc::SYS_getsockopt,
+            &[
+                fd as u64,
+                libc::SOL_SOCKET as u64,
+                libc::SO_PEERCRED as u64,
+                inj.scratch(0),
+                len,
+            ],
+        )?;
+        let b = inj.read_scratch(0, 4)?;
+        Ok(i32::from_ne_bytes(b[..4].try_into().expect("4 bytes")))
+    })();
+    inj.finish()?;
+    asked
 }
 
 /// CLOCK_MONOTONIC and CLOCK_BOOTTIME as process `pid` sees them now: our clocks plus the

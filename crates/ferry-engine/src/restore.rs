@@ -369,7 +369,7 @@ pub fn restore_with(img: &LoadedImage, opts: &RestoreOptions<'_>) -> Result<Rest
     for (o, off, data) in &img.objects {
         objects.fill(*o, *off, data)?;
     }
-    let descs = files::open_descriptions(tree, &objects, opts.guest.is_none())?;
+    let descs = files::open_descriptions(tree, &objects, opts.guest.map(|g| g.pidfd()))?;
     let spare_fd = tree
         .processes
         .iter()

@@ -321,3 +321,59 @@ pub fn getpid() -> i32 {
     // SAFETY: getpid cannot fail.
     unsafe { libc::getpid() }
 }
+
+/// Blocks signal `sig` in the calling thread (so that a signalfd can collect it instead).
+pub fn block_signal(sig: i32) -> SysResult<()> {
+    let mask: u64 = 1 << (sig - 1);
+    // SAFETY: mask is a valid 8-byte kernel sigset_t that outlives the call; no old set asked.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK,
+            &mask as *const u64,
+            std::ptr::null_mut::<u64>(),
+            8,
+        )
+    };
+    check("rt_sigprocmask(SIG_BLOCK)", r).map(drop)
+}
+
+/// poll(2) for input on `fds` for up to `timeout_ms`: which of them are readable or hung up.
+pub fn poll_in(fds: &[RawFd], timeout_ms: i32) -> SysResult<Vec<bool>> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: p is a live array of p.len() pollfd structures.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+    if r < 0 {
+        let e = SysError::last("poll");
+        if e.errno != libc::EINTR {
+            return Err(e);
+        }
+    }
+    Ok(p.iter().map(|x| r > 0 && x.revents != 0).collect())
+}
+
+/// Runs `f` with this thread's new children made in the PID namespace of the process behind
+/// `pidfd` (setns(CLONE_NEWPID) changes only where the caller's next children go), then puts
+/// the thread's namespace for children back.
+pub fn with_children_in_pid_ns_of<T>(pidfd: RawFd, f: impl FnOnce() -> T) -> SysResult<T> {
+    let own = crate::fdops::open_path(
+        "/proc/thread-self/ns/pid_for_children",
+        libc::O_RDONLY | libc::O_CLOEXEC,
+        0,
+    )?;
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::setns(pidfd, libc::CLONE_NEWPID) };
+    check("setns(CLONE_NEWPID)", r as libc::c_long)?;
+    let out = f();
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWPID) };
+    check("setns(CLONE_NEWPID) back", r as libc::c_long)?;
+    Ok(out)
+}

@@ -10,10 +10,24 @@
 //!   kills the tree) and `ferry restore --dir D` (which must give back the
 //!   same root PID), then touches `go` and requires `PASS`.
 //!
+//! * `ns::NAME` runs it, then does `ferry checkpoint PID --dir D` and
+//!   `ferry restore --dir D --pid-namespace` (the tree is rebuilt in fresh PID,
+//!   time and mount namespaces, under its PIDs there), then checkpoints it
+//!   again from inside that namespace and restores that into another fresh
+//!   one, then touches `go` and requires `PASS`.  The restored root must have
+//!   its original PID inside the namespace (NSpid).
+//!
 //! Programs listed in `tests/programs/PENDING` hold state the engine does not
-//! support yet: their `cr::` trial requires that `ferry checkpoint` refuses
-//! (non-zero status, a message on stderr) and leaves the program running
-//! unharmed.
+//! support yet: their `cr::` and `ns::` trials require that `ferry checkpoint`
+//! refuses (non-zero status, a message on stderr) and leaves the program
+//! running unharmed.  Programs listed in `tests/programs/NS_EXCLUDED` cannot
+//! work in a PID namespace of their own (the reason is on their line): they
+//! have no `ns::` trial.
+//!
+//! Three more trials (`ns_extra::`): a tree cloned into a namespace while its
+//! original keeps running; clocks that the image says were ahead of this
+//! machine's (the guest's monotonic clock must continue from them); and a
+//! tree whose root is a namespace's PID 1, which must be refused.
 //!
 //! Environment: `FERRY_SUITE_FILTER=substr` runs only programs whose name
 //! contains `substr`; `FERRY_SUITE_KEEP=1` keeps the run directories of
@@ -103,6 +117,7 @@ fn main() {
         .filter(|p| p.contains(&filter))
         .collect();
     let pending = read_pending(&programs_dir.join("PENDING"));
+    let ns_excluded = read_pending(&programs_dir.join("NS_EXCLUDED"));
 
     let mut trials = Vec::new();
     for name in &programs {
@@ -115,7 +130,28 @@ fn main() {
         let (s, n) = (suite.clone(), name.clone());
         let reason = pending.get(name).cloned();
         trials.push(Trial::test(format!("cr::{name}"), move || {
-            run_cr(&s, &n, reason.as_deref())
+            run_cr(&s, &n, reason.as_deref(), Mode::Here)
+        }));
+    }
+    for name in programs.iter().filter(|n| !ns_excluded.contains_key(*n)) {
+        let (s, n) = (suite.clone(), name.clone());
+        let reason = pending.get(name).cloned();
+        trials.push(Trial::test(format!("ns::{name}"), move || {
+            run_cr(&s, &n, reason.as_deref(), Mode::Namespace)
+        }));
+    }
+    if "ns_extra".contains(&filter) || filter.is_empty() {
+        let s = suite.clone();
+        trials.push(Trial::test("ns_extra::clone_beside_original", move || {
+            run_clone_beside_original(&s)
+        }));
+        let s = suite.clone();
+        trials.push(Trial::test("ns_extra::clocks_ahead", move || {
+            run_clocks_ahead(&s)
+        }));
+        let s = suite.clone();
+        trials.push(Trial::test("ns_extra::refuse_namespace_init", move || {
+            run_refuse_namespace_init(&s)
         }));
     }
     let conclusion = libtest_mimic::run(&args, trials);
@@ -162,11 +198,16 @@ fn mtime(p: &Path) -> Option<SystemTime> {
 
 /// Compile `name.c` (once per run, and only if out of date).
 fn build(suite: &Suite, name: &str) -> Result<PathBuf, String> {
+    build_from(suite, name, &suite.programs_dir.join(format!("{name}.c")))
+}
+
+/// Compile `src` as `name` (once per run, and only if out of date).
+fn build_from(suite: &Suite, name: &str, src: &Path) -> Result<PathBuf, String> {
     let mut built = suite.built.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(r) = built.get(name) {
         return r.clone();
     }
-    let src = suite.programs_dir.join(format!("{name}.c"));
+    let src = src.to_path_buf();
     let header = suite.programs_dir.join("ferry_test.h");
     let bin = suite.bin_dir.join(name);
     let result = (|| {
@@ -211,12 +252,26 @@ fn build(suite: &Suite, name: &str) -> Result<PathBuf, String> {
 // ---------------------------------------------------------------------------
 // One run of one program.
 
+/// Where a trial rebuilds its tree.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `ferry restore`: in our namespaces, under the original PIDs.
+    Here,
+    /// `ferry restore --pid-namespace`: in fresh namespaces of its own.
+    Namespace,
+}
+
 /// A program under test: its directory, and cleanup of its whole tree.
 struct Run {
     name: String,
     base: PathBuf,
     t: PathBuf,
+    /// The root's PID as the program sees it (getpid()).
     root: i32,
+    /// The root's PID here: `root`, unless it was restored into a PID namespace.
+    host: i32,
+    /// Whether the root now lives in a PID namespace of its own (and is not our child).
+    in_ns: bool,
     child: Option<Child>,
     /// exit status of the root, once seen
     exited: Option<ExitStatus>,
@@ -228,6 +283,10 @@ struct Run {
 impl Run {
     fn start(suite: &Suite, name: &str, mode: &str) -> Result<Run, String> {
         let bin = build(suite, name)?;
+        Run::start_bin(suite, name, mode, &bin)
+    }
+
+    fn start_bin(suite: &Suite, name: &str, mode: &str, bin: &Path) -> Result<Run, String> {
         let base = suite.runs_dir.join(format!("{name}.{mode}"));
         let _ = fs::remove_dir_all(&base);
         let t = base.join("t");
@@ -238,7 +297,7 @@ impl Run {
             .open(t.join("log"))
             .map_err(|e| format!("open log: {e}"))?;
         let log2 = log.try_clone().map_err(|e| format!("dup log: {e}"))?;
-        let mut cmd = Command::new(&bin);
+        let mut cmd = Command::new(bin);
         cmd.current_dir(&t)
             .env("FERRY_TEST_DIR", &t)
             .stdin(Stdio::null())
@@ -263,6 +322,8 @@ impl Run {
             base,
             t,
             root,
+            host: root,
+            in_ns: false,
             child: Some(child),
             exited: None,
             ferry_log: String::new(),
@@ -316,9 +377,9 @@ impl Run {
     /// Is the root process still running (not gone, not a zombie)?
     fn root_alive(&mut self) -> bool {
         self.poll_child();
-        match proc_state(self.root) {
+        match proc_state(self.host) {
             Some('Z') | Some('X') => {
-                if self.child.is_none() && self.exited.is_none() {
+                if self.child.is_none() && self.exited.is_none() && !self.in_ns {
                     // A restored root is our child by reparenting: note how it ended.
                     use std::os::unix::process::ExitStatusExt;
                     let mut status = 0;
@@ -396,6 +457,16 @@ impl Run {
         };
         if verdict.trim_end() != "PASS" {
             return Err(self.report("program did not pass"));
+        }
+        if self.in_ns {
+            // The guest's init is the root's parent and collects its status.
+            return if wait_gone(self.host, EXIT_TIMEOUT) {
+                Ok(())
+            } else {
+                Err(self.report(&format!(
+                    "program said PASS but did not exit within {EXIT_TIMEOUT:?}"
+                )))
+            };
         }
         match self.wait_root_exit(EXIT_TIMEOUT) {
             Some(st) if st.success() => Ok(()),
@@ -506,11 +577,16 @@ impl Run {
     /// Checkpoint, wait for the tree to go, restore; the root must come back
     /// with its PID.  `Ok(false)`: checkpoint failed (status and stderr are
     /// in `ferry_log`), the program should be untouched.
-    fn checkpoint_restore(&mut self, suite: &Suite, round: u32) -> Result<bool, Failed> {
+    fn checkpoint_restore(
+        &mut self,
+        suite: &Suite,
+        round: u32,
+        mode: Mode,
+    ) -> Result<bool, Failed> {
         let img = self.base.join(format!("img{round}"));
         let _ = fs::remove_dir_all(&img);
         let img_s = img.to_string_lossy().into_owned();
-        let pid_s = self.root.to_string();
+        let pid_s = self.host.to_string();
         let ck = self.ferry(
             suite,
             &format!("checkpoint{round}"),
@@ -520,6 +596,11 @@ impl Run {
             Some(st) if st.success() => {}
             Some(_) => return Ok(false),
             None => return Err(self.report(&format!("ferry checkpoint (round {round}) hung"))),
+        }
+        if mode == Mode::Namespace {
+            return self
+                .restore_in_namespace(suite, round, &img_s)
+                .map(|_| true);
         }
         self.wait_tree_gone()?;
         let rs = self.ferry(
@@ -565,6 +646,85 @@ impl Run {
         Ok(true)
     }
 
+    /// After a checkpoint (which killed the tree): `ferry restore --pid-namespace`. The root must
+    /// come back with its PID inside the new namespace, under another PID here.
+    /// Returns the guest init's PID here.
+    fn restore_in_namespace(
+        &mut self,
+        suite: &Suite,
+        round: u32,
+        img: &str,
+    ) -> Result<i32, Failed> {
+        let old = self.host;
+        self.poll_child();
+        reap_zombies();
+        if !wait_gone(old, TREE_GONE_TIMEOUT) {
+            return Err(self.report(&format!(
+                "checkpoint (round {round}) succeeded but PID {old} still runs"
+            )));
+        }
+        self.exited = None;
+        let rs = self.ferry(
+            suite,
+            &format!("restore{round}"),
+            &["restore", "--dir", img, "--pid-namespace", "--json"],
+        )?;
+        match rs.status {
+            Some(st) if st.success() => {}
+            _ => return Err(self.report(&format!("ferry restore (round {round}) failed"))),
+        }
+        let report: serde_json::Value = serde_json::from_str(&rs.stdout)
+            .map_err(|e| self.report(&format!("restore (round {round}): bad JSON report: {e}")))?;
+        let num = |k: &str| report.get(k).and_then(|v| v.as_i64()).map(|v| v as i32);
+        let (Some(pid), Some(host), Some(init)) = (
+            num("root_pid"),
+            num("root_host_pid"),
+            num("guest_init_host_pid"),
+        ) else {
+            return Err(self.report(&format!(
+                "restore (round {round}): the report lacks root_pid, root_host_pid or \
+                 guest_init_host_pid"
+            )));
+        };
+        if pid != self.root {
+            return Err(self.report(&format!(
+                "restore (round {round}) gave root pid {pid}, expected {}",
+                self.root
+            )));
+        }
+        self.host = host;
+        self.in_ns = true;
+        let nspid = fs::read_to_string(format!("/proc/{host}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("NSpid:").map(str::to_owned))
+            })
+            .unwrap_or_default();
+        let ids: Vec<i32> = nspid
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        if ids != [host, self.root] {
+            return Err(self.report(&format!(
+                "restore (round {round}): host PID {host} has NSpid {nspid:?}, expected \
+                 \"{host} {}\"",
+                self.root
+            )));
+        }
+        if !self.root_alive() {
+            return Err(self.report(&format!(
+                "root (host PID {host}) is not running after restore (round {round})"
+            )));
+        }
+        if self.file("result").exists() {
+            return Err(self.report(&format!(
+                "program gave a verdict before go (after restore round {round})"
+            )));
+        }
+        Ok(init)
+    }
+
     /// Kill every process of the run (also after failures) and reap them.
     fn cleanup(&mut self) {
         let start = Instant::now();
@@ -573,7 +733,10 @@ impl Run {
                 let _ = c.kill();
             }
             self.poll_child();
-            let pids = tree_pids(self.root);
+            let mut pids = tree_pids(self.root);
+            if self.host != self.root {
+                pids.extend(tree_pids(self.host));
+            }
             for &pid in &pids {
                 // SAFETY: kill() with a pid taken from /proc; worst case ESRCH.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -613,11 +776,15 @@ fn run_native(suite: &Suite, name: &str) -> Result<(), Failed> {
     finish(run)
 }
 
-fn run_cr(suite: &Suite, name: &str, pending: Option<&str>) -> Result<(), Failed> {
-    let mut run = Run::start(suite, name, "cr").map_err(Failed::from)?;
+fn run_cr(suite: &Suite, name: &str, pending: Option<&str>, mode: Mode) -> Result<(), Failed> {
+    let label = match mode {
+        Mode::Here => "cr",
+        Mode::Namespace => "ns",
+    };
+    let mut run = Run::start(suite, name, label).map_err(Failed::from)?;
     run.wait_ready()?;
     for round in 1..=2 {
-        let ok = run.checkpoint_restore(suite, round)?;
+        let ok = run.checkpoint_restore(suite, round, mode)?;
         if ok {
             continue;
         }
@@ -641,7 +808,7 @@ fn run_cr(suite: &Suite, name: &str, pending: Option<&str>) -> Result<(), Failed
                 "PENDING ({reason}): checkpoint failed as expected, but the program did not survive it"
             )));
         }
-        if let Some(st @ ('T' | 't')) = proc_state(run.root) {
+        if let Some(st @ ('T' | 't')) = proc_state(run.host) {
             return Err(run.report(&format!(
                 "PENDING ({reason}): checkpoint failed as expected, but left the program stopped (state {st})"
             )));
@@ -677,4 +844,272 @@ fn finish(mut run: Run) -> Result<(), Failed> {
         let _ = fs::remove_dir_all(&run.base);
     }
     Ok(())
+}
+
+/// Whether `pid` is gone (or dead, waiting to be reaped by its parent) within `timeout`.
+fn wait_gone(pid: i32, timeout: Duration) -> bool {
+    let start = Instant::now();
+    loop {
+        reap_zombies();
+        if matches!(proc_state(pid), None | Some('Z') | Some('X')) {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        sleep(Duration::from_millis(5));
+    }
+}
+
+/// `/proc/PID/status` field `key`.
+fn status_field(pid: i32, key: &str) -> String {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix(key)
+                    .and_then(|r| r.strip_prefix(':'))
+                    .map(|v| v.trim().to_owned())
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// Requires a successful ferry run.
+fn ferry_ok(run: &mut Run, suite: &Suite, label: &str, args: &[&str]) -> Result<String, Failed> {
+    let out = run.ferry(suite, label, args)?;
+    match out.status {
+        Some(st) if st.success() => Ok(out.stdout),
+        _ => Err(run.report(&format!("ferry {label} failed"))),
+    }
+}
+
+/// Starts tests/victims/whoami.c and waits until it handles SIGUSR1.
+fn start_whoami(suite: &Suite, mode: &str) -> Result<Run, Failed> {
+    let src = suite.programs_dir.join("../victims/whoami.c");
+    let bin = build_from(suite, "victim_whoami", &src).map_err(Failed::from)?;
+    let mut run = Run::start_bin(suite, "whoami", mode, &bin).map_err(Failed::from)?;
+    let start = Instant::now();
+    while u64::from_str_radix(&status_field(run.root, "SigCgt"), 16).unwrap_or(0) & (1 << 9) == 0 {
+        if start.elapsed() > READY_TIMEOUT || !run.root_alive() {
+            return Err(run.report("whoami did not start"));
+        }
+        sleep(Duration::from_millis(5));
+    }
+    Ok(run)
+}
+
+/// Sends SIGUSR1 to `pid` and returns the line whoami appends to whoami.log.
+fn ask_whoami(run: &Run, pid: i32) -> Result<String, Failed> {
+    let log = run.file("whoami.log");
+    let before = fs::read_to_string(&log).unwrap_or_default().lines().count();
+    // SAFETY: kill() with a pid we started; worst case ESRCH.
+    unsafe { libc::kill(pid, libc::SIGUSR1) };
+    let start = Instant::now();
+    loop {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        if let Some(line) = text.lines().nth(before) {
+            return Ok(line.to_owned());
+        }
+        if start.elapsed() > READY_TIMEOUT {
+            return Err(run.report(&format!("PID {pid} did not answer SIGUSR1")));
+        }
+        sleep(Duration::from_millis(5));
+    }
+}
+
+/// checkpoint --leave-running, restore --pid-namespace: the clone runs beside its original,
+/// under another PID here and the same getpid() inside.
+fn run_clone_beside_original(suite: &Suite) -> Result<(), Failed> {
+    let mut run = start_whoami(suite, "ns_clone")?;
+    let img = run.base.join("img").to_string_lossy().into_owned();
+    let pid_s = run.root.to_string();
+    let args = ["checkpoint", &pid_s, "--dir", &img, "--leave-running"];
+    ferry_ok(&mut run, suite, "checkpoint", &args)?;
+    let out = ferry_ok(
+        &mut run,
+        suite,
+        "restore",
+        &["restore", "--dir", &img, "--pid-namespace"],
+    )?;
+    let clone: i32 = out
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .and_then(|l| l.parse().ok())
+        .ok_or_else(|| run.report(&format!("restore printed {out:?}, not a PID")))?;
+    if clone == run.root {
+        return Err(run.report("the clone has the original's PID on this machine"));
+    }
+    for (what, pid) in [("original", run.root), ("clone", clone)] {
+        if !matches!(proc_state(pid), Some(s) if s != 'Z' && s != 'X') {
+            return Err(run.report(&format!("the {what} (PID {pid}) is not running")));
+        }
+    }
+    let nspid = status_field(clone, "NSpid");
+    if nspid.split_whitespace().collect::<Vec<_>>() != [clone.to_string(), pid_s.clone()] {
+        return Err(run.report(&format!("the clone's NSpid is {nspid:?}")));
+    }
+    let a = ask_whoami(&run, run.root)?;
+    let b = ask_whoami(&run, clone)?;
+    let field = |line: &str, k: &str| {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        w.iter()
+            .position(|x| *x == k)
+            .and_then(|i| w.get(i + 1))
+            .map(|v| v.to_string())
+            .unwrap_or_default()
+    };
+    if field(&a, "pid") != pid_s || field(&b, "pid") != pid_s {
+        return Err(run.report(&format!(
+            "getpid() differs: original says {a:?}, clone says {b:?} (expected pid {pid_s})"
+        )));
+    }
+    // The clone's parent is the namespace's init.
+    if field(&b, "ppid") != "1" {
+        return Err(run.report(&format!("the clone's getppid() is not 1: {b:?}")));
+    }
+    // Both still run afterwards.
+    for (what, pid) in [("original", run.root), ("clone", clone)] {
+        if !matches!(proc_state(pid), Some(s) if s != 'Z' && s != 'X') {
+            return Err(run.report(&format!("the {what} (PID {pid}) died")));
+        }
+    }
+    run.host = clone;
+    finish(run)
+}
+
+/// An image whose clocks are ahead of this machine's (as if it came from a machine booted
+/// earlier): restored into a namespace, the monotonic clocks continue from the image's.
+fn run_clocks_ahead(suite: &Suite) -> Result<(), Failed> {
+    const AHEAD_NS: u64 = 100_000_000_000;
+    let mut run = Run::start(suite, "proc_clock_monotonic", "ns_clocks").map_err(Failed::from)?;
+    run.wait_ready()?;
+    let img = run.base.join("img");
+    let img_s = img.to_string_lossy().into_owned();
+    let pid_s = run.root.to_string();
+    ferry_ok(
+        &mut run,
+        suite,
+        "checkpoint",
+        &["checkpoint", &pid_s, "--dir", &img_s],
+    )?;
+    // Rewrite the image with clocks 100 s ahead.
+    let ahead = run.base.join("img_ahead");
+    let seen = shift_image_clocks(&img, &ahead, AHEAD_NS)
+        .map_err(|e| run.report(&format!("rewrite the image: {e}")))?;
+    let ahead_s = ahead.to_string_lossy().into_owned();
+    let init = run.restore_in_namespace(suite, 1, &ahead_s)?;
+    let offsets = fs::read_to_string(format!("/proc/{init}/timens_offsets")).unwrap_or_default();
+    let secs = |name: &str| -> i64 {
+        offsets
+            .lines()
+            .find_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                (w.first() == Some(&name)).then(|| w.get(1)?.parse().ok())?
+            })
+            .unwrap_or(-1)
+    };
+    // The offset is what the image's clocks are ahead of ours by: 100 s less the time since
+    // the capture (well under a second here).
+    for name in ["monotonic", "boottime"] {
+        if !(95..=100).contains(&secs(name)) {
+            return Err(run.report(&format!(
+                "guest {name} offset is not about 100 s: {offsets:?} (image clocks {seen:?})"
+            )));
+        }
+    }
+    let root_offsets =
+        fs::read_to_string(format!("/proc/{}/timens_offsets", run.host)).unwrap_or_default();
+    if root_offsets != offsets {
+        return Err(run.report(&format!(
+            "the restored root is not in the guest time namespace: {root_offsets:?}"
+        )));
+    }
+    run.touch_go()?;
+    run.wait_pass(CR_RESULT_TIMEOUT)?;
+    finish(run)
+}
+
+/// Copies the image in `from` to `to` with its recorded clocks moved `by` ns ahead; returns the
+/// new clocks.
+fn shift_image_clocks(from: &Path, to: &Path, by: u64) -> Result<ferry_image::Clocks, String> {
+    use ferry_image::{ImageReader, ImageWriter, Record};
+    let file = |d: &Path| d.join(ferry_image::IMAGE_FILE);
+    let input = File::open(file(from)).map_err(|e| e.to_string())?;
+    let mut r = ImageReader::new(io::BufReader::new(input)).map_err(|e| e.to_string())?;
+    fs::create_dir_all(to).map_err(|e| e.to_string())?;
+    let out = File::create(file(to)).map_err(|e| e.to_string())?;
+    let mut w = ImageWriter::new(io::BufWriter::new(out)).map_err(|e| e.to_string())?;
+    let mut clocks = None;
+    while let Some(rec) = r.next_record().map_err(|e| e.to_string())? {
+        match rec {
+            Record::Tree(mut t) => {
+                let c = t.clocks.as_mut().ok_or("the image records no clocks")?;
+                c.monotonic_ns += by;
+                c.boottime_ns += by;
+                clocks = Some(*c);
+                w.write_tree(&t).map_err(|e| e.to_string())?;
+            }
+            Record::Pages { pid, addr, data } => {
+                w.write_pages(pid, addr, &data).map_err(|e| e.to_string())?
+            }
+            Record::Object {
+                object,
+                offset,
+                data,
+            } => w
+                .write_object(object, offset, &data)
+                .map_err(|e| e.to_string())?,
+            Record::End { .. } => {}
+        }
+    }
+    let (out, _) = w.finish().map_err(|e| e.to_string())?;
+    out.into_inner().map_err(|e| e.to_string())?;
+    clocks.ok_or_else(|| "no tree record".into())
+}
+
+/// A namespace's PID 1 (here: the guest init of a cloned tree) cannot be checkpointed: the
+/// refusal names it, and the namespace carries on untouched.
+fn run_refuse_namespace_init(suite: &Suite) -> Result<(), Failed> {
+    let mut run = start_whoami(suite, "ns_refuse")?;
+    let img = run.base.join("img").to_string_lossy().into_owned();
+    let pid_s = run.root.to_string();
+    let args = ["checkpoint", &pid_s, "--dir", &img, "--leave-running"];
+    ferry_ok(&mut run, suite, "checkpoint", &args)?;
+    let args = ["restore", "--dir", &img, "--pid-namespace", "--json"];
+    let out = ferry_ok(&mut run, suite, "restore", &args)?;
+    let report: serde_json::Value =
+        serde_json::from_str(&out).map_err(|e| run.report(&format!("bad JSON report: {e}")))?;
+    let num = |k: &str| report.get(k).and_then(|v| v.as_i64()).unwrap_or(0) as i32;
+    let (clone, init) = (num("root_host_pid"), num("guest_init_host_pid"));
+    let img2 = run.base.join("img2").to_string_lossy().into_owned();
+    let init_s = init.to_string();
+    let ck = run.ferry(
+        suite,
+        "checkpoint2",
+        &["checkpoint", &init_s, "--dir", &img2],
+    )?;
+    if ck.status.is_some_and(|s| s.success()) || !ck.stderr.contains("PID 1 of its PID namespace") {
+        return Err(run.report(
+            "checkpointing a namespace's init should be refused, naming PID 1 of its namespace",
+        ));
+    }
+    for (what, pid) in [
+        ("guest init", init),
+        ("clone", clone),
+        ("original", run.root),
+    ] {
+        match proc_state(pid) {
+            Some('S') | Some('R') => {}
+            st => {
+                return Err(run.report(&format!(
+                    "after the refusal the {what} (PID {pid}) is in state {st:?}"
+                )))
+            }
+        }
+    }
+    ask_whoami(&run, clone)?;
+    run.host = clone;
+    finish(run)
 }

@@ -268,13 +268,13 @@ type PipeEnds = (Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>);
 const SETFL_MASK: i32 =
     libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME;
 
-/// Recreates every open file description of the tree in this process. `peer_pids`: whether
-/// UNIX sockets may be made under the PIDs their peers' credentials name (not when the tree is
-/// rebuilt in a guest PID namespace, where our PIDs mean nothing).
+/// Recreates every open file description of the tree in this process. `guest`: a pidfd of the
+/// init of the guest namespaces the tree is rebuilt in, if it is (UNIX sockets are made there
+/// under the PIDs their peers' credentials name).
 pub fn open_descriptions(
     tree: &Tree,
     objects: &RestoreObjects,
-    peer_pids: bool,
+    guest: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<HashMap<u32, OwnedFd>> {
     let me = std::process::id() as i32;
     let mut out = HashMap::new();
@@ -381,7 +381,7 @@ pub fn open_descriptions(
             | FileKind::Timerfd(_)
             | FileKind::Signalfd(_)
             | FileKind::Inotify(_) => super::anon_inodes::open(d)?,
-            FileKind::Socket(_) => super::sockets::open(d, tree, peer_pids)?,
+            FileKind::Socket(_) => super::sockets::open(d, tree, guest)?,
             FileKind::Tty(_) => super::tty::open(d, tree)?,
             FileKind::Unknown => {
                 return Err(Error::BadImage(format!(

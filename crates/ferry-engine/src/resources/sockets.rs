@@ -1380,7 +1380,13 @@ thread_local! {
 
 /// Recreates the open file description `d` in this (the restoring) process. All the sockets of
 /// the tree are made together, when the first one is asked for.
-pub fn open(d: &FileDesc, tree: &Tree, peer_pids: bool) -> Result<OwnedFd> {
+///
+/// `guest`: a pidfd of the init of the guest namespaces the tree is rebuilt in, if it is.
+pub fn open(
+    d: &FileDesc,
+    tree: &Tree,
+    guest: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<OwnedFd> {
     let first = tree
         .files
         .iter()
@@ -1388,7 +1394,7 @@ pub fn open(d: &FileDesc, tree: &Tree, peer_pids: bool) -> Result<OwnedFd> {
         .map(|f| f.id);
     if first == Some(d.id) {
         MADE.with(|m| m.borrow_mut().clear());
-        let made = Builder::new(tree, peer_pids).build()?;
+        let made = Builder::new(tree, guest.map(|g| g.as_raw_fd())).build()?;
         MADE.with(|m| *m.borrow_mut() = made);
     }
     MADE.with(|m| m.borrow_mut().remove(&d.id))
@@ -1436,12 +1442,13 @@ struct Builder<'a> {
     phantoms: Vec<(usize, OwnedFd)>,
     /// Socket files to remove once every connection to them is made.
     remove_later: Vec<PathBuf>,
-    /// Whether sockets may be made under the PIDs of the credentials they carry.
-    peer_pids: bool,
+    /// A pidfd of the guest init when the tree is rebuilt in guest namespaces: sockets are then
+    /// made by helpers in the guest PID namespace, under the tree's PIDs.
+    guest: Option<RawFd>,
 }
 
 impl<'a> Builder<'a> {
-    fn new(tree: &'a Tree, peer_pids: bool) -> Self {
+    fn new(tree: &'a Tree, guest: Option<RawFd>) -> Self {
         let socks: Vec<(u32, &SocketDesc)> = tree
             .files
             .iter()
@@ -1466,7 +1473,7 @@ impl<'a> Builder<'a> {
             made_peer: HashMap::new(),
             phantoms: Vec::new(),
             remove_later: Vec::new(),
-            peer_pids,
+            guest,
         }
     }
 
@@ -1542,10 +1549,14 @@ impl<'a> Builder<'a> {
                 gid: c.gid,
                 groups: c.groups.clone(),
             };
-            let as_pid = if self.peer_pids && c.pid > 0 {
-                sk::run_as(Some(c.pid), Some(&hc), ops)
-            } else {
-                Ok(None)
+            // The helper is made where the tree's PIDs mean what the credentials say.
+            let as_pid = match (self.guest, c.pid > 0) {
+                (_, false) => Ok(None),
+                (None, true) => sk::run_as(Some(c.pid), Some(&hc), ops),
+                (Some(g), true) => ferry_sys::ns::with_children_in_pid_ns_of(g, || {
+                    sk::run_as(Some(c.pid), Some(&hc), ops)
+                })
+                .and_then(|r| r),
             };
             match as_pid {
                 Ok(Some(r)) => return r,

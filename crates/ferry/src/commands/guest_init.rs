@@ -1,16 +1,15 @@
 //! `ferry __guest-init --hold-fd N` (hidden): PID 1 of the guest namespaces a tree is restored
 //! into (`ferry restore --pid-namespace`, `ferry_engine::guest_ns`).
 //!
-//! It reaps every child (orphans of the guest are reparented to it), and exits once the process
-//! that made the namespaces has closed the hold pipe (descriptor N) and no process other than
-//! itself is left in its PID namespace. It looks once a second; it must never exit earlier,
-//! since the kernel kills every process of a PID namespace whose init exits.
+//! It reaps every child as soon as it ends (orphans of the guest are reparented to it), and
+//! exits once the process that made the namespaces has closed the hold pipe (descriptor N) and
+//! no process other than itself is left in its PID namespace. It looks at least once a second;
+//! it must never exit earlier, since the kernel kills every process of a PID namespace whose
+//! init exits. It runs one thread only: a second thread would take a PID of the namespace,
+//! which a restored tree may need.
 
 use anyhow::{bail, Context, Result};
-use std::io::Read;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::os::fd::AsRawFd;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -32,34 +31,50 @@ fn alone() -> bool {
     })
 }
 
+/// Reaps every child that has ended.
+fn reap() {
+    while let Ok(Some(_)) = ferry_sys::ns::wait_any(true) {}
+}
+
 pub fn run(a: Args) -> Result<()> {
-    if ferry_sys::ns::getpid() != 1 {
+    use ferry_sys::{anon_fds, fdops, ns};
+    if ns::getpid() != 1 {
         bail!("`ferry __guest-init` only runs as PID 1 of the guest namespaces ferry makes");
     }
-    let hold = ferry_sys::ns::take_inherited_fd(a.hold_fd)
+    let hold = ns::take_inherited_fd(a.hold_fd)
         .with_context(|| format!("take the hold pipe (fd {})", a.hold_fd))?;
-    let released = Arc::new(AtomicBool::new(false));
-    let flag = released.clone();
-    std::thread::spawn(move || {
-        let mut f = std::fs::File::from(hold);
-        let mut buf = [0u8; 64];
-        while let Ok(n) = f.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-        }
-        flag.store(true, Ordering::SeqCst);
-    });
+    ns::block_signal(libc::SIGCHLD).context("block SIGCHLD")?;
+    let sigchld = anon_fds::signalfd(
+        1 << (libc::SIGCHLD - 1),
+        libc::SFD_CLOEXEC | libc::SFD_NONBLOCK,
+    )
+    .context("make a signalfd for SIGCHLD")?;
+    let mut hold = Some(hold);
     loop {
-        match ferry_sys::ns::wait_any(false) {
-            Ok(_) => continue,
-            Err(e) if e.errno == libc::ECHILD => {
-                if released.load(Ordering::SeqCst) && alone() {
-                    return Ok(());
-                }
-            }
-            Err(e) => log::warn!("guest init: {e}"),
+        reap();
+        if hold.is_none() && alone() {
+            return Ok(());
         }
-        std::thread::sleep(Duration::from_secs(1));
+        let mut fds = vec![sigchld.as_raw_fd()];
+        fds.extend(hold.as_ref().map(|h| h.as_raw_fd()));
+        let ready = match ns::poll_in(&fds, 1000) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("guest init: {e}");
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                continue;
+            }
+        };
+        if ready[0] {
+            let mut buf = [0u8; 128];
+            while matches!(fdops::read_fd(sigchld.as_raw_fd(), &mut buf), Ok(n) if n > 0) {}
+        }
+        if ready.get(1) == Some(&true) {
+            let mut buf = [0u8; 64];
+            let fd = hold.as_ref().map(|h| h.as_raw_fd()).unwrap_or(-1);
+            if !matches!(fdops::read_fd(fd, &mut buf), Ok(n) if n > 0) {
+                hold = None;
+            }
+        }
     }
 }
