@@ -133,7 +133,9 @@ pub async fn send(
     if let Some(g) = &guest {
         node.guests.remove(g.pid);
     }
-    write_msg(&mut conn.stream, &Msg::Commit).await?;
+    write_msg(&mut conn.stream, &Msg::Commit)
+        .await
+        .with_context(|| format!("after commit, tell node {to} to resume PID {pid}"))?;
     node.fault("exit-after-commit");
     match tokio::time::timeout(COMMIT_TIMEOUT, read_msg(&mut conn.stream)).await {
         Ok(Ok(Msg::Resumed)) => {}
@@ -164,7 +166,8 @@ async fn transfer(
     let mut last_progress = Instant::now();
     let to = report.to.clone();
     loop {
-        let frame = read_frame(&mut worker.rx)
+        let frame = worker
+            .next_frame()
             .await
             .map_err(|e| anyhow!("capture worker: {e}"))?;
         match frame {
@@ -230,7 +233,7 @@ async fn thaw(worker: &mut Worker) -> Result<()> {
 /// The next message from a worker, skipping any stream data still in the pipe.
 async fn worker_msg(worker: &mut Worker) -> Result<Msg> {
     loop {
-        match read_frame(&mut worker.rx).await {
+        match worker.next_frame().await {
             Ok(Frame::Msg(m)) => return Ok(m),
             Ok(_) => continue,
             Err(FrameError::Closed) => bail!("the engine worker (PID {}) died", worker.pid),

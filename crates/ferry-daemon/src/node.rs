@@ -218,6 +218,8 @@ fn reap_now(node: &Node) {
         if let Some(g) = node.guests.remove(pid) {
             tracing::info!(event = "guest-ended", pid, home_pid = g.home_pid,
                 home = %g.home_node, status = %describe_status(status));
+        } else {
+            tracing::debug!(event = "reaped", pid, status = %describe_status(status));
         }
     }
 }

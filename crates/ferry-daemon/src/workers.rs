@@ -4,18 +4,21 @@
 //! takes nothing down with it; a daemon that dies closes the pipes, and the worker backs out.
 
 use anyhow::{Context, Result};
+use ferry_transport::{read_frame, Frame, FrameError};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use tokio::io::BufReader;
 use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
 
 pub struct Worker {
     pub pid: i32,
     /// Frames to the worker (its stdin).
     pub tx: pipe::Sender,
-    /// Frames from the worker (its stdout).
-    pub rx: BufReader<pipe::Receiver>,
+    /// Frames from the worker (its stdout), read by a task of their own so that waiting for
+    /// one can be abandoned (in a `select!`) without losing half a frame.
+    rx: mpsc::Receiver<Result<Frame, FrameError>>,
 }
 
 impl Worker {
@@ -32,13 +35,29 @@ impl Worker {
         let pid = child.id() as i32;
         // The daemon's reaper collects the exit status; the Child handle is just dropped.
         drop(child);
+        let mut from = BufReader::with_capacity(
+            1 << 20,
+            pipe::Receiver::from_owned_fd(stdout).context("worker stdout")?,
+        );
+        let (frames, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                let f = read_frame(&mut from).await;
+                let last = f.is_err();
+                if frames.send(f).await.is_err() || last {
+                    return;
+                }
+            }
+        });
         Ok(Worker {
             pid,
             tx: pipe::Sender::from_owned_fd(stdin).context("worker stdin")?,
-            rx: BufReader::with_capacity(
-                1 << 20,
-                pipe::Receiver::from_owned_fd(stdout).context("worker stdout")?,
-            ),
+            rx,
         })
+    }
+
+    /// The next frame from the worker; `Closed` once it has exited.
+    pub async fn next_frame(&mut self) -> Result<Frame, FrameError> {
+        self.rx.recv().await.unwrap_or(Err(FrameError::Closed))
     }
 }

@@ -196,8 +196,17 @@ pub mod blocking {
                 done: false,
             }
         }
-        pub fn into_inner(self) -> R {
-            self.inner
+        /// Reads on to the stream's `End` frame (a consumer such as the image reader stops at
+        /// its own end marker, before it) and returns the connection. Stream bytes left over
+        /// are an error: the two ends disagree about the stream.
+        pub fn finish(mut self) -> std::io::Result<R> {
+            let mut rest = [0u8; 64];
+            match self.read(&mut rest)? {
+                0 => Ok(self.inner),
+                n => Err(std::io::Error::other(format!(
+                    "{n} or more unexpected bytes after the end of the stream"
+                ))),
+            }
         }
     }
 

@@ -293,7 +293,17 @@ fn source_dies_after_commit() -> Result<(), Failed> {
         "{e}"
     );
     assert!(!pid_alive(pid), "the original survived its commit");
-    let g = guest(&c, "b", pid).ok_or("b does not host the process")?;
+    // The CLI heard nothing more once the source died; b resumes the tree on its `Commit`.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let g = loop {
+        if let Some(g) = guest(&c, "b", pid) {
+            break g;
+        }
+        if Instant::now() > deadline {
+            return Err("b does not host the process".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(g["node"], "b");
     t.assert_alive("on b after the source died");
     kill_host_pid(g["pid"].as_i64().unwrap());

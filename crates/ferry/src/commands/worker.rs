@@ -14,7 +14,10 @@ use std::time::Instant;
 fn next_command(input: &mut impl std::io::Read) -> Option<Msg> {
     match read_frame(input) {
         Ok(Frame::Msg(m)) => Some(m),
-        _ => None,
+        other => {
+            log::debug!("worker: no command: {other:?}");
+            None
+        }
     }
 }
 
@@ -100,9 +103,16 @@ pub fn capture_worker(pid: i32) -> Result<()> {
         Err(e) => return fail(&mut out, &e),
     };
     write_msg(&mut out, &Msg::Frozen)?;
-    let captured = capture(&frozen, DataWriter(&mut out))
-        .map(|(_, report)| report)
+    // Frames of up to 1 MiB however small the engine's writes.
+    let framed = BufWriter::with_capacity(1 << 20, DataWriter(&mut out));
+    let captured = capture(&frozen, framed)
         .map_err(anyhow::Error::from)
+        .and_then(|(framed, report)| {
+            framed
+                .into_inner()
+                .map_err(|e| anyhow::anyhow!("stream the image: {}", e.error()))?;
+            Ok(report)
+        })
         .and_then(|report| {
             write_end(&mut out)?;
             Ok(report)
@@ -142,7 +152,10 @@ pub fn restore_worker() -> Result<()> {
         Ok(i) => i,
         Err(e) => return fail(&mut out, &e),
     };
-    let mut input = reader.into_inner();
+    let mut input = match reader.finish().context("receive the image") {
+        Ok(i) => i,
+        Err(e) => return fail(&mut out, &e),
+    };
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let t1 = Instant::now();
     let held = match hold::rebuild(&img) {
