@@ -24,10 +24,14 @@
 //! work in a PID namespace of their own (the reason is on their line): they
 //! have no `ns::` trial.
 //!
-//! Three more trials (`ns_extra::`): a tree cloned into a namespace while its
+//! More trials (`ns_extra::`): a tree cloned into a namespace while its
 //! original keeps running; clocks that the image says were ahead of this
-//! machine's (the guest's monotonic clock must continue from them); and a
-//! tree whose root is a namespace's PID 1, which must be refused.
+//! machine's (the guest's monotonic clock must continue from them); a tree
+//! whose root is a namespace's PID 1, which must be refused; the engine API
+//! of the commit protocol, called from here (`restore_with` into guest
+//! namespaces holds the tree stopped, then `kill` leaves nothing behind or
+//! `resume` lets it run; `FrozenTree::set_exit_kill` makes the original die
+//! with its tracer).
 //!
 //! Environment: `FERRY_SUITE_FILTER=substr` runs only programs whose name
 //! contains `substr`; `FERRY_SUITE_KEEP=1` keeps the run directories of
@@ -152,6 +156,18 @@ fn main() {
         let s = suite.clone();
         trials.push(Trial::test("ns_extra::refuse_namespace_init", move || {
             run_refuse_namespace_init(&s)
+        }));
+        let s = suite.clone();
+        trials.push(Trial::test("ns_extra::held_then_killed", move || {
+            run_held(&s, false)
+        }));
+        let s = suite.clone();
+        trials.push(Trial::test("ns_extra::held_then_resumed", move || {
+            run_held(&s, true)
+        }));
+        let s = suite.clone();
+        trials.push(Trial::test("ns_extra::exit_kill", move || {
+            run_exit_kill(&s)
         }));
     }
     let conclusion = libtest_mimic::run(&args, trials);
@@ -1112,4 +1128,113 @@ fn run_refuse_namespace_init(suite: &Suite) -> Result<(), Failed> {
     ask_whoami(&run, clone)?;
     run.host = clone;
     finish(run)
+}
+
+/// The engine's commit protocol, called directly: `restore_with` into fresh guest namespaces
+/// holds the clone stopped (every thread in a ptrace stop); then either `kill` (nothing of it
+/// is left, and the guest init goes once dropped) or `resume` (it runs and answers).
+fn run_held(suite: &Suite, resume: bool) -> Result<(), Failed> {
+    use ferry_engine::guest_ns::GuestNamespaces;
+    use ferry_engine::restore::{load, restore_with, RestoreOptions};
+    let mut run = start_whoami(suite, if resume { "ns_resume" } else { "ns_kill" })?;
+    let img = run.base.join("img");
+    let img_s = img.to_string_lossy().into_owned();
+    let pid_s = run.root.to_string();
+    let args = ["checkpoint", &pid_s, "--dir", &img_s, "--leave-running"];
+    ferry_ok(&mut run, suite, "checkpoint", &args)?;
+    let file = File::open(img.join(ferry_image::IMAGE_FILE))
+        .map_err(|e| run.report(&format!("open the image: {e}")))?;
+    let image = load(io::BufReader::new(file)).map_err(|e| run.report(&format!("load: {e}")))?;
+    let guest = GuestNamespaces::create(&suite.ferry, image.tree.clocks)
+        .map_err(|e| run.report(&format!("GuestNamespaces::create: {e}")))?;
+    let init = guest.init_host_pid();
+    let held = restore_with(
+        &image,
+        &RestoreOptions {
+            guest: Some(&guest),
+        },
+    )
+    .map_err(|e| run.report(&format!("restore_with: {e}")))?;
+    let report = held.report().clone();
+    let clone = held.root_host_pid();
+    if report.guest_init_host_pid != Some(init)
+        || report.processes.len() != 1
+        || report.processes[0].pid != run.root
+        || report.processes[0].host_pid != clone
+    {
+        return Err(run.report(&format!("unexpected report {report:?}")));
+    }
+    if proc_state(clone) != Some('t') {
+        return Err(run.report(&format!(
+            "the held clone (PID {clone}) is in state {:?}, not stopped by its tracer",
+            proc_state(clone)
+        )));
+    }
+    if resume {
+        held.resume()
+            .map_err(|e| run.report(&format!("resume: {e}")))?;
+        let line = ask_whoami(&run, clone)?;
+        if !line.starts_with(&format!("pid {pid_s} ")) {
+            return Err(run.report(&format!("the resumed clone says {line:?}")));
+        }
+        run.host = clone;
+    } else {
+        held.kill();
+        if !wait_gone(clone, EXIT_TIMEOUT) {
+            return Err(run.report(&format!("the killed clone (PID {clone}) is still there")));
+        }
+        drop(guest);
+        // Alone and released: the init goes within its one-second poll.
+        if !wait_gone(init, Duration::from_secs(3)) {
+            return Err(run.report(&format!("the guest init (PID {init}) is still there")));
+        }
+        if !run.root_alive() {
+            return Err(run.report("the original died"));
+        }
+    }
+    finish(run)
+}
+
+/// `FrozenTree::set_exit_kill`: once set, the tree dies with the thread that froze it (the
+/// commit point of a migration); without it, the tree is let go.
+fn run_exit_kill(suite: &Suite) -> Result<(), Failed> {
+    use ferry_engine::freeze::FrozenTree;
+    for exit_kill in [false, true] {
+        let mut run = start_whoami(
+            suite,
+            if exit_kill {
+                "exit_kill"
+            } else {
+                "no_exit_kill"
+            },
+        )?;
+        let pid = run.root;
+        let tracer = std::thread::spawn(move || -> Result<(), String> {
+            let frozen = FrozenTree::freeze(pid).map_err(|e| e.to_string())?;
+            if exit_kill {
+                frozen.set_exit_kill().map_err(|e| e.to_string())?;
+            }
+            // The tracer thread ends without thawing the tree, as if ferry died.
+            std::mem::forget(frozen);
+            Ok(())
+        });
+        match tracer.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(run.report(&format!("freeze: {e}"))),
+            Err(_) => return Err(run.report("the tracer thread panicked")),
+        }
+        if exit_kill {
+            if !wait_gone(pid, EXIT_TIMEOUT) {
+                return Err(run.report("with PTRACE_O_EXITKILL the tree outlived its tracer"));
+            }
+        } else {
+            sleep(Duration::from_millis(50));
+            if !run.root_alive() {
+                return Err(run.report("without PTRACE_O_EXITKILL the tree died with its tracer"));
+            }
+            ask_whoami(&run, pid)?;
+        }
+        finish(run)?;
+    }
+    Ok(())
 }
