@@ -41,7 +41,7 @@ const STEPS: [&str; 10] = [
     "write /proc/self/timens_offsets",
     "fork (guest init)",
     "mount proc on /proc (guest init)",
-    "redirect stdio to /dev/null (guest init)",
+    "redirect stdio to /dev/null, close the rest (guest init)",
     "setsid (guest init)",
     "execv (guest init)",
 ];
@@ -253,6 +253,18 @@ unsafe fn guest_init_child(p: &Prepared) -> ! {
         }
         if null > 2 {
             libc::close(null);
+        }
+        // Nothing else we hold reaches the init (a pipe whose reader waits for its end, say):
+        // every other descriptor closes at the exec, the status pipe included.
+        const CLOSE_RANGE_CLOEXEC: libc::c_uint = 4;
+        if libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        ) != 0
+        {
+            fail(w, 7);
         }
         if libc::fcntl(p.keep_fd, libc::F_SETFD, 0) < 0 {
             fail(w, 7);
