@@ -117,37 +117,45 @@ impl Husk {
             Place::Here => pid,
             Place::Guest { ns, .. } => ns.host_pid(pid)?,
         };
-        let opts =
-            ptrace::PTRACE_O_TRACECLONE | ptrace::PTRACE_O_TRACEFORK | ptrace::PTRACE_O_EXITKILL;
-        ptrace::seize(host, opts).ctx(pid, || {
-            format!("attach to the new process (host PID {host})")
-        })?;
-        ptrace::interrupt(host).ctx(pid, || "stop the new process".into())?;
-        let regs = stop_new(pid, host)?;
-        let syscall_at = ferry_inject::find_syscall_insn(host)?;
-        let scratch = (regs.rsp - 8192) & !15;
-        let inj = Injector::new(
-            host,
-            host,
-            regs,
-            Site {
-                syscall_at,
-                scratch,
-                scratch_len: 4096,
-            },
-        )?;
-        let mem = ProcMem::open(host).ctx(pid, || "open /proc/PID/mem".into())?;
-        let mut h = Husk {
-            pid,
-            host,
-            inj,
-            mem,
-            trampoline,
-            ferry_pidfd: Cell::new(None),
-            spare_fd,
-        };
-        h.clear_out(ferry_pidfd.as_raw_fd())?;
-        Ok(h)
+        // From here on, a failure must not leave the new process behind.
+        let taken = (|| -> Result<Husk> {
+            let opts = ptrace::PTRACE_O_TRACECLONE
+                | ptrace::PTRACE_O_TRACEFORK
+                | ptrace::PTRACE_O_EXITKILL;
+            ptrace::seize(host, opts).ctx(pid, || {
+                format!("attach to the new process (host PID {host})")
+            })?;
+            ptrace::interrupt(host).ctx(pid, || "stop the new process".into())?;
+            let regs = stop_new(pid, host)?;
+            let syscall_at = ferry_inject::find_syscall_insn(host)?;
+            let scratch = (regs.rsp - 8192) & !15;
+            let inj = Injector::new(
+                host,
+                host,
+                regs,
+                Site {
+                    syscall_at,
+                    scratch,
+                    scratch_len: 4096,
+                },
+            )?;
+            let mem = ProcMem::open(host).ctx(pid, || "open /proc/PID/mem".into())?;
+            let mut h = Husk {
+                pid,
+                host,
+                inj,
+                mem,
+                trampoline,
+                ferry_pidfd: Cell::new(None),
+                spare_fd,
+            };
+            h.clear_out(ferry_pidfd.as_raw_fd())?;
+            Ok(h)
+        })();
+        if taken.is_err() {
+            let _ = ptrace::kill(host, libc::SIGKILL);
+        }
+        taken
     }
 
     /// Leaves only the trampoline in the address space and no descriptors open but the
@@ -241,18 +249,25 @@ impl Husk {
             ..Default::default()
         };
         let host = self.clone3(pid, &args)?;
-        let regs = stop_new(pid, host)?;
-        let inj = Injector::new(host, host, regs, self.inj.site())?;
-        let mem = ProcMem::open(host).ctx(pid, || "open /proc/PID/mem".into())?;
-        Ok(Husk {
-            pid,
-            host,
-            inj,
-            mem,
-            trampoline: self.trampoline,
-            ferry_pidfd: Cell::new(self.ferry_pidfd.get()),
-            spare_fd: self.spare_fd,
-        })
+        let taken = (|| -> Result<Husk> {
+            let regs = stop_new(pid, host)?;
+            let inj = Injector::new(host, host, regs, self.inj.site())?;
+            let mem = ProcMem::open(host).ctx(pid, || "open /proc/PID/mem".into())?;
+            Ok(Husk {
+                pid,
+                host,
+                inj,
+                mem,
+                trampoline: self.trampoline,
+                ferry_pidfd: Cell::new(self.ferry_pidfd.get()),
+                spare_fd: self.spare_fd,
+            })
+        })();
+        if taken.is_err() {
+            // Not a husk of the tree yet: nobody else would kill it.
+            let _ = ptrace::kill(host, libc::SIGKILL);
+        }
+        taken
     }
 
     /// Runs clone3 in the husk for a process or thread that is to be `want` in the tree's
