@@ -22,6 +22,7 @@ pub mod guest_ns;
 pub mod husk;
 pub mod objects;
 pub mod pidview;
+pub mod preflight;
 pub mod procfs;
 pub mod resources;
 pub mod restore;

@@ -27,6 +27,8 @@ fn main() {
             destination_dies_after_rebuild,
         ),
         Trial::test("foreign_certificate_and_garbage_refused", hostile_peers),
+        Trial::test("unmovable_state_refused_before_freezing", unmovable_refused),
+        Trial::test("daemon_stops_cleanly_on_sigterm", daemon_sigterm),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -415,5 +417,89 @@ fn hostile_peers() -> Result<(), Failed> {
     let r = migrate(&c, "a", t.pid(), "b").map_err(|e| format!("after hostile peers: {e}"))?;
     t.assert_alive("after hostile peers");
     kill_host_pid(r["dest_pid"].as_i64().unwrap());
+    Ok(())
+}
+
+/// An established TCP connection and a file lock cannot move yet: the migration is refused
+/// before the tree is frozen, and the error names the fd or resource.
+fn unmovable_refused() -> Result<(), Failed> {
+    let c = Cluster::up("unmovable", 2);
+    let dir = scratch("unmovable");
+    let lock = dir.join("lock");
+    let scripts = [
+        (
+            "import socket,time\nl=socket.socket(); l.bind(('127.0.0.1',0)); l.listen()\n\
+             c=socket.create_connection(l.getsockname()); s,_=l.accept()\n\
+             open('ready','w').close(); time.sleep(60)",
+            "an established TCP connection",
+        ),
+        (
+            "import fcntl,time,sys\nf=open(sys.argv[1],'w'); fcntl.flock(f, fcntl.LOCK_EX)\n\
+             open('ready','w').close(); time.sleep(60)",
+            "file locks",
+        ),
+    ];
+    for (script, expect) in scripts {
+        let _ = std::fs::remove_file(dir.join("ready"));
+        let mut child = Command::new("python3")
+            .args(["-c", script])
+            .arg(&lock)
+            .current_dir(&dir)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !dir.join("ready").exists() {
+            assert!(Instant::now() < deadline, "python did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let e = migrate(&c, "a", pid, "b").expect_err("must be refused");
+        assert!(e.contains(expect), "{e}");
+        assert!(e.contains("before freezing"), "{e}");
+        let state = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(
+            state.contains("State:\tS"),
+            "PID {pid} is not running freely: {state}"
+        );
+        assert!(
+            !c.log("b").contains("migrate-in"),
+            "the offer was made anyway"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    Ok(())
+}
+
+/// SIGTERM: the daemon leaves the cluster, removes its control socket and exits 0.
+fn daemon_sigterm() -> Result<(), Failed> {
+    let c = Cluster::up("sigterm", 2);
+    let pid = c.daemon_pid("b");
+    let sock = c.dir.join("b").join("ferry.sock");
+    assert!(sock.exists());
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pid_alive(pid) {
+        assert!(Instant::now() < deadline, "daemon b ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = c.log("b");
+    assert!(log.contains("event=\"stopping\""), "{log}");
+    assert!(log.contains("event=\"stopped\""), "{log}");
+    assert!(!sock.exists(), "control socket left behind");
+    // The other node hears it left.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let o = c.run("a", &["nodes", "--json"]);
+        let nodes: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+        if nodes.iter().all(|n| n["name"] != "b") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a still lists b: {nodes:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     Ok(())
 }

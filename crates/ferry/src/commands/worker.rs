@@ -83,7 +83,11 @@ pub fn capture_worker(pid: i32) -> Result<()> {
     }
     let mut input = std::io::stdin().lock();
     let mut out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-    let (memory_bytes, uid, command) = match describe_tree(pid) {
+    let checked = describe_tree(pid).and_then(|d| {
+        ferry_engine::preflight::check(pid).with_context(|| format!("cannot move PID {pid}"))?;
+        Ok(d)
+    });
+    let (memory_bytes, uid, command) = match checked {
         Ok(x) => x,
         Err(e) => return fail(&mut out, &e),
     };
