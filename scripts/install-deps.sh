@@ -4,7 +4,7 @@
 set -euo pipefail
 
 need_apt=()
-for pkg in gcc make libc6-dev python3 redis-server redis-tools golang-go procps psmisc; do
+for pkg in gcc make libc6-dev python3 redis-server redis-tools golang-go procps psmisc openssl; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 # golang-go is only needed when no Go toolchain is on the PATH already.
