@@ -16,6 +16,26 @@ pub enum Command {
     Up(UpArgs),
     /// Stop the local cluster's daemons (guests they host keep running).
     Down(DirArg),
+    /// Make a new cluster CA (ca.pem, ca.key) in DIR, for a cluster of real machines.
+    Ca(CaArgs),
+    /// Issue the certificate of node NAME (NAME.pem, NAME.key) from the CA in DIR.
+    Issue(IssueArgs),
+}
+
+#[derive(clap::Args)]
+pub struct CaArgs {
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// A name for the cluster, written into the CA certificate.
+    #[arg(long, default_value = "ferry")]
+    pub name: String,
+}
+
+#[derive(clap::Args)]
+pub struct IssueArgs {
+    pub node: String,
+    #[arg(long)]
+    pub dir: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -43,6 +63,28 @@ pub fn run(c: Command) -> Result<()> {
     match c {
         Command::Up(a) => up(a),
         Command::Down(a) => down(&cluster_dir(a.dir.as_deref())),
+        Command::Ca(a) => {
+            if a.dir.join("ca.key").exists() {
+                bail!(
+                    "{} already holds a CA; refusing to replace it",
+                    a.dir.display()
+                );
+            }
+            std::fs::create_dir_all(&a.dir)
+                .with_context(|| format!("create {}", a.dir.display()))?;
+            ClusterCa::generate(&a.name)?.save(&a.dir)?;
+            println!("cluster CA written to {}", a.dir.join("ca.pem").display());
+            Ok(())
+        }
+        Command::Issue(a) => {
+            let ca = ClusterCa::load(&a.dir)?;
+            let p = ca.issue_node_files(&a.node, &a.dir)?;
+            println!(
+                "[credentials]\nca_cert = {:?}\ncert = {:?}\nkey = {:?}",
+                p.ca_cert, p.cert, p.key
+            );
+            Ok(())
+        }
     }
 }
 
