@@ -1,25 +1,939 @@
 //! Remote execution (`ferry run`): the caller's daemon relays, the chosen node runs the program
 //! as if it ran at home.
+//!
+//! Home side ([`relay`]): the CLI sends `Run(spec)` over the control socket. The daemon checks
+//! the caller may claim the spec's identity (SO_PEERCRED: a non-root caller runs only as
+//! itself), picks the node (`--on`, or the idlest that accepts guests), dials it, forwards
+//! `Run`, passes the first answer on, and from `Started` on copies bytes both ways: the two
+//! connections carry the same frames, so relaying is forwarding without decoding. When the
+//! chosen node is this one, the daemon runs the program itself, on the CLI's own connection.
+//!
+//! Remote side ([`serve`]): admission (`ferry_policy::admit`), then the program is forked with
+//! the caller's argv, environment, cwd, umask, rlimits, uid, gid, groups and signal state
+//! (`ferry_sys::spawn`), its stdio pipes or a pty sized like the caller's terminal. Its output
+//! goes back as `Io` frames as it comes; the next read waits until the frame is written, so a
+//! caller that reads slowly slows the program down (the pipe fills) and nothing piles up here.
+//! Caller frames: `Io`/`IoEnd` on stream 0 feed stdin, `IoEnd` on 1 or 2 means the caller's
+//! reader went away (the program then gets EPIPE), `Signal` and `Resize`. The daemon's reaper
+//! reports the exit; remaining output is drained, then `IoEnd`s and `Exited`. A caller that
+//! vanishes (its connection closes) hangs the program up: SIGHUP to its process group, and after
+//! [`HANGUP_GRACE`] SIGKILL to whatever is left of its session and process group.
 
 use crate::node::Node;
-use anyhow::Result;
-use ferry_transport::message::RunSpec;
-use ferry_transport::{write_msg, Conn, Msg};
+use anyhow::{anyhow, Context, Result};
+use ferry_sys::spawn::{Spawn, SpawnError, Step};
+use ferry_transport::message::{kind, ProcInfo, RunSpec};
+use ferry_transport::{read_frame, read_msg, write_msg, Conn, Frame, FrameError, Msg};
+use serde_bytes::ByteBuf;
+use std::ffi::CString;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::unix::pipe::{Receiver as Reader, Sender as Writer};
 use tokio::net::UnixStream;
+use tokio::sync::mpsc;
 
-/// Home side: pick the node, connect, and relay between the CLI and the remote daemon.
-pub async fn relay(_node: Arc<Node>, mut cli: UnixStream, _spec: RunSpec) -> Result<()> {
-    write_msg(&mut cli, &Msg::error("ferry run is not implemented yet")).await?;
+/// How long a program whose caller vanished has, after SIGHUP, before SIGKILL.
+pub const HANGUP_GRACE: Duration = Duration::from_secs(3);
+/// Largest read from the program's stdout or stderr, hence the largest `Io` frame.
+const IO_CHUNK: usize = 256 << 10;
+/// Its pipes are enlarged to this: fewer, larger reads for a program that writes a lot.
+const PIPE_SIZE: usize = 1 << 20;
+/// Chunks of caller stdin waiting for the program (each at most the CLI's read, 64 KiB).
+const STDIN_QUEUE: usize = 8;
+/// After the program exits, output still arriving (from a pty's queue, or from descendants that
+/// kept its stdout) is forwarded until end-of-file, or a pause this long, or DRAIN_MAX.
+const DRAIN_IDLE: Duration = Duration::from_millis(100);
+const DRAIN_MAX: Duration = Duration::from_secs(2);
+/// Buffer per direction when relaying bytes between the CLI and the remote daemon.
+const RELAY_BUF: usize = 256 << 10;
+/// How long the remote daemon may take to answer `Run`.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+// ---- Home side ---------------------------------------------------------------------------
+
+/// Home side: check the caller, pick the node, connect, and relay between the CLI and the
+/// remote daemon (or run the program here when this node is the one picked).
+pub async fn relay(node: Arc<Node>, mut cli: UnixStream, mut spec: RunSpec) -> Result<()> {
+    if let Err(reason) = check_caller(&cli, &spec) {
+        tracing::warn!(event = "run-refused", reason = %reason);
+        write_msg(&mut cli, &Msg::error(reason)).await?;
+        return Ok(());
+    }
+    spec.home_node = node.name().to_string();
+    let target = match pick_node(&node, &spec) {
+        Ok(t) => t,
+        Err(e) => {
+            write_msg(&mut cli, &Msg::error(format!("{e:#}"))).await?;
+            return Ok(());
+        }
+    };
+    if target == node.name() {
+        return serve_stream(node, cli, spec, None).await;
+    }
+    let (mut conn, first) = match open_remote(&node, &target, &spec).await {
+        Ok(x) => x,
+        Err(e) => {
+            let message = format!("{e:#}");
+            tracing::info!(event = "run-failed", to = %target, error = %message);
+            write_msg(&mut cli, &Msg::error(message)).await?;
+            return Ok(());
+        }
+    };
+    let started = matches!(first, Msg::Started { .. });
+    let first = match first {
+        Msg::Refused { reason } => Msg::error(format!(
+            "node {target} refused to run {}: {reason}",
+            spec.argv.first().map_or("", String::as_str)
+        )),
+        m @ (Msg::Started { .. } | Msg::RunFailed { .. } | Msg::Error { .. }) => m,
+        other => Msg::error(format!("node {target} answered Run with {}", kind(&other))),
+    };
+    write_msg(&mut cli, &first).await?;
+    if !started {
+        return Ok(());
+    }
+    match tokio::io::copy_bidirectional_with_sizes(&mut cli, &mut conn.stream, RELAY_BUF, RELAY_BUF)
+        .await
+    {
+        Ok((up, down)) => {
+            tracing::debug!(event = "run-relayed", to = %target, home_pid = spec.home_pid, up, down)
+        }
+        // The CLI or the remote node went away: dropping both connections tells the other.
+        Err(e) => tracing::info!(event = "run-relay-ended", to = %target,
+            home_pid = spec.home_pid, error = %e),
+    }
     Ok(())
 }
 
-/// Remote side: start the program and stream its I/O until it ends.
-pub async fn serve(_node: Arc<Node>, mut conn: Conn, _spec: RunSpec) -> Result<()> {
-    write_msg(
-        &mut conn.stream,
-        &Msg::error("ferry run is not implemented yet"),
-    )
-    .await?;
+/// Dials `target`, sends `Run`, and returns the connection with the first answer.
+async fn open_remote(node: &Node, target: &str, spec: &RunSpec) -> Result<(Conn, Msg)> {
+    let mut conn = node.dial(target).await?;
+    write_msg(&mut conn.stream, &Msg::Run(spec.clone()))
+        .await
+        .with_context(|| format!("send the command to node {target}"))?;
+    let first = tokio::time::timeout(START_TIMEOUT, read_msg(&mut conn.stream))
+        .await
+        .map_err(|_| anyhow!("node {target} did not start the command within {START_TIMEOUT:?}"))?
+        .with_context(|| format!("node {target} did not answer"))?;
+    Ok((conn, first))
+}
+
+/// The caller (the process at the other end of the control socket) may claim the uid, gid,
+/// groups and home PID of `spec`: root may claim anything, anyone else only itself.
+fn check_caller(cli: &UnixStream, spec: &RunSpec) -> Result<(), String> {
+    let cred = cli
+        .peer_cred()
+        .map_err(|e| format!("cannot tell who is calling: {e}"))?;
+    if cred.uid() == 0 {
+        return Ok(());
+    }
+    let groups = ferry_sys::spawn::peer_groups(cli.as_raw_fd())
+        .map_err(|e| format!("cannot tell the caller's groups: {e}"))?;
+    claim_allowed(cred.uid(), cred.gid(), &groups, cred.pid(), spec)
+}
+
+/// The rule behind [`check_caller`], on plain values.
+pub fn claim_allowed(
+    uid: u32,
+    gid: u32,
+    groups: &[u32],
+    pid: Option<i32>,
+    spec: &RunSpec,
+) -> Result<(), String> {
+    if uid == 0 {
+        return Ok(());
+    }
+    if spec.uid != uid {
+        return Err(format!(
+            "uid {uid} may not run a command as uid {} (only root may)",
+            spec.uid
+        ));
+    }
+    if spec.gid != gid && !groups.contains(&spec.gid) {
+        return Err(format!("uid {uid} is not in group {}", spec.gid));
+    }
+    if let Some(g) = spec
+        .groups
+        .iter()
+        .find(|g| **g != gid && !groups.contains(g))
+    {
+        return Err(format!("uid {uid} is not in group {g}"));
+    }
+    if pid.is_some_and(|p| p != spec.home_pid) {
+        return Err(format!(
+            "PID {} may not speak for PID {}",
+            pid.unwrap_or(0),
+            spec.home_pid
+        ));
+    }
     Ok(())
+}
+
+/// `--on NODE` as given (dialling checks it is alive), or for `--auto` the idlest node that
+/// accepts guests, this one included unless `elsewhere`.
+fn pick_node(node: &Node, spec: &RunSpec) -> Result<String> {
+    if let Some(t) = &spec.target {
+        return Ok(t.clone());
+    }
+    let mut own = node.own_load();
+    own.accepting = node.accepting.load(Ordering::Relaxed);
+    let mut candidates = vec![(node.name().to_string(), own)];
+    for m in node.membership.members() {
+        if let Some(l) = m.load {
+            candidates.push((m.id.name, l));
+        }
+    }
+    let exclude = spec.elsewhere.then(|| node.name());
+    ferry_policy::choose_idlest(candidates.iter().map(|(n, l)| (n.as_str(), l)), exclude)
+        .map(str::to_string)
+        .ok_or_else(|| {
+            anyhow!(
+                "no node {}accepts guests now (live: {})",
+                if spec.elsewhere { "but this one " } else { "" },
+                candidates
+                    .iter()
+                    .map(|(n, l)| format!(
+                        "{n}{}",
+                        if l.accepting { "" } else { " (not accepting)" }
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+}
+
+// ---- Remote side -------------------------------------------------------------------------
+
+/// Remote side: start the program and stream its I/O until it ends.
+pub async fn serve(node: Arc<Node>, conn: Conn, spec: RunSpec) -> Result<()> {
+    let peer = conn.peer.clone();
+    serve_stream(node, conn.stream, spec, Some(peer)).await
+}
+
+/// Runs `spec` here for a caller on `stream`: a peer daemon relaying for its CLI (`peer`), or
+/// this node's own CLI (None).
+async fn serve_stream<S>(
+    node: Arc<Node>,
+    mut stream: S,
+    spec: RunSpec,
+    peer: Option<String>,
+) -> Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let from = peer.clone().unwrap_or_else(|| "its own CLI".into());
+    if peer.is_some() {
+        let mut load = node.own_load();
+        // The published load lags by up to a second; acceptance is known now.
+        load.accepting = node.accepting.load(Ordering::Relaxed);
+        if let Err(reason) = ferry_policy::admit(&load, 0) {
+            tracing::info!(event = "run-refused", from = %from, home_pid = spec.home_pid,
+                reason = %reason);
+            write_msg(&mut stream, &Msg::Refused { reason }).await?;
+            return Ok(());
+        }
+    }
+    let prog = match Program::start(&node, &spec) {
+        Ok(p) => p,
+        Err(f) => {
+            tracing::info!(event = "run-failed", from = %from, home_pid = spec.home_pid,
+                code = f.exit_code, error = %f.message);
+            write_msg(
+                &mut stream,
+                &Msg::RunFailed {
+                    message: f.message,
+                    exit_code: f.exit_code,
+                },
+            )
+            .await?;
+            return Ok(());
+        }
+    };
+    let pid = prog.pid;
+    node.guests.add(ProcInfo {
+        home_node: spec.home_node.clone(),
+        node: node.name().to_string(),
+        home_pid: spec.home_pid,
+        pid,
+        uid: spec.uid,
+        command: command_line(&spec.argv),
+        state: "running".into(),
+        kind: "remote-exec".into(),
+        since_unix_ms: now_unix_ms(),
+    });
+    tracing::info!(event = "run-started", from = %from, home = %spec.home_node,
+        home_pid = spec.home_pid, pid, uid = spec.uid, tty = spec.tty.is_some(),
+        command = %spec.argv[0]);
+    let status = session(&node, stream, prog).await;
+    node.guests.remove(pid);
+    match status {
+        Some(st) => tracing::info!(event = "run-ended", home_pid = spec.home_pid, pid,
+            status = %crate::node::describe_status(st)),
+        None => tracing::info!(event = "run-hung-up", home_pid = spec.home_pid, pid),
+    }
+    Ok(())
+}
+
+/// What the caller's side told the output loop.
+enum Event {
+    /// The caller's connection closed or broke.
+    Gone(String),
+    /// The caller's stdout (1) or stderr (2) reader went away.
+    ReaderClosed(u8),
+}
+
+/// Streams the program's I/O until it ends; its wait status, or None if the caller vanished
+/// (the program has then been hung up and is gone too).
+async fn session<S>(node: &Arc<Node>, stream: S, mut prog: Program) -> Option<i32>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let pid = prog.pid;
+    let exit = node.reaper.wait(pid);
+    tokio::pin!(exit);
+    let (rd, mut wr) = tokio::io::split(stream);
+    let started = Msg::Started {
+        node: node.name().to_string(),
+        pid,
+    };
+    if write_msg(&mut wr, &started).await.is_err() {
+        drop(prog);
+        hang_up(pid, exit.as_mut()).await;
+        return None;
+    }
+
+    let (ev_tx, mut ev_rx) = mpsc::channel::<Event>(4);
+    let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(STDIN_QUEUE);
+    let feeder = tokio::spawn(feed_stdin(prog.stdin.take(), in_rx));
+    let input = tokio::spawn(read_caller(rd, in_tx, ev_tx, pid, prog.master.clone()));
+    let tty = prog.master.is_some();
+    let mut out = prog.stdout.take();
+    let mut err = prog.stderr.take();
+
+    let status = loop {
+        tokio::select! {
+            r = read_opt(&out) => {
+                if forward(&mut wr, 1, r, &mut out).await.is_err() {
+                    break None;
+                }
+            }
+            r = read_opt(&err) => {
+                if forward(&mut wr, 2, r, &mut err).await.is_err() {
+                    break None;
+                }
+            }
+            st = &mut exit => break Some(st),
+            ev = ev_rx.recv() => match ev {
+                Some(Event::ReaderClosed(1)) if !tty => out = None,
+                Some(Event::ReaderClosed(2)) => err = None,
+                Some(Event::ReaderClosed(_)) => {}
+                Some(Event::Gone(why)) => {
+                    tracing::info!(event = "run-caller-gone", pid, why = %why);
+                    break None;
+                }
+                None => break None,
+            },
+        }
+    };
+
+    let Some(status) = status else {
+        input.abort();
+        feeder.abort();
+        let _ = input.await;
+        let _ = feeder.await;
+        // Closing the pty master (every copy is gone now) hangs up its session too.
+        drop((out, err, prog));
+        hang_up(pid, exit.as_mut()).await;
+        return None;
+    };
+
+    // The program ended: what it wrote is in its pipes (or on its way through the pty).
+    let deadline = Instant::now() + DRAIN_MAX;
+    let mut caller_ok = true;
+    while (out.is_some() || err.is_some()) && Instant::now() < deadline {
+        let step = tokio::time::timeout(DRAIN_IDLE, async {
+            tokio::select! {
+                r = read_opt(&out) => forward(&mut wr, 1, r, &mut out).await,
+                r = read_opt(&err) => forward(&mut wr, 2, r, &mut err).await,
+            }
+        })
+        .await;
+        match step {
+            Ok(Ok(())) => {}
+            Ok(Err(())) => {
+                caller_ok = false;
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    input.abort();
+    feeder.abort();
+    if caller_ok {
+        let mut end = Vec::new();
+        if out.is_some() {
+            end.push(Msg::IoEnd { stream: 1 });
+        }
+        if err.is_some() {
+            end.push(Msg::IoEnd { stream: 2 });
+        }
+        end.push(exited(status));
+        for m in &end {
+            if write_msg(&mut wr, m).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    }
+    Some(status)
+}
+
+fn exited(status: i32) -> Msg {
+    if libc::WIFSIGNALED(status) {
+        Msg::Exited {
+            code: None,
+            signal: Some(libc::WTERMSIG(status)),
+        }
+    } else if libc::WIFEXITED(status) {
+        Msg::Exited {
+            code: Some(libc::WEXITSTATUS(status)),
+            signal: None,
+        }
+    } else {
+        // The reaper lost it (-1): report a failure rather than success.
+        Msg::Exited {
+            code: Some(125),
+            signal: None,
+        }
+    }
+}
+
+/// Reads the next chunk of `fd`, or waits forever if it is closed.
+async fn read_opt(fd: &Option<Reader>) -> io::Result<Vec<u8>> {
+    match fd {
+        Some(f) => read_chunk(f, IO_CHUNK).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends a chunk of `stream` to the caller; at end-of-file (or a read error) says `IoEnd` and
+/// closes `fd`. Err: the caller is gone.
+async fn forward<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    stream: u8,
+    r: io::Result<Vec<u8>>,
+    fd: &mut Option<Reader>,
+) -> Result<(), ()> {
+    let msg = match r {
+        Ok(d) if !d.is_empty() => Msg::Io {
+            stream,
+            data: ByteBuf::from(d),
+        },
+        _ => {
+            *fd = None;
+            Msg::IoEnd { stream }
+        }
+    };
+    write_msg(wr, &msg).await.map_err(drop)
+}
+
+/// Frames from the caller: stdin, its end, signals, window sizes, readers gone.
+async fn read_caller<R: AsyncRead + Unpin>(
+    mut rd: R,
+    stdin: mpsc::Sender<Vec<u8>>,
+    events: mpsc::Sender<Event>,
+    pid: i32,
+    master: Option<Arc<OwnedFd>>,
+) {
+    let mut stdin = Some(stdin);
+    loop {
+        let frame = match read_frame(&mut rd).await {
+            Ok(Frame::Msg(m)) => m,
+            Ok(_) => {
+                tracing::debug!(pid, "stream frame from a run caller, ignored");
+                continue;
+            }
+            Err(FrameError::Closed) => {
+                let _ = events.send(Event::Gone("connection closed".into())).await;
+                return;
+            }
+            Err(e) => {
+                let _ = events.send(Event::Gone(e.to_string())).await;
+                return;
+            }
+        };
+        match frame {
+            Msg::Io { stream: 0, data } => {
+                if let Some(tx) = &stdin {
+                    if tx.send(data.into_vec()).await.is_err() {
+                        stdin = None;
+                    }
+                }
+            }
+            Msg::IoEnd { stream: 0 } => stdin = None,
+            Msg::IoEnd { stream } => {
+                let _ = events.send(Event::ReaderClosed(stream)).await;
+            }
+            Msg::Signal { signal } => deliver(pid, master.as_deref(), signal),
+            Msg::Resize { rows, cols } => {
+                if let Some(m) = &master {
+                    if let Err(e) = ferry_sys::tty::set_winsize(m.as_raw_fd(), [rows, cols, 0, 0]) {
+                        tracing::debug!(pid, error = %e, "resize");
+                    }
+                }
+            }
+            other => tracing::debug!(pid, kind = %kind(&other), "unexpected from a run caller"),
+        }
+    }
+}
+
+/// Writes the caller's stdin to the program; at its end closes the pipe (the program reads
+/// end-of-file). A program that closed its stdin makes the rest be discarded.
+async fn feed_stdin(fd: Option<Writer>, mut rx: mpsc::Receiver<Vec<u8>>) {
+    let Some(mut fd) = fd else {
+        while rx.recv().await.is_some() {}
+        return;
+    };
+    while let Some(d) = rx.recv().await {
+        if fd.write_all(&d).await.is_err() {
+            while rx.recv().await.is_some() {}
+            return;
+        }
+    }
+}
+
+/// Delivers a signal the caller received. Those a terminal sends to its foreground process
+/// group (INT, QUIT, TSTP, CONT, WINCH) go to the program's process group (with a pty: the
+/// pty's foreground group); the others to the program itself. The program leads a session of
+/// its own, so its group is orphaned and the kernel would discard a SIGTSTP it does not catch:
+/// that one becomes SIGSTOP.
+fn deliver(pid: i32, master: Option<&OwnedFd>, sig: i32) {
+    if !(1..=64).contains(&sig) {
+        return;
+    }
+    let group = matches!(
+        sig,
+        libc::SIGINT | libc::SIGQUIT | libc::SIGTSTP | libc::SIGCONT | libc::SIGWINCH
+    );
+    let pgid = master
+        .and_then(|m| ferry_sys::tty::pgrp(m.as_raw_fd()).ok())
+        .filter(|p| *p > 0)
+        .unwrap_or(pid);
+    let sig = if sig == libc::SIGTSTP && !catches(pgid, libc::SIGTSTP) {
+        libc::SIGSTOP
+    } else {
+        sig
+    };
+    let r = if group {
+        ferry_sys::ptrace::kill(-pgid, sig)
+    } else {
+        ferry_sys::ptrace::kill(pid, sig)
+    };
+    if let Err(e) = r {
+        tracing::debug!(pid, sig, error = %e, "forward signal");
+    }
+}
+
+/// Whether process `pid` has a handler for `sig` (/proc/PID/status SigCgt).
+fn catches(pid: i32, sig: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|mask| mask & (1u64 << (sig - 1)) != 0)
+}
+
+/// The caller is gone: SIGHUP (and SIGCONT, should it be stopped) to the program's process
+/// group; after [`HANGUP_GRACE`], SIGKILL to what is left of its session and group. Returns
+/// the program's wait status.
+async fn hang_up(pid: i32, mut exit: Pin<&mut impl Future<Output = i32>>) -> i32 {
+    let deadline = Instant::now() + HANGUP_GRACE;
+    let _ = ferry_sys::ptrace::kill(-pid, libc::SIGHUP);
+    let _ = ferry_sys::ptrace::kill(-pid, libc::SIGCONT);
+    let status = match tokio::time::timeout(HANGUP_GRACE, exit.as_mut()).await {
+        Ok(st) => st,
+        Err(_) => {
+            tracing::info!(event = "run-killed", pid, "still running after SIGHUP");
+            signal_session(pid, libc::SIGKILL);
+            exit.await
+        }
+    };
+    // Its descendants get the rest of the grace period, then SIGKILL too.
+    while signal_session(pid, 0) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal_session(pid, libc::SIGKILL);
+    status
+}
+
+/// Sends `sig` to every process in session `sid` or process group `sid` (0: just count them).
+fn signal_session(sid: i32, sig: i32) -> usize {
+    let mut n = 0;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    for e in dir.flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // state, ppid, pgrp, session
+        if f.len() < 4 || f[0] == "Z" || f[0] == "X" {
+            continue;
+        }
+        if f[2].parse() == Ok(sid) || f[3].parse() == Ok(sid) {
+            n += 1;
+            if sig != 0 {
+                let _ = ferry_sys::ptrace::kill(p, sig);
+            }
+        }
+    }
+    n
+}
+
+// ---- Starting the program ----------------------------------------------------------------
+
+/// A program started for a caller, and this side of its stdio.
+struct Program {
+    pid: i32,
+    /// Where the caller's stdin goes: a pipe, or the pty master.
+    stdin: Option<Writer>,
+    stdout: Option<Reader>,
+    stderr: Option<Reader>,
+    /// The pty master, for window sizes and its foreground group.
+    master: Option<Arc<OwnedFd>>,
+}
+
+/// Why a program could not start, and the exit code `ferry run` reports.
+struct Failure {
+    message: String,
+    exit_code: i32,
+}
+
+impl Program {
+    fn start(node: &Arc<Node>, spec: &RunSpec) -> Result<Program, Failure> {
+        let here = node.name().to_string();
+        let fail = |code: i32, what: String| Failure {
+            message: format!("node {here}: {what}"),
+            exit_code: code,
+        };
+        let Some(cmd) = spec.argv.first() else {
+            return Err(fail(125, "no command given".into()));
+        };
+        let path = resolve(cmd, &spec.env, &spec.cwd).map_err(|(c, m)| fail(c, m))?;
+        let cstr = |s: &str, what: &str| {
+            CString::new(s).map_err(|_| fail(125, format!("{what} contains a NUL byte")))
+        };
+        let argv = spec
+            .argv
+            .iter()
+            .map(|a| cstr(a, "an argument"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let envp = spec
+            .env
+            .iter()
+            .map(|(k, v)| cstr(&format!("{k}={v}"), "an environment variable"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let setup = |e: io::Error| fail(125, format!("set up the program's stdio: {e}"));
+
+        // This side's ends, and the child's.
+        let (master, stdin, stdout, child_in, child_out);
+        let (stderr, child_err);
+        if let Some((rows, cols)) = spec.tty {
+            let (m, slave) = ferry_sys::spawn::open_pty().map_err(|e| setup(e.io()))?;
+            ferry_sys::tty::set_winsize(m.as_raw_fd(), [rows, cols, 0, 0])
+                .map_err(|e| setup(e.io()))?;
+            // Like a login: the terminal belongs to the user it serves.
+            std::os::unix::fs::fchown(&slave, Some(spec.uid), None).map_err(setup)?;
+            let slave = std::fs::File::from(slave);
+            {
+                use std::os::unix::fs::PermissionsExt;
+                slave
+                    .set_permissions(std::fs::Permissions::from_mode(0o620))
+                    .map_err(setup)?;
+            }
+            let slave = OwnedFd::from(slave);
+            stdin = Some(writer(m.try_clone().map_err(setup)?).map_err(setup)?);
+            stdout = Some(reader(m.try_clone().map_err(setup)?).map_err(setup)?);
+            master = Some(Arc::new(m));
+            if spec.stderr_tty {
+                child_err = slave.try_clone().map_err(setup)?;
+                stderr = None;
+            } else {
+                let (r, w) = pipe_out().map_err(setup)?;
+                child_err = w;
+                stderr = Some(r);
+            }
+            child_in = slave.try_clone().map_err(setup)?;
+            child_out = slave;
+        } else {
+            let (r, w) = ferry_sys::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| setup(e.io()))?;
+            child_in = r;
+            stdin = Some(writer(w).map_err(setup)?);
+            let (r, w) = pipe_out().map_err(setup)?;
+            stdout = Some(r);
+            child_out = w;
+            let (r, w) = pipe_out().map_err(setup)?;
+            stderr = Some(r);
+            child_err = w;
+            master = None;
+        }
+        let s = Spawn {
+            path: CString::new(path.as_os_str().as_encoded_bytes())
+                .map_err(|_| fail(125, "the command contains a NUL byte".into()))?,
+            argv,
+            envp,
+            cwd: cstr(&spec.cwd, "the directory")?,
+            uid: spec.uid,
+            gid: spec.gid,
+            groups: spec.groups.clone(),
+            umask: spec.umask,
+            rlimits: spec.rlimits.clone(),
+            stdio: [
+                child_in.as_raw_fd(),
+                child_out.as_raw_fd(),
+                child_err.as_raw_fd(),
+            ],
+            controlling_tty: spec.tty.is_some(),
+            sig_ignored: spec.sig_ignored,
+            sig_blocked: spec.sig_blocked,
+            // The program must not outlive this daemon (its caller could not reach it). The
+            // signal is tied to the forking thread: a tokio worker, which lives as long as the
+            // runtime.
+            parent_death_signal: libc::SIGKILL,
+        };
+        let pid = match ferry_sys::spawn::spawn(&s) {
+            Ok(pid) => pid,
+            Err(e) => {
+                if e.pid > 0 {
+                    // Let the reaper's record of the failed child be claimed.
+                    let node = node.clone();
+                    tokio::spawn(async move { node.reaper.wait(e.pid).await });
+                }
+                return Err(spawn_failure(&e, cmd, &path, spec, &here));
+            }
+        };
+        drop((child_in, child_out, child_err));
+        Ok(Program {
+            pid,
+            stdin,
+            stdout,
+            stderr,
+            master,
+        })
+    }
+}
+
+/// A pipe for the program's output: (our read end, its write end), enlarged.
+fn pipe_out() -> io::Result<(Reader, OwnedFd)> {
+    let (r, w) = ferry_sys::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| e.io())?;
+    let _ = ferry_sys::fdops::set_pipe_size(r.as_raw_fd(), PIPE_SIZE);
+    Ok((reader(r)?, w))
+}
+
+fn spawn_failure(e: &SpawnError, cmd: &str, path: &Path, spec: &RunSpec, here: &str) -> Failure {
+    let err = io::Error::from_raw_os_error(e.errno);
+    let (exit_code, what) = match e.step {
+        Step::Exec if e.errno == libc::ENOENT => (127, format!("{cmd}: {err}")),
+        Step::Exec => (126, format!("cannot execute {}: {err}", path.display())),
+        Step::Cwd => (
+            125,
+            format!("cannot change to directory {}: {err}", spec.cwd),
+        ),
+        step => (
+            125,
+            format!(
+                "cannot start {cmd} as uid {} gid {}: {}: {err}",
+                spec.uid,
+                spec.gid,
+                step.describe()
+            ),
+        ),
+    };
+    Failure {
+        message: format!("node {here}: {what}"),
+        exit_code,
+    }
+}
+
+/// Finds `cmd` as a shell would: a name with a slash as is (relative to `cwd`), any other in
+/// the caller's PATH. Err: (exit code, message): 127 not found, 126 found but not executable.
+fn resolve(cmd: &str, env: &[(String, String)], cwd: &str) -> Result<PathBuf, (i32, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    let cwd = Path::new(cwd);
+    if cmd.is_empty() {
+        return Err((127, "'': command not found".into()));
+    }
+    if cmd.contains('/') {
+        return match std::fs::metadata(cwd.join(cmd)) {
+            Ok(m) if m.is_dir() => Err((126, format!("{cmd}: Is a directory"))),
+            Ok(_) => Ok(PathBuf::from(cmd)),
+            Err(e) => Err((127, format!("{cmd}: {e}"))),
+        };
+    }
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
+    let mut not_executable = None;
+    for dir in path.split(':') {
+        let candidate = Path::new(if dir.is_empty() { "." } else { dir }).join(cmd);
+        match std::fs::metadata(cwd.join(&candidate)) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(candidate),
+            Ok(m) if m.is_file() => {
+                not_executable.get_or_insert(candidate);
+            }
+            _ => {}
+        }
+    }
+    match not_executable {
+        Some(p) => Err((126, format!("{}: Permission denied", p.display()))),
+        None => Err((127, format!("{cmd}: command not found"))),
+    }
+}
+
+fn command_line(argv: &[String]) -> String {
+    let mut s = argv.join(" ");
+    if s.len() > 200 {
+        let mut end = 200;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    let raw = fd.as_raw_fd();
+    let fl = ferry_sys::fdops::get_fl(raw).map_err(|e| e.io())?;
+    ferry_sys::fdops::set_fl(raw, fl | libc::O_NONBLOCK).map_err(|e| e.io())
+}
+
+/// Our reading end of the program's stdout or stderr (a pipe, or a pty master).
+fn reader(fd: OwnedFd) -> io::Result<Reader> {
+    nonblocking(&fd)?;
+    Reader::from_owned_fd_unchecked(fd)
+}
+
+/// Our writing end of the program's stdin (a pipe, or a pty master).
+fn writer(fd: OwnedFd) -> io::Result<Writer> {
+    nonblocking(&fd)?;
+    Writer::from_owned_fd_unchecked(fd)
+}
+
+/// Up to `cap` bytes; empty at end-of-file (for a pty master: no slave open any more).
+async fn read_chunk(r: &Reader, cap: usize) -> io::Result<Vec<u8>> {
+    loop {
+        r.readable().await?;
+        let mut buf = vec![0u8; cap];
+        match r.try_read(&mut buf) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(uid: u32, gid: u32, groups: Vec<u32>, home_pid: i32) -> RunSpec {
+        RunSpec {
+            argv: vec!["true".into()],
+            env: vec![],
+            cwd: "/".into(),
+            umask: 0o022,
+            uid,
+            gid,
+            groups,
+            rlimits: vec![],
+            tty: None,
+            home_node: String::new(),
+            home_pid,
+            target: None,
+            elsewhere: false,
+            stderr_tty: false,
+            sig_ignored: 0,
+            sig_blocked: 0,
+        }
+    }
+
+    #[test]
+    fn only_root_claims_others() {
+        // Root claims anyone.
+        assert!(claim_allowed(0, 0, &[], Some(1), &spec(1000, 1000, vec![4], 77)).is_ok());
+        // A user claims itself, its groups, its own PID.
+        assert!(claim_allowed(
+            1000,
+            1000,
+            &[1000, 27],
+            Some(77),
+            &spec(1000, 1000, vec![27], 77)
+        )
+        .is_ok());
+        // Not root, not a stranger's uid or group, not another PID.
+        let e = claim_allowed(1000, 1000, &[1000], Some(77), &spec(0, 0, vec![], 77)).unwrap_err();
+        assert!(e.contains("only root"), "{e}");
+        let e =
+            claim_allowed(1000, 1000, &[1000], Some(77), &spec(1000, 0, vec![], 77)).unwrap_err();
+        assert!(e.contains("group 0"), "{e}");
+        let e = claim_allowed(
+            1000,
+            1000,
+            &[1000],
+            Some(77),
+            &spec(1000, 1000, vec![27], 77),
+        )
+        .unwrap_err();
+        assert!(e.contains("group 27"), "{e}");
+        let e =
+            claim_allowed(1000, 1000, &[], Some(78), &spec(1000, 1000, vec![], 77)).unwrap_err();
+        assert!(e.contains("PID 78"), "{e}");
+    }
+
+    #[test]
+    fn resolves_like_a_shell() {
+        let env = vec![("PATH".to_string(), "/nonexistent:/bin:/usr/bin".to_string())];
+        assert!(resolve("sh", &env, "/").unwrap().ends_with("sh"));
+        assert_eq!(
+            resolve("surely-no-such-command", &env, "/").unwrap_err().0,
+            127
+        );
+        // Not executable: execve says so (126) when it is tried.
+        assert!(resolve("/etc/passwd", &env, "/").is_ok());
+        assert_eq!(resolve("/etc", &env, "/").unwrap_err().0, 126);
+        assert_eq!(resolve("./nope", &env, "/").unwrap_err().0, 127);
+    }
 }

@@ -14,6 +14,7 @@ pub mod ptrace;
 pub mod regs;
 pub mod sched;
 pub mod sockets;
+pub mod spawn;
 pub mod tty;
 pub mod wait;
 

@@ -69,6 +69,13 @@ pub enum Msg {
         code: Option<i32>,
         signal: Option<i32>,
     },
+    /// The program could not be started (instead of `Started`); `ferry run` prints `message`
+    /// and exits with `exit_code`, a shell's: 127 command not found, 126 not executable, 125
+    /// anything else (cwd, credentials).
+    RunFailed {
+        message: String,
+        exit_code: i32,
+    },
 
     // ---- CLI <-> its daemon -----------------------------------------------------------
     ListNodes,
@@ -165,6 +172,21 @@ pub struct RunSpec {
     pub home_node: String,
     /// The PID of `ferry run` at home: the program's identity there.
     pub home_pid: i32,
+    /// `--on NODE`: where to run; None: `--auto`, the idlest node that accepts guests.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// With `--auto`: never the caller's own node.
+    #[serde(default)]
+    pub elsewhere: bool,
+    /// With `tty`: the caller's stderr is that terminal too (else it is streamed apart, as 2).
+    #[serde(default)]
+    pub stderr_tty: bool,
+    /// Signals the caller ignores (bit n-1 for signal n): the program starts ignoring them.
+    #[serde(default)]
+    pub sig_ignored: u64,
+    /// The caller's signal mask, which the program starts with.
+    #[serde(default)]
+    pub sig_blocked: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,0 +1,448 @@
+//! Starting a program on behalf of someone else (the remote side of `ferry run`), and the
+//! process-identity and signal helpers its client needs.
+//!
+//! [`spawn`] forks from a multi-threaded daemon, so the child makes only async-signal-safe calls
+//! between fork and execve: everything that allocates (argument vectors, the resolved path) is
+//! prepared before the fork. The child gets a new session, optionally a controlling terminal,
+//! its stdio, rlimits, supplementary groups, gid and uid, a parent-death signal, its cwd (entered
+//! as the new user, so access is checked as that user), umask, signal dispositions and mask, and
+//! then executes. A failure before execve reaches the parent as (step, errno) through a
+//! close-on-exec pipe; the child then exits with 127. The child is never waited for here: the
+//! caller's reaper collects every exit status.
+
+use crate::{check, SysError, SysResult};
+use std::ffi::CString;
+use std::fmt;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+/// Everything the child needs, prepared before the fork.
+#[derive(Debug, Clone)]
+pub struct Spawn {
+    /// The file to execute (already resolved against PATH by the caller).
+    pub path: CString,
+    pub argv: Vec<CString>,
+    /// `NAME=value` strings.
+    pub envp: Vec<CString>,
+    pub cwd: CString,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    pub umask: u32,
+    /// (resource, soft, hard), set before the uid changes (so they may exceed ours).
+    pub rlimits: Vec<(u32, u64, u64)>,
+    /// The descriptors that become the child's 0, 1 and 2.
+    pub stdio: [RawFd; 3],
+    /// Make the child's stdin (a terminal) its controlling terminal.
+    pub controlling_tty: bool,
+    /// Signals the child starts with ignored (bit `n - 1` for signal `n`); all others default.
+    pub sig_ignored: u64,
+    /// The child's initial signal mask (same bit layout).
+    pub sig_blocked: u64,
+    /// Sent to the child when the forking thread dies (0: none).
+    pub parent_death_signal: i32,
+}
+
+/// The step of the child's setup that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Fork,
+    Session,
+    Stdio,
+    ControllingTty,
+    Rlimit,
+    Groups,
+    Gid,
+    Uid,
+    ParentDeath,
+    Cwd,
+    Umask,
+    Signals,
+    Exec,
+}
+
+const STEPS: [Step; 13] = [
+    Step::Fork,
+    Step::Session,
+    Step::Stdio,
+    Step::ControllingTty,
+    Step::Rlimit,
+    Step::Groups,
+    Step::Gid,
+    Step::Uid,
+    Step::ParentDeath,
+    Step::Cwd,
+    Step::Umask,
+    Step::Signals,
+    Step::Exec,
+];
+
+impl Step {
+    fn code(self) -> u8 {
+        STEPS.iter().position(|s| *s == self).unwrap_or(0) as u8
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Step::Fork => "fork",
+            Step::Session => "setsid",
+            Step::Stdio => "set up stdin, stdout and stderr",
+            Step::ControllingTty => "take the terminal as controlling terminal",
+            Step::Rlimit => "set resource limits",
+            Step::Groups => "set supplementary groups",
+            Step::Gid => "set gid",
+            Step::Uid => "set uid",
+            Step::ParentDeath => "set the parent-death signal",
+            Step::Cwd => "change directory",
+            Step::Umask => "set umask",
+            Step::Signals => "reset signal dispositions",
+            Step::Exec => "execute",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnError {
+    pub step: Step,
+    pub errno: i32,
+    /// The child that failed (it exits with 127 and must still be reaped), or 0 if none was made.
+    pub pid: i32,
+}
+
+impl fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}",
+            self.step.describe(),
+            std::io::Error::from_raw_os_error(self.errno)
+        )
+    }
+}
+
+impl std::error::Error for SpawnError {}
+
+fn errno() -> i32 {
+    // SAFETY: __errno_location returns the calling thread's errno slot; reading it is always
+    // valid (and async-signal-safe).
+    unsafe { *libc::__errno_location() }
+}
+
+/// Forks and executes `s`; returns the child's PID once execve succeeded.
+pub fn spawn(s: &Spawn) -> Result<i32, SpawnError> {
+    let fail0 = |step: Step, errno: i32| SpawnError {
+        step,
+        errno,
+        pid: 0,
+    };
+    let mut argv: Vec<*const libc::c_char> = s.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = s.envp.iter().map(|a| a.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let groups: Vec<libc::gid_t> = s.groups.clone();
+    let (err_r, err_w) =
+        crate::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| fail0(Step::Fork, e.errno))?;
+    // SAFETY: getpid cannot fail.
+    let parent = unsafe { libc::getpid() };
+
+    // SAFETY: the child only runs `child` below, which makes async-signal-safe calls on data
+    // prepared before the fork (no allocation, no lock), then execs or _exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(fail0(Step::Fork, errno()));
+    }
+    if pid == 0 {
+        child(s, &argv, &envp, &groups, parent, err_w.as_raw_fd());
+    }
+    drop(err_w);
+    let mut buf = [0u8; 5];
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: reading into the unfilled tail of a local buffer.
+        let r = unsafe {
+            libc::read(
+                err_r.as_raw_fd(),
+                buf[got..].as_mut_ptr().cast(),
+                buf.len() - got,
+            )
+        };
+        if r < 0 {
+            if errno() == libc::EINTR {
+                continue;
+            }
+            break;
+        }
+        if r == 0 {
+            break;
+        }
+        got += r as usize;
+    }
+    if got == 0 {
+        // The pipe closed on execve: the program runs.
+        return Ok(pid);
+    }
+    let step = STEPS.get(buf[0] as usize).copied().unwrap_or(Step::Exec);
+    let errno = if got == 5 {
+        i32::from_ne_bytes([buf[1], buf[2], buf[3], buf[4]])
+    } else {
+        libc::EIO
+    };
+    Err(SpawnError { step, errno, pid })
+}
+
+/// The child between fork and execve. Never returns.
+fn child(
+    s: &Spawn,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+    groups: &[libc::gid_t],
+    parent: i32,
+    err_w: RawFd,
+) -> ! {
+    let fail = |step: Step| -> ! {
+        let e = errno();
+        let mut msg = [0u8; 5];
+        msg[0] = step.code();
+        msg[1..].copy_from_slice(&e.to_ne_bytes());
+        // SAFETY: write(2) and _exit(2) are async-signal-safe; msg is a local buffer.
+        unsafe {
+            libc::write(err_w, msg.as_ptr().cast(), msg.len());
+            libc::_exit(127)
+        }
+    };
+
+    // SAFETY: setsid takes no arguments.
+    if unsafe { libc::setsid() } < 0 {
+        fail(Step::Session);
+    }
+    // Move the stdio sources above 2 first, so that none is overwritten by another's dup2.
+    let mut high = [0; 3];
+    for (i, fd) in s.stdio.iter().enumerate() {
+        // SAFETY: F_DUPFD_CLOEXEC duplicates a descriptor we hold; plain integer arguments.
+        let r = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 3) };
+        if r < 0 {
+            fail(Step::Stdio);
+        }
+        high[i] = r;
+    }
+    for (i, fd) in high.iter().enumerate() {
+        // SAFETY: dup2 onto 0, 1, 2; the new descriptor is not close-on-exec.
+        if unsafe { libc::dup2(*fd, i as i32) } < 0 {
+            fail(Step::Stdio);
+        }
+    }
+    if s.controlling_tty {
+        // SAFETY: TIOCSCTTY takes an integer (0: do not steal from another session).
+        if unsafe { libc::ioctl(0, libc::TIOCSCTTY as _, 0) } < 0 {
+            fail(Step::ControllingTty);
+        }
+    }
+    for &(resource, cur, max) in &s.rlimits {
+        let lim = libc::rlimit64 {
+            rlim_cur: cur,
+            rlim_max: max,
+        };
+        // SAFETY: lim is a valid in-pointer; old is null.
+        if unsafe { libc::prlimit64(0, resource as _, &lim, std::ptr::null_mut()) } < 0 {
+            fail(Step::Rlimit);
+        }
+    }
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        // SAFETY: groups points at groups.len() gids.
+        if unsafe { libc::setgroups(groups.len(), groups.as_ptr()) } < 0 {
+            fail(Step::Groups);
+        }
+    }
+    // SAFETY: plain integer arguments.
+    if unsafe { libc::setresgid(s.gid, s.gid, s.gid) } < 0 {
+        fail(Step::Gid);
+    }
+    // SAFETY: plain integer arguments.
+    if unsafe { libc::setresuid(s.uid, s.uid, s.uid) } < 0 {
+        fail(Step::Uid);
+    }
+    if s.parent_death_signal != 0 {
+        // Set after the uid change, which clears it.
+        // SAFETY: plain integer arguments.
+        let r = unsafe {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                s.parent_death_signal as libc::c_ulong,
+                0,
+                0,
+                0,
+            )
+        };
+        if r < 0 {
+            fail(Step::ParentDeath);
+        }
+        // SAFETY: getppid cannot fail.
+        if unsafe { libc::getppid() } != parent {
+            // SAFETY: _exit is async-signal-safe.
+            unsafe { libc::_exit(127) };
+        }
+    }
+    // SAFETY: cwd is a NUL-terminated string prepared before the fork.
+    if unsafe { libc::chdir(s.cwd.as_ptr()) } < 0 {
+        fail(Step::Cwd);
+    }
+    // SAFETY: umask cannot fail.
+    unsafe { libc::umask(s.umask as libc::mode_t) };
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        let handler = if s.sig_ignored & (1u64 << (sig - 1)) != 0 {
+            libc::SIG_IGN
+        } else {
+            libc::SIG_DFL
+        };
+        // SAFETY: sigaction is async-signal-safe; act is a zeroed (valid) struct with a
+        // default or ignore disposition. Signals the C library reserves fail harmlessly.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = handler;
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
+    // SAFETY: set is a local sigset_t filled by sigemptyset/sigaddset before use.
+    let r = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in 1..=64 {
+            if s.sig_blocked & (1u64 << (sig - 1)) != 0 {
+                libc::sigaddset(&mut set, sig);
+            }
+        }
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut())
+    };
+    if r < 0 {
+        fail(Step::Signals);
+    }
+    // Everything the daemon holds (all close-on-exec already, but a descriptor inherited without
+    // the flag must not leak into a stranger's program) closes at execve; the error pipe too.
+    // SAFETY: plain integer arguments; failure (an old kernel) is harmless.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    // SAFETY: path, argv and envp are NUL-terminated strings and NULL-terminated arrays built
+    // before the fork, alive for the whole call.
+    unsafe { libc::execve(s.path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    fail(Step::Exec)
+}
+
+/// A new pseudo-terminal: (master, slave), both close-on-exec, the slave not yet anyone's
+/// controlling terminal.
+pub fn open_pty() -> SysResult<(OwnedFd, OwnedFd)> {
+    let master = crate::fdops::open_path(
+        "/dev/ptmx",
+        libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        0,
+    )?;
+    crate::tty::set_locked(master.as_raw_fd(), false)?;
+    let slave = crate::tty::open_peer(
+        master.as_raw_fd(),
+        libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+    )?;
+    Ok((master, slave))
+}
+
+/// This process's effective uid and gid and its supplementary groups.
+pub fn ids() -> SysResult<(u32, u32, Vec<u32>)> {
+    // SAFETY: geteuid and getegid cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // SAFETY: a zero size only asks for the count.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    check("getgroups", n as libc::c_long)?;
+    let mut groups = vec![0 as libc::gid_t; n as usize];
+    // SAFETY: groups has room for n gids.
+    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
+    check("getgroups", n as libc::c_long)?;
+    groups.truncate(n as usize);
+    Ok((uid, gid, groups))
+}
+
+/// The supplementary groups of the process at the other end of a UNIX stream socket, as they
+/// were when it connected (SO_PEERGROUPS).
+pub fn peer_groups(sock: RawFd) -> SysResult<Vec<u32>> {
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: groups has room for len bytes; len is a valid in/out pointer.
+        let r = unsafe {
+            libc::getsockopt(
+                sock,
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        if r < 0 {
+            let e = SysError::last("getsockopt(SO_PEERGROUPS)");
+            if e.errno == libc::ERANGE && n > groups.len() {
+                groups.resize(n, 0);
+                continue;
+            }
+            return Err(e);
+        }
+        groups.truncate(n);
+        return Ok(groups);
+    }
+}
+
+/// Ignores `sig` in this process from now on.
+pub fn ignore_signal(sig: i32) -> SysResult<()> {
+    // SAFETY: installs the ignore disposition for one signal; no handler code involved.
+    let r = unsafe { libc::signal(sig, libc::SIG_IGN) };
+    if r == libc::SIG_ERR {
+        return Err(SysError::last("signal(SIG_IGN)"));
+    }
+    Ok(())
+}
+
+/// Stops this process (SIGSTOP) until someone sends SIGCONT.
+pub fn stop_self() {
+    // SAFETY: raise with a valid signal number.
+    unsafe { libc::raise(libc::SIGSTOP) };
+}
+
+/// Ends this process by signal `sig`, as if that signal had killed it, without dumping core
+/// (the program that dumped core was elsewhere). If `sig` does not kill (it is one whose default
+/// action is to ignore or stop), exits with 128 + `sig`, the shell's convention.
+pub fn die_by_signal(sig: i32) -> ! {
+    if (1..=64).contains(&sig) && sig != libc::SIGKILL && sig != libc::SIGSTOP {
+        if let Ok((_, hard)) = crate::fdops::get_rlimit(0, libc::RLIMIT_CORE) {
+            let _ = crate::fdops::set_rlimit(0, libc::RLIMIT_CORE, 0, hard);
+        }
+        // SAFETY: default disposition for one signal, then unblock it in this thread and send
+        // it to this thread: a fatal signal ends the process before raise returns.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::raise(sig);
+        }
+    } else if sig == libc::SIGKILL {
+        // SAFETY: raise with a valid signal number.
+        unsafe { libc::raise(libc::SIGKILL) };
+    }
+    std::process::exit(128 + (sig & 0x7f))
+}
+
+/// Replaces descriptor `fd` (0, 1 or 2) with /dev/null: whoever reads the other end of a pipe
+/// it was sees end-of-file, as when a program closes its stdout.
+pub fn release_stdio(fd: RawFd) -> SysResult<()> {
+    let null = crate::fdops::open_path("/dev/null", libc::O_RDWR | libc::O_CLOEXEC, 0)?;
+    // SAFETY: dup2 of a descriptor we own onto `fd`; the old description is released.
+    let r = unsafe { libc::dup2(null.as_raw_fd(), fd) };
+    check("dup2", r as libc::c_long).map(drop)
+}

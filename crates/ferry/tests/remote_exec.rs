@@ -1,0 +1,980 @@
+//! `ferry run` on a real local cluster of three daemons (a, b, c) on loopback, started once for
+//! the whole file: the remote program's exit status and death by signal, stdin, stdout and
+//! stderr streamed (200 MiB through with bounded memory), cwd, environment, umask, rlimits and
+//! uid, signals, a terminal (a pty made here), --auto, refusals and errors, `ferry ps`, and a
+//! caller that vanishes. The tests run in order (the last one kills node c).
+
+mod common;
+
+use common::cluster::{Cluster, FERRY};
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Set in the environment of this binary re-run as another user: it then only sends a forged
+/// `Run` to the daemon socket named here and prints the answer.
+const FORGE: &str = "FERRY_TEST_FORGE_SOCKET";
+
+fn main() {
+    if let Some(sock) = std::env::var_os(FORGE) {
+        forge(Path::new(&sock));
+        return;
+    }
+    let args = Arguments::from_args();
+    let cluster = if args.list {
+        None
+    } else {
+        Some(Arc::new(Cluster::up("remote-exec", 3)))
+    };
+    type Test = fn(&Cluster) -> Result<(), Failed>;
+    let tests: [(&str, Test); 17] = [
+        ("exit_codes", exit_codes),
+        ("death_by_signal", death_by_signal),
+        ("stdin_streams", stdin_streams),
+        ("stdin_arrives_slowly", stdin_arrives_slowly),
+        ("large_stdout_bounded_memory", large_stdout),
+        ("signals_during_a_stream", signals_during_stream),
+        ("stderr_apart_from_stdout", stderr_apart),
+        ("cwd_env_umask_rlimits", cwd_env_umask_rlimits),
+        ("non_root_runs_as_itself_only", non_root),
+        ("signals_reach_the_program", signals),
+        ("terminal_gets_a_pty", terminal),
+        ("auto_and_acceptance", auto_and_acceptance),
+        ("errors_unknown_node_missing_command", errors),
+        ("ps_shows_the_program", ps_shows_program),
+        ("on_this_node", on_this_node),
+        ("caller_vanishes", caller_vanishes),
+        ("dead_node", dead_node),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, f)| {
+            let c = cluster.clone();
+            Trial::test(name, move || match &c {
+                Some(c) => f(c),
+                None => Ok(()),
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Some(c) = cluster {
+        if conclusion.has_failed() {
+            for n in &c.nodes {
+                eprintln!("---- daemon.log of {n} (tail)");
+                let log = c.log(n);
+                let lines: Vec<&str> = log.lines().collect();
+                for l in &lines[lines.len().saturating_sub(30)..] {
+                    eprintln!("{l}");
+                }
+            }
+        }
+        drop(c);
+    }
+    conclusion.exit();
+}
+
+// ---- Helpers -------------------------------------------------------------------------------
+
+/// `ferry run ARGS` as if on node `on`.
+fn run_cmd(c: &Cluster, on: &str, args: &[&str]) -> Command {
+    let mut cmd = c.ferry(on);
+    cmd.arg("run").args(args).stdin(Stdio::null());
+    cmd
+}
+
+fn run(c: &Cluster, args: &[&str]) -> Output {
+    run_cmd(c, "a", args).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), Failed> {
+    if ok {
+        Ok(())
+    } else {
+        Err(what().into())
+    }
+}
+
+fn describe(o: &Output) -> String {
+    format!(
+        "status {:?}, stdout {:?}, stderr {:?}",
+        o.status,
+        text(&o.stdout),
+        text(&o.stderr)
+    )
+}
+
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn kill(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -{sig} {pid}");
+}
+
+/// State letter of a process (None once gone or a zombie).
+fn state(pid: i64) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let st = s.rsplit(')').next()?.trim_start().chars().next()?;
+    (st != 'Z' && st != 'X').then_some(st)
+}
+
+fn rss_kib(pid: i64) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn ps(c: &Cluster, on: &str) -> Vec<serde_json::Value> {
+    let o = c.run(on, &["ps", "--json"]);
+    assert!(o.status.success(), "ps: {}", describe(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// The `ferry ps` entry of the program run for `ferry run` PID `home_pid`.
+fn guest(c: &Cluster, on: &str, home_pid: u32) -> Option<serde_json::Value> {
+    ps(c, on)
+        .into_iter()
+        .find(|p| p["home_pid"] == home_pid && p["kind"] == "remote-exec")
+}
+
+/// A child that is killed and reaped if a test gives up on it early.
+struct Running(Child);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Lines of a child's stdout, read by a thread.
+fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+fn next_line(rx: &mpsc::Receiver<String>, what: &str) -> Result<String, Failed> {
+    rx.recv_timeout(Duration::from_secs(10))
+        .map_err(|_| format!("no line while waiting for {what}").into())
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("remote_exec")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+// ---- Tests ---------------------------------------------------------------------------------
+
+fn exit_codes(c: &Cluster) -> Result<(), Failed> {
+    for code in [0, 3, 255] {
+        let o = run(c, &["--on", "b", "--", "sh", "-c", &format!("exit {code}")]);
+        check(o.status.code() == Some(code), || {
+            format!("exit {code}: {}", describe(&o))
+        })?;
+    }
+    let o = run(
+        c,
+        &["--on", "b", "--", "sh", "-c", "echo hello from $(hostname)"],
+    );
+    check(
+        o.status.success() && text(&o.stdout).starts_with("hello from"),
+        || describe(&o),
+    )
+}
+
+fn death_by_signal(c: &Cluster) -> Result<(), Failed> {
+    for (sig, n) in [("KILL", 9), ("SEGV", 11), ("TERM", 15)] {
+        let o = run(
+            c,
+            &["--on", "b", "--", "sh", "-c", &format!("kill -{sig} $$")],
+        );
+        check(
+            o.status.signal() == Some(n) && !o.status.core_dumped(),
+            || format!("kill -{sig}: {}", describe(&o)),
+        )?;
+    }
+    Ok(())
+}
+
+fn stdin_streams(c: &Cluster) -> Result<(), Failed> {
+    let data: Vec<u8> = (0..(3 << 20) + 17)
+        .map(|i: u32| (i * 7 % 251) as u8)
+        .collect();
+    let mut child = run_cmd(c, "a", &["--on", "b", "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map(Running)
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let sent = data.clone();
+    let writer = std::thread::spawn(move || stdin.write_all(&sent));
+    let mut got = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut got).unwrap();
+    writer.join().unwrap().unwrap();
+    let st = child.wait().unwrap();
+    check(st.success() && got == data, || {
+        format!("status {st:?}, {} bytes back of {}", got.len(), data.len())
+    })?;
+    // Empty stdin: the program reads end-of-file at once.
+    let o = run(c, &["--on", "b", "--", "wc", "-c"]);
+    check(text(&o.stdout).trim() == "0", || describe(&o))
+}
+
+fn stdin_arrives_slowly(c: &Cluster) -> Result<(), Failed> {
+    // Each line must come back before the next is written: stdin is streamed, not gathered.
+    let mut child = run_cmd(
+        c,
+        "a",
+        &[
+            "--on",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            "while read x; do echo \"got $x\"; done; echo done",
+        ],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .spawn()
+    .map(Running)
+    .unwrap();
+    let lines = lines_of(&mut child);
+    let mut stdin = child.stdin.take().unwrap();
+    for word in ["one", "two", "three"] {
+        stdin.write_all(format!("{word}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+        let l = next_line(&lines, word)?;
+        check(l == format!("got {word}"), || format!("{l:?} for {word}"))?;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(stdin);
+    let l = next_line(&lines, "done")?;
+    let st = child.wait().unwrap();
+    check(l == "done" && st.success(), || format!("{l:?} {st:?}"))
+}
+
+fn large_stdout(c: &Cluster) -> Result<(), Failed> {
+    const N: u64 = 200 << 20;
+    const PATTERN: &[u8; 16] = b"0123456789abcde\n";
+    let daemons = [c.daemon_pid("a") as i64, c.daemon_pid("b") as i64];
+    let before: Vec<u64> = daemons.iter().map(|p| rss_kib(*p)).collect();
+    let t0 = Instant::now();
+    let mut child = run_cmd(
+        c,
+        "a",
+        &[
+            "--on",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            &format!("yes 0123456789abcde | head -c {N}"),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .map(Running)
+    .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total: u64 = 0;
+    let mut stalled = false;
+    let mut during = Vec::new();
+    loop {
+        let n = out.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        for (i, b) in buf[..n].iter().enumerate() {
+            let at = total + i as u64;
+            if *b != PATTERN[(at % 16) as usize] {
+                return Err(format!("byte {at} is {b:#x}").into());
+            }
+        }
+        total += n as u64;
+        if !stalled && total > 64 << 20 {
+            // Stop reading: everything on the way must stop too, not pile up somewhere.
+            stalled = true;
+            std::thread::sleep(Duration::from_secs(1));
+            during = vec![
+                rss_kib(child.id() as i64),
+                rss_kib(daemons[0]),
+                rss_kib(daemons[1]),
+            ];
+        }
+    }
+    let st = child.wait().unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "    200 MiB in {secs:.2} s ({:.0} MiB/s); RSS KiB while stalled: ferry run {}, daemon a {} \
+         (was {}), daemon b {} (was {})",
+        200.0 / secs,
+        during[0],
+        during[1],
+        before[0],
+        during[2],
+        before[1]
+    );
+    check(st.success() && total == N, || {
+        format!("{total} bytes, {st:?}")
+    })?;
+    check(during[0] < 64 << 10, || {
+        format!("ferry run's RSS {} KiB", during[0])
+    })?;
+    for i in 0..2 {
+        check(during[i + 1] < before[i] + (48 << 10), || {
+            format!(
+                "daemon RSS grew from {} to {} KiB",
+                before[i],
+                during[i + 1]
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Signals that `ferry run` handles itself (SIGWINCH without a terminal) while 64 MiB stream
+/// through it: not a byte lost or out of place.
+fn signals_during_stream(c: &Cluster) -> Result<(), Failed> {
+    const N: u64 = 64 << 20;
+    const PATTERN: &[u8; 16] = b"0123456789abcde\n";
+    let mut child = run_cmd(
+        c,
+        "a",
+        &[
+            "--on",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            &format!("yes 0123456789abcde | head -c {N}"),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .map(Running)
+    .unwrap();
+    let pid = child.id();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pester = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = Command::new("kill")
+                    .args(["-WINCH", &pid.to_string()])
+                    .status();
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut total: u64 = 0;
+    let mut bad = None;
+    loop {
+        let n = out.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        for (i, b) in buf[..n].iter().enumerate() {
+            let at = total + i as u64;
+            if bad.is_none() && *b != PATTERN[(at % 16) as usize] {
+                bad = Some(at);
+            }
+        }
+        total += n as u64;
+        // Read slowly enough for the signals to land in the middle of frames.
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = pester.join().unwrap();
+    let st = child.wait().unwrap();
+    check(bad.is_none() && total == N && st.success(), || {
+        format!("{total} bytes, first bad byte {bad:?}, {st:?}, {sent} signals")
+    })
+}
+
+fn stderr_apart(c: &Cluster) -> Result<(), Failed> {
+    let o = run(
+        c,
+        &[
+            "--on",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; echo out2; exit 4",
+        ],
+    );
+    check(
+        text(&o.stdout) == "out\nout2\n"
+            && text(&o.stderr) == "err\n"
+            && o.status.code() == Some(4),
+        || describe(&o),
+    )?;
+    // A reader of stdout that goes away: the program gets EPIPE/SIGPIPE, as with a local pipe.
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg("\"$0\" run --on b -- yes | head -n 2; echo \"status ${PIPESTATUS[0]}\"")
+        .arg(FERRY)
+        .env("FERRY_CLUSTER_DIR", &c.dir)
+        .env("FERRY_NODE", "a")
+        .output()
+        .unwrap();
+    check(
+        o.status.success() && text(&o.stdout) == "y\ny\nstatus 141\n",
+        || describe(&o),
+    )
+}
+
+fn cwd_env_umask_rlimits(c: &Cluster) -> Result<(), Failed> {
+    let dir = scratch("cwd");
+    let script = "pwd; echo \"$FOO\"; umask; ulimit -n; ulimit -Hn";
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("umask 027; ulimit -Sn 777; ulimit -Hn 888; exec \"$0\" run --on b -- sh -c \"$1\"")
+        .arg(FERRY)
+        .arg(script)
+        .current_dir(&dir)
+        .env("FOO", "bar  baz")
+        .env("FERRY_CLUSTER_DIR", &c.dir)
+        .env("FERRY_NODE", "a")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let want = format!("{}\nbar  baz\n0027\n777\n888\n", dir.display());
+    check(o.status.success() && text(&o.stdout) == want, || {
+        format!("want {want:?}: {}", describe(&o))
+    })
+}
+
+/// A non-root caller (uid 65534, reaching the root-only socket through CAP_DAC_OVERRIDE only)
+/// runs as itself; it cannot use the daemon for anything else, nor claim another uid.
+fn non_root(c: &Cluster) -> Result<(), Failed> {
+    let nobody = |args: &[&str], exe: &str, cwd: &str| {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--groups=65534,100",
+            "--inh-caps=+dac_override",
+            "--ambient-caps=+dac_override",
+            exe,
+        ])
+        .args(args)
+        .current_dir(cwd)
+        .env("FERRY_CLUSTER_DIR", &c.dir)
+        .env("FERRY_NODE", "a")
+        .stdin(Stdio::null());
+        cmd.output().unwrap()
+    };
+    let o = nobody(
+        &[
+            "run",
+            "--on",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            "id -u; id -g; id -G; grep CapEff /proc/self/status",
+        ],
+        FERRY,
+        "/",
+    );
+    check(
+        o.status.success()
+            && text(&o.stdout) == "65534\n65534\n65534 100\nCapEff:\t0000000000000000\n",
+        || describe(&o),
+    )?;
+    let o = nobody(&["nodes"], FERRY, "/");
+    check(
+        !o.status.success() && text(&o.stderr).contains("only root"),
+        || describe(&o),
+    )?;
+    // The cwd is entered as the user: /root is closed to uid 65534 over there (here only
+    // CAP_DAC_OVERRIDE let ferry run start in it).
+    let o = nobody(&["run", "--on", "b", "--", "true"], FERRY, "/root");
+    check(
+        o.status.code() == Some(125)
+            && text(&o.stderr).contains("cannot change to directory /root: Permission denied"),
+        || describe(&o),
+    )?;
+    let me = std::env::current_exe().unwrap();
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=+dac_override",
+        "--ambient-caps=+dac_override",
+    ])
+    .arg(&me)
+    .env(FORGE, c.dir.join("a").join("ferry.sock"));
+    let o = cmd.output().unwrap();
+    check(
+        text(&o.stdout).contains("may not run a command as uid 0"),
+        || describe(&o),
+    )
+}
+
+/// The forger: claims uid 0 from an unprivileged process.
+fn forge(sock: &Path) {
+    use ferry_transport::message::RunSpec;
+    use ferry_transport::{read_msg, write_msg, Msg};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let answer = rt.block_on(async {
+        let mut s = tokio::net::UnixStream::connect(sock).await.unwrap();
+        let spec = RunSpec {
+            argv: vec!["id".into()],
+            env: vec![],
+            cwd: "/".into(),
+            umask: 0o22,
+            uid: 0,
+            gid: 0,
+            groups: vec![],
+            rlimits: vec![],
+            tty: None,
+            home_node: String::new(),
+            home_pid: std::process::id() as i32,
+            target: Some("b".into()),
+            elsewhere: false,
+            stderr_tty: false,
+            sig_ignored: 0,
+            sig_blocked: 0,
+        };
+        write_msg(&mut s, &Msg::Run(spec)).await.unwrap();
+        read_msg(&mut s).await.unwrap()
+    });
+    println!("{answer:?}");
+}
+
+fn signals(c: &Cluster) -> Result<(), Failed> {
+    // SIGINT: the program's trap runs and decides the status.
+    let mut child = run_cmd(
+        c,
+        "a",
+        &[
+            "--on",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo got INT; exit 7' INT; echo ready; while :; do sleep 0.1; done",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .map(Running)
+    .unwrap();
+    let lines = lines_of(&mut child);
+    next_line(&lines, "ready")?;
+    kill(child.id(), "INT");
+    let l = next_line(&lines, "got INT")?;
+    let st = child.wait().unwrap();
+    check(l == "got INT" && st.code() == Some(7), || {
+        format!("{l:?} {st:?}")
+    })?;
+
+    // SIGTERM kills the program, and so ferry run, by SIGTERM.
+    let mut child = run_cmd(
+        c,
+        "a",
+        &["--on", "b", "--", "sh", "-c", "echo ready; exec sleep 100"],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .map(Running)
+    .unwrap();
+    let lines = lines_of(&mut child);
+    next_line(&lines, "ready")?;
+    kill(child.id(), "TERM");
+    let st = child.wait().unwrap();
+    check(st.signal() == Some(15), || format!("{st:?}"))?;
+
+    // SIGTSTP stops the program and ferry run; SIGCONT to ferry run resumes both.
+    let mut child = run_cmd(
+        c,
+        "a",
+        &[
+            "--on",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; while :; do sleep 0.05; done",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .map(Running)
+    .unwrap();
+    let lines = lines_of(&mut child);
+    next_line(&lines, "ready")?;
+    let remote = guest(c, "a", child.id()).ok_or("not in ferry ps")?["pid"]
+        .as_i64()
+        .unwrap();
+    kill(child.id(), "TSTP");
+    let stopped = wait_until(Duration::from_secs(5), || {
+        state(remote) == Some('T') && state(child.id() as i64) == Some('T')
+    });
+    let states = (state(remote), state(child.id() as i64));
+    kill(child.id(), "CONT");
+    let resumed = wait_until(Duration::from_secs(5), || {
+        matches!(state(remote), Some('S' | 'R'))
+            && matches!(state(child.id() as i64), Some('S' | 'R'))
+    });
+    kill(child.id(), "TERM");
+    let st = child.wait().unwrap();
+    check(stopped && resumed && st.signal() == Some(15), || {
+        format!("stopped {stopped} {states:?}, resumed {resumed}, {st:?}")
+    })
+}
+
+/// A pty made here: `ferry run` on it as its controlling terminal. The program gets a pty of the
+/// same size over there, window changes follow, ^C typed goes through, and our terminal's
+/// settings come back.
+fn terminal(c: &Cluster) -> Result<(), Failed> {
+    let (master, slave) = ferry_sys::spawn::open_pty().unwrap();
+    ferry_sys::tty::set_winsize(master.as_raw_fd(), [33, 99, 0, 0]).unwrap();
+    let before = ferry_sys::tty::get_termios(slave.as_raw_fd()).unwrap();
+    let master = std::fs::File::from(master);
+    let screen = Arc::new(Mutex::new(Vec::<u8>::new()));
+    {
+        let mut m = master.try_clone().unwrap();
+        let screen = screen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = m.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                screen.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+    }
+    let seen = |s: &str| {
+        let s = s.to_string();
+        let screen = screen.clone();
+        wait_until(Duration::from_secs(10), move || {
+            String::from_utf8_lossy(&screen.lock().unwrap()).contains(&s)
+        })
+    };
+    let on_pty = |script: &str| {
+        Command::new("setsid")
+            .args(["-c", FERRY, "run", "--on", "b", "--", "sh", "-c", script])
+            .env("FERRY_CLUSTER_DIR", &c.dir)
+            .env("FERRY_NODE", "a")
+            .stdin(slave.try_clone().unwrap())
+            .stdout(slave.try_clone().unwrap())
+            .stderr(slave.try_clone().unwrap())
+            .spawn()
+            .map(Running)
+            .unwrap()
+    };
+    let mut child = on_pty("tty; stty size; echo ready; read x; stty size; echo \"got $x\"");
+    let ok = seen("ready");
+    let shown = text(&screen.lock().unwrap());
+    check(
+        ok && shown.contains("/dev/pts/") && shown.contains("33 99\r\n"),
+        || format!("screen: {shown:?}"),
+    )?;
+    let raw = ferry_sys::tty::get_termios(slave.as_raw_fd()).unwrap();
+    check(raw.lflag & libc::ICANON == 0, || {
+        "our terminal is not in raw mode".into()
+    })?;
+    ferry_sys::tty::set_winsize(master.as_raw_fd(), [40, 120, 0, 0]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    (&master).write_all(b"hello\r").unwrap();
+    let ok = seen("got hello");
+    let st = child.wait().unwrap();
+    let shown = text(&screen.lock().unwrap());
+    check(ok && shown.contains("40 120\r\n") && st.success(), || {
+        format!("{st:?}, screen: {shown:?}")
+    })?;
+    let after = ferry_sys::tty::get_termios(slave.as_raw_fd()).unwrap();
+    check(after == before, || {
+        format!("terminal not restored: {before:?} -> {after:?}")
+    })?;
+
+    // ^C typed on our terminal reaches the program through its pty.
+    screen.lock().unwrap().clear();
+    let mut child = on_pty("echo ready; exec sleep 100");
+    check(seen("ready"), || "no ready".into())?;
+    (&master).write_all(b"\x03").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err("^C did not end the program".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let after = ferry_sys::tty::get_termios(slave.as_raw_fd()).unwrap();
+    check(st.signal() == Some(2) && after == before, || {
+        format!("{st:?}, terminal restored: {}", after == before)
+    })
+}
+
+fn node_accepting(c: &Cluster, seen_from: &str, node: &str) -> Option<bool> {
+    let o = c.run(seen_from, &["nodes", "--json"]);
+    let v: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).ok()?;
+    v.iter()
+        .find(|n| n["name"] == node)?
+        .get("load")?
+        .get("accepting")?
+        .as_bool()
+}
+
+fn ran_on(o: &Output) -> Option<String> {
+    let e = text(&o.stderr);
+    let i = e.find(" runs on node ")?;
+    Some(e[i + 14..].split_whitespace().next()?.to_string())
+}
+
+fn auto_and_acceptance(c: &Cluster) -> Result<(), Failed> {
+    let auto = |args: &[&str]| {
+        run_cmd(c, "a", args)
+            .env("FERRY_LOG", "info")
+            .output()
+            .unwrap()
+    };
+    let o = auto(&["--auto", "--elsewhere", "--", "true"]);
+    let on = ran_on(&o);
+    check(
+        o.status.success() && matches!(on.as_deref(), Some("b" | "c")),
+        || describe(&o),
+    )?;
+    for n in ["b", "c"] {
+        assert!(c.run(n, &["accept", "no"]).status.success());
+    }
+    let result = (|| {
+        // Refused at the door, at once.
+        let o = run(c, &["--on", "c", "--", "true"]);
+        check(
+            o.status.code() == Some(125) && text(&o.stderr).contains("does not accept guests"),
+            || describe(&o),
+        )?;
+        check(
+            wait_until(Duration::from_secs(10), || {
+                node_accepting(c, "a", "b") == Some(false)
+                    && node_accepting(c, "a", "c") == Some(false)
+            }),
+            || "a never saw b and c refuse guests".into(),
+        )?;
+        let o = auto(&["--auto", "--elsewhere", "--", "true"]);
+        check(
+            o.status.code() == Some(125) && text(&o.stderr).contains("accepts guests"),
+            || describe(&o),
+        )?;
+        // Only a itself is left, and --auto may pick it.
+        let o = auto(&["--", "true"]);
+        check(
+            o.status.success() && ran_on(&o).as_deref() == Some("a"),
+            || describe(&o),
+        )
+    })();
+    for n in ["b", "c"] {
+        assert!(c.run(n, &["accept", "yes"]).status.success());
+    }
+    result
+}
+
+fn errors(c: &Cluster) -> Result<(), Failed> {
+    let o = run(c, &["--on", "nosuch", "--", "true"]);
+    check(
+        o.status.code() == Some(125) && text(&o.stderr).contains("no live node named \"nosuch\""),
+        || describe(&o),
+    )?;
+    let o = run(c, &["--on", "b", "--", "no-such-command-xyz", "arg"]);
+    check(
+        o.status.code() == Some(127)
+            && text(&o.stderr).contains("node b: no-such-command-xyz: command not found"),
+        || describe(&o),
+    )?;
+    let o = run(c, &["--on", "b", "--", "/no/such/program"]);
+    check(o.status.code() == Some(127), || describe(&o))?;
+    let o = run(c, &["--on", "b", "--", "/etc/passwd"]);
+    check(
+        o.status.code() == Some(126) && text(&o.stderr).contains("Permission denied"),
+        || describe(&o),
+    )?;
+    let o = run_cmd(c, "a", &["--on", "b", "--", "true"])
+        .env("FERRY_NODE", "nowhere")
+        .output()
+        .unwrap();
+    check(o.status.code() == Some(125), || describe(&o))
+}
+
+fn ps_shows_program(c: &Cluster) -> Result<(), Failed> {
+    let mut child = run_cmd(c, "a", &["--on", "b", "--", "sleep", "30"])
+        .spawn()
+        .map(Running)
+        .unwrap();
+    let home_pid = child.id();
+    let mut entry = None;
+    wait_until(Duration::from_secs(5), || {
+        entry = guest(c, "a", home_pid);
+        entry.is_some()
+    });
+    let from_c = guest(c, "c", home_pid);
+    kill(home_pid, "TERM");
+    let st = child.wait().unwrap();
+    let e = entry.ok_or("never in ferry ps")?;
+    check(
+        e["home_node"] == "a"
+            && e["node"] == "b"
+            && e["state"] == "running"
+            && e["command"] == "sleep 30"
+            && e["uid"] == 0
+            && from_c.is_some()
+            && st.signal() == Some(15),
+        || format!("{e} / from c {from_c:?} / {st:?}"),
+    )?;
+    check(
+        wait_until(Duration::from_secs(3), || guest(c, "a", home_pid).is_none()),
+        || "still in ferry ps after it ended".into(),
+    )
+}
+
+fn on_this_node(c: &Cluster) -> Result<(), Failed> {
+    let o = run_cmd(
+        c,
+        "a",
+        &[
+            "--on",
+            "a",
+            "--",
+            "sh",
+            "-c",
+            "read x; echo \"$x here\"; exit 5",
+        ],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .spawn()
+    .and_then(|mut ch| {
+        ch.stdin.take().unwrap().write_all(b"run\n")?;
+        ch.wait_with_output()
+    })
+    .unwrap();
+    check(
+        text(&o.stdout) == "run here\n" && o.status.code() == Some(5),
+        || describe(&o),
+    )
+}
+
+/// `ferry run` killed by SIGKILL: the program is hung up (SIGHUP), and one that ignores SIGHUP
+/// is killed after the grace period. Nothing is left on node b.
+fn caller_vanishes(c: &Cluster) -> Result<(), Failed> {
+    for (script, min, max) in [
+        ("echo $$; exec sleep 100", 0.0, 1.5),
+        (
+            "trap '' HUP; echo $$; (sleep 100 &); exec sleep 100",
+            2.5,
+            6.0,
+        ),
+    ] {
+        let mut child = run_cmd(c, "a", &["--on", "b", "--", "sh", "-c", script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .map(Running)
+            .unwrap();
+        let lines = lines_of(&mut child);
+        let pid: i64 = next_line(&lines, "the remote PID")?.trim().parse().unwrap();
+        let sid_members = || {
+            common::all_procs()
+                .into_iter()
+                .filter(|p| p.session as i64 == pid)
+                .count()
+        };
+        let t0 = Instant::now();
+        kill(child.id(), "KILL");
+        child.wait().unwrap();
+        let gone = wait_until(Duration::from_secs(8), || {
+            state(pid).is_none() && sid_members() == 0
+        });
+        let secs = t0.elapsed().as_secs_f64();
+        check(gone && secs >= min && secs <= max, || {
+            format!("{script:?}: gone {gone} after {secs:.2} s (want {min}..{max} s)")
+        })?;
+    }
+    Ok(())
+}
+
+fn dead_node(c: &Cluster) -> Result<(), Failed> {
+    kill(c.daemon_pid("c") as u32, "KILL");
+    let o = run(c, &["--on", "c", "--", "true"]);
+    check(
+        o.status.code() == Some(125) && text(&o.stderr).contains("node c"),
+        || describe(&o),
+    )?;
+    // Once the membership has noticed, the error says so.
+    let noticed = wait_until(Duration::from_secs(10), || {
+        text(&run(c, &["--on", "c", "--", "true"]).stderr).contains("no live node named \"c\"")
+    });
+    check(noticed, || "c never declared dead".into())
+}
