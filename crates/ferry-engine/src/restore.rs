@@ -11,6 +11,7 @@ use crate::error::{Context, Error, Result};
 use crate::guest_ns::GuestNamespaces;
 use crate::husk::{Husk, Place, TRAMPOLINE_LEN};
 use crate::objects::RestoreObjects;
+use crate::resources::sockets::Deferred;
 use crate::resources::{files, memory, process, signals, threads};
 use ferry_image::stream::ObjectRef;
 use ferry_image::{ImageReader, Process, Record, Tree};
@@ -18,7 +19,12 @@ use ferry_sys::ptrace;
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long `resume` waits for addresses the tree's sockets need to be freed (see
+/// [`Deferred`]): in a migration between nodes of one machine, the original is killed just
+/// before, and its sockets close as it exits.
+const DEFERRED_WAIT: Duration = Duration::from_secs(3);
 
 /// An image read into memory and checked.
 pub struct LoadedImage {
@@ -286,6 +292,8 @@ pub struct RestoredTree {
     /// Per live process: its PID (the tree's) and the host TIDs of its threads, leader first.
     live: Vec<(i32, Vec<i32>)>,
     report: RestoreReport,
+    /// Socket addresses another socket held while the tree was rebuilt.
+    deferred: Deferred,
     finish_started: Instant,
     done: bool,
     _tracer_thread: std::marker::PhantomData<*const ()>,
@@ -302,9 +310,16 @@ impl RestoredTree {
         self.report.root_host_pid
     }
 
-    /// Lets every thread run, detached from us. If a thread cannot be let go, the whole tree is
-    /// killed and the error returned.
+    /// Lets every thread run, detached from us. First the sockets get the addresses that were
+    /// still taken when they were rebuilt (waiting up to 3 s for them; see [`Deferred`]). If
+    /// that fails or a thread cannot be let go, the whole tree is killed and the error
+    /// returned.
     pub fn resume(mut self) -> Result<RestoreReport> {
+        let deferred = std::mem::take(&mut self.deferred);
+        if let Err(e) = deferred.complete(self.report.root_pid, DEFERRED_WAIT) {
+            self.kill_all();
+            return Err(e);
+        }
         for (pid, tids) in &self.live {
             for tid in tids {
                 if let Err(e) = ptrace::detach(*tid, 0) {
@@ -369,7 +384,9 @@ pub fn restore_with(img: &LoadedImage, opts: &RestoreOptions<'_>) -> Result<Rest
     for (o, off, data) in &img.objects {
         objects.fill(*o, *off, data)?;
     }
-    let descs = files::open_descriptions(tree, &objects, opts.guest.map(|g| g.pidfd()))?;
+    let descs = files::open_descriptions(tree, &objects, opts.guest.map(|g| g.pidfd()));
+    let deferred = Deferred::take();
+    let descs = descs?;
     let spare_fd = tree
         .processes
         .iter()
@@ -408,6 +425,7 @@ pub fn restore_with(img: &LoadedImage, opts: &RestoreOptions<'_>) -> Result<Rest
                 husks,
                 live,
                 report,
+                deferred,
                 finish_started,
                 done: false,
                 _tracer_thread: std::marker::PhantomData,

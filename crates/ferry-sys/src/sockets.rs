@@ -135,6 +135,24 @@ pub fn bind(fd: RawFd, addr: &[u8]) -> SysResult<()> {
     check("bind", r as libc::c_long).map(drop)
 }
 
+/// Binds TCP socket `fd` to `addr` although other sockets hold that address, as TCP_REPAIR
+/// allows (it needs CAP_NET_ADMIN): in repair mode the kernel marks the socket SK_FORCE_REUSE,
+/// and bind() skips its conflict check. Repair mode is left at once; leaving it clears the
+/// socket's SO_REUSEADDR (the kernel sets sk_reuse to SK_NO_REUSE), which is then set back to
+/// `reuseaddr`.
+///
+/// Only the bind is forced. listen() checks the address again and fails with EADDRINUSE while
+/// another socket listens there; listening inside repair mode would pass, but a listening
+/// socket cannot leave repair mode (EPERM), and the connections it accepts inherit it (they
+/// can neither send nor receive).
+pub fn bind_forced(fd: RawFd, addr: &[u8], reuseaddr: i32) -> SysResult<()> {
+    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_REPAIR, 1)?;
+    let bound = bind(fd, addr);
+    let left = setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_REPAIR, 0);
+    let reuse = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, reuseaddr);
+    bound.and(left).and(reuse)
+}
+
 pub fn connect(fd: RawFd, addr: &[u8]) -> SysResult<()> {
     let ss = addr_ptr(addr)?;
     // SAFETY: ss holds addr.len() valid bytes.

@@ -17,15 +17,30 @@
 //!   one, then touches `go` and requires `PASS`.  The restored root must have
 //!   its original PID inside the namespace (NSpid).
 //!
+//! * `mig::NAME` runs it natively, then moves it live around a local 3-node
+//!   cluster, `ferry --node a migrate PID --to b`, b -> c, c -> a (the tree
+//!   ends up in fresh guest namespaces on each node, under its original PIDs
+//!   there), then touches `go` and requires `PASS` and the whole tree gone
+//!   (the root and every guest namespace it passed through).  After the first
+//!   hop the root is no longer our child (each daemon is the subreaper of its
+//!   guests), so its exit status cannot be checked: the harness follows it by
+//!   the host PID each migration reports (`dest_pid`).  One cluster serves
+//!   every `mig::` trial of a run: it is started when the first one runs and
+//!   stopped before the suite exits.
+//!
 //! Programs listed in `tests/programs/PENDING` hold state the engine does not
-//! support yet: their `cr::` and `ns::` trials require that `ferry checkpoint`
-//! refuses (non-zero status, a message on stderr) and leaves the program
-//! running unharmed.  Programs listed in `tests/programs/NS_EXCLUDED` cannot
+//! support yet: their `cr::`, `ns::` and `mig::` trials require that `ferry
+//! checkpoint` (or `ferry migrate`) refuses (non-zero status, a message on
+//! stderr) and leaves the program running unharmed.  Programs listed in
+//! `tests/programs/MIG_EXCLUDED` cannot be migrated on a local cluster (the
+//! reason is on their line): they have no `mig::` trial.  Programs listed in `tests/programs/NS_EXCLUDED` cannot
 //! work in a PID namespace of their own (the reason is on their line): they
 //! have no `ns::` trial.
 //!
 //! More trials (`ns_extra::`): a tree cloned into a namespace while its
-//! original keeps running; clocks that the image says were ahead of this
+//! original keeps running; a clone of TCP listeners, which can listen only
+//! once the original is gone (its restore fails cleanly while the original
+//! keeps listening, and completes when the original dies); clocks that the image says were ahead of this
 //! machine's (the guest's monotonic clock must continue from them); a tree
 //! whose root is a namespace's PID 1, which must be refused; the engine API
 //! of the commit protocol, called from here (`restore_with` into guest
@@ -37,9 +52,11 @@
 //! contains `substr`; `FERRY_SUITE_KEEP=1` keeps the run directories of
 //! passing trials too (failing ones are always kept); `FERRY_SUITE_CC`
 //! overrides the C compiler (default `gcc`); `FERRY_SUITE_FERRY` runs another
-//! `ferry` binary (e.g. a release build) instead of the one cargo built.
+//! `ferry` binary (e.g. a release build) instead of the one cargo built (the
+//! `mig::` cluster's daemons are always the one cargo built).
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -52,6 +69,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 mod common;
 
+use common::cluster::Cluster;
 use common::*;
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -61,6 +79,10 @@ const CR_RESULT_TIMEOUT: Duration = Duration::from_secs(20);
 const FERRY_TIMEOUT: Duration = Duration::from_secs(60);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 const TREE_GONE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A guest init exits within a second of being alone (it looks once a second).
+const INIT_GONE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The hops of a `mig::` trial: around the cluster and home again.
+const MIG_HOPS: [(&str, &str); 3] = [("a", "b"), ("b", "c"), ("c", "a")];
 const LOG_TAIL: usize = 16 * 1024;
 
 /// What all trials share.
@@ -73,6 +95,9 @@ struct Suite {
     keep: bool,
     /// program name -> compiled binary or compiler output
     built: Mutex<HashMap<String, Result<PathBuf, String>>>,
+    /// The local cluster of the `mig::` trials: started by the first of them (or why it
+    /// could not be), stopped before the suite exits.
+    cluster: Mutex<Option<Result<Cluster, String>>>,
 }
 
 fn main() {
@@ -113,6 +138,7 @@ fn main() {
         cc: std::env::var("FERRY_SUITE_CC").unwrap_or_else(|_| "gcc".into()),
         keep: std::env::var_os("FERRY_SUITE_KEEP").is_some_and(|v| !v.is_empty() && v != "0"),
         built: Mutex::new(HashMap::new()),
+        cluster: Mutex::new(None),
     });
 
     let filter = std::env::var("FERRY_SUITE_FILTER").unwrap_or_default();
@@ -122,6 +148,7 @@ fn main() {
         .collect();
     let pending = read_pending(&programs_dir.join("PENDING"));
     let ns_excluded = read_pending(&programs_dir.join("NS_EXCLUDED"));
+    let mig_excluded = read_pending(&programs_dir.join("MIG_EXCLUDED"));
 
     let mut trials = Vec::new();
     for name in &programs {
@@ -144,11 +171,23 @@ fn main() {
             run_cr(&s, &n, reason.as_deref(), Mode::Namespace)
         }));
     }
+    for name in programs.iter().filter(|n| !mig_excluded.contains_key(*n)) {
+        let (s, n) = (suite.clone(), name.clone());
+        let reason = pending.get(name).cloned();
+        trials.push(Trial::test(format!("mig::{name}"), move || {
+            run_mig(&s, &n, reason.as_deref())
+        }));
+    }
     if "ns_extra".contains(&filter) || filter.is_empty() {
         let s = suite.clone();
         trials.push(Trial::test("ns_extra::clone_beside_original", move || {
             run_clone_beside_original(&s)
         }));
+        let s = suite.clone();
+        trials.push(Trial::test(
+            "ns_extra::listener_beside_original",
+            move || run_listener_beside_original(&s),
+        ));
         let s = suite.clone();
         trials.push(Trial::test("ns_extra::clocks_ahead", move || {
             run_clocks_ahead(&s)
@@ -171,6 +210,13 @@ fn main() {
         }));
     }
     let conclusion = libtest_mimic::run(&args, trials);
+    // `exit` runs no destructors: stop the cluster first.
+    let cluster = suite
+        .cluster
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    drop(cluster);
     let _ = fs::remove_dir(&suite.runs_dir); // only if nothing was kept
     conclusion.exit();
 }
@@ -288,6 +334,8 @@ struct Run {
     host: i32,
     /// Whether the root now lives in a PID namespace of its own (and is not our child).
     in_ns: bool,
+    /// Host PIDs of the guest inits of the namespaces a migrated tree has lived in.
+    inits: Vec<i32>,
     child: Option<Child>,
     /// exit status of the root, once seen
     exited: Option<ExitStatus>,
@@ -340,6 +388,7 @@ impl Run {
             root,
             host: root,
             in_ns: false,
+            inits: Vec::new(),
             child: Some(child),
             exited: None,
             ferry_log: String::new(),
@@ -524,6 +573,17 @@ impl Run {
 
     /// Run ferry with a timeout; record its outputs for failure messages.
     fn ferry(&mut self, suite: &Suite, label: &str, args: &[&str]) -> Result<FerryOutput, Failed> {
+        self.ferry_env(suite, label, args, &[])
+    }
+
+    /// `ferry` with extra environment (`FERRY_CLUSTER_DIR`, `FERRY_NODE`).
+    fn ferry_env(
+        &mut self,
+        suite: &Suite,
+        label: &str,
+        args: &[&str],
+        env: &[(&str, &OsStr)],
+    ) -> Result<FerryOutput, Failed> {
         let out_path = self.base.join(format!("{label}.stdout"));
         let err_path = self.base.join(format!("{label}.stderr"));
         let open = |p: &Path| File::create(p).map_err(|e| format!("create {}: {e}", p.display()));
@@ -532,6 +592,7 @@ impl Run {
         let started = Instant::now();
         let mut child = Command::new(&suite.ferry)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
@@ -753,6 +814,8 @@ impl Run {
             if self.host != self.root {
                 pids.extend(tree_pids(self.host));
             }
+            // A guest init's death takes every process of its namespace with it.
+            pids.extend(self.inits.iter().copied().filter(|&p| is_guest_init(p)));
             for &pid in &pids {
                 // SAFETY: kill() with a pid taken from /proc; worst case ESRCH.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -843,6 +906,176 @@ fn run_cr(suite: &Suite, name: &str, pending: Option<&str>, mode: Mode) -> Resul
     if let Some(reason) = pending {
         eprintln!(
             "NOTE: {name} is listed in tests/programs/PENDING ({reason}) but passed checkpoint/restore: \
+             it can be removed from PENDING"
+        );
+    }
+    finish(run)
+}
+
+/// The `mig::` cluster's directory; the first call starts the cluster.
+fn mig_cluster(suite: &Suite) -> Result<PathBuf, Failed> {
+    let mut slot = suite.cluster.lock().unwrap_or_else(|e| e.into_inner());
+    match slot.get_or_insert_with(|| Cluster::up_unadopted("engine-suite-mig", 3)) {
+        Ok(c) => Ok(c.dir.clone()),
+        Err(e) => Err(Failed::from(e.clone())),
+    }
+}
+
+/// The last lines of the daemons' logs of `nodes`, for failure messages.
+fn daemon_logs(dir: &Path, nodes: &[&str]) -> String {
+    let mut out = String::new();
+    for n in nodes {
+        let p = dir.join(n).join("daemon.log");
+        let log = fs::read(&p).unwrap_or_default();
+        let _ = write!(
+            out,
+            "--- {} (last 4 KiB):\n{}",
+            p.display(),
+            with_newline(tail(&log, 4096))
+        );
+    }
+    out
+}
+
+/// `/proc/PID/stat`'s parent PID (in our namespace).
+fn parent_pid(pid: i32) -> Option<i32> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text).map(|s| s.1)
+}
+
+/// Whether `pid` is a live `ferry __guest-init` (PID 1 of a guest's namespaces).
+fn is_guest_init(pid: i32) -> bool {
+    let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    matches!(proc_state(pid), Some(s) if s != 'Z' && s != 'X')
+        && cmd.split(|b| *b == 0).any(|a| a == b"__guest-init")
+}
+
+/// Moves a program a -> b -> c -> a with `ferry migrate`, then lets it check itself.
+fn run_mig(suite: &Suite, name: &str, pending: Option<&str>) -> Result<(), Failed> {
+    let dir = mig_cluster(suite)?;
+    let mut run = Run::start(suite, name, "mig").map_err(Failed::from)?;
+    run.wait_ready()?;
+    let root_s = run.root.to_string();
+    for (i, (from, to)) in MIG_HOPS.into_iter().enumerate() {
+        let hop = i + 1;
+        let fail = |run: &Run, what: &str| {
+            let f = run.report(&format!("hop {hop} ({from} -> {to}): {what}"));
+            Failed::from(format!(
+                "{}\n{}",
+                f.message().unwrap_or(""),
+                daemon_logs(&dir, &[from, to])
+            ))
+        };
+        let env = [
+            ("FERRY_CLUSTER_DIR", dir.as_os_str()),
+            ("FERRY_NODE", OsStr::new(from)),
+        ];
+        let args = ["migrate", &root_s, "--to", to, "--json"];
+        let out = run.ferry_env(suite, &format!("migrate{hop}"), &args, &env)?;
+        match out.status {
+            Some(st) if st.success() => {}
+            None => return Err(fail(&run, "ferry migrate hung")),
+            Some(_) => {
+                // Refused: the program must carry on where it was, untouched.
+                let Some(reason) = pending else {
+                    return Err(fail(&run, "ferry migrate failed"));
+                };
+                if hop != 1 {
+                    return Err(fail(
+                        &run,
+                        "the first migration of a PENDING program succeeded but a later one failed",
+                    ));
+                }
+                if out.stderr.trim().is_empty() {
+                    return Err(fail(
+                        &run,
+                        &format!("PENDING ({reason}): migrate failed as expected, but printed no message on stderr"),
+                    ));
+                }
+                if !run.root_alive() {
+                    return Err(fail(
+                        &run,
+                        &format!("PENDING ({reason}): migrate failed as expected, but the program did not survive it"),
+                    ));
+                }
+                if let Some(st @ ('T' | 't')) = proc_state(run.host) {
+                    return Err(fail(
+                        &run,
+                        &format!("PENDING ({reason}): migrate failed as expected, but left the program stopped (state {st})"),
+                    ));
+                }
+                run.touch_go()?;
+                run.wait_pass(NATIVE_RESULT_TIMEOUT).map_err(|f| {
+                    with_context(
+                        f,
+                        &format!("PENDING ({reason}): after the refused migration"),
+                    )
+                })?;
+                return finish(run);
+            }
+        }
+        let report: serde_json::Value = serde_json::from_str(&out.stdout)
+            .map_err(|e| fail(&run, &format!("bad JSON report: {e}")))?;
+        let Some(dest) = report
+            .get("dest_pid")
+            .and_then(|v| v.as_i64())
+            .map(|v| v as i32)
+            .filter(|&p| p > 0)
+        else {
+            return Err(fail(&run, "the report has no dest_pid"));
+        };
+        // The copy it came from is gone (on hop 1, our child: reaped here).
+        let old = run.host;
+        run.poll_child();
+        if !wait_gone(old, TREE_GONE_TIMEOUT) {
+            return Err(fail(
+                &run,
+                &format!("migrated, but the copy it left (PID {old}) still runs"),
+            ));
+        }
+        run.poll_child();
+        run.exited = None;
+        run.host = dest;
+        run.in_ns = true;
+        let nspid = status_field(dest, "NSpid");
+        if nspid.split_whitespace().collect::<Vec<_>>() != [dest.to_string(), root_s.clone()] {
+            return Err(fail(
+                &run,
+                &format!(
+                    "the root (PID {dest} here) has NSpid {nspid:?}, expected \"{dest} {root_s}\""
+                ),
+            ));
+        }
+        match parent_pid(dest) {
+            Some(init) if is_guest_init(init) => run.inits.push(init),
+            p => {
+                return Err(fail(
+                    &run,
+                    &format!("the root's parent (PID {p:?}) is not a guest init"),
+                ))
+            }
+        }
+        if !run.root_alive() {
+            return Err(fail(&run, &format!("the root (PID {dest}) is not running")));
+        }
+        if run.file("result").exists() {
+            return Err(fail(&run, "the program gave a verdict before go"));
+        }
+    }
+    run.touch_go()?;
+    run.wait_pass(CR_RESULT_TIMEOUT)?;
+    // The whole tree is gone: each namespace it lived in emptied, and its init left.
+    for init in run.inits.clone() {
+        if !wait_gone(init, INIT_GONE_TIMEOUT) {
+            return Err(run.report(&format!(
+                "the program passed, but the guest init {init} still runs: processes of the tree \
+                 are left in its namespace"
+            )));
+        }
+    }
+    if let Some(reason) = pending {
+        eprintln!(
+            "NOTE: {name} is listed in tests/programs/PENDING ({reason}) but passed migration: \
              it can be removed from PENDING"
         );
     }
@@ -992,6 +1225,103 @@ fn run_clone_beside_original(suite: &Suite) -> Result<(), Failed> {
         }
     }
     run.host = clone;
+    finish(run)
+}
+
+/// TCP listeners cloned into a namespace beside their original, which still listens on their
+/// ports: the clone is bound (in TCP repair mode) but can listen only once the original is gone.
+/// `ferry restore --pid-namespace` waits a few seconds for that, then fails, naming the address
+/// and leaving nothing behind; when the original dies meanwhile (as in a migration between nodes
+/// of one machine, where the source kills it at the commit point), the clone listens and passes.
+fn run_listener_beside_original(suite: &Suite) -> Result<(), Failed> {
+    let mut run = Run::start(suite, "fd_tcp_listen", "ns_listen").map_err(Failed::from)?;
+    run.wait_ready()?;
+    let img = run.base.join("img").to_string_lossy().into_owned();
+    let pid_s = run.root.to_string();
+    let args = ["checkpoint", &pid_s, "--dir", &img, "--leave-running"];
+    ferry_ok(&mut run, suite, "checkpoint", &args)?;
+    let restore = [
+        "restore",
+        "--dir",
+        img.as_str(),
+        "--pid-namespace",
+        "--json",
+    ];
+
+    // The original keeps listening: refused after the wait.
+    let started = Instant::now();
+    let out = run.ferry(suite, "restore-beside", &restore)?;
+    if out.status.is_none_or(|s| s.success()) || !out.stderr.contains("still holds the address") {
+        return Err(run.report(
+            "restoring a listener whose original still listens should fail, saying another \
+             socket still holds the address",
+        ));
+    }
+    if started.elapsed() < Duration::from_secs(2) {
+        return Err(run.report("the restore gave up without waiting for the address"));
+    }
+    // Nothing of the clone is left (its guest init, our child by reparenting, goes within a
+    // second of being alone); the original runs on.
+    let start = Instant::now();
+    loop {
+        reap_zombies();
+        let left: Vec<i32> = tree_pids(run.root)
+            .into_iter()
+            .filter(|&p| p != run.root)
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        if start.elapsed() > INIT_GONE_TIMEOUT {
+            return Err(run.report(&format!("the failed restore left processes: {left:?}")));
+        }
+        sleep(Duration::from_millis(20));
+    }
+    if !run.root_alive() {
+        return Err(run.report("the original died"));
+    }
+
+    // Now the original dies while the restore waits: the clone takes the ports.
+    let out_path = run.base.join("restore-after-kill.stdout");
+    let err_path = run.base.join("restore-after-kill.stderr");
+    let create = |p: &Path| File::create(p).map_err(|e| run.report(&format!("create: {e}")));
+    let mut child = Command::new(&suite.ferry)
+        .args(restore)
+        .stdin(Stdio::null())
+        .stdout(create(&out_path)?)
+        .stderr(create(&err_path)?)
+        .spawn()
+        .map_err(|e| run.report(&format!("cannot run ferry: {e}")))?;
+    sleep(Duration::from_millis(500));
+    // (Not reap_zombies: it would reap ferry too.)
+    if let Some(mut c) = run.child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let status = child
+        .wait()
+        .map_err(|e| run.report(&format!("wait for ferry: {e}")))?;
+    let stdout = fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = fs::read_to_string(&err_path).unwrap_or_default();
+    if !status.success() {
+        return Err(run.report(&format!(
+            "restore while the original died failed ({status}): {stderr}"
+        )));
+    }
+    let report: serde_json::Value = serde_json::from_str(&stdout)
+        .map_err(|e| run.report(&format!("bad JSON report {stdout:?}: {e}")))?;
+    let clone = report
+        .get("root_host_pid")
+        .and_then(|v| v.as_i64())
+        .unwrap_or(0) as i32;
+    let nspid = status_field(clone, "NSpid");
+    if nspid.split_whitespace().collect::<Vec<_>>() != [clone.to_string(), pid_s] {
+        return Err(run.report(&format!("the clone's NSpid is {nspid:?}")));
+    }
+    run.host = clone;
+    run.in_ns = true;
+    run.touch_go()?;
+    run.wait_pass(CR_RESULT_TIMEOUT)?;
     finish(run)
 }
 

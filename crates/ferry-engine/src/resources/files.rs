@@ -224,28 +224,8 @@ impl FdCapture {
             fdops::pipe_size(reader.as_raw_fd()).ctx(pid, || format!("size of pipe fd {fd}"))?;
         let queued = fdops::fionread(reader.as_raw_fd())
             .ctx(pid, || format!("bytes queued in pipe fd {fd}"))?;
-        let mut buffered = Vec::with_capacity(queued);
-        let mut packets = Vec::new();
-        if queued > 0 {
-            // Read through an O_DIRECT end: each read returns one pipe buffer, which in a
-            // packet-mode pipe is one packet.
-            let (r, w) = fdops::pipe2(libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_DIRECT)
-                .ctx(pid, || "make a pipe".into())?;
-            fdops::set_pipe_size(w.as_raw_fd(), capacity.max(queued))
-                .ctx(pid, || "size a pipe".into())?;
-            let copied = fdops::tee(reader.as_raw_fd(), w.as_raw_fd(), queued)
-                .ctx(pid, || format!("copy the bytes queued in pipe fd {fd}"))?;
-            let mut chunk = vec![0u8; 1 << 16];
-            while buffered.len() < copied {
-                let n = fdops::read_fd(r.as_raw_fd(), &mut chunk)
-                    .ctx(pid, || "read copied pipe bytes".into())?;
-                if n == 0 {
-                    break;
-                }
-                buffered.extend_from_slice(&chunk[..n]);
-                packets.push(n as u64);
-            }
-        }
+        let (buffered, packets) = peek_pipe(&reader, queued, capacity)
+            .ctx(pid, || format!("copy the bytes queued in pipe fd {fd}"))?;
         let id = tree.pipes.len() as u32;
         tree.pipes.push(Pipe {
             id,
@@ -285,7 +265,30 @@ pub fn open_descriptions(
             // blocking and keeps the buffered bytes alive until the processes hold it.
             let keep = fdops::open_path(path, libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
                 .ctx(me, || format!("open FIFO {path}"))?;
-            fill_pipe(&keep, p, false)?;
+            let there =
+                fdops::fionread(keep.as_raw_fd()).ctx(me, || format!("bytes in FIFO {path}"))?;
+            if there == 0 {
+                fill_pipe(&keep, p, false)?;
+            } else {
+                // Others hold the FIFO open, with bytes in it: one pipe for all who open it.
+                // On this machine that is the tree's original (frozen until the commit point
+                // of a migration between two nodes of one machine, or running beside a
+                // clone): if the bytes are those captured, they are already where they belong.
+                let capacity = fdops::pipe_size(keep.as_raw_fd())
+                    .ctx(me, || format!("size of FIFO {path}"))?;
+                let (bytes, _) = peek_pipe(&keep, there, capacity)
+                    .ctx(me, || format!("read the bytes in FIFO {path}"))?;
+                if bytes != p.buffered {
+                    return Err(Error::Restore {
+                        pid: me,
+                        what: format!(
+                            "FIFO {path} is open elsewhere and holds {there} bytes, not the {} \
+                             captured: its contents cannot be restored",
+                            p.buffered.len()
+                        ),
+                    });
+                }
+            }
             pipe_ends.insert(p.id, (None, None, Some(keep)));
         } else {
             let packet_mode = tree.files.iter().any(|d| {
@@ -433,6 +436,34 @@ fn fill_pipe(w: &OwnedFd, p: &Pipe, packet_mode: bool) -> Result<()> {
         at = end;
     }
     Ok(())
+}
+
+/// The `queued` bytes in the pipe `reader` reads from, without consuming them (tee(2) copies
+/// them into a pipe of our own), and the size of each pipe buffer (a packet, in packet mode).
+fn peek_pipe(
+    reader: &OwnedFd,
+    queued: usize,
+    capacity: usize,
+) -> ferry_sys::SysResult<(Vec<u8>, Vec<u64>)> {
+    let mut buffered = Vec::with_capacity(queued);
+    let mut packets = Vec::new();
+    if queued > 0 {
+        // Read through an O_DIRECT end: each read returns one pipe buffer, which in a
+        // packet-mode pipe is one packet.
+        let (r, w) = fdops::pipe2(libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_DIRECT)?;
+        fdops::set_pipe_size(w.as_raw_fd(), capacity.max(queued))?;
+        let copied = fdops::tee(reader.as_raw_fd(), w.as_raw_fd(), queued)?;
+        let mut chunk = vec![0u8; 1 << 16];
+        while buffered.len() < copied {
+            let n = fdops::read_fd(r.as_raw_fd(), &mut chunk)?;
+            if n == 0 {
+                break;
+            }
+            buffered.extend_from_slice(&chunk[..n]);
+            packets.push(n as u64);
+        }
+    }
+    Ok((buffered, packets))
 }
 
 /// Gives the rebuilt process its descriptors, each at its old number.

@@ -171,7 +171,9 @@ pub fn restore_timers(h: &Husk, p: &Process) -> Result<()> {
         pid: h.pid,
         what: format!("this kernel cannot recreate POSIX timer IDs: {e}"),
     })?;
-    for t in &p.posix_timers {
+    // /proc/PID/timers lists the newest timer first (each new one goes to the head of the
+    // process's list): make them oldest first, so that the list reads the same again.
+    for t in p.posix_timers.iter().rev() {
         // struct sigevent: value (8), signo (4), notify (4), tid (4), padding to 64.
         let mut ev = vec![0u8; 64];
         ev[0..8].copy_from_slice(&t.sigev_value.to_ne_bytes());

@@ -15,7 +15,10 @@
 //! Restore rebuilds every socket of the tree at once, when the first is asked for: pairs,
 //! names, listeners and their queues, connections, queued data, shutdowns and options. A UNIX
 //! socket records who created it (SO_PEERCRED), so pairs, listen() and connect() run in a
-//! short-lived helper process under the PID and credentials that are to be recorded.
+//! short-lived helper process under the PID and credentials that are to be recorded. A TCP or
+//! UDP address that another socket still holds (the tree's original, frozen on this machine
+//! during a migration between nodes of one machine) is taken only when the tree is about to
+//! run: see [`Deferred`].
 
 use crate::error::{Context, Error, Result};
 use crate::freeze::FrozenTree;
@@ -1376,6 +1379,114 @@ impl Channel {
 thread_local! {
     /// Sockets made for the tree being restored, by file id, until each is asked for.
     static MADE: RefCell<HashMap<u32, OwnedFd>> = RefCell::new(HashMap::new());
+    /// What the last build of the sockets left for [`Deferred::complete`].
+    static DEFERRED: RefCell<Deferred> = RefCell::new(Deferred::default());
+}
+
+/// What the rebuild of the sockets had to leave until the tree is about to run, because
+/// another socket held the address: the tree's original, which a migration between two nodes
+/// of one machine (they share its network stack) keeps frozen until the commit point, after
+/// the rebuild; or a running original beside a clone (`ferry restore --pid-namespace` of an
+/// image taken with `--leave-running`). [`Deferred::complete`] does it, waiting a little for
+/// the address to be freed; `RestoredTree::resume` calls it before letting any thread go.
+#[derive(Default)]
+pub struct Deferred {
+    /// TCP listeners, bound (forced, see `ferry_sys::sockets::bind_forced`) but not listening:
+    /// listen() checks the address again, and a listener cannot leave repair mode.
+    listens: Vec<DeferredListen>,
+    /// UDP sockets that could not be bound (UDP has no repair mode, and sharing the port with
+    /// SO_REUSEADDR or SO_REUSEPORT would need the original's consent and split its traffic),
+    /// with the peer each is to be connected to once bound (connecting first would bind it
+    /// to another port).
+    binds: Vec<DeferredBind>,
+    /// Datagrams for the UDP sockets' queues, sent once every UDP socket of the tree has its
+    /// address (the senders among them included).
+    datagrams: Vec<DeferredDatagram>,
+}
+
+struct DeferredListen {
+    fd: OwnedFd,
+    backlog: i32,
+    what: String,
+}
+
+struct DeferredBind {
+    fd: OwnedFd,
+    local: Vec<u8>,
+    peer: Option<Vec<u8>>,
+    what: String,
+}
+
+struct DeferredDatagram {
+    /// A copy of the sending socket of the tree, or a throwaway socket.
+    from: OwnedFd,
+    to: Vec<u8>,
+    data: Vec<u8>,
+    what: String,
+}
+
+impl Deferred {
+    /// The work left by the sockets just rebuilt on this thread (nothing if none was).
+    pub fn take() -> Deferred {
+        DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.listens.is_empty() && self.binds.is_empty() && self.datagrams.is_empty()
+    }
+
+    /// Binds and connects the UDP sockets, makes the TCP listeners listen, and queues the
+    /// datagrams, retrying while an address is still in use, until `wait` has passed.
+    /// `pid`: the process named in errors.
+    pub fn complete(self, pid: i32, wait: std::time::Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + wait;
+        let retry = |op: &dyn Fn() -> ferry_sys::SysResult<()>| loop {
+            match op() {
+                Err(e) if e.errno == libc::EADDRINUSE && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                r => return r,
+            }
+        };
+        let err = |what: &str, e: ferry_sys::SysError| Error::Restore {
+            pid,
+            what: if e.errno == libc::EADDRINUSE {
+                format!(
+                    "{what}: {e}: another socket still holds the address after {wait:?} (the \
+                     original of the tree, if it still runs?)"
+                )
+            } else {
+                format!("{what}: {e}")
+            },
+        };
+        for b in &self.binds {
+            let fd = b.fd.as_raw_fd();
+            retry(&|| sk::bind(fd, &b.local)).map_err(|e| err(&b.what, e))?;
+            if let Some(peer) = &b.peer {
+                sk::connect(fd, peer).map_err(|e| err(&format!("{}: connect", b.what), e))?;
+            }
+        }
+        for l in &self.listens {
+            let fd = l.fd.as_raw_fd();
+            retry(&|| sk::listen(fd, l.backlog)).map_err(|e| err(&l.what, e))?;
+        }
+        for d in &self.datagrams {
+            sk::send(
+                d.from.as_raw_fd(),
+                &d.data,
+                Some(&d.to),
+                &[],
+                libc::MSG_DONTWAIT,
+            )
+            .map_err(|e| {
+                err(
+                    &format!("{}: queue {} bytes again", d.what, d.data.len()),
+                    e,
+                )
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// Recreates the open file description `d` in this (the restoring) process. All the sockets of
@@ -1394,8 +1505,10 @@ pub fn open(
         .map(|f| f.id);
     if first == Some(d.id) {
         MADE.with(|m| m.borrow_mut().clear());
-        let made = Builder::new(tree, guest.map(|g| g.as_raw_fd())).build()?;
+        drop(Deferred::take());
+        let (made, deferred) = Builder::new(tree, guest.map(|g| g.as_raw_fd())).build()?;
         MADE.with(|m| *m.borrow_mut() = made);
+        DEFERRED.with(|d| *d.borrow_mut() = deferred);
     }
     MADE.with(|m| m.borrow_mut().remove(&d.id))
         .ok_or_else(|| Error::BadImage(format!("file {}: socket was not rebuilt", d.id)))
@@ -1445,6 +1558,8 @@ struct Builder<'a> {
     /// A pidfd of the guest init when the tree is rebuilt in guest namespaces: sockets are then
     /// made by helpers in the guest PID namespace, under the tree's PIDs.
     guest: Option<RawFd>,
+    /// What must wait until the tree is about to run.
+    deferred: Deferred,
 }
 
 impl<'a> Builder<'a> {
@@ -1474,10 +1589,11 @@ impl<'a> Builder<'a> {
             phantoms: Vec::new(),
             remove_later: Vec::new(),
             guest,
+            deferred: Deferred::default(),
         }
     }
 
-    fn build(mut self) -> Result<HashMap<u32, OwnedFd>> {
+    fn build(mut self) -> Result<(HashMap<u32, OwnedFd>, Deferred)> {
         let r = self.build_steps();
         for p in std::mem::take(&mut self.remove_later) {
             let _ = std::fs::remove_file(p);
@@ -1492,7 +1608,7 @@ impl<'a> Builder<'a> {
             })?;
             out.insert(id, fd);
         }
-        Ok(out)
+        Ok((out, self.deferred))
     }
 
     fn build_steps(&mut self) -> Result<()> {
@@ -1522,6 +1638,15 @@ impl<'a> Builder<'a> {
 
     fn fd(&self, i: usize) -> RawFd {
         self.fds[i].as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1)
+    }
+
+    /// A copy of the descriptor of socket `i`, kept until [`Deferred::complete`].
+    fn dup(&self, i: usize) -> Result<OwnedFd> {
+        self.fds[i]
+            .as_ref()
+            .ok_or_else(|| self.err(i, "not made yet"))?
+            .try_clone()
+            .map_err(|e| self.err(i, format!("dup: {e}")))
     }
 
     /// The socket of the tree that socket `i` is connected to.
@@ -1920,37 +2045,66 @@ impl<'a> Builder<'a> {
             };
             let fd = sk::socket(domain, sock_type_raw(s.sock_type) | NEW, s.protocol)
                 .map_err(|e| self.err(i, format!("socket: {e}")))?;
-            if s.family != SockFamily::Unix {
-                self.inet(i, fd.as_raw_fd())?;
-            }
             self.fds[i] = Some(fd);
+            if s.family != SockFamily::Unix {
+                self.inet(i)?;
+            }
         }
         Ok(())
     }
 
-    /// Options, name, and listen or connect, for a TCP or UDP socket.
-    fn inet(&self, i: usize, f: RawFd) -> Result<()> {
+    /// Options, name, and listen or connect, for a TCP or UDP socket. Where another socket
+    /// holds the address (see [`Deferred`]), a TCP socket is bound anyway (TCP_REPAIR) and
+    /// listens later; a UDP socket is bound and connected later.
+    fn inet(&mut self, i: usize) -> Result<()> {
         let s = self.sock(i);
+        let f = self.fd(i);
         apply_opts(f, &s.opts, false);
         if let Some(local) = &s.local {
             let raw = encode_addr(local);
             if let Err(e) = sk::bind(f, &raw) {
-                // Connections of the previous incarnation may linger on the port (TIME_WAIT):
-                // bind once more with SO_REUSEADDR, and put the option back as it was.
-                let reuse = opt_int(s, SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
-                if e.errno != libc::EADDRINUSE || reuse != 0 {
-                    return Err(self.err(i, format!("bind to {}: {e}", describe(local))));
+                let what = format!("bind to {}", describe(local));
+                if e.errno != libc::EADDRINUSE {
+                    return Err(self.err(i, format!("{what}: {e}")));
                 }
-                let _ = sk::setsockopt_int(f, SOL_SOCKET, libc::SO_REUSEADDR, 1);
-                let r = sk::bind(f, &raw);
-                let _ = sk::setsockopt_int(f, SOL_SOCKET, libc::SO_REUSEADDR, 0);
-                r.map_err(|e| self.err(i, format!("bind to {}: {e}", describe(local))))?;
+                let reuse = opt_int(s, SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0);
+                if s.sock_type == SockType::Stream {
+                    // The original holds the port, or connections of an earlier incarnation
+                    // linger on it (TIME_WAIT).
+                    sk::bind_forced(f, &raw, reuse).map_err(|e| {
+                        self.err(i, format!("{what} (forced, in TCP repair mode): {e}"))
+                    })?;
+                } else {
+                    let fd = self.dup(i)?;
+                    let what = format!("socket:[{}]: {what}", s.ino);
+                    self.deferred.binds.push(DeferredBind {
+                        fd,
+                        local: raw,
+                        peer: s.peer.as_ref().map(encode_addr),
+                        what,
+                    });
+                    return Ok(());
+                }
             }
         }
         match &s.state {
-            SockState::Listening { backlog, .. } => {
-                sk::listen(f, *backlog as i32).map_err(|e| self.err(i, format!("listen: {e}")))?
-            }
+            SockState::Listening { backlog, .. } => match sk::listen(f, *backlog as i32) {
+                Ok(()) => {}
+                Err(e) if e.errno == libc::EADDRINUSE => {
+                    let fd = self.dup(i)?;
+                    let what = format!(
+                        "socket:[{}]: listen on {}",
+                        s.ino,
+                        s.local.as_ref().map(describe).unwrap_or_default()
+                    );
+                    self.deferred.listens.push(DeferredListen {
+                        fd,
+                        backlog: *backlog as i32,
+                        what,
+                    });
+                }
+                Err(e) => return Err(self.err(i, format!("listen: {e}"))),
+            },
             SockState::Connected { .. } => {
                 if let Some(peer) = &s.peer {
                     sk::connect(f, &encode_addr(peer))
@@ -2170,6 +2324,12 @@ impl<'a> Builder<'a> {
                             self.err(r, "datagrams are queued on an unbound socket")
                         })?;
                     let raw_to = encode_addr(&to);
+                    if !self.deferred.binds.is_empty() {
+                        // Some UDP socket of the tree (the receiver, or a sender) gets its
+                        // address only when the tree is about to run: so do all the datagrams.
+                        self.defer_datagrams(r, &raw_to)?;
+                        continue;
+                    }
                     for m in &s.queue {
                         if let Some(j) = m.from.as_ref().and_then(|f| self.inet_sender(f)) {
                             let f = self.fd(j);
@@ -2196,6 +2356,32 @@ impl<'a> Builder<'a> {
                 }
                 _ => {}
             }
+        }
+        Ok(())
+    }
+
+    /// Queues socket `r`'s datagrams for [`Deferred::complete`], each with a copy of its
+    /// sender (or a throwaway socket, as [`Builder::fill_queues`] would send it from).
+    fn defer_datagrams(&mut self, r: usize, to: &[u8]) -> Result<()> {
+        let s = self.sock(r);
+        for m in &s.queue {
+            let from = if let Some(j) = m.from.as_ref().and_then(|f| self.inet_sender(f)) {
+                self.dup(j)?
+            } else if let Some(t) = m.from.as_ref().and_then(|f| self.inet_temp(r, f)) {
+                t
+            } else {
+                let d = match s.family {
+                    SockFamily::Inet6 => libc::AF_INET6,
+                    _ => libc::AF_INET,
+                };
+                sk::socket(d, libc::SOCK_DGRAM | NEW, 0).map_err(|e| self.err(r, e))?
+            };
+            self.deferred.datagrams.push(DeferredDatagram {
+                from,
+                to: to.to_vec(),
+                data: m.data.clone(),
+                what: format!("socket:[{}]", s.ino),
+            });
         }
         Ok(())
     }

@@ -60,6 +60,40 @@ impl Cluster {
         }
     }
 
+    /// Like `up`, for a harness that is a child subreaper (it adopts what its trials leave
+    /// behind and kills its descendants when a trial ends): the daemons are children of
+    /// `ferry cluster up` and outlive it, so such a harness would adopt them and kill them with
+    /// a trial's processes. They are left to init instead (and stopped on drop as usual). A
+    /// failure to start is returned, not a panic.
+    pub fn up_unadopted(tag: &str, n: usize) -> Result<Cluster, String> {
+        fn set_subreaper(on: bool) {
+            // SAFETY: prctl with integer arguments only changes this process's flag.
+            unsafe {
+                libc::prctl(
+                    libc::PR_SET_CHILD_SUBREAPER,
+                    libc::c_ulong::from(on),
+                    0,
+                    0,
+                    0,
+                )
+            };
+        }
+        let mut was = 0 as libc::c_int;
+        // SAFETY: PR_GET_CHILD_SUBREAPER writes one int through the pointer, to a local.
+        unsafe { libc::prctl(libc::PR_GET_CHILD_SUBREAPER, &mut was as *mut libc::c_int) };
+        set_subreaper(false);
+        let r = std::panic::catch_unwind(|| Cluster::up(tag, n));
+        set_subreaper(was != 0);
+        r.map_err(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            format!("cannot start a local cluster of {n} nodes: {msg}")
+        })
+    }
+
     /// A `ferry` command run as if on node `node`.
     pub fn ferry(&self, node: &str) -> Command {
         let mut c = Command::new(FERRY);
