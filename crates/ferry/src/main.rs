@@ -33,6 +33,8 @@ enum Command {
     Image(commands::image::Command),
     /// Move a running process and its descendants to another node.
     Migrate(commands::migrate::Args),
+    /// Run a command on another node as if it ran here: cwd, environment, stdio, signals, status.
+    Run(commands::run::Args),
     /// List the cluster's nodes and their load.
     Nodes(commands::nodes::Args),
     /// List processes under Ferry across the cluster.
@@ -77,6 +79,7 @@ fn main() {
         Command::Image(c) => commands::image::run(c),
         Command::GuestInit(a) => commands::guest_init::run(a),
         Command::Migrate(a) => commands::migrate::run(a, node),
+        Command::Run(a) => commands::run::run(a, node),
         Command::Nodes(a) => commands::nodes::run(a, node),
         Command::Ps(a) => commands::ps::run(a, node),
         Command::Daemon(a) => commands::daemon::run(a),

@@ -11,6 +11,7 @@ pub mod migrate;
 pub mod nodes;
 pub mod ps;
 pub mod restore;
+pub mod run;
 pub mod worker;
 
 /// Prints a report as pretty JSON on stdout.
