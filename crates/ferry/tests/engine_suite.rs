@@ -69,7 +69,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 mod common;
 
-use common::cluster::Cluster;
+use common::cluster::{self, Cluster};
 use common::*;
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -921,35 +921,6 @@ fn mig_cluster(suite: &Suite) -> Result<PathBuf, Failed> {
     }
 }
 
-/// The last lines of the daemons' logs of `nodes`, for failure messages.
-fn daemon_logs(dir: &Path, nodes: &[&str]) -> String {
-    let mut out = String::new();
-    for n in nodes {
-        let p = dir.join(n).join("daemon.log");
-        let log = fs::read(&p).unwrap_or_default();
-        let _ = write!(
-            out,
-            "--- {} (last 4 KiB):\n{}",
-            p.display(),
-            with_newline(tail(&log, 4096))
-        );
-    }
-    out
-}
-
-/// `/proc/PID/stat`'s parent PID (in our namespace).
-fn parent_pid(pid: i32) -> Option<i32> {
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text).map(|s| s.1)
-}
-
-/// Whether `pid` is a live `ferry __guest-init` (PID 1 of a guest's namespaces).
-fn is_guest_init(pid: i32) -> bool {
-    let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    matches!(proc_state(pid), Some(s) if s != 'Z' && s != 'X')
-        && cmd.split(|b| *b == 0).any(|a| a == b"__guest-init")
-}
-
 /// Moves a program a -> b -> c -> a with `ferry migrate`, then lets it check itself.
 fn run_mig(suite: &Suite, name: &str, pending: Option<&str>) -> Result<(), Failed> {
     let dir = mig_cluster(suite)?;
@@ -963,7 +934,7 @@ fn run_mig(suite: &Suite, name: &str, pending: Option<&str>) -> Result<(), Faile
             Failed::from(format!(
                 "{}\n{}",
                 f.message().unwrap_or(""),
-                daemon_logs(&dir, &[from, to])
+                cluster::daemon_logs(&dir, &[from, to])
             ))
         };
         let env = [
@@ -1093,35 +1064,6 @@ fn finish(mut run: Run) -> Result<(), Failed> {
         let _ = fs::remove_dir_all(&run.base);
     }
     Ok(())
-}
-
-/// Whether `pid` is gone (or dead, waiting to be reaped by its parent) within `timeout`.
-fn wait_gone(pid: i32, timeout: Duration) -> bool {
-    let start = Instant::now();
-    loop {
-        reap_zombies();
-        if matches!(proc_state(pid), None | Some('Z') | Some('X')) {
-            return true;
-        }
-        if start.elapsed() > timeout {
-            return false;
-        }
-        sleep(Duration::from_millis(5));
-    }
-}
-
-/// `/proc/PID/status` field `key`.
-fn status_field(pid: i32, key: &str) -> String {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix(key)
-                    .and_then(|r| r.strip_prefix(':'))
-                    .map(|v| v.trim().to_owned())
-            })
-        })
-        .unwrap_or_default()
 }
 
 /// Requires a successful ferry run.

@@ -29,6 +29,18 @@
 //! `FAIL: ...`.  A missing program (redis-server, go, ...) is a failure that
 //! says which package to install, never a silent skip.
 //!
+//! Each also has a `migrate::` trial: instead of checkpoint and restore, the
+//! program is moved live around a local cluster of three nodes, `ferry
+//! --node a migrate PID --to b`, b -> c, c -> a, and must get further after
+//! each hop; redis-server's listening socket comes along (its port is still
+//! held by the frozen original while the copy is rebuilt on the same machine:
+//! see docs/limitations.md).  After the first hop the root is no longer our
+//! child (each daemon is the subreaper of its guests): the harness follows it
+//! by the host PID each migration reports, and instead of its exit status
+//! requires it, and every guest namespace it lived in, to be gone after the
+//! program's own final check.  One cluster serves every `migrate::` trial of
+//! a run; it is started by the first and stopped before the harness exits.
+//!
 //! Like the engine suite, the harness makes itself a child subreaper so
 //! restored (detached) processes become its children, runs one trial at a
 //! time (restore needs the PIDs free), and kills and reaps every process of
@@ -45,12 +57,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 mod common;
 
+use common::cluster::{self, Cluster};
 use common::*;
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -67,6 +80,10 @@ const TREE_GONE_TIMEOUT: Duration = Duration::from_secs(10);
 /// that it is caught in the middle of its work.
 const WORK_TIME: Duration = Duration::from_millis(500);
 const LOG_TAIL: usize = 8 * 1024;
+/// A guest init exits within a second of being alone (it looks once a second).
+const INIT_GONE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The hops of a `migrate::` trial: around the cluster and home again.
+const MIG_HOPS: [(&str, &str); 3] = [("a", "b"), ("b", "c"), ("c", "a")];
 
 struct Suite {
     real_dir: PathBuf,
@@ -74,9 +91,41 @@ struct Suite {
     runs_dir: PathBuf,
     ferry: PathBuf,
     keep: bool,
+    /// The local cluster of the `migrate::` trials: started by the first of them (or why it
+    /// could not be), stopped before the harness exits.
+    cluster: Mutex<Option<Result<Cluster, String>>>,
 }
 
-type TrialFn = fn(&Suite) -> Result<(), Failed>;
+/// How a trial moves its program.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Twice `ferry checkpoint` (which kills it) and `ferry restore`.
+    CheckpointRestore,
+    /// Three hops around a local cluster with `ferry migrate`.
+    Migrate,
+}
+
+impl Mode {
+    fn rounds(self) -> u32 {
+        match self {
+            Mode::CheckpointRestore => 2,
+            Mode::Migrate => MIG_HOPS.len() as u32,
+        }
+    }
+
+    /// "checkpoint 2", "migration 2 (b -> c)".
+    fn step(self, round: u32) -> String {
+        match self {
+            Mode::CheckpointRestore => format!("checkpoint {round}"),
+            Mode::Migrate => {
+                let (from, to) = MIG_HOPS[round as usize - 1];
+                format!("migration {round} ({from} -> {to})")
+            }
+        }
+    }
+}
+
+type TrialFn = fn(&Suite, Mode) -> Result<(), Failed>;
 
 fn main() {
     let mut args = Arguments::from_args();
@@ -110,6 +159,7 @@ fn main() {
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ferry"))),
         keep: std::env::var_os("FERRY_REAL_KEEP").is_some_and(|v| !v.is_empty() && v != "0"),
+        cluster: Mutex::new(None),
     });
 
     let all: [(&str, TrialFn); 5] = [
@@ -119,14 +169,21 @@ fn main() {
         ("redis_data", redis_data),
         ("bash_pipeline", bash_pipeline),
     ];
-    let trials = all
-        .into_iter()
-        .map(|(name, f)| {
+    let mut trials = Vec::new();
+    for (prefix, mode) in [("", Mode::CheckpointRestore), ("migrate::", Mode::Migrate)] {
+        for (name, f) in all {
             let s = suite.clone();
-            Trial::test(name, move || f(&s))
-        })
-        .collect();
+            trials.push(Trial::test(format!("{prefix}{name}"), move || f(&s, mode)));
+        }
+    }
     let conclusion = libtest_mimic::run(&args, trials);
+    // `exit` runs no destructors: stop the cluster first.
+    let cluster = suite
+        .cluster
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    drop(cluster);
     let _ = fs::remove_dir(&suite.runs_dir); // only if nothing was kept
     conclusion.exit();
 }
@@ -318,7 +375,14 @@ struct Run {
     base: PathBuf,
     /// the program's working directory
     t: PathBuf,
+    /// The root's PID as the program sees it (getpid()).
     root: i32,
+    /// The root's PID here: `root`, until it is migrated into a guest namespace.
+    host: i32,
+    /// Whether the root lives in a guest namespace (and is no longer our child).
+    in_ns: bool,
+    /// Host PIDs of the guest inits of the namespaces it has lived in.
+    inits: Vec<i32>,
     child: Option<Child>,
     /// exit status of the root, once seen
     exited: Option<ExitStatus>,
@@ -329,8 +393,11 @@ struct Run {
 }
 
 impl Run {
-    fn start(suite: &Suite, name: &str, mut cmd: Command) -> Result<Run, Failed> {
-        let base = suite.runs_dir.join(name);
+    fn start(suite: &Suite, name: &str, mode: Mode, mut cmd: Command) -> Result<Run, Failed> {
+        let base = suite.runs_dir.join(match mode {
+            Mode::CheckpointRestore => name.to_string(),
+            Mode::Migrate => format!("{name}.migrate"),
+        });
         let _ = fs::remove_dir_all(&base);
         let t = base.join("t");
         fs::create_dir_all(&t).map_err(|e| format!("mkdir {}: {e}", t.display()))?;
@@ -360,10 +427,16 @@ impl Run {
             .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
         let root = child.id() as i32;
         Ok(Run {
-            name: name.to_owned(),
+            name: match mode {
+                Mode::CheckpointRestore => name.to_owned(),
+                Mode::Migrate => format!("migrate::{name}"),
+            },
             base,
             t,
             root,
+            host: root,
+            in_ns: false,
+            inits: Vec::new(),
             child: Some(child),
             exited: None,
             history: String::new(),
@@ -472,9 +545,9 @@ impl Run {
     /// Is the root process still running (not gone, not a zombie)?
     fn root_alive(&mut self) -> bool {
         self.poll_child();
-        match proc_state(self.root) {
+        match proc_state(self.host) {
             Some('Z') | Some('X') => {
-                if self.child.is_none() && self.exited.is_none() {
+                if self.child.is_none() && self.exited.is_none() && !self.in_ns {
                     // A restored root is our child by reparenting: note how it ended.
                     let mut status = 0;
                     // SAFETY: waitpid on a pid with a valid pointer to a local int.
@@ -659,7 +732,12 @@ impl Run {
         self.require_clean_exit("said PASS")
     }
 
+    /// The root exits with status 0 (migrated: the root, and every guest namespace it lived
+    /// in, are gone; its status went to its namespace's init).
     fn require_clean_exit(&mut self, after: &str) -> Result<(), Failed> {
+        if self.in_ns {
+            return self.require_gone(after);
+        }
         match self.wait_root_exit(EXIT_TIMEOUT) {
             Some(st) if st.success() => Ok(()),
             Some(st) => Err(self.report(&format!("the program {after} but exited with {st}"))),
@@ -667,6 +745,124 @@ impl Run {
                 "the program {after} but did not exit within {EXIT_TIMEOUT:?}"
             ))),
         }
+    }
+
+    /// A migrated tree is gone: its root, and the init of each namespace it lived in (an init
+    /// leaves once nothing else is left in its namespace).
+    fn require_gone(&mut self, after: &str) -> Result<(), Failed> {
+        if !wait_gone(self.host, EXIT_TIMEOUT) {
+            return Err(self.report(&format!(
+                "the program {after} but did not exit within {EXIT_TIMEOUT:?}"
+            )));
+        }
+        for init in self.inits.clone() {
+            if !wait_gone(init, INIT_GONE_TIMEOUT) {
+                return Err(self.report(&format!(
+                    "the program {after} and exited, but processes of its tree are left in the \
+                     namespace of guest init {init}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// One move of the program: checkpoint and restore, or a migration to the next node.
+    fn move_once(&mut self, suite: &Suite, mode: Mode, round: u32) -> Result<(), Failed> {
+        match mode {
+            Mode::CheckpointRestore => {
+                self.checkpoint(suite, round)?;
+                self.restore(suite, round)
+            }
+            Mode::Migrate => self.migrate(suite, round),
+        }
+    }
+
+    /// `ferry --node FROM migrate ROOT --to TO` for hop `hop` (1-based) of [`MIG_HOPS`]; then
+    /// the copy it came from must be gone and the new one run under the tree's PID in a guest
+    /// namespace, whose host PID (`dest_pid`) the harness follows from now on.
+    fn migrate(&mut self, suite: &Suite, hop: u32) -> Result<(), Failed> {
+        let dir = {
+            let mut slot = suite.cluster.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.get_or_insert_with(|| Cluster::up_unadopted("real-programs", 3)) {
+                Ok(c) => c.dir.clone(),
+                Err(e) => return Err(self.report(e)),
+            }
+        };
+        let (from, to) = MIG_HOPS[hop as usize - 1];
+        let fail = |run: &Run, what: &str| {
+            let f = run.report(&format!("migration {hop} ({from} -> {to}): {what}"));
+            Failed::from(format!(
+                "{}\n{}",
+                f.message().unwrap_or(""),
+                cluster::daemon_logs(&dir, &[from, to])
+            ))
+        };
+        let mut cmd = Command::new(&suite.ferry);
+        cmd.env("FERRY_CLUSTER_DIR", &dir)
+            .env("FERRY_NODE", from)
+            .args(["migrate", &self.root.to_string(), "--to", to, "--json"]);
+        let out = self.command(&format!("migrate{hop}"), cmd, None, FERRY_TIMEOUT)?;
+        if !out.success() {
+            let fate = if self.root_alive() {
+                "the program is still running where it was".to_string()
+            } else {
+                format!("the program did not survive it{}", self.exit_note())
+            };
+            return Err(fail(
+                self,
+                &format!(
+                    "ferry migrate failed ({}): {} ({fate})",
+                    out.status_text(),
+                    out.stderr_summary()
+                ),
+            ));
+        }
+        let report: serde_json::Value = serde_json::from_str(&out.stdout)
+            .map_err(|e| fail(self, &format!("bad JSON report: {e}")))?;
+        let Some(dest) = report
+            .get("dest_pid")
+            .and_then(|v| v.as_i64())
+            .map(|v| v as i32)
+            .filter(|&p| p > 0)
+        else {
+            return Err(fail(self, "the report has no dest_pid"));
+        };
+        // The copy it came from is gone (on the first hop, our child: reaped here).
+        let old = self.host;
+        if !wait_gone(old, TREE_GONE_TIMEOUT) {
+            return Err(fail(
+                self,
+                &format!("migrated, but the copy it left (PID {old}) still runs"),
+            ));
+        }
+        self.poll_child();
+        self.exited = None;
+        self.host = dest;
+        self.in_ns = true;
+        let nspid = status_field(dest, "NSpid");
+        let want = [dest.to_string(), self.root.to_string()];
+        if nspid.split_whitespace().collect::<Vec<_>>() != want {
+            return Err(fail(
+                self,
+                &format!(
+                    "the root (PID {dest} here) has NSpid {nspid:?}, expected \"{dest} {}\"",
+                    self.root
+                ),
+            ));
+        }
+        match parent_pid(dest) {
+            Some(init) if is_guest_init(init) => self.inits.push(init),
+            p => {
+                return Err(fail(
+                    self,
+                    &format!("the root's parent (PID {p:?}) is not a guest init"),
+                ))
+            }
+        }
+        if !self.root_alive() {
+            return Err(fail(self, &format!("the root (PID {dest}) is not running")));
+        }
+        Ok(())
     }
 
     /// Reap the root (our child, or reparented to us) and return its status.
@@ -705,7 +901,12 @@ impl Run {
                 let _ = c.kill();
             }
             self.poll_child();
-            let pids = tree_pids(self.root);
+            let mut pids = tree_pids(self.root);
+            if self.host != self.root {
+                pids.extend(tree_pids(self.host));
+            }
+            // A guest init's death takes every process of its namespace with it.
+            pids.extend(self.inits.iter().copied().filter(|&p| is_guest_init(p)));
             for &pid in &pids {
                 // SAFETY: kill() with a pid taken from /proc; worst case ESRCH.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -752,40 +953,53 @@ fn log_progress(run: &Run) -> Option<u64> {
         .find_map(|l| l.strip_prefix("progress ")?.trim().parse().ok())
 }
 
-/// Twice: let the program work (fresh progress, then `WORK_TIME` more),
-/// checkpoint it, restore it, and require it to get further than it was
-/// when checkpointed.
-fn work_checkpoint_restore(suite: &Suite, run: &mut Run, probe: Probe) -> Result<(), Failed> {
+/// For each round of `mode` (twice checkpoint and restore, or three hops of
+/// migration): let the program work (fresh progress, then `WORK_TIME` more),
+/// move it, and require it to get further than it was when moved.
+fn work_and_move(suite: &Suite, run: &mut Run, probe: Probe, mode: Mode) -> Result<(), Failed> {
     let mut last = 0;
-    for round in 1..=2 {
+    for round in 1..=mode.rounds() {
         let what = if round == 1 {
-            "progress report before the first checkpoint".to_string()
+            format!("progress report before {}", mode.step(round))
         } else {
-            format!("progress report beyond {last} before checkpoint {round}")
+            format!("progress report beyond {last} before {}", mode.step(round))
         };
         run.wait_for(&what, PROGRESS_TIMEOUT, |r| {
             Ok(probe(r).filter(|&p| p > last))
         })?;
         sleep(WORK_TIME);
-        run.checkpoint(suite, round)?;
-        // The tree is gone: this is where it stood.
-        let at_checkpoint = probe(run).unwrap_or(0);
-        run.restore(suite, round)?;
+        let at = match mode {
+            Mode::CheckpointRestore => {
+                run.checkpoint(suite, round)?;
+                // The tree is gone: this is where it stood.
+                let at = probe(run).unwrap_or(0);
+                run.restore(suite, round)?;
+                at
+            }
+            Mode::Migrate => {
+                run.migrate(suite, round)?;
+                // The copy runs already: it stood at most here, and must get further.
+                probe(run).unwrap_or(0)
+            }
+        };
         let what = format!(
-            "progress after restore {round} (the program was at {at_checkpoint} when checkpointed)"
+            "progress after {} (the program was at {at} when moved)",
+            mode.step(round)
         );
-        last = run.wait_for(&what, PROGRESS_TIMEOUT, |r| {
-            Ok(probe(r).filter(|&p| p > at_checkpoint))
-        })?;
+        last = run.wait_for(
+            &what,
+            PROGRESS_TIMEOUT,
+            |r| Ok(probe(r).filter(|&p| p > at)),
+        )?;
     }
     Ok(())
 }
 
 /// Programs that follow the ready / progress / go / result protocol.
-fn protocol_trial(suite: &Suite, name: &str, cmd: Command) -> Result<(), Failed> {
-    let mut run = Run::start(suite, name, cmd)?;
+fn protocol_trial(suite: &Suite, name: &str, mode: Mode, cmd: Command) -> Result<(), Failed> {
+    let mut run = Run::start(suite, name, mode, cmd)?;
     run.wait_ready()?;
-    work_checkpoint_restore(suite, &mut run, log_progress)?;
+    work_and_move(suite, &mut run, log_progress, mode)?;
     run.touch("go")?;
     run.wait_pass()?;
     run.finish()
@@ -794,21 +1008,21 @@ fn protocol_trial(suite: &Suite, name: &str, cmd: Command) -> Result<(), Failed>
 // ---------------------------------------------------------------------------
 // The trials.
 
-fn python_compute(suite: &Suite) -> Result<(), Failed> {
+fn python_compute(suite: &Suite, mode: Mode) -> Result<(), Failed> {
     let mut cmd = Command::new(find_python()?);
     cmd.arg(suite.real_dir.join("python/compute.py"));
-    protocol_trial(suite, "python_compute", cmd)
+    protocol_trial(suite, "python_compute", mode, cmd)
 }
 
-fn python_threads(suite: &Suite) -> Result<(), Failed> {
+fn python_threads(suite: &Suite, mode: Mode) -> Result<(), Failed> {
     let mut cmd = Command::new(find_python()?);
     cmd.arg(suite.real_dir.join("python/threads.py"));
-    protocol_trial(suite, "python_threads", cmd)
+    protocol_trial(suite, "python_threads", mode, cmd)
 }
 
-fn go_ticker(suite: &Suite) -> Result<(), Failed> {
+fn go_ticker(suite: &Suite, mode: Mode) -> Result<(), Failed> {
     let bin = build_go_ticker(suite)?;
-    protocol_trial(suite, "go_ticker", Command::new(bin))
+    protocol_trial(suite, "go_ticker", mode, Command::new(bin))
 }
 
 // --- bash pipeline -----------------------------------------------------------
@@ -888,14 +1102,14 @@ fn check_pipeline_output(out: &str) -> Result<u64, String> {
     Ok(k * PIPELINE_STEP)
 }
 
-fn bash_pipeline(suite: &Suite) -> Result<(), Failed> {
+fn bash_pipeline(suite: &Suite, mode: Mode) -> Result<(), Failed> {
     let bash = find_tool("bash", "bash")?;
     for (tool, package) in [("seq", "coreutils"), ("awk", "mawk"), ("sed", "sed")] {
         find_tool(tool, package)?;
     }
     let mut cmd = Command::new(bash);
     cmd.arg("-c").arg(PIPELINE);
-    let mut run = Run::start(suite, "bash_pipeline", cmd)?;
+    let mut run = Run::start(suite, "bash_pipeline", mode, cmd)?;
     // Five processes: bash and the four stages.
     run.wait_for("the pipeline's first report", READY_TIMEOUT, |r| {
         Ok(pipeline_progress(r))
@@ -906,9 +1120,15 @@ fn bash_pipeline(suite: &Suite) -> Result<(), Failed> {
             "expected 5 processes (bash and four stages), found {procs}"
         )));
     }
-    work_checkpoint_restore(suite, &mut run, pipeline_progress)?;
+    work_and_move(suite, &mut run, pipeline_progress, mode)?;
     run.touch("stop")?;
-    let status = run.wait_root_exit(PROGRESS_TIMEOUT);
+    // Migrated, bash is not our child: its status is not ours to see, but it records every
+    // stage's, checked below.
+    let status = if run.in_ns {
+        wait_gone(run.host, PROGRESS_TIMEOUT).then(|| ExitStatus::from_raw(0))
+    } else {
+        run.wait_root_exit(PROGRESS_TIMEOUT)
+    };
     match status {
         Some(st) if st.success() => {}
         Some(st) => return Err(run.report(&format!("bash exited with {st} after stop"))),
@@ -937,6 +1157,9 @@ fn bash_pipeline(suite: &Suite) -> Result<(), Failed> {
     }
     if lines == 0 {
         return Err(run.report("the pipeline reported no lines"));
+    }
+    if run.in_ns {
+        run.require_gone("finished")?;
     }
     run.finish()
 }
@@ -1175,7 +1398,7 @@ fn free_port() -> Result<u16, Failed> {
         .map_err(|e| Failed::from(format!("cannot find a free port: {e}")))
 }
 
-fn redis_data(suite: &Suite) -> Result<(), Failed> {
+fn redis_data(suite: &Suite, mode: Mode) -> Result<(), Failed> {
     let server = find_tool("redis-server", "redis-server")?;
     let cli = find_tool("redis-cli", "redis-tools")?;
     let port = free_port()?;
@@ -1183,21 +1406,20 @@ fn redis_data(suite: &Suite) -> Result<(), Failed> {
     cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
         .args(["--logfile", "", "--dir", "."]);
-    let mut run = Run::start(suite, "redis_data", cmd)?;
+    let mut run = Run::start(suite, "redis_data", mode, cmd)?;
     let redis = Redis { cli, port };
     redis.wait_pong(&mut run, "after start")?;
     redis_write(&redis, &mut run, 0)?;
     redis_verify(&redis, &mut run, 0, "verify0")?;
-    for round in 1..=2 {
+    for round in 1..=mode.rounds() {
         sleep(WORK_TIME);
-        run.checkpoint(suite, round)?;
-        run.restore(suite, round)?;
-        redis.wait_pong(&mut run, &format!("after restore {round}"))?;
+        run.move_once(suite, mode, round)?;
+        redis.wait_pong(&mut run, &format!("after {}", mode.step(round)))?;
         redis_verify(
             &redis,
             &mut run,
             round - 1,
-            &format!("verify-after-restore{round}"),
+            &format!("verify-after-move{round}"),
         )?;
         redis_write(&redis, &mut run, round)?;
         redis_verify(&redis, &mut run, round, &format!("verify{round}"))?;

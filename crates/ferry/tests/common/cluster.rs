@@ -129,3 +129,18 @@ impl Drop for Cluster {
             .output();
     }
 }
+
+/// The last lines of the daemons' logs of `nodes`, for failure messages.
+pub fn daemon_logs(dir: &Path, nodes: &[&str]) -> String {
+    let mut out = String::new();
+    for n in nodes {
+        let p = dir.join(n).join("daemon.log");
+        let log = std::fs::read(&p).unwrap_or_default();
+        out.push_str(&format!(
+            "--- {} (last 4 KiB):\n{}",
+            p.display(),
+            super::with_newline(super::tail(&log, 4096))
+        ));
+    }
+    out
+}

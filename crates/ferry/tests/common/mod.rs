@@ -8,6 +8,8 @@ pub mod cluster;
 use std::collections::{BTreeSet, HashSet};
 use std::fs;
 use std::path::Path;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
 
 /// Removes run directories of earlier suites whose process is gone.
 pub fn clear_stale_runs(runs_root: &Path) {
@@ -126,4 +128,46 @@ pub fn reap_zombies() {
             break;
         }
     }
+}
+
+/// Whether `pid` is gone (or dead, waiting to be reaped by its parent) within `timeout`.
+pub fn wait_gone(pid: i32, timeout: Duration) -> bool {
+    let start = Instant::now();
+    loop {
+        reap_zombies();
+        if matches!(proc_state(pid), None | Some('Z') | Some('X')) {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        sleep(Duration::from_millis(5));
+    }
+}
+
+/// `/proc/PID/status` field `key`.
+pub fn status_field(pid: i32, key: &str) -> String {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix(key)
+                    .and_then(|r| r.strip_prefix(':'))
+                    .map(|v| v.trim().to_owned())
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// `/proc/PID/stat`'s parent PID (in our namespace).
+pub fn parent_pid(pid: i32) -> Option<i32> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text).map(|s| s.1)
+}
+
+/// Whether `pid` is a live `ferry __guest-init` (PID 1 of a guest's namespaces).
+pub fn is_guest_init(pid: i32) -> bool {
+    let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    matches!(proc_state(pid), Some(s) if s != 'Z' && s != 'X')
+        && cmd.split(|b| *b == 0).any(|a| a == b"__guest-init")
 }
