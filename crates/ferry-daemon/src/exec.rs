@@ -31,7 +31,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -51,6 +51,9 @@ const STDIN_QUEUE: usize = 8;
 /// kept its stdout) is forwarded until end-of-file, or a pause this long, or DRAIN_MAX.
 const DRAIN_IDLE: Duration = Duration::from_millis(100);
 const DRAIN_MAX: Duration = Duration::from_secs(2);
+/// After `Exited`, how long the caller has to close its end first (what it still sends is
+/// read and dropped, so the connection ends cleanly rather than reset with data unread).
+const LINGER: Duration = Duration::from_secs(5);
 /// Buffer per direction when relaying bytes between the CLI and the remote daemon.
 const RELAY_BUF: usize = 256 << 10;
 /// How long the remote daemon may take to answer `Run`.
@@ -78,7 +81,7 @@ pub async fn relay(node: Arc<Node>, mut cli: UnixStream, mut spec: RunSpec) -> R
     if target == node.name() {
         return serve_stream(node, cli, spec, None).await;
     }
-    let (mut conn, first) = match open_remote(&node, &target, &spec).await {
+    let (conn, first) = match open_remote(&node, &target, &spec).await {
         Ok(x) => x,
         Err(e) => {
             let message = format!("{e:#}");
@@ -100,16 +103,25 @@ pub async fn relay(node: Arc<Node>, mut cli: UnixStream, mut spec: RunSpec) -> R
     if !started {
         return Ok(());
     }
-    match tokio::io::copy_bidirectional_with_sizes(&mut cli, &mut conn.stream, RELAY_BUF, RELAY_BUF)
-        .await
-    {
-        Ok((up, down)) => {
-            tracing::debug!(event = "run-relayed", to = %target, home_pid = spec.home_pid, up, down)
-        }
-        // The CLI or the remote node went away: dropping both connections tells the other.
-        Err(e) => tracing::info!(event = "run-relay-ended", to = %target,
-            home_pid = spec.home_pid, error = %e),
-    }
+    // Each direction runs to its own end: the program's last frames must reach the CLI even
+    // when the caller's last ones (stdin's end, say) can no longer be delivered.
+    let (cli_r, mut cli_w) = cli.split();
+    let (tls_r, mut tls_w) = tokio::io::split(conn.stream);
+    let mut cli_r = tokio::io::BufReader::with_capacity(RELAY_BUF, cli_r);
+    let mut tls_r = tokio::io::BufReader::with_capacity(RELAY_BUF, tls_r);
+    let up = async {
+        let r = tokio::io::copy_buf(&mut cli_r, &mut tls_w).await;
+        let _ = tls_w.shutdown().await;
+        r
+    };
+    let down = async {
+        let r = tokio::io::copy_buf(&mut tls_r, &mut cli_w).await;
+        let _ = cli_w.shutdown().await;
+        r
+    };
+    let (up, down) = tokio::join!(up, down);
+    tracing::debug!(event = "run-relayed", to = %target, home_pid = spec.home_pid,
+        up = ?up, down = ?down);
     Ok(())
 }
 
@@ -313,7 +325,16 @@ where
     let (ev_tx, mut ev_rx) = mpsc::channel::<Event>(4);
     let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(STDIN_QUEUE);
     let feeder = tokio::spawn(feed_stdin(prog.stdin.take(), in_rx));
-    let input = tokio::spawn(read_caller(rd, in_tx, ev_tx, pid, prog.master.clone()));
+    // Set once the program is reaped: its PID may then be anyone's, no signal goes there.
+    let ended = Arc::new(AtomicBool::new(false));
+    let mut input = tokio::spawn(read_caller(
+        rd,
+        in_tx,
+        ev_tx,
+        pid,
+        prog.master.clone(),
+        ended.clone(),
+    ));
     let tty = prog.master.is_some();
     let mut out = prog.stdout.take();
     let mut err = prog.stderr.take();
@@ -330,7 +351,10 @@ where
                     break None;
                 }
             }
-            st = &mut exit => break Some(st),
+            st = &mut exit => {
+                ended.store(true, Ordering::Relaxed);
+                break Some(st);
+            }
             ev = ev_rx.recv() => match ev {
                 Some(Event::ReaderClosed(1)) if !tty => out = None,
                 Some(Event::ReaderClosed(2)) => err = None,
@@ -375,8 +399,8 @@ where
             Err(_) => break,
         }
     }
-    input.abort();
     feeder.abort();
+    drop(ev_rx);
     if caller_ok {
         let mut end = Vec::new();
         if out.is_some() {
@@ -392,7 +416,9 @@ where
             }
         }
         let _ = wr.shutdown().await;
+        let _ = tokio::time::timeout(LINGER, &mut input).await;
     }
+    input.abort();
     Some(status)
 }
 
@@ -452,6 +478,7 @@ async fn read_caller<R: AsyncRead + Unpin>(
     events: mpsc::Sender<Event>,
     pid: i32,
     master: Option<Arc<OwnedFd>>,
+    ended: Arc<AtomicBool>,
 ) {
     let mut stdin = Some(stdin);
     loop {
@@ -482,7 +509,10 @@ async fn read_caller<R: AsyncRead + Unpin>(
             Msg::IoEnd { stream } => {
                 let _ = events.send(Event::ReaderClosed(stream)).await;
             }
-            Msg::Signal { signal } => deliver(pid, master.as_deref(), signal),
+            Msg::Signal { signal } if !ended.load(Ordering::Relaxed) => {
+                deliver(pid, master.as_deref(), signal)
+            }
+            Msg::Signal { .. } => {}
             Msg::Resize { rows, cols } => {
                 if let Some(m) = &master {
                     if let Err(e) = ferry_sys::tty::set_winsize(m.as_raw_fd(), [rows, cols, 0, 0]) {

@@ -32,9 +32,10 @@ fn main() {
         Some(Arc::new(Cluster::up("remote-exec", 3)))
     };
     type Test = fn(&Cluster) -> Result<(), Failed>;
-    let tests: [(&str, Test); 17] = [
+    let tests: [(&str, Test); 18] = [
         ("exit_codes", exit_codes),
         ("death_by_signal", death_by_signal),
+        ("many_short_runs", many_short_runs),
         ("stdin_streams", stdin_streams),
         ("stdin_arrives_slowly", stdin_arrives_slowly),
         ("large_stdout_bounded_memory", large_stdout),
@@ -246,6 +247,19 @@ fn death_by_signal(c: &Cluster) -> Result<(), Failed> {
             o.status.signal() == Some(n) && !o.status.core_dumped(),
             || format!("kill -{sig}: {}", describe(&o)),
         )?;
+    }
+    Ok(())
+}
+
+/// Programs that end at once, while the caller is still sending (its stdin's end): every run
+/// must still deliver the exit status, never a lost connection.
+fn many_short_runs(c: &Cluster) -> Result<(), Failed> {
+    for i in 0..150 {
+        let on = if i % 3 == 0 { "a" } else { "b" };
+        let o = run(c, &["--on", on, "--", "true"]);
+        check(o.status.success(), || {
+            format!("run {i} on {on}: {}", describe(&o))
+        })?;
     }
     Ok(())
 }
