@@ -13,7 +13,8 @@
 //! 4. the restored child checksums its memory again: a restore that lost a
 //!    page fails the benchmark.
 
-use crate::hold;
+pub(crate) use crate::common::{ferry_binary, markdown};
+use crate::common::{memcpy_ms, random_bytes};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fmt::Write as _;
 use std::fs::{self, File};
@@ -145,84 +146,14 @@ fn measure_all(a: &Args, ferry: &Path, work: &Path) -> Result<Vec<(usize, Sample
     Ok(rows)
 }
 
-/// The given ferry, or the workspace's release build brought up to date.
-fn ferry_binary(given: Option<&Path>) -> Result<PathBuf> {
-    if let Some(p) = given {
-        if !p.is_file() {
-            bail!("--ferry {}: no such file", p.display());
-        }
-        return Ok(p.to_path_buf());
-    }
-    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let ws = ws.canonicalize().unwrap_or(ws);
-    let target = match std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from) {
-        Some(t) if t.is_absolute() => t,
-        Some(t) => ws.join(t),
-        None => ws.join("target"),
-    };
-    let bin = target.join("release/ferry");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    eprintln!("ferry-bench: cargo build --release -p ferry");
-    let built = Command::new(&cargo)
-        .args(["build", "--release", "--quiet", "-p", "ferry"])
-        .current_dir(&ws)
-        .stdin(Stdio::null())
-        .status();
-    match built {
-        Ok(st) if st.success() && bin.is_file() => Ok(bin),
-        Ok(_) | Err(_) if bin.is_file() => {
-            eprintln!(
-                "ferry-bench: the build failed; measuring the existing {}",
-                bin.display()
-            );
-            Ok(bin)
-        }
-        Ok(st) => Err(anyhow!(
-            "cargo build --release -p ferry failed ({st}) and there is no {}; \
-             give a ferry binary with --ferry",
-            bin.display()
-        )),
-        Err(e) => Err(anyhow!(
-            "cannot run {}: {e}; build ferry with cargo build --release -p ferry \
-             or give it with --ferry",
-            Path::new(&cargo).display()
-        )),
-    }
-}
-
 // ---------------------------------------------------------------------------
 // The baselines.
-
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut bytes = vec![0u8; len];
-    let mut x = seed | 1;
-    for chunk in bytes.chunks_mut(8) {
-        x = hold::xorshift(x);
-        chunk.copy_from_slice(&x.to_ne_bytes()[..chunk.len()]);
-    }
-    bytes
-}
 
 /// Best time of `memcpy` between two pre-faulted buffers, in ms; and the
 /// time to write the same bytes to a file in `dir` and fsync it.
 fn baselines(len: usize, dir: &Path) -> Result<(f64, f64)> {
     let src = random_bytes(len, 42);
-    let mut dst = vec![0xffu8; len];
-    std::hint::black_box(&mut dst);
-    let mut best = f64::INFINITY;
-    let started = Instant::now();
-    let mut reps = 0;
-    while reps < 5 || (started.elapsed() < Duration::from_millis(300) && reps < 10_000) {
-        let t = Instant::now();
-        dst.copy_from_slice(std::hint::black_box(&src));
-        std::hint::black_box(&mut dst);
-        best = best.min(t.elapsed().as_secs_f64() * 1e3);
-        reps += 1;
-    }
-    if dst != src {
-        bail!("memcpy baseline: the copy differs from its source");
-    }
-    drop(dst);
+    let best = memcpy_ms(&src)?;
     let path = dir.join("baseline-write");
     let t = Instant::now();
     let mut f = File::create(&path).with_context(|| format!("create {}", path.display()))?;
@@ -648,33 +579,5 @@ fn table(rows: &[(usize, Sample)], runs: usize, cold: bool) -> String {
         ]);
     }
     s.push_str(&markdown(&lines));
-    s
-}
-
-/// A Markdown table with aligned columns (numbers right-aligned).
-fn markdown(lines: &[Vec<String>]) -> String {
-    let cols = lines[0].len();
-    let width: Vec<usize> = (0..cols)
-        .map(|c| lines.iter().map(|l| l[c].len()).max().unwrap_or(0))
-        .collect();
-    let mut s = String::new();
-    for (i, l) in lines.iter().enumerate() {
-        s.push('|');
-        for (c, cell) in l.iter().enumerate() {
-            if i == 0 {
-                let _ = write!(s, " {cell:<w$} |", w = width[c]);
-            } else {
-                let _ = write!(s, " {cell:>w$} |", w = width[c]);
-            }
-        }
-        s.push('\n');
-        if i == 0 {
-            s.push('|');
-            for w in &width {
-                let _ = write!(s, "{}:|", "-".repeat(w + 1));
-            }
-            s.push('\n');
-        }
-    }
     s
 }

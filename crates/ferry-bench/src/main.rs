@@ -8,8 +8,10 @@
 //! limit) and with writing the same bytes to the image directory's disk.
 //! See docs/benchmarks.md.
 
+mod common;
 mod engine;
 mod hold;
+mod migrate;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -26,6 +28,9 @@ enum Command {
     /// Time checkpoint and restore of processes of several memory sizes
     /// against a plain memory copy of the same size.
     Engine(engine::Args),
+    /// Time live migration of processes of several memory sizes between two nodes of a local
+    /// cluster, against a plain memory copy of the same size.
+    Migrate(migrate::Args),
     /// (Internal) the process being checkpointed: fills MIB MiB of memory
     /// with non-zero pseudo-random data, writes `ready` in its cwd, waits
     /// for `go`, checks its memory and writes `result`.
@@ -42,6 +47,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Engine(a) => engine::run(a),
+        Command::Migrate(a) => migrate::run(a),
         Command::Hold { mib, dir } => hold::run(mib, &dir),
     };
     if let Err(e) = result {

@@ -215,6 +215,8 @@ async fn transfer(
         Err(e) => bail!("lost node {to} while it rebuilt the tree: {e}"),
     };
     report.restore_ms = ms(t3);
+    report.dest_load_ms = rebuilt.load_ms;
+    report.dest_rebuild_ms = rebuilt.restore_ms;
     let _ = node;
     Ok((frozen_at, rebuilt))
 }

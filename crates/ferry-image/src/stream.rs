@@ -256,7 +256,17 @@ impl<R: Read> ImageReader<R> {
                 "{kind_name} record of {len} bytes is too short"
             )));
         }
-        let mut payload = vec![0u8; len as usize];
+        // The 16-byte prefix of every record but the tree's (what the data is, where it goes)
+        // is read apart, so that the data lands at the start of its own buffer: no pass over
+        // it to drop the prefix afterwards.
+        let mut prefix = [0u8; 16];
+        let prefix_len = if kind == KIND_TREE { 0 } else { 16 };
+        read_full(
+            &mut self.input,
+            &mut prefix[..prefix_len],
+            &format!("record {index} ({kind_name})"),
+        )?;
+        let mut payload = vec![0u8; len as usize - prefix_len];
         read_full(
             &mut self.input,
             &mut payload,
@@ -270,6 +280,7 @@ impl<R: Read> ImageReader<R> {
         )?;
         let mut h = Xxh3::new();
         h.update(&head);
+        h.update(&prefix[..prefix_len]);
         h.update(&payload);
         if h.digest() != u64::from_le_bytes(sum) {
             return Err(ImageError::Checksum {
@@ -289,9 +300,8 @@ impl<R: Read> ImageReader<R> {
                 Record::Tree(Box::new(tree))
             }
             KIND_PAGES => {
-                let pid = u32_at(&payload, 0) as i32;
-                let addr = u64_at(&payload, 8);
-                payload.drain(..16);
+                let pid = u32_at(&prefix, 0) as i32;
+                let addr = u64_at(&prefix, 8);
                 Record::Pages {
                     pid,
                     addr,
@@ -299,12 +309,11 @@ impl<R: Read> ImageReader<R> {
                 }
             }
             KIND_OBJECT => {
-                let object = ObjectRef::decode(u32_at(&payload, 0), u32_at(&payload, 4))
-                    .ok_or_else(|| {
-                        malformed(format!("unknown object tag {}", u32_at(&payload, 0)))
+                let object =
+                    ObjectRef::decode(u32_at(&prefix, 0), u32_at(&prefix, 4)).ok_or_else(|| {
+                        malformed(format!("unknown object tag {}", u32_at(&prefix, 0)))
                     })?;
-                let offset = u64_at(&payload, 8);
-                payload.drain(..16);
+                let offset = u64_at(&prefix, 8);
                 Record::Object {
                     object,
                     offset,
@@ -312,7 +321,7 @@ impl<R: Read> ImageReader<R> {
                 }
             }
             _ => {
-                let records = u64_at(&payload, 0);
+                let records = u64_at(&prefix, 0);
                 if records != self.index {
                     return Err(malformed(format!(
                         "end marker counts {records} records, the stream had {}",
@@ -322,7 +331,7 @@ impl<R: Read> ImageReader<R> {
                 self.done = true;
                 Record::End {
                     records,
-                    data_bytes: u64_at(&payload, 8),
+                    data_bytes: u64_at(&prefix, 8),
                 }
             }
         };

@@ -234,6 +234,12 @@ pub struct MigrateReport {
     pub image_bytes: u64,
     /// Bytes written to the connection, framing included (TLS adds its own few percent).
     pub wire_bytes: u64,
+    /// The destination's restore worker: from its start until the image was loaded (it reads
+    /// the stream as it comes, so this spans the transfer), then rebuilding the tree.
+    #[serde(default)]
+    pub dest_load_ms: f64,
+    #[serde(default)]
+    pub dest_rebuild_ms: f64,
 }
 
 /// The variant's name, for logs and errors (never the payload: it may be large or private).

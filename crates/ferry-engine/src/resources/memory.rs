@@ -17,6 +17,11 @@ const ARCH_MAP_VDSO_64: u64 = 0x2003;
 const MADV_DONTFORK: u64 = 10;
 const MADV_WIPEONFORK: u64 = 18;
 const MADV_DONTDUMP: u64 = 16;
+/// Memory is read (and written to the image) in runs of at most this many bytes. Small enough
+/// that whoever consumes the image (a disk, or a migration's stream through two daemons into
+/// a restore worker) works while the next run is read, instead of waiting for one large run
+/// and then making us wait; large enough that each run costs a few system calls only.
+const READ_RUN: usize = 4 << 20;
 
 /// Describes every mapping of `pid`. Shared memory objects and deleted files are registered in
 /// `objects`, whose contents are written once however many processes map them.
@@ -142,10 +147,7 @@ pub fn write_pages<W: Write>(
                 continue;
             }
             let mut j = i;
-            while j < present.len()
-                && present[j]
-                && (j - i) * (PAGE_SIZE as usize) < ferry_image::stream::CHUNK
-            {
+            while j < present.len() && present[j] && (j - i) * (PAGE_SIZE as usize) < READ_RUN {
                 j += 1;
             }
             crate::cancel::check(&format!("copying the memory of PID {pid}"))?;

@@ -1,0 +1,570 @@
+//! `ferry-bench migrate`: live migration between two nodes against a plain memory copy.
+//!
+//! Starts a local cluster of two nodes (a, b) with the measured ferry binary, then for each
+//! size, one after the other:
+//!
+//! 1. the physical limit: `memcpy` of that many bytes between two pre-faulted buffers in this
+//!    process (best of several copies; the engine benchmark's baseline);
+//! 2. a child (`ferry-bench hold`) fills that much memory with non-zero pseudo-random data and
+//!    says ready;
+//! 3. `ferry --node a migrate PID --to b --json`, timed from outside as well;
+//! 4. the child, now on b, checksums its memory again: a migration that lost or changed a
+//!    word fails the benchmark instead of producing a number.
+//!
+//! Then the smallest process there is to move, the same child holding no memory (a "null
+//! process"), next to the times published for Sprite and OSF/1 AD. See docs/benchmarks.md.
+
+use crate::common::{ferry_binary, markdown, memcpy_ms, random_bytes};
+use anyhow::{anyhow, bail, Context, Result};
+use std::fmt::Write as _;
+use std::fs::{self, File};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+const MIB: f64 = 1048576.0;
+const GIB: f64 = 1073741824.0;
+const FERRY_TIMEOUT: Duration = Duration::from_secs(600);
+const HOLD_TIMEOUT: Duration = Duration::from_secs(300);
+/// Null-process migration times published for earlier systems, in ms.
+const LITERATURE: [(&str, f64); 2] = [
+    ("Sprite (Douglis & Ousterhout, 1991)", 76.0),
+    ("OSF/1 AD (Zajcew et al., 1993)", 1450.0),
+];
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Memory sizes to measure, in MiB, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,64,512,2048")]
+    sizes: Vec<usize>,
+    /// Migrations per size; the table shows the one with the median freeze time.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Migrations of the null process (0 MiB); the median is shown.
+    #[arg(long, default_value_t = 10)]
+    null_runs: usize,
+    /// The ferry binary to measure. Default: the workspace's target/release/ferry, brought up to
+    /// date with `cargo build --release -p ferry` first.
+    #[arg(long)]
+    ferry: Option<PathBuf>,
+    /// TCP port of the benchmark's own local cluster (on 127.0.0.11 and .12).
+    #[arg(long, default_value_t = 7392)]
+    port: u16,
+    /// Where the cluster's and the children's directories go (a fresh directory inside it,
+    /// removed afterwards).
+    #[arg(long, default_value = "/tmp")]
+    dir: PathBuf,
+    /// Also print ferry's JSON report of every migration.
+    #[arg(long)]
+    verbose: bool,
+}
+
+/// One migration (times in ms).
+#[derive(Default, Clone)]
+struct Sample {
+    copy_ms: f64,
+    wall: f64,
+    total: f64,
+    freeze: f64,
+    preflight: f64,
+    offer: f64,
+    transfer: f64,
+    restore: f64,
+    commit: f64,
+    /// The destination's restore worker: loading the image as it streams in, then rebuilding.
+    dest_load: f64,
+    dest_rebuild: f64,
+    wire_bytes: f64,
+    image_bytes: f64,
+    /// CPU time used by node a's daemon and its workers, and by b's, during the migration.
+    cpu_a: f64,
+    cpu_b: f64,
+    /// Over all runs of this size: the shortest and longest freeze.
+    freeze_min: f64,
+    freeze_max: f64,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.sizes.is_empty() || a.sizes.contains(&0) {
+        bail!("--sizes needs sizes in MiB, all above 0 (the null process is measured anyway)");
+    }
+    if a.runs == 0 || a.null_runs == 0 {
+        bail!("--runs and --null-runs must be at least 1");
+    }
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "ferry-bench: this is a debug build: filling and checking memory will be slow \
+             (the measurements of ferry are not affected); use cargo run --release -p ferry-bench"
+        );
+    }
+    let ferry = ferry_binary(a.ferry.as_deref())?;
+    let work = a
+        .dir
+        .join(format!("ferry-bench-migrate.{}", std::process::id()));
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work).with_context(|| format!("create {}", work.display()))?;
+    let result = (|| {
+        let cluster = Cluster::up(&ferry, a.port, &work.join("cluster"))?;
+        let rows = measure_all(&a, &cluster, &work)?;
+        let null = (0..a.null_runs)
+            .map(|r| {
+                eprintln!("ferry-bench: null process, run {}/{}", r + 1, a.null_runs);
+                measure(&a, &cluster, &work.join(format!("null-{r}")), 0)
+                    .with_context(|| format!("null process, run {}", r + 1))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok::<_, anyhow::Error>((rows, null))
+    })();
+    let (rows, null) = match result {
+        Ok(x) => x,
+        Err(e) => {
+            // Keep the evidence (the daemons' logs, the children's directories).
+            let kept = a
+                .dir
+                .join(format!("ferry-bench-migrate-failed.{}", std::process::id()));
+            if fs::rename(&work, &kept).is_ok() {
+                return Err(e.context(format!("files kept in {}", kept.display())));
+            }
+            return Err(e);
+        }
+    };
+    let _ = fs::remove_dir_all(&work);
+    print!("{}", machine(&ferry));
+    print!("{}", table(&rows, &null, a.runs));
+    Ok(())
+}
+
+fn measure_all(a: &Args, cluster: &Cluster, work: &Path) -> Result<Vec<(usize, Sample)>> {
+    let mut rows = Vec::new();
+    for &mib in &a.sizes {
+        let mut samples = Vec::new();
+        for r in 0..a.runs {
+            eprintln!("ferry-bench: {mib} MiB, run {}/{}", r + 1, a.runs);
+            let dir = work.join(format!("{mib}-{r}"));
+            let s = measure(a, cluster, &dir, mib)
+                .with_context(|| format!("{mib} MiB, run {}", r + 1))?;
+            samples.push(s);
+        }
+        rows.push((mib, median(samples)));
+    }
+    Ok(rows)
+}
+
+/// The run with the median freeze time, whole (its parts add up), with the range of all.
+fn median(mut samples: Vec<Sample>) -> Sample {
+    samples.sort_by(|a, b| a.freeze.total_cmp(&b.freeze));
+    let (min, max) = (samples[0].freeze, samples[samples.len() - 1].freeze);
+    let mut m = samples.swap_remove(samples.len() / 2);
+    m.freeze_min = min;
+    m.freeze_max = max;
+    m
+}
+
+// ---------------------------------------------------------------------------
+// The cluster.
+
+/// A local cluster of two nodes, a and b, stopped however the benchmark ends.
+struct Cluster {
+    ferry: PathBuf,
+    dir: PathBuf,
+}
+
+impl Cluster {
+    fn up(ferry: &Path, port: u16, dir: &Path) -> Result<Cluster> {
+        let c = Cluster {
+            ferry: ferry.to_path_buf(),
+            dir: dir.to_path_buf(),
+        };
+        let o = Command::new(ferry)
+            .args(["cluster", "up", "--nodes", "2", "--port", &port.to_string()])
+            .arg("--dir")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .output()
+            .context("run ferry cluster up")?;
+        if !o.status.success() {
+            bail!(
+                "ferry cluster up --port {port} failed (another cluster on that port? try \
+                 --port): {}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Ok(c)
+    }
+
+    /// CPU time (ms) node `node`'s daemon has used so far, with its children that it reaped
+    /// (its engine workers).
+    fn cpu_ms(&self, node: &str) -> Result<f64> {
+        let pid = fs::read_to_string(self.dir.join(node).join("daemon.pid"))
+            .with_context(|| format!("node {node}'s daemon.pid"))?;
+        let stat = fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+            .with_context(|| format!("node {node}'s daemon (PID {})", pid.trim()))?;
+        // utime, stime, cutime, cstime: fields 14 to 17, the 12th to 15th after the ")".
+        let ticks: f64 = stat[stat.rfind(')').unwrap_or(0) + 1..]
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .filter_map(|t| t.parse::<f64>().ok())
+            .sum();
+        // SAFETY: sysconf has no memory effects.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Ok(ticks * 1e3 / hz)
+    }
+
+    /// `ferry --node a migrate PID --to b --json`, with a time limit: the report.
+    fn migrate(&self, pid: i32, dir: &Path) -> Result<serde_json::Value> {
+        let out = dir.join("migrate.stdout");
+        let err = dir.join("migrate.stderr");
+        let args = ["migrate", &pid.to_string(), "--to", "b", "--json"];
+        let mut child = Command::new(&self.ferry)
+            .env("FERRY_CLUSTER_DIR", &self.dir)
+            .env("FERRY_NODE", "a")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(File::create(&out)?)
+            .stderr(File::create(&err)?)
+            .spawn()
+            .with_context(|| format!("cannot run {}", self.ferry.display()))?;
+        let start = Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait()? {
+                break st;
+            }
+            if start.elapsed() > FERRY_TIMEOUT {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "ferry {} did not finish within {FERRY_TIMEOUT:?}",
+                    args.join(" ")
+                );
+            }
+            sleep(Duration::from_micros(500));
+        };
+        let stdout = fs::read_to_string(&out).unwrap_or_default();
+        if !status.success() {
+            bail!(
+                "ferry {} failed ({status}): {}",
+                args.join(" "),
+                fs::read_to_string(&err).unwrap_or_default().trim()
+            );
+        }
+        serde_json::from_str(&stdout)
+            .with_context(|| format!("ferry migrate: stdout is not a JSON report: {stdout:?}"))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.ferry)
+            .args(["cluster", "down", "--dir"])
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .output();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One migration.
+
+/// The `hold` child, here (our child) or moved (its PID on b): killed whatever happens.
+struct Holder {
+    pid: i32,
+    child: Option<Child>,
+}
+
+impl Holder {
+    /// Whether `pid` is a live `ferry-bench` process (the child, moved or not).
+    fn alive(&self) -> bool {
+        fs::read_to_string(format!("/proc/{}/stat", self.pid)).is_ok_and(|s| {
+            s.contains("(ferry-bench)")
+                && s.rfind(')')
+                    .and_then(|i| s[i + 1..].split_whitespace().next())
+                    .is_some_and(|st| st != "Z" && st != "X")
+        })
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        } else if self.alive() {
+            // SAFETY: kill() on the PID of our own benchmark child, moved to node b.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+    }
+}
+
+fn wait_file(path: &Path, holder: &mut Holder) -> Result<String> {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = fs::read_to_string(path) {
+            return Ok(text);
+        }
+        if let Some(c) = holder.child.as_mut() {
+            if let Some(st) = c.try_wait()? {
+                holder.child = None;
+                bail!(
+                    "the benchmark child exited ({st}) before writing {}",
+                    path.display()
+                );
+            }
+        } else if !holder.alive() {
+            bail!(
+                "the moved benchmark child died before writing {}",
+                path.display()
+            );
+        }
+        if start.elapsed() > HOLD_TIMEOUT {
+            bail!("no {} within {HOLD_TIMEOUT:?}", path.display());
+        }
+        sleep(Duration::from_millis(2));
+    }
+}
+
+fn num(v: &serde_json::Value, key: &str) -> Result<f64> {
+    v.get(key)
+        .and_then(|x| x.as_f64())
+        .ok_or_else(|| anyhow!("ferry's JSON report has no number {key:?}: {v}"))
+}
+
+fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample> {
+    fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let copy_ms = if mib > 0 {
+        memcpy_ms(&random_bytes(mib << 20, 42))?
+    } else {
+        0.0
+    };
+
+    let log = File::create(dir.join("hold.log"))?;
+    let mut cmd = Command::new(std::env::current_exe().context("find ferry-bench itself")?);
+    cmd.args(["hold", "--mib", &mib.to_string(), "--dir"])
+        .arg(dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: the closure runs in the forked child before exec and only calls setsid(),
+    // which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("start the benchmark child")?;
+    let pid = child.id() as i32;
+    let mut holder = Holder {
+        pid,
+        child: Some(child),
+    };
+    let ready = wait_file(&dir.join("ready"), &mut holder)?;
+    let sum = ready
+        .split_whitespace()
+        .nth(1)
+        .ok_or_else(|| anyhow!("ready file {ready:?} has no checksum"))?
+        .to_owned();
+    sleep(Duration::from_millis(100));
+
+    let cpu0 = (cluster.cpu_ms("a")?, cluster.cpu_ms("b")?);
+    let t0 = Instant::now();
+    let report = cluster.migrate(pid, dir)?;
+    let wall = t0.elapsed().as_secs_f64() * 1e3;
+    // The workers have exited; give the daemons a moment to reap them (and count their time).
+    sleep(Duration::from_millis(400));
+    let cpu1 = (cluster.cpu_ms("a")?, cluster.cpu_ms("b")?);
+    if a.verbose {
+        eprintln!("migrate: {report}");
+    }
+    // The commit killed the original, our child: reap it. From now on the child is b's.
+    if let Some(mut c) = holder.child.take() {
+        c.wait().context("reap the original")?;
+    }
+    holder.pid = num(&report, "dest_pid")? as i32;
+
+    File::create(dir.join("go"))?;
+    let result = wait_file(&dir.join("result"), &mut holder)?;
+    if result.trim() != sum {
+        bail!(
+            "the moved child's memory differs: checksum {} on b, {sum} before",
+            result.trim()
+        );
+    }
+    let start = Instant::now();
+    while holder.alive() {
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!("the moved child did not exit after writing its result");
+        }
+        sleep(Duration::from_millis(2));
+    }
+    let _ = fs::remove_dir_all(dir);
+    Ok(Sample {
+        copy_ms,
+        wall,
+        total: num(&report, "total_ms")?,
+        freeze: num(&report, "freeze_ms")?,
+        preflight: num(&report, "preflight_ms")?,
+        offer: num(&report, "offer_ms")?,
+        transfer: num(&report, "transfer_ms")?,
+        restore: num(&report, "restore_ms")?,
+        commit: num(&report, "commit_ms")?,
+        // (Not reported by ferry before these were added.)
+        dest_load: num(&report, "dest_load_ms").unwrap_or(0.0),
+        dest_rebuild: num(&report, "dest_rebuild_ms").unwrap_or(0.0),
+        wire_bytes: num(&report, "wire_bytes")?,
+        image_bytes: num(&report, "image_bytes")?,
+        cpu_a: cpu1.0 - cpu0.0,
+        cpu_b: cpu1.1 - cpu0.1,
+        ..Default::default()
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The report.
+
+fn machine(ferry: &Path) -> String {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let model = fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")?
+                .split_once(':')
+                .map(|x| x.1.trim().to_owned())
+        })
+        .unwrap_or_default();
+    format!(
+        "machine: {cpus} CPUs ({model}), kernel {}; ferry: {}; nodes a and b on this machine \
+         (loopback, mutual TLS)\n",
+        kernel.trim(),
+        ferry.display()
+    )
+}
+
+fn table(rows: &[(usize, Sample)], null: &[Sample], runs: usize) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nmigration a -> b (of {runs} run{} per size, the one with the median freeze time; \
+         times in ms; rate = size / frozen time; %memcpy = memcpy time / frozen time)\n",
+        if runs == 1 { "" } else { "s" }
+    );
+    let head = [
+        "size MiB",
+        "memcpy GiB/s",
+        "migrate",
+        "frozen",
+        "frozen, all runs",
+        "frozen ms/MiB",
+        "wire MiB",
+        "rate MiB/s",
+        "%memcpy",
+        "%memcpy (whole migrate)",
+    ];
+    let mut lines = vec![head.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    for (mib, x) in rows {
+        let m = *mib as f64;
+        lines.push(vec![
+            mib.to_string(),
+            format!("{:.1}", m / 1024.0 / (x.copy_ms / 1e3)),
+            format!("{:.0}", x.wall),
+            format!("{:.0}", x.freeze),
+            format!("{:.0}-{:.0}", x.freeze_min, x.freeze_max),
+            format!("{:.2}", x.freeze / m),
+            format!("{:.1}", x.wire_bytes / MIB),
+            format!("{:.0}", m / (x.freeze / 1e3)),
+            format!("{:.1}%", 100.0 * x.copy_ms / x.freeze),
+            format!("{:.1}%", 100.0 * x.copy_ms / x.wall),
+        ]);
+    }
+    s.push_str(&markdown(&lines));
+    let _ = writeln!(
+        s,
+        "\nwhere the time goes (ms, from the source daemon's report; 'start' = wall time minus \
+         the daemon's total: the CLI and its connection to the daemon; CPU = CPU time of each \
+         node's daemon and engine workers, 10 ms resolution; CPU / frozen: how many of the \
+         machine's cores the migration kept busy while the process stood still)\n"
+    );
+    let head = [
+        "size MiB",
+        "start",
+        "preflight",
+        "offer",
+        "freeze+capture+stream",
+        "rebuild after the end",
+        "dest: load",
+        "dest: rebuild",
+        "commit",
+        "transfer GiB/s",
+        "CPU a",
+        "CPU b",
+        "CPU / frozen",
+    ];
+    let mut lines = vec![head.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    let mut null_sorted = null.to_vec();
+    null_sorted.sort_by(|a, b| a.wall.total_cmp(&b.wall));
+    let null_median = null_sorted[null_sorted.len() / 2].clone();
+    let mut all: Vec<(String, &Sample)> = vec![("0 (null)".into(), &null_median)];
+    all.extend(rows.iter().map(|(m, x)| (m.to_string(), x)));
+    for (label, x) in all {
+        lines.push(vec![
+            label,
+            format!("{:.0}", x.wall - x.total),
+            format!("{:.0}", x.preflight),
+            format!("{:.0}", x.offer),
+            format!("{:.0}", x.transfer),
+            format!("{:.0}", x.restore),
+            format!("{:.0}", x.dest_load),
+            format!("{:.0}", x.dest_rebuild),
+            format!("{:.0}", x.commit),
+            if x.transfer > 0.0 && x.image_bytes > MIB {
+                format!("{:.2}", x.image_bytes / GIB / (x.transfer / 1e3))
+            } else {
+                "-".into()
+            },
+            format!("{:.0}", x.cpu_a),
+            format!("{:.0}", x.cpu_b),
+            format!("{:.2}", (x.cpu_a + x.cpu_b) / x.freeze),
+        ]);
+    }
+    s.push_str(&markdown(&lines));
+    let _ = writeln!(
+        s,
+        "\nnull process (the benchmark child holding no memory; median of {} migrations) against \
+         published null-process migration times\n",
+        null.len()
+    );
+    let mut lines = vec![vec!["what".to_string(), "ms".to_string()]];
+    lines.push(vec![
+        "ferry migrate, wall time of the command".into(),
+        format!("{:.1}", null_median.wall),
+    ]);
+    let mut frozen: Vec<f64> = null.iter().map(|x| x.freeze).collect();
+    frozen.sort_by(f64::total_cmp);
+    lines.push(vec![
+        "ferry migrate, time the process stood still".into(),
+        format!("{:.1}", frozen[frozen.len() / 2]),
+    ]);
+    lines.push(vec![
+        "ferry migrate, image / wire KiB".into(),
+        format!(
+            "{:.0} / {:.0}",
+            null_median.image_bytes / 1024.0,
+            null_median.wire_bytes / 1024.0
+        ),
+    ]);
+    for (who, ms) in LITERATURE {
+        lines.push(vec![who.into(), format!("{ms:.0}")]);
+    }
+    s.push_str(&markdown(&lines));
+    s
+}
