@@ -23,6 +23,18 @@ impl Guests {
         Some(l.remove(i))
     }
 
+    /// Forgets the guests whose process is gone, and returns them. A migrated tree's root is
+    /// the child of its guest namespace's init, not ours: its end is never reaped here, only
+    /// seen in /proc.
+    pub fn prune(&self) -> Vec<ProcInfo> {
+        let mut l = self.list.lock().expect("guests lock");
+        let (gone, alive) = std::mem::take(&mut *l)
+            .into_iter()
+            .partition(|g| !std::path::Path::new(&format!("/proc/{}", g.pid)).exists());
+        *l = alive;
+        gone
+    }
+
     /// The guest known by `pid`: its PID here first, else its home PID.
     pub fn find(&self, pid: i32) -> Option<ProcInfo> {
         let l = self.list.lock().expect("guests lock");

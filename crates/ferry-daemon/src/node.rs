@@ -222,6 +222,10 @@ fn reap_now(node: &Node) {
             tracing::debug!(event = "reaped", pid, status = %describe_status(status));
         }
     }
+    for g in node.guests.prune() {
+        tracing::info!(event = "guest-ended", pid = g.pid, home_pid = g.home_pid,
+            home = %g.home_node, status = "gone");
+    }
 }
 
 pub fn describe_status(status: i32) -> String {

@@ -206,6 +206,16 @@ fn migrate_around() -> Result<(), Failed> {
         t.assert_alive(&format!("after {from} -> {to}"));
     }
     kill_host_pid(host_pid as i64);
+    // A guest that ends leaves `ferry ps` (its root is its namespace init's child, not the
+    // daemon's: the daemon sees it gone from /proc).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Some(g) = guest(&c, "a", home) {
+        assert!(
+            Instant::now() < deadline,
+            "ferry ps still lists the killed guest: {g}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     Ok(())
 }
 
