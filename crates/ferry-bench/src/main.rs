@@ -12,6 +12,7 @@ mod common;
 mod engine;
 mod hold;
 mod migrate;
+mod remote_exec;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -31,6 +32,9 @@ enum Command {
     /// Time live migration of processes of several memory sizes between two nodes of a local
     /// cluster, against a plain memory copy of the same size.
     Migrate(migrate::Args),
+    /// Time `ferry run` against a local fork/exec/wait of the same command, on a local
+    /// cluster of two nodes started for the purpose.
+    RemoteExec(remote_exec::Args),
     /// (Internal) the process being checkpointed: fills MIB MiB of memory
     /// with non-zero pseudo-random data, writes `ready` in its cwd, waits
     /// for `go`, checks its memory and writes `result`.
@@ -48,6 +52,7 @@ fn main() {
     let result = match cli.command {
         Command::Engine(a) => engine::run(a),
         Command::Migrate(a) => migrate::run(a),
+        Command::RemoteExec(a) => remote_exec::run(a),
         Command::Hold { mib, dir } => hold::run(mib, &dir),
     };
     if let Err(e) = result {

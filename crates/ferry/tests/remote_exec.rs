@@ -25,6 +25,14 @@ fn main() {
         forge(Path::new(&sock));
         return;
     }
+    // `ferry run` passes on the signals its caller ignores, as a local exec would. A test run
+    // started in the background or under nohup inherits SIGINT, SIGQUIT and SIGHUP ignored;
+    // the programs under test must start with them at their defaults.
+    for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGHUP, libc::SIGTERM] {
+        // SAFETY: resetting a disposition to SIG_DFL installs no handler; done before any
+        // thread or child exists.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
     let args = Arguments::from_args();
     let cluster = if args.list {
         None
