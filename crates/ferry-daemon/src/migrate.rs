@@ -96,7 +96,7 @@ pub async fn send(
     }
 
     // From here until the commit point, any failure must thaw the original.
-    let outcome = transfer(&node, cli, &mut worker, &mut conn, &mut report).await;
+    let outcome = transfer(cli, &mut worker, &mut conn, &mut report).await;
     let (frozen_at, rebuilt) = match outcome {
         Ok(x) => x,
         Err(e) => {
@@ -154,7 +154,6 @@ pub async fn send(
 
 /// Freeze, stream, and wait for the destination's `Rebuilt`. Returns when the tree froze.
 async fn transfer(
-    node: &Node,
     cli: &mut UnixStream,
     worker: &mut Worker,
     conn: &mut Conn,
@@ -217,7 +216,6 @@ async fn transfer(
     report.restore_ms = ms(t3);
     report.dest_load_ms = rebuilt.load_ms;
     report.dest_rebuild_ms = rebuilt.restore_ms;
-    let _ = node;
     Ok((frozen_at, rebuilt))
 }
 
