@@ -2,7 +2,7 @@
 //! tables.
 
 use crate::hold;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -112,4 +112,54 @@ pub fn markdown(lines: &[Vec<String>]) -> String {
         }
     }
     s
+}
+
+/// How long any one ferry command may take in a benchmark.
+pub const FERRY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Runs `cmd` (a ferry command whose arguments are `args`) with a time limit, its output in
+/// `dir/label.stdout` and `.stderr`; on success, its JSON report.
+pub fn ferry_json(
+    mut cmd: std::process::Command,
+    args: &[&str],
+    dir: &Path,
+    label: &str,
+) -> Result<serde_json::Value> {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let out = dir.join(format!("{label}.stdout"));
+    let err = dir.join(format!("{label}.stderr"));
+    let mut child = cmd
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out)?)
+        .stderr(std::fs::File::create(&err)?)
+        .spawn()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if start.elapsed() > FERRY_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "ferry {} did not finish within {FERRY_TIMEOUT:?}",
+                args.join(" ")
+            );
+        }
+        // Fine enough for the wall times the benchmarks take from outside.
+        std::thread::sleep(Duration::from_micros(500));
+    };
+    let stdout = std::fs::read_to_string(&out).unwrap_or_default();
+    if !status.success() {
+        bail!(
+            "ferry {} failed ({status}): {}",
+            args.join(" "),
+            std::fs::read_to_string(&err).unwrap_or_default().trim()
+        );
+    }
+    serde_json::from_str(&stdout)
+        .with_context(|| format!("ferry {}: stdout is not a JSON report: {stdout:?}", args[0]))
 }

@@ -14,7 +14,7 @@
 //!    page fails the benchmark.
 
 pub(crate) use crate::common::{ferry_binary, markdown};
-use crate::common::{memcpy_ms, random_bytes};
+use crate::common::{ferry_json, memcpy_ms, random_bytes};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fmt::Write as _;
 use std::fs::{self, File};
@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 
 const MIB: f64 = 1048576.0;
 const GIB: f64 = 1073741824.0;
-const FERRY_TIMEOUT: Duration = Duration::from_secs(600);
 const HOLD_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(clap::Args)]
@@ -248,44 +247,6 @@ fn wait_file(path: &Path, timeout: Duration, holder: &mut Holder) -> Result<Stri
     }
 }
 
-/// Run ferry with a time limit; its JSON report on success.
-fn ferry_json(ferry: &Path, args: &[&str], dir: &Path, label: &str) -> Result<serde_json::Value> {
-    let out = dir.join(format!("{label}.stdout"));
-    let err = dir.join(format!("{label}.stderr"));
-    let mut child = Command::new(ferry)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(File::create(&out)?)
-        .stderr(File::create(&err)?)
-        .spawn()
-        .with_context(|| format!("cannot run {}", ferry.display()))?;
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait()? {
-            break st;
-        }
-        if start.elapsed() > FERRY_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!(
-                "ferry {} did not finish within {FERRY_TIMEOUT:?}",
-                args.join(" ")
-            );
-        }
-        sleep(Duration::from_millis(1));
-    };
-    let stdout = fs::read_to_string(&out).unwrap_or_default();
-    if !status.success() {
-        bail!(
-            "ferry {} failed ({status}): {}",
-            args.join(" "),
-            fs::read_to_string(&err).unwrap_or_default().trim()
-        );
-    }
-    serde_json::from_str(&stdout)
-        .with_context(|| format!("ferry {}: stdout is not a JSON report: {stdout:?}", args[0]))
-}
-
 fn num(v: &serde_json::Value, key: &str) -> Result<f64> {
     v.get(key)
         .and_then(|x| x.as_f64())
@@ -333,7 +294,7 @@ fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
     let pid_s = pid.to_string();
     let t0 = Instant::now();
     let ck = ferry_json(
-        ferry,
+        Command::new(ferry),
         &["checkpoint", &pid_s, "--dir", &img_s, "--json"],
         dir,
         "checkpoint",
@@ -352,7 +313,7 @@ fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
     }
     let t1 = Instant::now();
     let rs = ferry_json(
-        ferry,
+        Command::new(ferry),
         &["restore", "--dir", &img_s, "--json"],
         dir,
         "restore",

@@ -14,7 +14,7 @@
 //! Then the smallest process there is to move, the same child holding no memory (a "null
 //! process"), next to the times published for Sprite and OSF/1 AD. See docs/benchmarks.md.
 
-use crate::common::{ferry_binary, markdown, memcpy_ms, random_bytes};
+use crate::common::{ferry_binary, ferry_json, markdown, memcpy_ms, random_bytes};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fmt::Write as _;
 use std::fs::{self, File};
@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 
 const MIB: f64 = 1048576.0;
 const GIB: f64 = 1073741824.0;
-const FERRY_TIMEOUT: Duration = Duration::from_secs(600);
 const HOLD_TIMEOUT: Duration = Duration::from_secs(300);
 /// Null-process migration times published for earlier systems, in ms.
 const LITERATURE: [(&str, f64); 2] = [
@@ -216,43 +215,16 @@ impl Cluster {
 
     /// `ferry --node a migrate PID --to b --json`, with a time limit: the report.
     fn migrate(&self, pid: i32, dir: &Path) -> Result<serde_json::Value> {
-        let out = dir.join("migrate.stdout");
-        let err = dir.join("migrate.stderr");
-        let args = ["migrate", &pid.to_string(), "--to", "b", "--json"];
-        let mut child = Command::new(&self.ferry)
-            .env("FERRY_CLUSTER_DIR", &self.dir)
-            .env("FERRY_NODE", "a")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(File::create(&out)?)
-            .stderr(File::create(&err)?)
-            .spawn()
-            .with_context(|| format!("cannot run {}", self.ferry.display()))?;
-        let start = Instant::now();
-        let status = loop {
-            if let Some(st) = child.try_wait()? {
-                break st;
-            }
-            if start.elapsed() > FERRY_TIMEOUT {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "ferry {} did not finish within {FERRY_TIMEOUT:?}",
-                    args.join(" ")
-                );
-            }
-            sleep(Duration::from_micros(500));
-        };
-        let stdout = fs::read_to_string(&out).unwrap_or_default();
-        if !status.success() {
-            bail!(
-                "ferry {} failed ({status}): {}",
-                args.join(" "),
-                fs::read_to_string(&err).unwrap_or_default().trim()
-            );
-        }
-        serde_json::from_str(&stdout)
-            .with_context(|| format!("ferry migrate: stdout is not a JSON report: {stdout:?}"))
+        let mut cmd = Command::new(&self.ferry);
+        cmd.env("FERRY_CLUSTER_DIR", &self.dir)
+            .env("FERRY_NODE", "a");
+        let pid = pid.to_string();
+        ferry_json(
+            cmd,
+            &["migrate", &pid, "--to", "b", "--json"],
+            dir,
+            "migrate",
+        )
     }
 }
 
