@@ -212,6 +212,13 @@ fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
     rx
 }
 
+/// Starts `cmd` with its stdout piped, and a reader of its lines.
+fn spawn_reading(cmd: &mut Command) -> (Running, mpsc::Receiver<String>) {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().map(Running).unwrap();
+    let lines = lines_of(&mut child);
+    (child, lines)
+}
+
 fn next_line(rx: &mpsc::Receiver<String>, what: &str) -> Result<String, Failed> {
     rx.recv_timeout(Duration::from_secs(10))
         .map_err(|_| format!("no line while waiting for {what}").into())
@@ -299,24 +306,21 @@ fn stdin_streams(c: &Cluster) -> Result<(), Failed> {
 
 fn stdin_arrives_slowly(c: &Cluster) -> Result<(), Failed> {
     // Each line must come back before the next is written: stdin is streamed, not gathered.
-    let mut child = run_cmd(
-        c,
-        "a",
-        &[
-            "--on",
-            "b",
-            "--",
-            "sh",
-            "-c",
-            "while read x; do echo \"got $x\"; done; echo done",
-        ],
-    )
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .spawn()
-    .map(Running)
-    .unwrap();
-    let lines = lines_of(&mut child);
+    let (mut child, lines) = spawn_reading(
+        run_cmd(
+            c,
+            "a",
+            &[
+                "--on",
+                "b",
+                "--",
+                "sh",
+                "-c",
+                "while read x; do echo \"got $x\"; done; echo done",
+            ],
+        )
+        .stdin(Stdio::piped()),
+    );
     let mut stdin = child.stdin.take().unwrap();
     for word in ["one", "two", "three"] {
         stdin.write_all(format!("{word}\n").as_bytes()).unwrap();
@@ -633,7 +637,7 @@ fn forge(sock: &Path) {
 
 fn signals(c: &Cluster) -> Result<(), Failed> {
     // SIGINT: the program's trap runs and decides the status.
-    let mut child = run_cmd(
+    let (mut child, lines) = spawn_reading(&mut run_cmd(
         c,
         "a",
         &[
@@ -644,12 +648,7 @@ fn signals(c: &Cluster) -> Result<(), Failed> {
             "-c",
             "trap 'echo got INT; exit 7' INT; echo ready; while :; do sleep 0.1; done",
         ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .map(Running)
-    .unwrap();
-    let lines = lines_of(&mut child);
+    ));
     next_line(&lines, "ready")?;
     kill(child.id(), "INT");
     let l = next_line(&lines, "got INT")?;
@@ -659,23 +658,18 @@ fn signals(c: &Cluster) -> Result<(), Failed> {
     })?;
 
     // SIGTERM kills the program, and so ferry run, by SIGTERM.
-    let mut child = run_cmd(
+    let (mut child, lines) = spawn_reading(&mut run_cmd(
         c,
         "a",
         &["--on", "b", "--", "sh", "-c", "echo ready; exec sleep 100"],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .map(Running)
-    .unwrap();
-    let lines = lines_of(&mut child);
+    ));
     next_line(&lines, "ready")?;
     kill(child.id(), "TERM");
     let st = child.wait().unwrap();
     check(st.signal() == Some(15), || format!("{st:?}"))?;
 
     // SIGTSTP stops the program and ferry run; SIGCONT to ferry run resumes both.
-    let mut child = run_cmd(
+    let (mut child, lines) = spawn_reading(&mut run_cmd(
         c,
         "a",
         &[
@@ -686,12 +680,7 @@ fn signals(c: &Cluster) -> Result<(), Failed> {
             "-c",
             "echo ready; while :; do sleep 0.05; done",
         ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .map(Running)
-    .unwrap();
-    let lines = lines_of(&mut child);
+    ));
     next_line(&lines, "ready")?;
     let remote = guest(c, "a", child.id()).ok_or("not in ferry ps")?["pid"]
         .as_i64()
@@ -960,12 +949,11 @@ fn caller_vanishes(c: &Cluster) -> Result<(), Failed> {
             6.0,
         ),
     ] {
-        let mut child = run_cmd(c, "a", &["--on", "b", "--", "sh", "-c", script])
-            .stdout(Stdio::piped())
-            .spawn()
-            .map(Running)
-            .unwrap();
-        let lines = lines_of(&mut child);
+        let (mut child, lines) = spawn_reading(&mut run_cmd(
+            c,
+            "a",
+            &["--on", "b", "--", "sh", "-c", script],
+        ));
         let pid: i64 = next_line(&lines, "the remote PID")?.trim().parse().unwrap();
         let sid_members = || {
             common::all_procs()
