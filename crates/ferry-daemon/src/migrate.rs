@@ -290,6 +290,19 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
             return Err(e.context(format!("receive PID {} from {from}", offer.home_pid)));
         }
     };
+    if node.fault_at("abort-after-rebuilt") {
+        let reason = "fault injected: abort-after-rebuilt".to_string();
+        let _ = write_msg(
+            &mut worker.tx,
+            &Msg::Abort {
+                reason: reason.clone(),
+            },
+        )
+        .await;
+        let _ = worker_msg(&mut worker).await;
+        write_msg(&mut conn.stream, &Msg::Abort { reason }).await?;
+        return Ok(());
+    }
     write_msg(&mut conn.stream, &Msg::Rebuilt(rebuilt.clone())).await?;
     node.fault("exit-after-rebuilt");
 

@@ -73,10 +73,21 @@ impl Node {
     /// Points: `exit-after-commit` (source, after sending Commit), `exit-after-rebuilt`
     /// (destination, after sending Rebuilt).
     pub fn fault(&self, point: &str) {
-        if self.fault.as_deref() == Some(point) {
-            tracing::error!(event = "fault-injected", point);
+        if self.fault_at(point) {
             std::process::exit(137);
         }
+    }
+
+    /// Whether FERRY_FAULT names `point` for this node (logged when it does): for points where
+    /// the daemon does something other than die. `abort-after-rebuilt` (destination): the
+    /// tree is rebuilt, then thrown away, and the migration aborted, as if the destination had
+    /// run out of something at the last moment.
+    pub fn fault_at(&self, point: &str) -> bool {
+        let hit = self.fault.as_deref() == Some(point);
+        if hit {
+            tracing::error!(event = "fault-injected", point);
+        }
+        hit
     }
 
     pub fn own_load(&self) -> ferry_policy::NodeLoad {

@@ -1,6 +1,7 @@
-//! Guest namespaces: a PID namespace, a time namespace and a mount namespace (with a /proc of
-//! its own) in which a tree is rebuilt under the PIDs it had, whatever PIDs are taken here, with
-//! clocks that continue from where the tree saw them.
+//! Guest namespaces: a PID namespace, a time namespace, a mount namespace (with a /proc and a
+//! devpts instance of its own) and an IPC namespace in which a tree is rebuilt under the PIDs,
+//! pty numbers and System V IDs it had, whatever this machine uses, with clocks that continue
+//! from where the tree saw them.
 //!
 //! PID 1 of the namespaces is an exec'd init (`ferry __guest-init`): it reaps orphans, and it
 //! exits once [`GuestNamespaces`] has been dropped and no other process is left in its PID
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 /// The hidden subcommand of the `ferry` binary that runs as the guest init.
 pub const GUEST_INIT_COMMAND: &str = "__guest-init";
 
-/// Fresh PID, time and mount namespaces, held by their init.
+/// Fresh PID, time, mount and IPC namespaces, held by their init.
 pub struct GuestNamespaces {
     init: i32,
     pidfd: OwnedFd,
@@ -51,7 +52,7 @@ fn last_ns_pid(status: &[(String, String)]) -> Option<i32> {
 }
 
 impl GuestNamespaces {
-    /// Makes new PID, time and mount namespaces whose PID 1 is `init_exe __guest-init`.
+    /// Makes new PID, time, mount and IPC namespaces whose PID 1 is `init_exe __guest-init`.
     ///
     /// `clocks_seen`: CLOCK_MONOTONIC and CLOCK_BOOTTIME as the tree to be rebuilt last saw
     /// them (`Tree::clocks`). Each clock of the time namespace is offset by
@@ -123,8 +124,8 @@ impl GuestNamespaces {
         self.init
     }
 
-    /// A pidfd of the init: `setns(pidfd, CLONE_NEWPID | CLONE_NEWTIME | CLONE_NEWNS)` joins the
-    /// guest namespaces (the PID and time namespaces for the caller's next children).
+    /// A pidfd of the init: `setns(pidfd, ferry_sys::ns::GUEST_NAMESPACES)` joins the guest
+    /// namespaces (the PID and time namespaces for the caller's next children).
     pub fn pidfd(&self) -> BorrowedFd<'_> {
         self.pidfd.as_fd()
     }
@@ -142,6 +143,12 @@ impl GuestNamespaces {
     /// The guest's /proc, as seen from here (through the init's root).
     pub fn proc_root(&self) -> PathBuf {
         PathBuf::from(format!("/proc/{}/root/proc", self.init))
+    }
+
+    /// The guest's /dev, as seen from here: its own devpts instance is mounted on `pts`, and
+    /// its `ptmx` makes ptys there.
+    pub fn dev_dir(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root/dev", self.init))
     }
 
     /// Whether host process `host` lives in the guest PID namespace; its PID there if so.

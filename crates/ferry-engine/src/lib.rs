@@ -7,8 +7,9 @@
 //!   image.
 //! - [`pidview`] turns the PIDs the engine works with into those the tree sees (its own PID
 //!   namespace), for the image.
-//! - [`guest_ns`] makes the PID, time and mount namespaces a tree can be rebuilt in, under its
-//!   own PIDs whatever this machine's are.
+//! - [`guest_ns`] makes the PID, time, mount and IPC namespaces a tree can be rebuilt in,
+//!   under its own PIDs (pty numbers, System V IDs) whatever this machine's are.
+//! - [`names`] moves the files of a tree's bound UNIX sockets aside while it migrates.
 //! - [`restore`] reads an image completely, checks it, and rebuilds the tree through
 //!   [`husk`]s: processes created under their old PIDs and refilled from outside.
 
@@ -20,6 +21,7 @@ pub mod error;
 pub mod freeze;
 pub mod guest_ns;
 pub mod husk;
+pub mod names;
 pub mod objects;
 pub mod pidview;
 pub mod preflight;

@@ -45,8 +45,12 @@ impl CaptureObjects {
     /// A System V segment. The kernel numbers a segment's file with its shmid, so the mapping's
     /// inode finds its row in /proc/sysvipc/shm.
     fn add_sysv(&mut self, pid: i32, file: File, m: &MapEntry) -> Result<u32> {
-        let table = std::fs::read_to_string("/proc/sysvipc/shm")
-            .ctx(pid, || "read /proc/sysvipc/shm".into())?;
+        let table = {
+            let _visit = ferry_sys::ns::IpcNamespaceVisit::enter(pid)
+                .ctx(pid, || "enter its IPC namespace".into())?;
+            std::fs::read_to_string("/proc/sysvipc/shm")
+                .ctx(pid, || "read /proc/sysvipc/shm".into())?
+        };
         // key shmid perms size cpid lpid nattch uid gid cuid cgid atime dtime ctime rss swap
         let row = table.lines().skip(1).find_map(|line| {
             let c: Vec<&str> = line.split_whitespace().collect();
@@ -236,7 +240,9 @@ struct SysvSegment {
     mode: u32,
     size: u64,
     data: std::cell::RefCell<Vec<(u64, Vec<u8>)>>,
-    created: std::cell::Cell<bool>,
+    /// The host PID of the process that recreated it: in its IPC namespace (a guest's own,
+    /// in guest namespaces) the segment lives.
+    creator: std::cell::Cell<Option<i32>>,
 }
 
 impl RestoreObjects {
@@ -268,7 +274,7 @@ impl RestoreObjects {
                         mode: *mode,
                         size: o.size,
                         data: Default::default(),
-                        created: Default::default(),
+                        creator: Default::default(),
                     };
                     me.sysv.insert(o.id, seg);
                     continue;
@@ -367,7 +373,10 @@ impl RestoreObjects {
             .ok_or_else(|| Error::BadImage(format!("unknown System V object {id}")))?;
         let inj = h.injector();
         let pid = h.pid;
-        if !seg.created.get() {
+        // Looked up, removed and numbered in the IPC namespace of the process (a guest's own).
+        let _visit = ferry_sys::ns::IpcNamespaceVisit::enter(h.host)
+            .ctx(pid, || "enter its IPC namespace".into())?;
+        if seg.creator.get().is_none() {
             // A segment left over by the checkpointed (and killed) tree holds the old shmid.
             if let Ok((_, nattch)) = ferry_sys::fdops::shm_stat(seg.shmid) {
                 if nattch != 0 {
@@ -399,7 +408,7 @@ impl RestoreObjects {
                     what: format!("System V segment came back as {got}, not {}", seg.shmid),
                 });
             }
-            seg.created.set(true);
+            seg.creator.set(Some(h.host));
         }
         let mut flags = 0u64;
         if v.prot & libc::PROT_WRITE as u32 == 0 {
@@ -443,6 +452,17 @@ impl RestoreObjects {
         for seg in self.sysv.values() {
             // Marked for removal at checkpoint: removed now that every process is attached.
             if seg.mode & 0o1000 != 0 {
+                let visit = seg
+                    .creator
+                    .get()
+                    .map(ferry_sys::ns::IpcNamespaceVisit::enter);
+                if let Some(Err(e)) = visit {
+                    log::warn!(
+                        "System V segment {}: enter its IPC namespace: {e}",
+                        seg.shmid
+                    );
+                    continue;
+                }
                 let _ = ferry_sys::fdops::shm_remove(seg.shmid);
             }
         }

@@ -384,7 +384,7 @@ pub fn restore_with(img: &LoadedImage, opts: &RestoreOptions<'_>) -> Result<Rest
     for (o, off, data) in &img.objects {
         objects.fill(*o, *off, data)?;
     }
-    let descs = files::open_descriptions(tree, &objects, opts.guest.map(|g| g.pidfd()));
+    let descs = files::open_descriptions(tree, &objects, opts.guest);
     let deferred = Deferred::take();
     let descs = descs?;
     let spare_fd = tree

@@ -128,7 +128,7 @@ pub fn spawn_idle_in_guest(ns_pidfd: i32, pid: i32, helper_pid: i32) -> SysResul
         set_tid_size: 1,
         ..Default::default()
     };
-    let ns = libc::CLONE_NEWPID | crate::ns::CLONE_NEWTIME | libc::CLONE_NEWNS;
+    let ns = crate::ns::GUEST_NAMESPACES;
     // SAFETY: fork in a program that may have other threads: the children below only make raw
     // system calls (setns, clone3, waitpid, pause, _exit) on memory prepared before the fork.
     let launcher = unsafe { libc::fork() };

@@ -1,5 +1,5 @@
-//! Namespaces for guests: a new PID namespace, time namespace and mount namespace whose PID 1 is
-//! an exec'd init, and the small helpers that init needs.
+//! Namespaces for guests: new PID, time, mount and IPC namespaces whose PID 1 is an exec'd init
+//! (with a /proc and a devpts instance of their own), and the small helpers that init needs.
 //!
 //! The time namespace's offsets can only be written before any process has entered it, so the
 //! namespaces are made by `unshare` in a short-lived intermediate child, which writes the offsets
@@ -33,9 +33,9 @@ pub struct GuestInitSpec<'a> {
 // What the children report through the status pipe: (kind, step, value).
 const REPORT_PID: i32 = 1;
 const REPORT_FAILED: i32 = 2;
-const STEPS: [&str; 10] = [
+const STEPS: [&str; 12] = [
     "",
-    "unshare(CLONE_NEWPID|CLONE_NEWTIME|CLONE_NEWNS)",
+    "unshare(CLONE_NEWPID|CLONE_NEWTIME|CLONE_NEWNS|CLONE_NEWIPC)",
     "mount(/, MS_REC|MS_SLAVE)",
     "open /proc/self/timens_offsets",
     "write /proc/self/timens_offsets",
@@ -44,7 +44,14 @@ const STEPS: [&str; 10] = [
     "redirect stdio to /dev/null, close the rest (guest init)",
     "setsid (guest init)",
     "execv (guest init)",
+    "mount a new devpts instance on /dev/pts (guest init)",
+    "bind /dev/pts/ptmx on /dev/ptmx (guest init)",
 ];
+
+/// The namespaces a guest lives in, besides the host's network and user namespaces: the
+/// flags for `unshare` when they are made and for `setns` (with a pidfd) to join them.
+pub const GUEST_NAMESPACES: i32 =
+    libc::CLONE_NEWPID | CLONE_NEWTIME | libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
 
 /// Everything the children use, made before the fork: after it they only make raw system
 /// calls on this memory.
@@ -182,7 +189,7 @@ unsafe fn intermediate(p: &Prepared) -> ! {
     // SAFETY: for the whole block: raw system calls with constant C strings or buffers in `p`, which
     // outlive every call; this process ends in _exit without returning to Rust code.
     unsafe {
-        if libc::unshare(libc::CLONE_NEWPID | CLONE_NEWTIME | libc::CLONE_NEWNS) != 0 {
+        if libc::unshare(GUEST_NAMESPACES) != 0 {
             fail(w, 1);
         }
         // Mounts made in the new mount namespace (its /proc) must not propagate back to ours.
@@ -241,6 +248,28 @@ unsafe fn guest_init_child(p: &Prepared) -> ! {
         ) != 0
         {
             fail(w, 6);
+        }
+        // Pseudo-terminals of its own, numbered from 0 (a moved tree gets its pty under the
+        // number it had, whatever this machine's terminals use), reached as /dev/ptmx too.
+        if libc::mount(
+            c"devpts".as_ptr(),
+            c"/dev/pts".as_ptr(),
+            c"devpts".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            c"newinstance,ptmxmode=0666,mode=0620,gid=5".as_ptr().cast(),
+        ) != 0
+        {
+            fail(w, 10);
+        }
+        if libc::mount(
+            c"/dev/pts/ptmx".as_ptr(),
+            c"/dev/ptmx".as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        ) != 0
+        {
+            fail(w, 11);
         }
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         if null < 0 {
@@ -388,4 +417,42 @@ pub fn with_children_in_pid_ns_of<T>(pidfd: RawFd, f: impl FnOnce() -> T) -> Sys
     let r = unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWPID) };
     check("setns(CLONE_NEWPID) back", r as libc::c_long)?;
     Ok(out)
+}
+
+/// This thread in the IPC namespace of another process until dropped (System V objects are
+/// looked up, created and listed in /proc/sysvipc in the caller's IPC namespace; a guest has one
+/// of its own). Entering the namespace the thread is already in does nothing.
+pub struct IpcNamespaceVisit {
+    /// The thread's own namespace, to go back to.
+    own: Option<OwnedFd>,
+}
+
+impl IpcNamespaceVisit {
+    pub fn enter(pid: i32) -> SysResult<IpcNamespaceVisit> {
+        let flags = libc::O_RDONLY | libc::O_CLOEXEC;
+        let own = crate::fdops::open_path("/proc/thread-self/ns/ipc", flags, 0)?;
+        let theirs = crate::fdops::open_path(&format!("/proc/{pid}/ns/ipc"), flags, 0)?;
+        let ino = |path: &str| {
+            std::fs::metadata(path)
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                .map_err(|e| SysError::new("stat an IPC namespace", e.raw_os_error().unwrap_or(0)))
+        };
+        if ino("/proc/thread-self/ns/ipc")? == ino(&format!("/proc/{pid}/ns/ipc"))? {
+            return Ok(IpcNamespaceVisit { own: None });
+        }
+        // SAFETY: plain integer arguments.
+        let r = unsafe { libc::setns(theirs.as_raw_fd(), libc::CLONE_NEWIPC) };
+        check("setns(CLONE_NEWIPC)", r as libc::c_long)?;
+        Ok(IpcNamespaceVisit { own: Some(own) })
+    }
+}
+
+impl Drop for IpcNamespaceVisit {
+    fn drop(&mut self) {
+        if let Some(own) = &self.own {
+            // SAFETY: plain integer arguments. (Going back to the namespace the thread came
+            // from is not refused to a thread that could leave it: nothing to report.)
+            unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWIPC) };
+        }
+    }
 }

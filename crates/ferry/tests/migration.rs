@@ -26,6 +26,10 @@ fn main() {
             "destination_daemon_dies_after_rebuild",
             destination_dies_after_rebuild,
         ),
+        Trial::test(
+            "socket_file_comes_back_after_an_abort",
+            socket_file_after_abort,
+        ),
         Trial::test("foreign_certificate_and_garbage_refused", hostile_peers),
         Trial::test("unmovable_state_refused_before_freezing", unmovable_refused),
         Trial::test("daemon_stops_cleanly_on_sigterm", daemon_sigterm),
@@ -340,6 +344,100 @@ fn destination_dies_after_rebuild() -> Result<(), Failed> {
     for p in String::from_utf8_lossy(&out.stdout).split_whitespace() {
         kill_host_pid(p.parse().unwrap());
     }
+    Ok(())
+}
+
+/// A python3 server on a UNIX socket bound to `path`: each client gets its PID. Killed and
+/// reaped when dropped.
+struct UnixServer(Child);
+
+impl Drop for UnixServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn unix_server(path: &Path) -> UnixServer {
+    // (A client that hung up early must not end it.)
+    let script = "import os,socket,sys\n\
+                  s=socket.socket(socket.AF_UNIX)\n\
+                  s.bind(sys.argv[1]); s.listen(4)\n\
+                  while True:\n\
+                  \x20   c,_=s.accept()\n\
+                  \x20   try: c.sendall(str(os.getpid()).encode())\n\
+                  \x20   except OSError: pass\n\
+                  \x20   c.close()\n";
+    let child = Command::new("python3")
+        .args(["-c", script])
+        .arg(path)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start python3");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ask_pid(path).is_none() {
+        assert!(Instant::now() < deadline, "the UNIX server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    UnixServer(child)
+}
+
+/// The PID the server behind `path` says it has.
+fn ask_pid(path: &Path) -> Option<i32> {
+    use std::io::Read;
+    let mut s = std::os::unix::net::UnixStream::connect(path).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut got = String::new();
+    s.read_to_string(&mut got).ok()?;
+    got.parse().ok()
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A server bound to a socket file: the source sets the file aside while the copy is rebuilt
+/// (one file system on a local cluster); the destination aborts after rebuilding, and the
+/// original must be back under its name, serving; then a migration that commits must leave
+/// the name to the copy and nothing aside.
+fn socket_file_after_abort() -> Result<(), Failed> {
+    let c = Cluster::up_with("names", 3, &[("FERRY_FAULT", "b:abort-after-rebuilt")]);
+    let dir = scratch("names");
+    let sock_dir = dir.join("sockets");
+    std::fs::create_dir_all(&sock_dir).unwrap();
+    let path = sock_dir.join("srv.sock");
+    let server = unix_server(&path);
+    let pid = server.0.id() as i32;
+
+    let e = migrate(&c, "a", pid, "b").expect_err("b aborts after rebuilding");
+    assert!(e.contains("abort-after-rebuilt"), "{e}");
+    assert!(pid_alive(pid), "the original died in an aborted migration");
+    assert_eq!(names_in(&sock_dir), vec!["srv.sock".to_string()]);
+    assert_eq!(
+        ask_pid(&path),
+        Some(pid),
+        "the original does not serve its name"
+    );
+
+    let r = migrate(&c, "a", pid, "c").map_err(|e| format!("a -> c: {e}"))?;
+    drop(server); // the original, killed at the commit: reaped
+    assert_eq!(names_in(&sock_dir), vec!["srv.sock".to_string()]);
+    // The copy serves the name, and sees its own PID as before.
+    assert_eq!(
+        ask_pid(&path),
+        Some(pid),
+        "the copy does not serve the name"
+    );
+    kill_host_pid(
+        r["dest_pid"]
+            .as_i64()
+            .ok_or(format!("no dest_pid in {r}"))?,
+    );
     Ok(())
 }
 

@@ -248,14 +248,15 @@ type PipeEnds = (Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>);
 const SETFL_MASK: i32 =
     libc::O_APPEND | libc::O_NONBLOCK | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME;
 
-/// Recreates every open file description of the tree in this process. `guest`: a pidfd of the
-/// init of the guest namespaces the tree is rebuilt in, if it is (UNIX sockets are made there
-/// under the PIDs their peers' credentials name).
+/// Recreates every open file description of the tree in this process. `guest`: the guest
+/// namespaces the tree is rebuilt in, if it is (UNIX sockets are made there under the PIDs
+/// their peers' credentials name; ptys come from the guest's own devpts).
 pub fn open_descriptions(
     tree: &Tree,
     objects: &RestoreObjects,
-    guest: Option<std::os::fd::BorrowedFd<'_>>,
+    guest: Option<&crate::guest_ns::GuestNamespaces>,
 ) -> Result<HashMap<u32, OwnedFd>> {
+    let dev = guest.map_or_else(|| std::path::PathBuf::from("/dev"), |g| g.dev_dir());
     let me = std::process::id() as i32;
     let mut out = HashMap::new();
     let mut pipe_ends: HashMap<u32, PipeEnds> = HashMap::new();
@@ -384,8 +385,8 @@ pub fn open_descriptions(
             | FileKind::Timerfd(_)
             | FileKind::Signalfd(_)
             | FileKind::Inotify(_) => super::anon_inodes::open(d)?,
-            FileKind::Socket(_) => super::sockets::open(d, tree, guest)?,
-            FileKind::Tty(_) => super::tty::open(d, tree)?,
+            FileKind::Socket(_) => super::sockets::open(d, tree, guest.map(|g| g.pidfd()))?,
+            FileKind::Tty(_) => super::tty::open(d, tree, &dev)?,
             FileKind::Unknown => {
                 return Err(Error::BadImage(format!(
                     "file {} has an unknown kind",

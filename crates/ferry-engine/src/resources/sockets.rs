@@ -179,7 +179,7 @@ fn tcp_state_name(s: u8) -> &'static str {
 
 /// Whether a device number as sock_diag reports it (the kernel's own encoding) and one as stat(2)
 /// reports it name the same device.
-fn same_dev(kernel: u32, user: u64) -> bool {
+pub(crate) fn same_dev(kernel: u32, user: u64) -> bool {
     let (kmaj, kmin) = (u64::from(kernel >> 20), u64::from(kernel & 0xfffff));
     let umaj = ((user >> 8) & 0xfff) | ((user >> 32) & !0xfff);
     let umin = (user & 0xff) | ((user >> 12) & !0xff);

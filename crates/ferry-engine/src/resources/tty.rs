@@ -23,6 +23,7 @@ use ferry_sys::{fdops, pidfd, tty};
 use std::collections::{BTreeMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -309,8 +310,16 @@ fn put_back(m: i32, data: &[u8]) -> ferry_sys::SysResult<()> {
 /// Ptys recreated by [`open`], by pts number: the master until its description takes it, and
 /// how many descriptions of the pty are still to be opened.
 static MADE: Mutex<BTreeMap<u32, Made>> = Mutex::new(BTreeMap::new());
-/// Controlling terminals to give: session leader's PID -> (pts number, foreground group).
-static CTTY: Mutex<BTreeMap<i32, (u32, i32)>> = Mutex::new(BTreeMap::new());
+/// Controlling terminals to give, by session leader's PID.
+static CTTY: Mutex<BTreeMap<i32, Ctty>> = Mutex::new(BTreeMap::new());
+
+struct Ctty {
+    index: u32,
+    /// The foreground process group.
+    fg_pgrp: i32,
+    /// The slave's path from here (in the devpts the pty was made in).
+    slave: PathBuf,
+}
 
 struct Made {
     master: Option<OwnedFd>,
@@ -324,8 +333,9 @@ fn tty_of(d: &FileDesc) -> Option<&TtyDesc> {
     }
 }
 
-/// Recreates the open file description `d` (a pty side) in this (the restoring) process.
-pub fn open(d: &FileDesc, tree: &Tree) -> Result<OwnedFd> {
+/// Recreates the open file description `d` (a pty side) in this (the restoring) process, from
+/// the ptmx and devpts in `dev` (`/dev`, or a guest's).
+pub fn open(d: &FileDesc, tree: &Tree, dev: &Path) -> Result<OwnedFd> {
     let me = std::process::id() as i32;
     let t = tty_of(d)
         .ok_or_else(|| Error::BadImage(format!("file {}: {:?} is not a tty", d.id, d.kind)))?;
@@ -342,11 +352,16 @@ pub fn open(d: &FileDesc, tree: &Tree) -> Result<OwnedFd> {
             .find_map(|x| x.state.as_ref().filter(|_| x.master))
             .ok_or_else(|| Error::BadImage(format!("pty {} has no master description", t.index)))?;
         let has_slave = descs.iter().any(|x| !x.master);
-        let master = make_pty(t.index, state, has_slave)?;
+        let master = make_pty(dev, t.index, state, has_slave)?;
         if state.session != 0 {
-            CTTY.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(state.session, (t.index, state.fg_pgrp));
+            CTTY.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                state.session,
+                Ctty {
+                    index: t.index,
+                    fg_pgrp: state.fg_pgrp,
+                    slave: slave_path(dev, t.index),
+                },
+            );
         }
         e.insert(Made {
             master: Some(master),
@@ -360,11 +375,11 @@ pub fn open(d: &FileDesc, tree: &Tree) -> Result<OwnedFd> {
             Error::BadImage(format!("pty {} has two master descriptions", t.index))
         })?
     } else {
-        let path = format!("/dev/pts/{}", t.index);
+        let path = slave_path(dev, t.index);
         let flags = (d.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC))
             | libc::O_NOCTTY
             | libc::O_CLOEXEC;
-        fdops::open_path(&path, flags, 0).ctx(me, || format!("reopen {path}"))?
+        open_at(&path, flags).ctx(me, || format!("reopen {}", path.display()))?
     };
     if entry.left == 0 {
         made.remove(&t.index);
@@ -372,8 +387,17 @@ pub fn open(d: &FileDesc, tree: &Tree) -> Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Opens /dev/ptmx until pty `index` comes out, and gives it its state.
-fn make_pty(index: u32, s: &PtyState, has_slave: bool) -> Result<OwnedFd> {
+fn slave_path(dev: &Path, index: u32) -> PathBuf {
+    dev.join("pts").join(index.to_string())
+}
+
+fn open_at(path: &Path, flags: i32) -> ferry_sys::SysResult<OwnedFd> {
+    fdops::open_path(&path.to_string_lossy(), flags, 0)
+}
+
+/// Opens `dev`/ptmx until pty `index` comes out, and gives it its state.
+fn make_pty(dev: &Path, index: u32, s: &PtyState, has_slave: bool) -> Result<OwnedFd> {
+    let ptmx = dev.join("ptmx");
     let me = std::process::id() as i32;
     let deadline = Instant::now() + INDEX_WAIT;
     let master = loop {
@@ -381,12 +405,8 @@ fn make_pty(index: u32, s: &PtyState, has_slave: bool) -> Result<OwnedFd> {
         let mut found = None;
         let mut past = None;
         for _ in 0..=index {
-            let m = fdops::open_path(
-                "/dev/ptmx",
-                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-                0,
-            )
-            .ctx(me, || "open /dev/ptmx".into())?;
+            let m = open_at(&ptmx, libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC)
+                .ctx(me, || format!("open {}", ptmx.display()))?;
             let n = tty::ptn(m.as_raw_fd()).ctx(me, || "pts number of a new pty".into())?;
             if n == index {
                 found = Some(m);
@@ -454,12 +474,11 @@ fn pts_holder(index: u32) -> String {
     "by another program".into()
 }
 
-/// Runs `f` with the slave of pty `index` installed in the husk at a free number.
-fn with_slave_in(h: &Husk, index: u32, f: impl FnOnce(i32) -> Result<()>) -> Result<()> {
+/// Runs `f` with the slave at `path` installed in the husk at a free number.
+fn with_slave_in(h: &Husk, path: &Path, f: impl FnOnce(i32) -> Result<()>) -> Result<()> {
     let me = std::process::id() as i32;
-    let path = format!("/dev/pts/{index}");
-    let slave = fdops::open_path(&path, libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC, 0)
-        .ctx(me, || format!("open {path}"))?;
+    let slave = open_at(path, libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .ctx(me, || format!("open {}", path.display()))?;
     let n = h.install_fd(&slave, None)?;
     let r = f(n);
     h.injector()
@@ -470,15 +489,15 @@ fn with_slave_in(h: &Husk, index: u32, f: impl FnOnce(i32) -> Result<()>) -> Res
 /// Makes a freshly made session leader take its controlling terminal, before it forks the
 /// rest of its session.
 pub fn take_ctty(h: &Husk, p: &Process) -> Result<()> {
-    let Some((index, _)) = CTTY
+    let Some((index, slave)) = CTTY
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get(&p.pid)
-        .copied()
+        .map(|c| (c.index, c.slave.clone()))
     else {
         return Ok(());
     };
-    with_slave_in(h, index, |n| {
+    with_slave_in(h, &slave, |n| {
         h.injector()
             .syscall(
                 "ioctl(TIOCSCTTY)",
@@ -495,7 +514,11 @@ pub fn take_ctty(h: &Husk, p: &Process) -> Result<()> {
 
 /// Once every process exists: the foreground process group of the terminal `p` controls.
 pub fn after_install(h: &Husk, p: &Process) -> Result<()> {
-    let Some((index, fg)) = CTTY
+    let Some(Ctty {
+        index,
+        fg_pgrp: fg,
+        slave,
+    }) = CTTY
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&p.pid)
@@ -505,7 +528,7 @@ pub fn after_install(h: &Husk, p: &Process) -> Result<()> {
     if fg == 0 {
         return Ok(());
     }
-    with_slave_in(h, index, |n| {
+    with_slave_in(h, &slave, |n| {
         let inj = h.injector();
         let addr = inj.write_scratch(0, &fg.to_ne_bytes())?;
         inj.syscall(

@@ -6,6 +6,7 @@
 use anyhow::{Context, Result};
 use ferry_engine::checkpoint::capture;
 use ferry_engine::freeze::FrozenTree;
+use ferry_engine::names::SocketFilesAside;
 use ferry_transport::frame::blocking::{read_frame, write_end, write_msg, DataReader, DataWriter};
 use ferry_transport::{Frame, Msg};
 use std::io::{BufWriter, Write};
@@ -117,13 +118,16 @@ pub fn capture_worker(pid: i32) -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("stream the image: {}", e.error()))?;
             Ok(report)
         })
-        .and_then(|report| {
+        // Before the image ends: the destination binds the tree's socket files as it rebuilds.
+        .and_then(|report| Ok((report, SocketFilesAside::set_aside(&frozen)?)))
+        .and_then(|(report, aside)| {
             write_end(&mut out)?;
-            Ok(report)
+            Ok((report, aside))
         });
-    let report = match captured {
+    let (report, aside) = match captured {
         Ok(r) => r,
         Err(e) => {
+            // (A file set aside went back when `aside` was dropped.)
             frozen.thaw();
             return fail(&mut out, &e.context(format!("capture PID {pid}")));
         }
@@ -137,9 +141,14 @@ pub fn capture_worker(pid: i32) -> Result<()> {
     match next_command(&mut input) {
         Some(Msg::Kill) => {
             frozen.kill();
+            aside.remove();
             write_msg(&mut out, &Msg::Killed)?;
         }
         _ => {
+            // The original gets its socket files back before it runs again.
+            if let Err(e) = aside.put_back() {
+                log::error!("PID {pid}: {e}");
+            }
             frozen.thaw();
             let _ = write_msg(&mut out, &Msg::Thawed);
         }
