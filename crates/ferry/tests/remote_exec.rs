@@ -901,6 +901,7 @@ fn ps_shows_program(c: &Cluster) -> Result<(), Failed> {
             && e["state"] == "running"
             && e["command"] == "sleep 30"
             && e["uid"] == 0
+            && e["user"] == "root"
             && from_c.is_some()
             && st.signal() == Some(15),
         || format!("{e} / from c {from_c:?} / {st:?}"),

@@ -1,5 +1,6 @@
 //! `ferry ps [--json]`: processes under Ferry across the cluster: where they are from, where
-//! they run, and their PID in both places.
+//! they run, their PID in both places, and whose they are. (User names come from this
+//! machine's /etc/passwd: a cluster shares its users, as Sprite's did.)
 
 use super::client;
 use anyhow::{bail, Result};
@@ -19,12 +20,20 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
             ferry_transport::message::kind(&other)
         ),
     };
+    let users = user_names();
+    let user = |uid: u32| users.get(&uid).cloned().unwrap_or_else(|| uid.to_string());
     if a.json {
-        return super::print_json(&procs);
+        let mut rows = Vec::new();
+        for p in &procs {
+            let mut row = serde_json::to_value(p)?;
+            row["user"] = user(p.uid).into();
+            rows.push(row);
+        }
+        return super::print_json(&rows);
     }
     println!(
-        "{:<8} {:>8} {:<8} {:>8} {:>6} {:<10} {:<11} {:>9}  COMMAND",
-        "HOME", "HOME-PID", "NODE", "PID", "UID", "STATE", "KIND", "SINCE"
+        "{:<8} {:>8} {:<8} {:>8} {:<8} {:<10} {:<11} {:>9}  COMMAND",
+        "HOME", "HOME-PID", "NODE", "PID", "USER", "STATE", "KIND", "SINCE"
     );
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -33,9 +42,31 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
     for p in procs {
         let secs = now.saturating_sub(p.since_unix_ms) / 1000;
         println!(
-            "{:<8} {:>8} {:<8} {:>8} {:>6} {:<10} {:<11} {:>8}s  {}",
-            p.home_node, p.home_pid, p.node, p.pid, p.uid, p.state, p.kind, secs, p.command
+            "{:<8} {:>8} {:<8} {:>8} {:<8} {:<10} {:<11} {:>8}s  {}",
+            p.home_node,
+            p.home_pid,
+            p.node,
+            p.pid,
+            user(p.uid),
+            p.state,
+            p.kind,
+            secs,
+            p.command
         );
     }
     Ok(())
+}
+
+/// UID -> user name, from /etc/passwd (empty if it cannot be read: numbers are shown).
+fn user_names() -> std::collections::HashMap<u32, String> {
+    std::fs::read_to_string("/etc/passwd")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            let uid = f.nth(1)?.parse().ok()?;
+            Some((uid, name.to_string()))
+        })
+        .collect()
 }
