@@ -12,7 +12,7 @@
 //!
 //! * `ns::NAME` runs it, then does `ferry checkpoint PID --dir D` and
 //!   `ferry restore --dir D --pid-namespace` (the tree is rebuilt in fresh PID,
-//!   time and mount namespaces, under its PIDs there), then checkpoints it
+//!   time, mount and IPC namespaces, under its PIDs there), then checkpoints it
 //!   again from inside that namespace and restores that into another fresh
 //!   one, then touches `go` and requires `PASS`.  The restored root must have
 //!   its original PID inside the namespace (NSpid).
