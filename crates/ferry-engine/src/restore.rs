@@ -463,6 +463,7 @@ fn build(
         ..Default::default()
     };
     // 1. The processes, parents first, with their sessions and process groups.
+    let mut stand_in_groups = HashSet::new();
     for p in &tree.processes {
         let h = if p.pid == tree.root_pid {
             let h = Husk::spawn_root(p.pid, cx.trampoline, cx.spare_fd, cx.ferry_pidfd, cx.place)?;
@@ -475,7 +476,7 @@ fn build(
                 Error::BadImage(format!("PID {}: parent {} missing", p.pid, p.ppid))
             })?;
             let h = parent.fork_child(p.pid, p.exit_signal)?;
-            join_session(&h, p, husks)?;
+            join_session(&h, p, tree, parent, husks, &mut stand_in_groups)?;
             h
         };
         report.pids.push(p.pid);
@@ -547,16 +548,71 @@ fn build(
     Ok((report, Instant::now()))
 }
 
-/// Puts a freshly forked husk into its session and process group.
-fn join_session(h: &Husk, p: &Process, made: &[Husk]) -> Result<()> {
+/// Puts a freshly forked husk (a child of `parent`) into its session and process group.
+/// `stand_in_groups`: the groups made so far whose leader is not in the tree.
+fn join_session(
+    h: &Husk,
+    p: &Process,
+    tree: &Tree,
+    parent: &Husk,
+    made: &[Husk],
+    stand_in_groups: &mut HashSet<i32>,
+) -> Result<()> {
     let inj = h.injector();
     if p.sid == p.pid {
         inj.syscall("setsid", libc::SYS_setsid, &[])?;
     } else if p.pgid == p.pid {
         inj.syscall("setpgid", libc::SYS_setpgid, &[0, 0])?;
-    } else if made.iter().any(|m| m.pid == p.pgid) {
+    } else if made.iter().any(|m| m.pid == p.pgid) || stand_in_groups.contains(&p.pgid) {
         inj.syscall("setpgid", libc::SYS_setpgid, &[0, p.pgid as u64])?;
+    } else if p.pgid > 0
+        && tree
+            .processes
+            .first()
+            .is_some_and(|root| p.pgid != root.pgid)
+        && !tree.processes.iter().any(|q| q.pid == p.pgid)
+    {
+        // A group whose leader has exited (the capture let only such groups through, whose
+        // PIDs are outside the tree). A stand-in with the leader's PID, forked by the same
+        // parent (so in the same session), makes the group; the husk joins it; the stand-in
+        // dies, and the group lives on in its members, its number taken as before.
+        let stand_in = parent.fork_child(p.pgid, 0)?;
+        let joined = stand_in
+            .injector()
+            .syscall("setpgid", libc::SYS_setpgid, &[0, 0])
+            .and_then(|_| inj.syscall("setpgid", libc::SYS_setpgid, &[0, p.pgid as u64]));
+        stand_in.kill();
+        let gone = reap_stand_in(parent, &stand_in);
+        joined?;
+        gone?;
+        stand_in_groups.insert(p.pgid);
     }
+    Ok(())
+}
+
+/// Waits until a killed stand-in is dead, and reaps it from its parent (its exit signal is
+/// 0: the parent is not told).
+fn reap_stand_in(parent: &Husk, stand_in: &Husk) -> Result<()> {
+    let fail = |e: ferry_sys::SysError| Error::Restore {
+        pid: stand_in.pid,
+        what: format!(
+            "reap the stand-in leader of process group {}: {e}",
+            stand_in.pid
+        ),
+    };
+    loop {
+        match ferry_sys::wait::wait_tid(stand_in.host, false).map_err(fail)? {
+            ferry_sys::wait::WaitStatus::Exited(_) | ferry_sys::wait::WaitStatus::Signaled(_) => {
+                break
+            }
+            _ => {}
+        }
+    }
+    parent.injector().syscall(
+        "wait4",
+        libc::SYS_wait4,
+        &[stand_in.pid as u64, 0, libc::__WALL as u64, 0],
+    )?;
     Ok(())
 }
 
