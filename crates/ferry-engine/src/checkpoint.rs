@@ -38,6 +38,16 @@ fn now_ms() -> u64 {
 
 /// Captures everything about the frozen tree into `out`. The tree stays frozen.
 pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureReport)> {
+    capture_then(frozen, out, || Ok(()))
+}
+
+/// [`capture`], running `before_image` once the tree's state is captured and before any of
+/// the image is written (a restore may act on the image as soon as its tree arrives).
+pub fn capture_then<W: Write>(
+    frozen: &FrozenTree,
+    out: W,
+    before_image: impl FnOnce() -> Result<()>,
+) -> Result<(W, CaptureReport)> {
     let t0 = Instant::now();
     let root = frozen.procs.first().map(|p| p.pid).unwrap_or(0);
     let mut tree = Tree {
@@ -113,6 +123,7 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
     // The last thing read while the tree is frozen: no clock reading it made can be later.
     tree.clocks = Some(crate::pidview::clocks_seen_by(root)?);
     report.state_ms = t0.elapsed().as_secs_f64() * 1e3;
+    before_image()?;
 
     let t1 = Instant::now();
     let io = |e: std::io::Error| crate::Error::Io {
@@ -122,13 +133,15 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
     };
     let mut w = ImageWriter::new(out).map_err(io)?;
     w.write_tree(&tree).map_err(io)?;
+    // Shared objects before memory (format version 2): a restore fills them before it maps
+    // them, then streams memory into the processes.
+    let object_bytes = objects.write_contents(&mut w).map_err(io)?;
     let mut stats = memory::PageStats::default();
     for (p, host) in tree.processes.iter().zip(hosts) {
         if p.zombie_status.is_none() {
             memory::write_pages(host, p.pid, &p.vmas, &mut w, &mut stats)?;
         }
     }
-    let object_bytes = objects.write_contents(&mut w).map_err(io)?;
     let (out, total) = w.finish().map_err(io)?;
     report.pages_written = stats.pages_written;
     report.zero_pages_skipped = stats.zero_pages_skipped;

@@ -238,6 +238,14 @@ impl FrozenTree {
     /// Reaping the processes is their parents' business.
     pub fn kill(mut self) {
         self.released = true;
+        // Its TCP connections close silently (repair mode), to be made again by a restore.
+        let live: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|p| !p.zombie)
+            .map(|p| p.pid)
+            .collect();
+        crate::resources::sockets::silence_tcp_connections(&live);
         for p in &self.procs {
             if !p.zombie {
                 let _ = ptrace::kill(p.pid, libc::SIGKILL);

@@ -93,14 +93,6 @@ pub fn check(root: i32) -> Result<()> {
                     ));
                 }
             }
-            let flags = procfs::fdinfo(pid, fd)
-                .ok()
-                .map(|info| procfs::field(&info, "flags").trim().to_string())
-                .and_then(|f| u64::from_str_radix(&f, 8).ok())
-                .unwrap_or(0);
-            if flags & libc::O_PATH as u64 != 0 {
-                return Err(refuse(pid, what, "O_PATH descriptors cannot be moved yet"));
-            }
         }
     }
     Ok(())

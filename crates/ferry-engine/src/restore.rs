@@ -1,6 +1,8 @@
-//! Rebuild: reads a whole image, checks it, and recreates the tree. Nothing is created until
-//! the image has been read to its end marker with every checksum right; if any step of the
-//! rebuild fails, every process made so far is killed.
+//! Rebuild: reads an image front to back and recreates its tree as the image streams in. The
+//! tree record (read and checked by [`open`]) says what to build; the processes and their
+//! mappings are made before memory is read, and each record of memory is written into its
+//! process as it arrives, checked at its end. If any record is bad, or any step of the rebuild
+//! fails, every process made so far is killed.
 //!
 //! The tree is rebuilt in our namespaces ([`restore`]) or, with [`RestoreOptions::guest`], in
 //! guest namespaces ([`crate::guest_ns`]), where it gets its PIDs back even if they are taken
@@ -14,7 +16,7 @@ use crate::objects::RestoreObjects;
 use crate::resources::sockets::Deferred;
 use crate::resources::{files, memory, process, signals, threads};
 use ferry_image::stream::ObjectRef;
-use ferry_image::{ImageReader, Process, Record, Tree};
+use ferry_image::{ImageReader, Item, Process, Tree};
 use ferry_sys::ptrace;
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -26,55 +28,118 @@ use std::time::{Duration, Instant};
 /// before, and its sockets close as it exits.
 const DEFERRED_WAIT: Duration = Duration::from_secs(3);
 
-/// An image read into memory and checked.
-pub struct LoadedImage {
+/// Image data is read, and written into the processes, in pieces of at most this many bytes,
+/// through one buffer: small enough to stay in the CPU's cache between the read, the checksum
+/// and the write into the process, large enough that each piece costs few system calls.
+const PIECE: usize = 4 << 20;
+
+/// An image being restored: its tree is read and checked; the contents of its shared objects
+/// and its memory follow in the stream, and are read as the tree is rebuilt
+/// ([`restore_with`]), each record checked as it arrives.
+pub struct OpenImage<R: Read> {
     pub tree: Tree,
-    /// Private memory per PID: (address, bytes).
-    pub pages: HashMap<i32, Vec<(u64, Vec<u8>)>>,
-    pub objects: Vec<(ObjectRef, u64, Vec<u8>)>,
-    pub data_bytes: u64,
+    records: Records<R>,
 }
 
-/// Reads an image to its end marker, checking every record and the tree's consistency.
-pub fn load<R: Read>(input: R) -> Result<LoadedImage> {
-    let mut r = ImageReader::new(input)?;
-    let mut tree = None;
-    let mut pages: HashMap<i32, Vec<(u64, Vec<u8>)>> = HashMap::new();
-    let mut objects = Vec::new();
-    let mut data_bytes = 0;
-    while let Some(rec) = r.next_record()? {
-        match rec {
-            Record::Tree(t) if tree.is_none() => tree = Some(*t),
-            Record::Tree(_) => return Err(Error::BadImage("two tree records".into())),
-            Record::Pages { pid, addr, data } => {
-                data_bytes += data.len() as u64;
-                pages.entry(pid).or_default().push((addr, data));
-            }
-            Record::Object {
-                object,
-                offset,
-                data,
-            } => {
-                data_bytes += data.len() as u64;
-                objects.push((object, offset, data));
-            }
-            Record::End { .. } => {}
+/// The records after the tree.
+struct Records<R: Read> {
+    reader: ImageReader<R>,
+    /// A record whose head was read and is yet to be handled.
+    pending: Option<Item>,
+    /// Bytes of memory and object contents read so far.
+    data_bytes: u64,
+    /// Set once a restore has started reading the records after the tree.
+    started: bool,
+}
+
+/// Reads an image's header and its tree (the first record), and checks the tree's consistency.
+/// Nothing else is read: [`restore_with`] streams the rest.
+pub fn open<R: Read>(input: R) -> Result<OpenImage<R>> {
+    let mut reader = ImageReader::new(input)?;
+    let tree = match reader.next_item()? {
+        Some(Item::Tree(t)) => *t,
+        _ => return Err(Error::BadImage("the first record is not the tree".into())),
+    };
+    validate(&tree)?;
+    Ok(OpenImage {
+        tree,
+        records: Records {
+            reader,
+            pending: None,
+            data_bytes: 0,
+            started: false,
+        },
+    })
+}
+
+impl<R: Read> OpenImage<R> {
+    /// The image's format version.
+    pub fn version(&self) -> u32 {
+        self.records.reader.version()
+    }
+
+    /// Bytes of memory and shared-object contents read so far (all of them after a restore).
+    pub fn data_bytes(&self) -> u64 {
+        self.records.data_bytes
+    }
+
+    /// The byte source, positioned after what was read (after the end marker, once a restore
+    /// succeeded).
+    pub fn into_inner(self) -> R {
+        self.records.reader.into_inner()
+    }
+}
+
+impl<R: Read> Records<R> {
+    fn next(&mut self) -> Result<Item> {
+        if let Some(item) = self.pending.take() {
+            return Ok(item);
+        }
+        match self.reader.next_item()? {
+            Some(Item::Tree(_)) => Err(Error::BadImage("two tree records".into())),
+            Some(item) => Ok(item),
+            None => Err(Error::BadImage("records after the end marker".into())),
         }
     }
-    let tree = tree.ok_or_else(|| Error::BadImage("no tree record".into()))?;
-    let img = LoadedImage {
-        tree,
-        pages,
-        objects,
-        data_bytes,
-    };
-    validate(&img)?;
-    Ok(img)
+
+    /// Reads the contents of a shared object (`len` bytes at `offset`) into it, piece by piece.
+    fn fill_object(
+        &mut self,
+        tree: &Tree,
+        objects: &RestoreObjects,
+        object: ObjectRef,
+        offset: u64,
+        len: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let size = match object {
+            ObjectRef::Shmem(id) => tree.shmem.get(id as usize).map(|s| s.size),
+            ObjectRef::Ghost(id) => tree.ghosts.get(id as usize).map(|g| g.size),
+        };
+        match size {
+            Some(size) if offset.saturating_add(len) <= size.max(ferry_sys::PAGE_SIZE) => {}
+            _ => {
+                return Err(Error::BadImage(format!(
+                    "data for {object:?} at {offset} ({len} bytes) does not fit the object"
+                )))
+            }
+        }
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            self.reader.read_data(&mut buf[..n])?;
+            objects.fill(object, offset + done, &buf[..n])?;
+            done += n as u64;
+        }
+        self.reader.end_record()?;
+        self.data_bytes += len;
+        Ok(())
+    }
 }
 
-/// Checks that the tree refers only to things it holds and that memory lands inside mappings.
-pub fn validate(img: &LoadedImage) -> Result<()> {
-    let t = &img.tree;
+/// Checks that the tree refers only to things it holds. (Each record of memory is checked
+/// against the mappings as it arrives.)
+pub fn validate(t: &Tree) -> Result<()> {
     let bad = |s: String| Err(Error::BadImage(s));
     if t.processes.first().map(|p| p.pid) != Some(t.root_pid) {
         return bad("the first process is not the root".into());
@@ -127,29 +192,6 @@ pub fn validate(img: &LoadedImage) -> Result<()> {
             }
         }
     }
-    for (pid, runs) in &img.pages {
-        let Some(p) = t.processes.iter().find(|p| p.pid == *pid) else {
-            return bad(format!("memory for unknown PID {pid}"));
-        };
-        for (addr, data) in runs {
-            let end = addr + data.len() as u64;
-            if !p.vmas.iter().any(|v| v.start <= *addr && end <= v.end) {
-                return bad(format!(
-                    "PID {pid}: memory at {addr:x}-{end:x} lies outside every mapping"
-                ));
-            }
-        }
-    }
-    for (o, off, data) in &img.objects {
-        let size = match o {
-            ObjectRef::Shmem(id) => t.shmem.get(*id as usize).map(|s| s.size),
-            ObjectRef::Ghost(id) => t.ghosts.get(*id as usize).map(|g| g.size),
-        };
-        match size {
-            Some(size) if off + data.len() as u64 <= size.max(ferry_sys::PAGE_SIZE) => {}
-            _ => return bad(format!("data for {o:?} at {off} does not fit the object")),
-        }
-    }
     Ok(())
 }
 
@@ -182,8 +224,17 @@ pub struct RestoreReport {
     pub guest_init_host_pid: Option<i32>,
     pub threads: usize,
     pub memory_bytes: u64,
+    /// Bytes of memory and shared-object contents in the image.
+    pub data_bytes: u64,
     pub build_ms: f64,
+    /// Mapping the address spaces and streaming memory into them (the image read and the
+    /// writes into the processes included).
     pub memory_ms: f64,
+    /// Of `memory_ms`: reading and checking the image's memory records (in a migration, this
+    /// includes waiting for them to arrive).
+    pub image_read_ms: f64,
+    /// Of `memory_ms`: writing memory into the processes.
+    pub pages_write_ms: f64,
     pub finish_ms: f64,
 }
 
@@ -274,9 +325,9 @@ fn choose_trampoline(tree: &Tree) -> u64 {
     cand
 }
 
-/// Rebuilds the tree in `img` in our namespaces and lets it run: [`restore_with`] with the
+/// Rebuilds the tree of `img` in our namespaces and lets it run: [`restore_with`] with the
 /// default options, then [`RestoredTree::resume`].
-pub fn restore(img: &LoadedImage) -> Result<RestoreReport> {
+pub fn restore<R: Read>(img: &mut OpenImage<R>) -> Result<RestoreReport> {
     restore_with(img, &RestoreOptions::default())?.resume()
 }
 
@@ -373,17 +424,47 @@ impl Drop for RestoredTree {
     }
 }
 
-/// Rebuilds the tree in `img` as `opts` say, and holds it stopped (see [`RestoredTree`]). If
-/// anything fails, every process made so far is killed.
-pub fn restore_with(img: &LoadedImage, opts: &RestoreOptions<'_>) -> Result<RestoredTree> {
-    let t0 = Instant::now();
-    let tree = &img.tree;
-    check_pids_free(tree, opts.guest)?;
-    ferry_sys::fdops::raise_nofile();
-    let objects = RestoreObjects::create(&tree.shmem, &tree.ghosts)?;
-    for (o, off, data) in &img.objects {
-        objects.fill(*o, *off, data)?;
+/// Rebuilds the tree of `img` as `opts` say, reading the rest of the image as it goes, and
+/// holds it stopped (see [`RestoredTree`]).
+///
+/// The order follows the stream: the shared objects are made and filled from their records
+/// (which come first), then the processes and their mappings are made, then each record of
+/// memory is read into one buffer, piece by piece, and written into its process as it
+/// arrives; the image is never held whole. A record's checksum is checked at its end, after
+/// its bytes went into a process being built: if it does not match (or the stream is cut
+/// short, or a record does not fit), every process made so far is killed, the objects are
+/// removed, and the error says what was wrong with the image.
+pub fn restore_with<R: Read>(
+    img: &mut OpenImage<R>,
+    opts: &RestoreOptions<'_>,
+) -> Result<RestoredTree> {
+    if std::mem::replace(&mut img.records.started, true) {
+        return Err(Error::BadImage(
+            "this image was already read by a restore".into(),
+        ));
     }
+    let t0 = Instant::now();
+    check_pids_free(&img.tree, opts.guest)?;
+    ferry_sys::fdops::raise_nofile();
+    let objects = RestoreObjects::create(&img.tree.shmem, &img.tree.ghosts)?;
+    let mut buf = vec![0u8; PIECE];
+    // The contents of shared objects come before memory (since format version 2).
+    loop {
+        match img.records.next()? {
+            Item::Object {
+                object,
+                offset,
+                len,
+            } => img
+                .records
+                .fill_object(&img.tree, &objects, object, offset, len, &mut buf)?,
+            other => {
+                img.records.pending = Some(other);
+                break;
+            }
+        }
+    }
+    let tree = &img.tree;
     let descs = files::open_descriptions(tree, &objects, opts.guest);
     let deferred = Deferred::take();
     let descs = descs?;
@@ -409,8 +490,9 @@ pub fn restore_with(img: &LoadedImage, opts: &RestoreOptions<'_>) -> Result<Rest
 
     let mut husks: Vec<Husk> = Vec::new();
     let mut live = Vec::new();
-    let ctx = BuildContext {
+    let mut cx = BuildContext {
         img,
+        buf: &mut buf,
         objects: &objects,
         descs: &descs,
         trampoline,
@@ -418,7 +500,7 @@ pub fn restore_with(img: &LoadedImage, opts: &RestoreOptions<'_>) -> Result<Rest
         place,
         ferry_pidfd: &ferry_pidfd,
     };
-    match build(&ctx, &mut husks, &mut live, t0) {
+    match build(&mut cx, &mut husks, &mut live, t0) {
         Ok((mut report, finish_started)) => {
             report.guest_init_host_pid = opts.guest.map(|g| g.init_host_pid());
             Ok(RestoredTree {
@@ -440,8 +522,9 @@ pub fn restore_with(img: &LoadedImage, opts: &RestoreOptions<'_>) -> Result<Rest
     }
 }
 
-struct BuildContext<'a> {
-    img: &'a LoadedImage,
+struct BuildContext<'a, R: Read> {
+    img: &'a mut OpenImage<R>,
+    buf: &'a mut [u8],
     objects: &'a RestoreObjects,
     descs: &'a HashMap<u32, std::os::fd::OwnedFd>,
     trampoline: u64,
@@ -450,14 +533,13 @@ struct BuildContext<'a> {
     ferry_pidfd: &'a std::os::fd::OwnedFd,
 }
 
-fn build(
-    cx: &BuildContext<'_>,
+fn build<R: Read>(
+    cx: &mut BuildContext<'_, R>,
     husks: &mut Vec<Husk>,
     live_tids: &mut Vec<(i32, Vec<i32>)>,
     t0: Instant,
 ) -> Result<(RestoreReport, Instant)> {
-    let img = cx.img;
-    let tree = &img.tree;
+    let tree = &cx.img.tree;
     let mut report = RestoreReport {
         root_pid: tree.root_pid,
         ..Default::default()
@@ -506,11 +588,16 @@ fn build(
     let mut thread_injectors: HashMap<i32, ferry_inject::Injector> = HashMap::new();
     for (p, h) in &live {
         memory::restore_mappings(h, &p.vmas, cx.objects)?;
-        for (addr, data) in img.pages.get(&p.pid).map(|v| v.as_slice()).unwrap_or(&[]) {
-            memory::restore_pages(h.host, h.mem(), &p.vmas, *addr, data)?;
-            report.memory_bytes += data.len() as u64;
-        }
     }
+    stream_memory(
+        &mut cx.img.records,
+        tree,
+        cx.objects,
+        cx.buf,
+        &live,
+        &mut report,
+    )?;
+    report.data_bytes = cx.img.records.data_bytes;
     report.memory_ms = t1.elapsed().as_secs_f64() * 1e3;
     let t2 = Instant::now();
     for (p, h) in &live {
@@ -546,6 +633,91 @@ fn build(
     // 5. Only the commit is left (RestoredTree::resume): letting every thread run.
     report.finish_ms = t2.elapsed().as_secs_f64() * 1e3;
     Ok((report, Instant::now()))
+}
+
+/// Reads the image's memory records to its end marker, writing each into its process as it
+/// arrives, piece by piece through `buf`. (A version 1 image has its shared objects' contents
+/// here, after memory: they are filled as they come, except into System V segments, which are
+/// filled when they are first attached and so must come first.)
+fn stream_memory<R: Read>(
+    records: &mut Records<R>,
+    tree: &Tree,
+    objects: &RestoreObjects,
+    buf: &mut [u8],
+    live: &[(&Process, &Husk)],
+    report: &mut RestoreReport,
+) -> Result<()> {
+    let by_pid: HashMap<i32, (&Process, &Husk)> =
+        live.iter().map(|(p, h)| (p.pid, (*p, *h))).collect();
+    let mut reading = Duration::ZERO;
+    let mut writing = Duration::ZERO;
+    loop {
+        let t = Instant::now();
+        let item = records.next()?;
+        reading += t.elapsed();
+        match item {
+            Item::Pages { pid, addr, len } => {
+                let (p, h) = by_pid.get(&pid).ok_or_else(|| {
+                    Error::BadImage(format!(
+                        "memory for PID {pid}, which is no live process of the tree"
+                    ))
+                })?;
+                let end = addr.saturating_add(len);
+                if !p.vmas.iter().any(|v| v.start <= addr && end <= v.end) {
+                    return Err(Error::BadImage(format!(
+                        "PID {pid}: memory at {addr:x}-{end:x} lies outside every mapping"
+                    )));
+                }
+                let mut done = 0u64;
+                while done < len {
+                    let n = (len - done).min(buf.len() as u64) as usize;
+                    let t = Instant::now();
+                    records.reader.read_data(&mut buf[..n])?;
+                    let t1 = Instant::now();
+                    reading += t1 - t;
+                    memory::restore_pages(h.host, h.mem(), &p.vmas, addr + done, &buf[..n])?;
+                    writing += t1.elapsed();
+                    done += n as u64;
+                }
+                let t = Instant::now();
+                records.reader.end_record()?;
+                reading += t.elapsed();
+                records.data_bytes += len;
+                report.memory_bytes += len;
+            }
+            Item::Object {
+                object,
+                offset,
+                len,
+            } => {
+                if let ObjectRef::Shmem(id) = object {
+                    if objects.is_sysv(id) {
+                        return Err(Error::BadImage(format!(
+                            "the contents of System V segment {id} come after memory (a \
+                             version {} image): this Ferry needs them first",
+                            records.reader.version()
+                        )));
+                    }
+                }
+                let t = Instant::now();
+                records.fill_object(tree, objects, object, offset, len, buf)?;
+                reading += t.elapsed();
+            }
+            Item::End { data_bytes, .. } => {
+                if data_bytes != records.data_bytes {
+                    return Err(Error::BadImage(format!(
+                        "the end marker counts {data_bytes} bytes of data, the image held {}",
+                        records.data_bytes
+                    )));
+                }
+                break;
+            }
+            Item::Tree(_) => return Err(Error::BadImage("two tree records".into())),
+        }
+    }
+    report.image_read_ms = reading.as_secs_f64() * 1e3;
+    report.pages_write_ms = writing.as_secs_f64() * 1e3;
+    Ok(())
 }
 
 /// Puts a freshly forked husk (a child of `parent`) into its session and process group.

@@ -16,12 +16,16 @@ pub mod tty;
 pub use anon_inodes::*;
 pub use model::*;
 pub use sockets::*;
-pub use stream::{ImageError, ImageReader, ImageWriter, Record};
+pub use stream::{ImageError, ImageReader, ImageWriter, Item, Record};
 pub use tty::{PtyState, Termios, TtyDesc};
 
 /// The 8 bytes every image starts with.
 pub const MAGIC: [u8; 8] = *b"FERRYIMG";
-/// Bumped whenever a change would make an older reader misread an image.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bumped whenever a change would make an older reader misread an image. Version 2 puts the
+/// contents of shared objects before memory (version 1 put them after), so that a restore can
+/// stream memory into processes whose shared mappings are already filled.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this Ferry still reads.
+pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// The image file inside a checkpoint directory.
 pub const IMAGE_FILE: &str = "image.ferry";

@@ -321,6 +321,13 @@ pub enum FileKind {
     Socket(crate::SocketDesc),
     /// One side of a pseudo-terminal.
     Tty(crate::TtyDesc),
+    /// An O_PATH descriptor of something that is neither a regular file nor a directory (a
+    /// symbolic link, with O_NOFOLLOW; a device node; a socket file or FIFO): a name and
+    /// nothing else. (O_PATH descriptors of files and directories are `Regular` and
+    /// `Directory`; their flags say O_PATH.)
+    PathOnly {
+        path: String,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

@@ -33,6 +33,45 @@ pub struct SocketDesc {
     /// whose peer closed without reading everything.
     #[serde(default)]
     pub error: i32,
+    /// For an established TCP connection (`state` is `Connected`, `queue` holds the bytes
+    /// received and not yet read): what TCP repair mode needs to make it again.
+    #[serde(default)]
+    pub tcp: Option<Box<TcpConn>>,
+}
+
+/// An established TCP connection, as TCP repair mode reads it (tcp(7), TCP_REPAIR).
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct TcpConn {
+    /// Sequence number of the first byte of `send_queue` (the oldest byte not acknowledged).
+    pub send_seq: u32,
+    /// Sequence number of the first byte not yet read (the first byte of the socket's `queue`).
+    pub recv_seq: u32,
+    /// The send queue: bytes sent but not acknowledged, then bytes not sent yet.
+    #[serde(with = "serde_bytes")]
+    pub send_queue: Vec<u8>,
+    /// How many bytes at the end of `send_queue` were never sent.
+    pub unsent: u32,
+    /// Options negotiated when the connection was made.
+    pub mss_clamp: u32,
+    /// Window scaling, when negotiated: (send shift, receive shift).
+    pub wscale: Option<(u8, u8)>,
+    pub sack: bool,
+    pub timestamps: bool,
+    /// TCP_TIMESTAMP: the connection's timestamp clock when captured (opaque; its low bit says
+    /// microsecond timestamps).
+    pub timestamp: u32,
+    /// TCP_REPAIR_WINDOW.
+    pub window: TcpWindow,
+}
+
+/// The window state of a TCP connection (`struct tcp_repair_window`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct TcpWindow {
+    pub snd_wl1: u32,
+    pub snd_wnd: u32,
+    pub max_window: u32,
+    pub rcv_wnd: u32,
+    pub rcv_wup: u32,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
@@ -84,6 +123,8 @@ pub enum SockState {
     },
     /// Connected. For UNIX sockets `peer_ino` is the peer's inode: a socket of the tree, or 0
     /// when the peer has been closed. For UDP it is 0 and `SocketDesc::peer` says where to.
+    /// For an established TCP connection it is the inode of the other end, a socket of the
+    /// tree (`SocketDesc::tcp` holds the connection's state).
     Connected { peer_ino: u64 },
     /// A UNIX client whose connection waits in the queue of the listening socket `listener_ino`
     /// (which lists it in its `pending`).
@@ -206,6 +247,9 @@ impl std::fmt::Display for SocketDesc {
                 write!(f, " waiting in the queue of [{listener_ino}]")?
             }
         }
+        if self.tcp.is_some() {
+            write!(f, " established")?;
+        }
         if self.shutdown.read || self.shutdown.write {
             let how = match (self.shutdown.read, self.shutdown.write) {
                 (true, true) => "rdwr",
@@ -220,6 +264,15 @@ impl std::fmt::Display for SocketDesc {
             if self.sock_type != SockType::Stream {
                 write!(f, "/{}msg", self.queue.len())?;
             }
+        }
+        if let Some(t) = &self.tcp {
+            if !t.send_queue.is_empty() {
+                write!(f, " sendq={}B", t.send_queue.len())?;
+                if t.unsent > 0 {
+                    write!(f, " (unsent={}B)", t.unsent)?;
+                }
+            }
+            write!(f, " seq=snd:{}/rcv:{}", t.send_seq, t.recv_seq)?;
         }
         if let Some(c) = &self.peer_cred {
             write!(f, " cred={}:{}:{}", c.pid, c.uid, c.gid)?;

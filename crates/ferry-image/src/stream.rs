@@ -1,7 +1,7 @@
 //! Framing: header, checksummed records, end marker. Writers and readers over any byte stream.
 
 use crate::model::Tree;
-use crate::{FORMAT_VERSION, MAGIC};
+use crate::{FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION};
 use std::io::{Read, Write};
 use xxhash_rust::xxh3::Xxh3;
 
@@ -180,10 +180,46 @@ impl<W: Write> ImageWriter<W> {
 }
 
 /// Reads an image from any byte source, front to back.
+///
+/// Records come either whole ([`ImageReader::next_record`]) or streamed
+/// ([`ImageReader::next_item`]): the data of a `pages` or `object` record is then read piece by
+/// piece into the caller's buffers ([`ImageReader::read_data`]) and the record's checksum checked
+/// at its end ([`ImageReader::end_record`]), so that no record needs a buffer of its own size.
 pub struct ImageReader<R: Read> {
     input: R,
+    version: u32,
     index: u64,
     done: bool,
+    /// The streamed record whose data is being read.
+    open: Option<OpenRecord>,
+}
+
+struct OpenRecord {
+    kind: &'static str,
+    hash: Xxh3,
+    left: u64,
+}
+
+/// A record as [`ImageReader::next_item`] gives it: metadata whole, data still to be read.
+#[derive(Debug)]
+pub enum Item {
+    Tree(Box<Tree>),
+    /// `len` bytes of private memory of process `pid` at `addr` follow.
+    Pages {
+        pid: i32,
+        addr: u64,
+        len: u64,
+    },
+    /// `len` bytes of a shared memory object or ghost file at `offset` follow.
+    Object {
+        object: ObjectRef,
+        offset: u64,
+        len: u64,
+    },
+    End {
+        records: u64,
+        data_bytes: u64,
+    },
 }
 
 fn read_full<R: Read>(r: &mut R, buf: &mut [u8], what: &str) -> Result<(), ImageError> {
@@ -204,7 +240,7 @@ impl<R: Read> ImageReader<R> {
             return Err(ImageError::BadMagic(magic));
         }
         let version = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
-        if version != FORMAT_VERSION {
+        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(ImageError::Version {
                 found: version,
                 supported: FORMAT_VERSION,
@@ -218,18 +254,41 @@ impl<R: Read> ImageReader<R> {
         }
         Ok(ImageReader {
             input,
+            version,
             index: 0,
             done: false,
+            open: None,
         })
     }
 
-    /// The next record, or `None` after the end marker. A stream that stops before its end
-    /// marker is an error, as is any record whose checksum does not match.
-    pub fn next_record(&mut self) -> Result<Option<Record>, ImageError> {
+    /// The image's format version (version 1 stores the contents of shared objects after
+    /// memory, version 2 before).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The byte source, positioned after what was read.
+    pub fn into_inner(self) -> R {
+        self.input
+    }
+
+    /// The next record, or `None` after the end marker. The data of a `pages` or `object`
+    /// record is not read: the caller reads all of it with [`Self::read_data`], then calls
+    /// [`Self::end_record`], which checks the checksum. Until then the data, and the record's
+    /// `pid`, `addr`, `object` and `offset`, are unchecked. A tree or end record is checked
+    /// whole before it is returned.
+    pub fn next_item(&mut self) -> Result<Option<Item>, ImageError> {
         if self.done {
             return Ok(None);
         }
         let index = self.index;
+        let malformed = |reason: String| ImageError::Malformed { index, reason };
+        if let Some(open) = &self.open {
+            return Err(malformed(format!(
+                "the {} record before was not read to its end",
+                open.kind
+            )));
+        }
         let mut head = [0u8; 12];
         read_full(
             &mut self.input,
@@ -238,7 +297,6 @@ impl<R: Read> ImageReader<R> {
         )?;
         let kind = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
         let len = u64::from_le_bytes(head[4..12].try_into().expect("8 bytes"));
-        let malformed = |reason: String| ImageError::Malformed { index, reason };
         if len > MAX_RECORD {
             return Err(malformed(format!(
                 "length {len} exceeds the {MAX_RECORD}-byte limit"
@@ -256,72 +314,59 @@ impl<R: Read> ImageReader<R> {
                 "{kind_name} record of {len} bytes is too short"
             )));
         }
-        // The 16-byte prefix of every record but the tree's (what the data is, where it goes)
-        // is read apart, so that the data lands at the start of its own buffer: no pass over
-        // it to drop the prefix afterwards.
-        let mut prefix = [0u8; 16];
-        let prefix_len = if kind == KIND_TREE { 0 } else { 16 };
-        read_full(
-            &mut self.input,
-            &mut prefix[..prefix_len],
-            &format!("record {index} ({kind_name})"),
-        )?;
-        let mut payload = vec![0u8; len as usize - prefix_len];
-        read_full(
-            &mut self.input,
-            &mut payload,
-            &format!("record {index} ({kind_name})"),
-        )?;
-        let mut sum = [0u8; 8];
-        read_full(
-            &mut self.input,
-            &mut sum,
-            &format!("the checksum of record {index}"),
-        )?;
-        let mut h = Xxh3::new();
-        h.update(&head);
-        h.update(&prefix[..prefix_len]);
-        h.update(&payload);
-        if h.digest() != u64::from_le_bytes(sum) {
-            return Err(ImageError::Checksum {
-                index,
-                kind: kind_name,
-            });
+        if kind == KIND_END && len != 16 {
+            return Err(malformed(format!("end record of {len} bytes, not 16")));
         }
-        self.index += 1;
-        let u64_at =
-            |p: &[u8], at: usize| u64::from_le_bytes(p[at..at + 8].try_into().expect("8 bytes"));
-        let u32_at =
-            |p: &[u8], at: usize| u32::from_le_bytes(p[at..at + 4].try_into().expect("4 bytes"));
-        let rec = match kind {
-            KIND_TREE => {
-                let tree: Tree = ciborium::from_reader(&payload[..])
-                    .map_err(|e| malformed(format!("tree does not decode: {e}")))?;
-                Record::Tree(Box::new(tree))
-            }
-            KIND_PAGES => {
-                let pid = u32_at(&prefix, 0) as i32;
-                let addr = u64_at(&prefix, 8);
-                Record::Pages {
-                    pid,
-                    addr,
-                    data: payload,
-                }
-            }
-            KIND_OBJECT => {
-                let object =
-                    ObjectRef::decode(u32_at(&prefix, 0), u32_at(&prefix, 4)).ok_or_else(|| {
-                        malformed(format!("unknown object tag {}", u32_at(&prefix, 0)))
-                    })?;
-                let offset = u64_at(&prefix, 8);
-                Record::Object {
-                    object,
-                    offset,
-                    data: payload,
-                }
-            }
+        let mut hash = Xxh3::new();
+        hash.update(&head);
+        if kind == KIND_TREE {
+            let mut payload = vec![0u8; len as usize];
+            read_full(
+                &mut self.input,
+                &mut payload,
+                &format!("record {index} (tree)"),
+            )?;
+            hash.update(&payload);
+            self.open = Some(OpenRecord {
+                kind: kind_name,
+                hash,
+                left: 0,
+            });
+            self.end_record()?;
+            let tree: Tree = ciborium::from_reader(&payload[..])
+                .map_err(|e| malformed(format!("tree does not decode: {e}")))?;
+            return Ok(Some(Item::Tree(Box::new(tree))));
+        }
+        // The 16-byte prefix of every other record: what the data is, where it goes.
+        let mut prefix = [0u8; 16];
+        read_full(
+            &mut self.input,
+            &mut prefix,
+            &format!("record {index} ({kind_name})"),
+        )?;
+        hash.update(&prefix);
+        self.open = Some(OpenRecord {
+            kind: kind_name,
+            hash,
+            left: len - 16,
+        });
+        let u64_at = |at: usize| u64::from_le_bytes(prefix[at..at + 8].try_into().expect("8"));
+        let u32_at = |at: usize| u32::from_le_bytes(prefix[at..at + 4].try_into().expect("4"));
+        let item = match kind {
+            KIND_PAGES => Item::Pages {
+                pid: u32_at(0) as i32,
+                addr: u64_at(8),
+                len: len - 16,
+            },
+            KIND_OBJECT => Item::Object {
+                object: ObjectRef::decode(u32_at(0), u32_at(4))
+                    .ok_or_else(|| malformed(format!("unknown object tag {}", u32_at(0))))?,
+                offset: u64_at(8),
+                len: len - 16,
+            },
             _ => {
-                let records = u64_at(&prefix, 0);
+                self.end_record()?;
+                let records = u64_at(0);
                 if records != self.index {
                     return Err(malformed(format!(
                         "end marker counts {records} records, the stream had {}",
@@ -329,13 +374,111 @@ impl<R: Read> ImageReader<R> {
                     )));
                 }
                 self.done = true;
-                Record::End {
+                Item::End {
                     records,
-                    data_bytes: u64_at(&prefix, 8),
+                    data_bytes: u64_at(8),
                 }
             }
         };
-        Ok(Some(rec))
+        Ok(Some(item))
+    }
+
+    /// Reads the next `buf.len()` bytes of the data of the record [`Self::next_item`] gave.
+    /// They are not checked until [`Self::end_record`].
+    pub fn read_data(&mut self, buf: &mut [u8]) -> Result<(), ImageError> {
+        let index = self.index;
+        let open = self.open.as_mut().ok_or_else(|| ImageError::Malformed {
+            index,
+            reason: "data read outside a record".into(),
+        })?;
+        if buf.len() as u64 > open.left {
+            return Err(ImageError::Malformed {
+                index,
+                reason: format!(
+                    "{} bytes read from a {} record with {} left",
+                    buf.len(),
+                    open.kind,
+                    open.left
+                ),
+            });
+        }
+        read_full(
+            &mut self.input,
+            buf,
+            &format!("record {index} ({})", open.kind),
+        )?;
+        open.hash.update(buf);
+        open.left -= buf.len() as u64;
+        Ok(())
+    }
+
+    /// Finishes the record whose data was read: its checksum must match.
+    pub fn end_record(&mut self) -> Result<(), ImageError> {
+        let index = self.index;
+        let open = self.open.take().ok_or_else(|| ImageError::Malformed {
+            index,
+            reason: "no record to end".into(),
+        })?;
+        if open.left != 0 {
+            return Err(ImageError::Malformed {
+                index,
+                reason: format!(
+                    "{} bytes of the {} record were not read",
+                    open.left, open.kind
+                ),
+            });
+        }
+        let mut sum = [0u8; 8];
+        read_full(
+            &mut self.input,
+            &mut sum,
+            &format!("the checksum of record {index}"),
+        )?;
+        if open.hash.digest() != u64::from_le_bytes(sum) {
+            return Err(ImageError::Checksum {
+                index,
+                kind: open.kind,
+            });
+        }
+        self.index += 1;
+        Ok(())
+    }
+
+    /// The next record, whole and checked, or `None` after the end marker. A stream that
+    /// stops before its end marker is an error, as is any record whose checksum does not
+    /// match.
+    pub fn next_record(&mut self) -> Result<Option<Record>, ImageError> {
+        let whole = |r: &mut Self, len: u64| -> Result<Vec<u8>, ImageError> {
+            let mut data = vec![0u8; len as usize];
+            r.read_data(&mut data)?;
+            r.end_record()?;
+            Ok(data)
+        };
+        Ok(Some(match self.next_item()? {
+            None => return Ok(None),
+            Some(Item::Tree(t)) => Record::Tree(t),
+            Some(Item::Pages { pid, addr, len }) => Record::Pages {
+                pid,
+                addr,
+                data: whole(self, len)?,
+            },
+            Some(Item::Object {
+                object,
+                offset,
+                len,
+            }) => Record::Object {
+                object,
+                offset,
+                data: whole(self, len)?,
+            },
+            Some(Item::End {
+                records,
+                data_bytes,
+            }) => Record::End {
+                records,
+                data_bytes,
+            },
+        }))
     }
 }
 
@@ -413,6 +556,67 @@ mod tests {
                 "image with byte {i} flipped was accepted"
             );
         }
+    }
+
+    /// Reads every record streamed, data in pieces of `piece` bytes.
+    fn stream_all(bytes: &[u8], piece: usize) -> Result<Vec<(String, Vec<u8>)>, ImageError> {
+        let mut r = ImageReader::new(bytes)?;
+        let mut out = Vec::new();
+        while let Some(item) = r.next_item()? {
+            let len = match &item {
+                Item::Pages { len, .. } | Item::Object { len, .. } => *len as usize,
+                _ => {
+                    out.push((format!("{item:?}"), Vec::new()));
+                    continue;
+                }
+            };
+            let mut data = Vec::new();
+            let mut buf = vec![0u8; piece];
+            while data.len() < len {
+                let n = piece.min(len - data.len());
+                r.read_data(&mut buf[..n])?;
+                data.extend_from_slice(&buf[..n]);
+            }
+            r.end_record()?;
+            out.push((format!("{item:?}"), data));
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn streamed_reading_matches_whole_records() {
+        let bytes = sample();
+        let whole = read_all(&bytes).unwrap();
+        let streamed = stream_all(&bytes, 1000).unwrap();
+        assert_eq!(whole.len(), streamed.len());
+        assert!(matches!(&whole[1], Record::Pages { data, .. } if *data == streamed[1].1));
+        assert!(matches!(&whole[2], Record::Object { data, .. } if *data == streamed[2].1));
+        for cut in 0..bytes.len() {
+            assert!(stream_all(&bytes[..cut], 1000).is_err(), "cut at {cut}");
+        }
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x40;
+            assert!(stream_all(&bad, 4096).is_err(), "byte {i} flipped");
+        }
+        // Data left unread, or read past its record, is refused.
+        let mut r = ImageReader::new(&bytes[..]).unwrap();
+        assert!(matches!(r.next_item().unwrap(), Some(Item::Tree(_))));
+        assert!(matches!(r.next_item().unwrap(), Some(Item::Pages { .. })));
+        assert!(r.next_item().is_err());
+        let mut r = ImageReader::new(&bytes[..]).unwrap();
+        r.next_item().unwrap();
+        r.next_item().unwrap();
+        assert!(r.read_data(&mut [0u8; 8193]).is_err());
+    }
+
+    #[test]
+    fn version_1_is_still_read() {
+        let mut bytes = sample();
+        bytes[8] = 1;
+        let r = ImageReader::new(&bytes[..]).unwrap();
+        assert_eq!(r.version(), 1);
+        assert_eq!(read_all(&bytes).unwrap().len(), 4);
     }
 
     #[test]

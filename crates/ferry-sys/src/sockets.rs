@@ -723,3 +723,138 @@ unsafe fn helper_child(
     // SAFETY: _exit ends only this child.
     unsafe { libc::_exit(0) }
 }
+
+// ---- TCP repair mode (TCP_REPAIR, tcp(7); needs CAP_NET_ADMIN) ----
+
+/// TCP_REPAIR values: on, off (the kernel then sends a window probe), and off without the
+/// probe.
+pub const TCP_REPAIR_ON: i32 = 1;
+pub const TCP_REPAIR_OFF: i32 = 0;
+pub const TCP_REPAIR_OFF_NO_WP: i32 = -1;
+/// TCP_REPAIR_QUEUE values: which queue TCP_QUEUE_SEQ, send and MSG_PEEK act on.
+pub const TCP_NO_QUEUE: i32 = 0;
+pub const TCP_RECV_QUEUE: i32 = 1;
+pub const TCP_SEND_QUEUE: i32 = 2;
+/// TCP_REPAIR_OPTIONS codes (the TCP option kinds).
+pub const TCPOPT_MSS: u32 = 2;
+pub const TCPOPT_WINDOW: u32 = 3;
+pub const TCPOPT_SACK_PERM: u32 = 4;
+pub const TCPOPT_TIMESTAMP: u32 = 8;
+/// ioctls: bytes not yet read, bytes not yet acknowledged, bytes not yet sent.
+pub const SIOCINQ: libc::c_ulong = 0x541B;
+pub const SIOCOUTQ: libc::c_ulong = 0x5411;
+pub const SIOCOUTQNSD: libc::c_ulong = 0x894B;
+
+/// `struct tcp_repair_window`: the window state TCP_REPAIR_WINDOW reads and writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpRepairWindow {
+    pub snd_wl1: u32,
+    pub snd_wnd: u32,
+    pub max_window: u32,
+    pub rcv_wnd: u32,
+    pub rcv_wup: u32,
+}
+
+impl TcpRepairWindow {
+    fn to_bytes(self) -> Vec<u8> {
+        [
+            self.snd_wl1,
+            self.snd_wnd,
+            self.max_window,
+            self.rcv_wnd,
+            self.rcv_wup,
+        ]
+        .iter()
+        .flat_map(|w| w.to_ne_bytes())
+        .collect()
+    }
+}
+
+/// Puts TCP socket `fd` into repair mode or takes it out (`mode`: one of `TCP_REPAIR_*`).
+pub fn tcp_repair(fd: RawFd, mode: i32) -> SysResult<()> {
+    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_REPAIR, mode)
+        .map_err(|e| SysError::new("setsockopt(TCP_REPAIR)", e.errno))
+}
+
+/// Selects the queue (`TCP_*_QUEUE`) that the next repair-mode calls act on.
+pub fn tcp_repair_queue(fd: RawFd, queue: i32) -> SysResult<()> {
+    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_REPAIR_QUEUE, queue)
+        .map_err(|e| SysError::new("setsockopt(TCP_REPAIR_QUEUE)", e.errno))
+}
+
+/// TCP_QUEUE_SEQ of the selected queue: for the send queue the sequence number after its last
+/// byte (write_seq), for the receive queue the next one expected (rcv_nxt).
+pub fn tcp_queue_seq(fd: RawFd) -> SysResult<u32> {
+    getsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_QUEUE_SEQ)
+        .map(|v| v as u32)
+        .map_err(|e| SysError::new("getsockopt(TCP_QUEUE_SEQ)", e.errno))
+}
+
+/// Sets TCP_QUEUE_SEQ of the selected queue (only before the socket is connected).
+pub fn set_tcp_queue_seq(fd: RawFd, seq: u32) -> SysResult<()> {
+    setsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_QUEUE_SEQ, seq as i32)
+        .map_err(|e| SysError::new("setsockopt(TCP_QUEUE_SEQ)", e.errno))
+}
+
+/// Sets the options negotiated at connection time (TCP_REPAIR_OPTIONS): `(code, value)` pairs,
+/// `struct tcp_repair_opt` each.
+pub fn tcp_repair_options(fd: RawFd, opts: &[(u32, u32)]) -> SysResult<()> {
+    let raw: Vec<u8> = opts
+        .iter()
+        .flat_map(|(c, v)| c.to_ne_bytes().into_iter().chain(v.to_ne_bytes()))
+        .collect();
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_REPAIR_OPTIONS, &raw)
+        .map_err(|e| SysError::new("setsockopt(TCP_REPAIR_OPTIONS)", e.errno))
+}
+
+/// Reads the window state of a socket in repair mode.
+pub fn tcp_repair_window(fd: RawFd) -> SysResult<TcpRepairWindow> {
+    // The kernel insists on exactly the size of the structure.
+    let b = getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_REPAIR_WINDOW, 20)
+        .map_err(|e| SysError::new("getsockopt(TCP_REPAIR_WINDOW)", e.errno))?;
+    if b.len() != 20 {
+        return Err(SysError::new("getsockopt(TCP_REPAIR_WINDOW)", libc::EPROTO));
+    }
+    let w = |i: usize| u32::from_ne_bytes(b[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+    Ok(TcpRepairWindow {
+        snd_wl1: w(0),
+        snd_wnd: w(1),
+        max_window: w(2),
+        rcv_wnd: w(3),
+        rcv_wup: w(4),
+    })
+}
+
+/// Sets the window state of a socket in repair mode (after its queues are filled).
+pub fn set_tcp_repair_window(fd: RawFd, w: &TcpRepairWindow) -> SysResult<()> {
+    setsockopt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_REPAIR_WINDOW,
+        &w.to_bytes(),
+    )
+    .map_err(|e| SysError::new("setsockopt(TCP_REPAIR_WINDOW)", e.errno))
+}
+
+/// Reads the whole send queue of a socket in repair mode with TCP_SEND_QUEUE selected: the
+/// bytes sent but not acknowledged, then those not sent yet (`len`: SIOCOUTQ). The kernel
+/// copies the entire queue in one call, from its start, so the buffer must hold all of it.
+pub fn tcp_peek_send_queue(fd: RawFd, len: usize) -> SysResult<Vec<u8>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let mut buf = vec![0u8; len];
+    // SAFETY: buf has `len` writable bytes and the kernel copies through an iovec of that
+    // length (a longer queue fails with EFAULT rather than writing past it).
+    let r = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr().cast(),
+            len,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    let n = check("recv(MSG_PEEK, send queue)", r as libc::c_long)? as usize;
+    buf.truncate(n.min(len));
+    Ok(buf)
+}

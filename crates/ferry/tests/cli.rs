@@ -143,7 +143,7 @@ fn a_tree_containing_ferry_is_refused() {
 }
 
 #[test]
-fn bad_images_are_rejected_before_anything_is_created() {
+fn bad_images_are_rejected() {
     let v = Victim::start();
     let d = scratch("bad-images");
     let dir = d.join("good");
@@ -156,7 +156,11 @@ fn bad_images_are_rejected_before_anything_is_created() {
     ]);
     assert!(ok, "{err}");
     let image = std::fs::read(dir.join("image.ferry")).unwrap();
-    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+    // (name, image, what the error must say, restore into guest namespaces). A bad header or
+    // tree is refused before anything is created; a bad record of memory only when the
+    // stream reaches it, so those are restored beside the running original, in namespaces of
+    // their own, where its PIDs are free.
+    let cases: Vec<(&str, Vec<u8>, &str, bool)> = vec![
         (
             "flipped",
             {
@@ -166,16 +170,29 @@ fn bad_images_are_rejected_before_anything_is_created() {
                 b
             },
             "checksum mismatch",
+            true,
+        ),
+        (
+            "flipped-tree",
+            {
+                let mut b = image.clone();
+                b[16 + 12 + 40] ^= 1;
+                b
+            },
+            "checksum mismatch",
+            false,
         ),
         (
             "truncated",
             image[..image.len() - 100].to_vec(),
             "truncated",
+            true,
         ),
         (
             "foreign",
             b"#!/bin/sh\necho not an image\n".to_vec(),
             "not a Ferry image",
+            false,
         ),
         (
             "future",
@@ -185,13 +202,18 @@ fn bad_images_are_rejected_before_anything_is_created() {
                 b
             },
             "version 200",
+            false,
         ),
     ];
-    for (name, bytes, want) in cases {
+    for (name, bytes, want, guest) in cases {
         let bad = d.join(name);
         std::fs::create_dir_all(&bad).unwrap();
         std::fs::write(bad.join("image.ferry"), bytes).unwrap();
-        let (ok, _, err) = ferry(&["restore", "--dir", bad.to_str().unwrap()]);
+        let mut args = vec!["restore", "--dir", bad.to_str().unwrap()];
+        if guest {
+            args.push("--pid-namespace");
+        }
+        let (ok, _, err) = ferry(&args);
         assert!(!ok, "{name} image was accepted");
         assert!(err.contains(want), "{name}: expected {want:?} in {err}");
     }
@@ -203,6 +225,76 @@ fn bad_images_are_rejected_before_anything_is_created() {
         "{err}"
     );
     v.assert_unharmed();
+}
+
+fn wait_gone(pid: i32, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// A restore streams memory into processes it has already made: a record found bad on the way
+/// (corrupted, or the image cut short) kills every one of them, so the image's PIDs are free
+/// again, and the good image restores afterwards.
+#[test]
+fn a_bad_memory_record_kills_the_half_built_tree() {
+    let mut v = Victim::start();
+    let pid = v.pid;
+    let d = scratch("bad-memory");
+    let dir = d.join("good");
+    let (ok, _, err) = ferry(&[
+        "checkpoint",
+        &pid.to_string(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    v.child.wait().unwrap();
+    let image = std::fs::read(dir.join("image.ferry")).unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            // In the last record of memory, just before the end marker.
+            "flipped-late",
+            {
+                let mut b = image.clone();
+                let n = b.len() - 300;
+                b[n] ^= 0x10;
+                b
+            },
+            "checksum mismatch",
+        ),
+        (
+            "cut-in-memory",
+            image[..image.len() / 2].to_vec(),
+            "truncated",
+        ),
+    ];
+    for (name, bytes, want) in cases {
+        let bad = d.join(name);
+        std::fs::create_dir_all(&bad).unwrap();
+        std::fs::write(bad.join("image.ferry"), bytes).unwrap();
+        let (ok, _, err) = ferry(&["restore", "--dir", bad.to_str().unwrap()]);
+        assert!(!ok, "{name} image was accepted");
+        assert!(err.contains(want), "{name}: expected {want:?} in {err}");
+        assert!(
+            wait_gone(pid, Duration::from_secs(5)),
+            "{name}: a process with the image's PID {pid} was left behind"
+        );
+    }
+    let (ok, out, err) = ferry(&["restore", "--dir", dir.to_str().unwrap()]);
+    assert!(ok, "the good image after the bad ones: {err}");
+    assert_eq!(out.trim(), pid.to_string());
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    assert!(wait_gone(pid, Duration::from_secs(5)));
 }
 
 #[test]

@@ -160,6 +160,11 @@ impl FdCapture {
                     "it refers to a deleted file that is not a regular file",
                 ));
             }
+            let o_path = octal(info, "flags") & libc::O_PATH as i64 != 0;
+            if o_path && !ft.is_dir() {
+                // Only a name: no device, socket or FIFO state comes with it.
+                return Ok(FileKind::PathOnly { path });
+            }
             if ft.is_dir() {
                 return Ok(FileKind::Directory { path });
             }
@@ -327,6 +332,11 @@ pub fn open_descriptions(
                     }
                 })?
             }
+            FileKind::PathOnly { path } => fdops::open_path(path, keep_flags(d.flags), 0)
+                .map_err(|e| Error::Restore {
+                    pid: me,
+                    what: format!("reopen {path} (O_PATH): {e}"),
+                })?,
             FileKind::Device { path, .. } => fdops::open_path(path, keep_flags(d.flags), 0)
                 .map_err(|e| Error::Restore {
                     pid: me,

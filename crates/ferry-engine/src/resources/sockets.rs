@@ -1,6 +1,15 @@
 //! Descriptors backed by sockets: UNIX (stream, datagram, seqpacket; pairs and named; listening
 //! with the connections waiting in their queues, and connected, with queued data), TCP
-//! listening and unconnected sockets, and UDP sockets.
+//! listening and unconnected sockets, established TCP connections whose both ends are in the
+//! tree, and UDP sockets.
+//!
+//! An established TCP connection is read in TCP repair mode (tcp(7)): its sequence numbers,
+//! both queues (peeked), the options negotiated and the window; repair mode is taken off again
+//! at once, so a tree that is let go keeps working connections. Just before a captured tree is
+//! killed its connections are put back in repair mode ([`silence_tcp_connections`]), so they
+//! close without a word to the other end. Restore makes each again in repair mode (bound
+//! whoever holds the port, connected without a handshake, queues refilled) and both ends leave
+//! it only when the tree is about to run ([`Deferred`]).
 //!
 //! Capture takes a copy of each socket with pidfd_getfd(2) and reads it from outside: options
 //! with getsockopt, names, state and peers with sock_diag(7), queued data with MSG_PEEK at
@@ -26,7 +35,7 @@ use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{
     FileDesc, FileKind, PeerCred, PendingConn, Process, Shutdown, SockAddr, SockFamily, SockMsg,
-    SockOpt, SockState, SockType, SocketDesc, SocketFile, Tree,
+    SockOpt, SockState, SockType, SocketDesc, SocketFile, TcpConn, TcpWindow, Tree,
 };
 use ferry_sys::sockets::{self as sk, HelperCred, HelperOp};
 use ferry_sys::{fdops, pidfd};
@@ -52,6 +61,10 @@ const SO_SNDTIMEO_OLD: i32 = 21;
 const SO_TIMESTAMP_OLD: i32 = 29;
 const SO_TIMESTAMPNS_OLD: i32 = 35;
 const TCP_INFO_LEN: usize = 104;
+/// tcpi_options bits.
+const TCPI_OPT_TIMESTAMPS: u8 = 1;
+const TCPI_OPT_SACK: u8 = 2;
+const TCPI_OPT_WSCALE: u8 = 4;
 /// A stream chunk or datagram is peeked in pieces of at most this many bytes.
 const PEEK_CHUNK: usize = 1 << 20;
 
@@ -270,6 +283,9 @@ const TCP_OPTS: &[(i32, i32, usize)] = &[
 
 const UDP_OPTS: &[(i32, i32, usize)] = &[(SOL_SOCKET, libc::SO_PEEK_OFF, 4)];
 
+/// Options of established TCP connections only.
+const TCP_CONN_OPTS: &[(i32, i32, usize)] = &[(SOL_SOCKET, libc::SO_PEEK_OFF, 4)];
+
 /// Reads every option of `list` that the socket has (options it does not know are skipped).
 fn capture_opts(s: RawFd, lists: &[&[(i32, i32, usize)]]) -> Vec<SockOpt> {
     let mut out = Vec::new();
@@ -283,6 +299,13 @@ fn capture_opts(s: RawFd, lists: &[&[(i32, i32, usize)]]) -> Vec<SockOpt> {
         }
     }
     out
+}
+
+fn is_multicast_opt(o: &SockOpt) -> bool {
+    (o.level == IPPROTO_IP
+        && (o.name == libc::IP_MULTICAST_TTL || o.name == libc::IP_MULTICAST_LOOP))
+        || (o.level == IPPROTO_IPV6
+            && (o.name == libc::IPV6_MULTICAST_HOPS || o.name == libc::IPV6_MULTICAST_LOOP))
 }
 
 fn opt_int(desc: &SocketDesc, level: i32, name: i32) -> Option<i32> {
@@ -629,6 +652,98 @@ impl Cap<'_> {
         })
     }
 
+    /// Reads an established TCP connection in repair mode (sequence numbers, both queues, the
+    /// options negotiated, the window), then takes repair mode off again, so the connection
+    /// works on if the tree is let go. `info`: its TCP_INFO; `conn`: it, for people.
+    fn tcp_conn(&self, info: &[u8], conn: &str) -> Result<(TcpConn, Vec<SockMsg>)> {
+        let s = self.s;
+        if sk::getsockopt_int(s, IPPROTO_TCP, libc::TCP_REPAIR).unwrap_or(0) != 0 {
+            return Err(self.refuse(format!(
+                "{conn} is already in TCP repair mode (someone else is checkpointing it?)"
+            )));
+        }
+        let reuse = sk::getsockopt_int(s, SOL_SOCKET, libc::SO_REUSEADDR)
+            .ctx(self.pid, || self.what("read SO_REUSEADDR"))?;
+        sk::tcp_repair(s, sk::TCP_REPAIR_ON).map_err(|e| {
+            self.refuse(format!(
+                "{conn} cannot be put in TCP repair mode ({e}); that needs CAP_NET_ADMIN in \
+                 the socket's network namespace"
+            ))
+        })?;
+        let r = self.tcp_read_repaired(info, conn);
+        // Leaving repair mode clears SO_REUSEADDR (the kernel resets the socket's reuse mode):
+        // it is set back as it was. No window probe: the peer must not notice anything.
+        let queue = sk::tcp_repair_queue(s, sk::TCP_NO_QUEUE);
+        let off = sk::tcp_repair(s, sk::TCP_REPAIR_OFF_NO_WP);
+        let back = sk::setsockopt_int(s, SOL_SOCKET, libc::SO_REUSEADDR, reuse);
+        let v = r?;
+        queue
+            .and(off)
+            .and(back)
+            .ctx(self.pid, || self.what("leave TCP repair mode"))?;
+        Ok(v)
+    }
+
+    fn tcp_read_repaired(&self, info: &[u8], conn: &str) -> Result<(TcpConn, Vec<SockMsg>)> {
+        let s = self.s;
+        let ctx = |w: &str| format!("{w} of {conn}, fd {} ({})", self.fd, self.link);
+        let ioctl = |req, w: &str| {
+            sk::ioctl_int(s, req)
+                .map(|n| n.max(0) as usize)
+                .ctx(self.pid, || ctx(w))
+        };
+        let inq = ioctl(sk::SIOCINQ, "read the bytes queued (SIOCINQ)")?;
+        let outq = ioctl(sk::SIOCOUTQ, "read the bytes not acknowledged (SIOCOUTQ)")?;
+        let unsent = ioctl(sk::SIOCOUTQNSD, "read the bytes not sent (SIOCOUTQNSD)")?;
+        sk::tcp_repair_queue(s, sk::TCP_SEND_QUEUE)
+            .ctx(self.pid, || ctx("select the send queue"))?;
+        let write_seq = sk::tcp_queue_seq(s).ctx(self.pid, || ctx("read the send sequence"))?;
+        let send_queue =
+            sk::tcp_peek_send_queue(s, outq).ctx(self.pid, || ctx("read the send queue"))?;
+        if send_queue.len() != outq {
+            return Err(self.refuse(format!(
+                "only {} of the {outq} bytes in the send queue of {conn} could be read",
+                send_queue.len()
+            )));
+        }
+        sk::tcp_repair_queue(s, sk::TCP_RECV_QUEUE)
+            .ctx(self.pid, || ctx("select the receive queue"))?;
+        let rcv_nxt = sk::tcp_queue_seq(s).ctx(self.pid, || ctx("read the receive sequence"))?;
+        let queue = if inq > 0 {
+            self.peek_stream(inq)?
+        } else {
+            Vec::new()
+        };
+        // In repair mode TCP_MAXSEG reads the MSS negotiated (mss_clamp).
+        let mss_clamp = sk::getsockopt_int(s, IPPROTO_TCP, libc::TCP_MAXSEG)
+            .ctx(self.pid, || ctx("read the MSS"))? as u32;
+        let timestamp = sk::getsockopt_int(s, IPPROTO_TCP, libc::TCP_TIMESTAMP)
+            .ctx(self.pid, || ctx("read TCP_TIMESTAMP"))? as u32;
+        let w = sk::tcp_repair_window(s).ctx(self.pid, || ctx("read the window"))?;
+        // struct tcp_info: tcpi_options at 5; tcpi_snd_wscale:4, tcpi_rcv_wscale:4 at 6.
+        let options = info.get(5).copied().unwrap_or(0);
+        let scales = info.get(6).copied().unwrap_or(0);
+        let tcp = TcpConn {
+            send_seq: write_seq.wrapping_sub(outq as u32),
+            recv_seq: rcv_nxt.wrapping_sub(inq as u32),
+            send_queue,
+            unsent: unsent.min(outq) as u32,
+            mss_clamp,
+            wscale: (options & TCPI_OPT_WSCALE != 0).then_some((scales & 0xf, scales >> 4)),
+            sack: options & TCPI_OPT_SACK != 0,
+            timestamps: options & TCPI_OPT_TIMESTAMPS != 0,
+            timestamp,
+            window: TcpWindow {
+                snd_wl1: w.snd_wl1,
+                snd_wnd: w.snd_wnd,
+                max_window: w.max_window,
+                rcv_wnd: w.rcv_wnd,
+                rcv_wup: w.rcv_wup,
+            },
+        };
+        Ok((tcp, queue))
+    }
+
     fn inet(&self, domain: i32, ty: SockType, protocol: i32) -> Result<SocketDesc> {
         let family = if domain == libc::AF_INET {
             SockFamily::Inet
@@ -678,14 +793,36 @@ impl Cap<'_> {
                         };
                     }
                     7 => {}
+                    TCP_ESTABLISHED => {
+                        desc.peer = self.name(true)?;
+                        let peer = desc
+                            .peer
+                            .as_ref()
+                            .map(describe)
+                            .unwrap_or_else(|| "?".into());
+                        // Options first: repair mode changes what SO_REUSEADDR reads.
+                        desc.opts =
+                            capture_opts(self.s, &[INET_OPTS, fam_opts, TCP_OPTS, TCP_CONN_OPTS]);
+                        // Multicast options mean nothing to TCP, cannot be set on it, and
+                        // read differently on accepted sockets (the peer's TTL).
+                        desc.opts.retain(|o| !is_multicast_opt(o));
+                        let conn = format!("TCP connection {local} -> {peer}");
+                        let (tcp, queue) = self.tcp_conn(&info, &conn)?;
+                        desc.tcp = Some(Box::new(tcp));
+                        desc.queue = queue;
+                        // The other end, a socket of the tree, is found in finish_capture.
+                        desc.state = SockState::Connected { peer_ino: 0 };
+                        return Ok(desc);
+                    }
                     s => {
                         let peer = self
                             .name(true)?
                             .map(|p| describe(&p))
                             .unwrap_or_else(|| "?".into());
                         return Err(self.refuse(format!(
-                            "TCP connection {local} -> {peer} is {}; established TCP \
-                             connections cannot be checkpointed yet (they need TCP_REPAIR)",
+                            "TCP connection {local} -> {peer} is {}; only established TCP \
+                             connections can be checkpointed (half-closed and closing ones \
+                             cannot yet)",
                             tcp_state_name(s)
                         )));
                     }
@@ -875,6 +1012,7 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
             why,
         }
     };
+    tcp_peers(tree, &refuse, &tree_pids)?;
     // Clients waiting in the queues of the tree's listeners: client inode -> listener inode.
     let mut waiting: HashMap<u64, u64> = HashMap::new();
     for f in &tree.files {
@@ -996,6 +1134,198 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
         requeue(frozen, tree, &holders, &by_ino, i)?;
     }
     Ok(())
+}
+
+/// Whether two socket addresses name the same TCP or UDP endpoint (flow labels and scope
+/// aside; an IPv4-mapped IPv6 address is its IPv4 address).
+fn same_inet(a: &SockAddr, b: &SockAddr) -> bool {
+    let v4 = |x: &SockAddr| match x {
+        SockAddr::Inet6 { addr, port, .. } => std::net::Ipv6Addr::from(*addr)
+            .to_ipv4_mapped()
+            .map(|v| SockAddr::Inet {
+                addr: v.octets(),
+                port: *port,
+            })
+            .unwrap_or_else(|| x.clone()),
+        _ => x.clone(),
+    };
+    match (&v4(a), &v4(b)) {
+        (SockAddr::Inet { addr: x, port: p }, SockAddr::Inet { addr: y, port: q }) => {
+            x == y && p == q
+        }
+        (
+            SockAddr::Inet6 {
+                addr: x, port: p, ..
+            },
+            SockAddr::Inet6 {
+                addr: y, port: q, ..
+            },
+        ) => x == y && p == q,
+        _ => false,
+    }
+}
+
+/// Pairs each established TCP connection of the tree with its other end, which must be a
+/// socket of the tree too; a connection to anything else is refused (`refuse(file id, inode,
+/// why)`).
+///
+/// Why refuse a peer outside the tree: between the checkpoint and the restore the connection
+/// has no socket on this machine, so anything the peer sends (data, a keepalive, a
+/// retransmission) is answered with a reset, and the connection is lost; CRIU locks the
+/// network (firewall rules dropping the connection's packets) for that window, which Ferry
+/// does not do. Both ends in the tree are frozen, captured and killed together, and neither
+/// sends anything in between.
+fn tcp_peers(
+    tree: &mut Tree,
+    refuse: &dyn Fn(u32, u64, String) -> Error,
+    tree_pids: &HashSet<i32>,
+) -> Result<()> {
+    let conns: Vec<(usize, u64, SockAddr, SockAddr)> = tree
+        .files
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| match &f.kind {
+            FileKind::Socket(s) if s.tcp.is_some() => {
+                Some((i, s.ino, s.local.clone()?, s.peer.clone()?))
+            }
+            _ => None,
+        })
+        .collect();
+    for (i, ino, local, peer) in &conns {
+        let other = conns
+            .iter()
+            .find(|(_, _, l, p)| same_inet(l, peer) && same_inet(p, local));
+        match other {
+            Some((_, peer_ino, _, _)) => {
+                if let FileKind::Socket(s) = &mut tree.files[*i].kind {
+                    s.state = SockState::Connected {
+                        peer_ino: *peer_ino,
+                    };
+                }
+            }
+            None => {
+                let root = tree.processes.first().map(|p| p.pid).unwrap_or(0);
+                let whose = match tcp_inode_of(root, peer, local) {
+                    Some(pi) => format!("socket:[{pi}]{}", outside_holders(pi, tree_pids)),
+                    None => "not a socket of this machine's network namespace".into(),
+                };
+                return Err(refuse(
+                    tree.files[*i].id,
+                    *ino,
+                    format!(
+                        "TCP connection {} -> {}: its other end ({whose}) is outside the tree. \
+                         Only connections whose both ends are in the tree can be checkpointed: \
+                         while the tree is away nothing on this machine would answer the other \
+                         end but with a reset, and Ferry does not lock the network to hold its \
+                         packets back",
+                        describe(local),
+                        describe(peer)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The inode of the TCP socket bound to `local` and connected to `peer`, from the network
+/// namespace of `pid` (/proc/PID/net/tcp and tcp6), if there is one.
+fn tcp_inode_of(pid: i32, local: &SockAddr, peer: &SockAddr) -> Option<u64> {
+    // "0100007F:1F90": the address as the kernel's u32 words in hex, the port in hex.
+    let parse = |field: &str| -> Option<SockAddr> {
+        let (a, p) = field.split_once(':')?;
+        let port = u16::from_str_radix(p, 16).ok()?;
+        let words: Option<Vec<[u8; 4]>> = (0..a.len() / 8)
+            .map(|k| {
+                u32::from_str_radix(a.get(k * 8..k * 8 + 8)?, 16)
+                    .ok()
+                    .map(u32::to_ne_bytes)
+            })
+            .collect();
+        let bytes: Vec<u8> = words?.concat();
+        match bytes.len() {
+            4 => Some(SockAddr::Inet {
+                addr: bytes.try_into().ok()?,
+                port,
+            }),
+            16 => Some(SockAddr::Inet6 {
+                addr: bytes.try_into().ok()?,
+                port,
+                flowinfo: 0,
+                scope_id: 0,
+            }),
+            _ => None,
+        }
+    };
+    for table in ["net/tcp", "net/tcp6"] {
+        let Ok(text) = procfs::read(pid, table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() <= 9 {
+                continue;
+            }
+            let (Some(l), Some(r)) = (parse(cols[1]), parse(cols[2])) else {
+                continue;
+            };
+            if same_inet(&l, local) && same_inet(&r, peer) {
+                return cols[9].parse().ok().filter(|&ino| ino != 0);
+            }
+        }
+    }
+    None
+}
+
+/// Just before a captured tree is killed: puts every TCP connection its processes hold into
+/// repair mode, so that closing them sends nothing (no FIN, no reset) and leaves nothing
+/// behind (no TIME_WAIT): the other end (in the tree too, and dying with it) hears nothing,
+/// and the connection's addresses are free at once for the restore. Errors are logged: the
+/// tree dies anyway.
+pub fn silence_tcp_connections(pids: &[i32]) {
+    for &pid in pids {
+        let Ok(fds) = procfs::fds(pid) else {
+            continue;
+        };
+        let mut pfd = None;
+        for fd in fds {
+            let Ok(link) = procfs::readlink(pid, &format!("fd/{fd}")) else {
+                continue;
+            };
+            if !link.starts_with("socket:[") {
+                continue;
+            }
+            if pfd.is_none() {
+                match pidfd::pidfd_open(pid) {
+                    Ok(p) => pfd = Some(p),
+                    Err(_) => break,
+                }
+            }
+            let Some(p) = pfd.as_ref() else { break };
+            let Ok(s) = pidfd::pidfd_getfd(p, fd) else {
+                continue;
+            };
+            let s = s.as_raw_fd();
+            let tcp = sk::getsockopt_int(s, SOL_SOCKET, libc::SO_PROTOCOL)
+                .is_ok_and(|p| p == libc::IPPROTO_TCP);
+            if !tcp {
+                continue;
+            }
+            let state = sk::getsockopt(s, IPPROTO_TCP, libc::TCP_INFO, 1)
+                .ok()
+                .and_then(|i| i.first().copied())
+                .unwrap_or(0);
+            if state == 0 || state == TCP_LISTEN || state == 7 {
+                continue;
+            }
+            if let Err(e) = sk::tcp_repair(s, sk::TCP_REPAIR_ON) {
+                log::warn!(
+                    "PID {pid}: fd {fd} ({link}): {e}: the connection may be reset or linger \
+                     when the tree dies"
+                );
+            }
+        }
+    }
 }
 
 /// Accepts every connection waiting in listener `tree.files[li]` from a copy of it, records
@@ -1402,6 +1732,20 @@ pub struct Deferred {
     /// Datagrams for the UDP sockets' queues, sent once every UDP socket of the tree has its
     /// address (the senders among them included).
     datagrams: Vec<DeferredDatagram>,
+    /// Established TCP connections, rebuilt in repair mode: they leave it only once both ends
+    /// exist (leaving it sends a window probe to the other end, which would draw a reset from
+    /// a port with no socket), and then send what had never been sent.
+    repairs: Vec<DeferredRepair>,
+}
+
+struct DeferredRepair {
+    fd: OwnedFd,
+    /// SO_REUSEADDR as captured (leaving repair mode clears it).
+    reuseaddr: i32,
+    /// SO_SNDBUF as captured (raised for a moment to send `unsent`).
+    sndbuf: Option<i32>,
+    unsent: Vec<u8>,
+    what: String,
 }
 
 struct DeferredListen {
@@ -1432,7 +1776,10 @@ impl Deferred {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.listens.is_empty() && self.binds.is_empty() && self.datagrams.is_empty()
+        self.listens.is_empty()
+            && self.binds.is_empty()
+            && self.datagrams.is_empty()
+            && self.repairs.is_empty()
     }
 
     /// Binds and connects the UDP sockets, makes the TCP listeners listen, and queues the
@@ -1484,6 +1831,34 @@ impl Deferred {
                     e,
                 )
             })?;
+        }
+        for r in &self.repairs {
+            let fd = r.fd.as_raw_fd();
+            sk::tcp_repair(fd, sk::TCP_REPAIR_OFF)
+                .map_err(|e| err(&format!("{}: leave repair mode", r.what), e))?;
+            sk::setsockopt_int(fd, SOL_SOCKET, libc::SO_REUSEADDR, r.reuseaddr)
+                .map_err(|e| err(&format!("{}: set SO_REUSEADDR back", r.what), e))?;
+        }
+        for r in &self.repairs {
+            if r.unsent.is_empty() {
+                continue;
+            }
+            let fd = r.fd.as_raw_fd();
+            bump_sndbuf(fd, r.unsent.len());
+            let mut at = 0;
+            while at < r.unsent.len() {
+                let n =
+                    sk::send(fd, &r.unsent[at..], None, &[], libc::MSG_DONTWAIT).map_err(|e| {
+                        err(
+                            &format!("{}: send the {} bytes never sent", r.what, r.unsent.len()),
+                            e,
+                        )
+                    })?;
+                at += n.max(1);
+            }
+            if let Some(b) = r.sndbuf {
+                let _ = sk::setsockopt_int(fd, SOL_SOCKET, libc::SO_SNDBUFFORCE, b / 2);
+            }
         }
         Ok(())
     }
@@ -2031,10 +2406,11 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
-    /// Every socket not made as part of a pair; TCP and UDP ones completely.
+    /// Every socket not made as part of a pair; TCP and UDP ones completely. Established TCP
+    /// connections come last, so that the tree's listeners have their ports first.
     fn create_rest(&mut self) -> Result<()> {
         for i in 0..self.socks.len() {
-            if self.fds[i].is_some() {
+            if self.fds[i].is_some() || self.sock(i).tcp.is_some() {
                 continue;
             }
             let s = self.sock(i);
@@ -2049,6 +2425,142 @@ impl<'a> Builder<'a> {
             if s.family != SockFamily::Unix {
                 self.inet(i)?;
             }
+        }
+        for i in 0..self.socks.len() {
+            if self.fds[i].is_none() && self.sock(i).tcp.is_some() {
+                self.tcp_conn(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes an established TCP connection again in repair mode: its options, its name (bound
+    /// whoever holds the port: repair mode forces it), its sequence numbers, connect (which
+    /// sends nothing in repair mode), the options negotiated, both queues and the window. It
+    /// leaves repair mode (and sends what was never sent) only when the tree is about to run,
+    /// once the other end exists too: see [`Deferred`].
+    fn tcp_conn(&mut self, i: usize) -> Result<()> {
+        let s = self.sock(i);
+        let Some(t) = s.tcp.as_ref() else {
+            return Ok(());
+        };
+        let (Some(local), Some(peer)) = (s.local.as_ref(), s.peer.as_ref()) else {
+            return Err(self.err(i, "an established TCP connection without both addresses"));
+        };
+        let conn = format!("TCP connection {} -> {}", describe(local), describe(peer));
+        let e =
+            |what: &str, err: ferry_sys::SysError| self.err(i, format!("{conn}: {what}: {err}"));
+        let domain = match s.family {
+            SockFamily::Inet6 => libc::AF_INET6,
+            _ => libc::AF_INET,
+        };
+        let fd = sk::socket(domain, libc::SOCK_STREAM | NEW, libc::IPPROTO_TCP)
+            .map_err(|err| e("socket", err))?;
+        let f = fd.as_raw_fd();
+        // Options before repair mode: SO_REUSEADDR would undo the forced reuse it brings.
+        apply_opts(f, &s.opts, false);
+        sk::tcp_repair(f, sk::TCP_REPAIR_ON).map_err(|err| e("enter repair mode", err))?;
+        sk::bind(f, &encode_addr(local)).map_err(|err| e("bind (in repair mode)", err))?;
+        sk::tcp_repair_queue(f, sk::TCP_SEND_QUEUE)
+            .map_err(|err| e("select the send queue", err))?;
+        sk::set_tcp_queue_seq(f, t.send_seq).map_err(|err| e("set the send sequence", err))?;
+        sk::tcp_repair_queue(f, sk::TCP_RECV_QUEUE)
+            .map_err(|err| e("select the receive queue", err))?;
+        sk::set_tcp_queue_seq(f, t.recv_seq).map_err(|err| e("set the receive sequence", err))?;
+        if t.timestamps {
+            sk::setsockopt_int(f, IPPROTO_TCP, libc::TCP_TIMESTAMP, t.timestamp as i32)
+                .map_err(|err| e("set TCP_TIMESTAMP", err))?;
+        }
+        sk::connect(f, &encode_addr(peer)).map_err(|err| {
+            if err.errno == libc::EADDRNOTAVAIL || err.errno == libc::EADDRINUSE {
+                self.err(
+                    i,
+                    format!(
+                        "{conn}: connect (in repair mode): {err}: another socket holds this \
+                         connection's addresses (the original of the tree, still running?)"
+                    ),
+                )
+            } else {
+                e("connect (in repair mode)", err)
+            }
+        })?;
+        let mut opts = vec![(sk::TCPOPT_MSS, t.mss_clamp)];
+        if let Some((snd, rcv)) = t.wscale {
+            opts.push((sk::TCPOPT_WINDOW, u32::from(snd) | (u32::from(rcv) << 16)));
+        }
+        if t.sack {
+            opts.push((sk::TCPOPT_SACK_PERM, 0));
+        }
+        if t.timestamps {
+            opts.push((sk::TCPOPT_TIMESTAMP, 0));
+        }
+        sk::tcp_repair_options(f, &opts).map_err(|err| e("set the options negotiated", err))?;
+        // The bytes received and not read: queued as if they had just arrived.
+        let recv: Vec<u8> = s
+            .queue
+            .iter()
+            .flat_map(|m| m.data.iter().copied())
+            .collect();
+        if !recv.is_empty() {
+            let want = (recv.len().saturating_mul(2) + (1 << 20)).min(i32::MAX as usize / 4);
+            let _ = sk::setsockopt_int(f, SOL_SOCKET, libc::SO_RCVBUFFORCE, want as i32);
+            sk::tcp_repair_queue(f, sk::TCP_RECV_QUEUE)
+                .map_err(|err| e("select the receive queue", err))?;
+            self.send_stream(i, f, &recv, &conn, "the receive queue")?;
+        }
+        // The bytes sent and not acknowledged: queued as sent (repair mode sends nothing; they
+        // go out again when the retransmission timer fires). The bytes never sent are sent
+        // for real when the connection leaves repair mode.
+        let sent = t.send_queue.len() - (t.unsent as usize).min(t.send_queue.len());
+        bump_sndbuf(f, t.send_queue.len());
+        if sent > 0 {
+            sk::tcp_repair_queue(f, sk::TCP_SEND_QUEUE)
+                .map_err(|err| e("select the send queue", err))?;
+            self.send_stream(i, f, &t.send_queue[..sent], &conn, "the send queue")?;
+        }
+        sk::tcp_repair_queue(f, sk::TCP_NO_QUEUE).map_err(|err| e("select no queue", err))?;
+        // Buffers as they were (raised above to refill the queues).
+        apply_opts(f, &s.opts, true);
+        let w = sk::TcpRepairWindow {
+            snd_wl1: t.window.snd_wl1,
+            snd_wnd: t.window.snd_wnd,
+            max_window: t.window.max_window,
+            rcv_wnd: t.window.rcv_wnd,
+            rcv_wup: t.window.rcv_wup,
+        };
+        sk::set_tcp_repair_window(f, &w).map_err(|err| e("set the window", err))?;
+        let dup = fd
+            .try_clone()
+            .map_err(|err| self.err(i, format!("{conn}: dup: {err}")))?;
+        self.fds[i] = Some(fd);
+        self.deferred.repairs.push(DeferredRepair {
+            fd: dup,
+            reuseaddr: opt_int(s, SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0),
+            sndbuf: opt_int(s, SOL_SOCKET, libc::SO_SNDBUF),
+            unsent: t.send_queue[sent..].to_vec(),
+            what: format!("socket:[{}]: {conn}", s.ino),
+        });
+        Ok(())
+    }
+
+    /// Writes `data` into the queue of socket `f` that repair mode has selected.
+    fn send_stream(&self, i: usize, f: RawFd, data: &[u8], conn: &str, queue: &str) -> Result<()> {
+        let mut at = 0;
+        while at < data.len() {
+            let n = sk::send(f, &data[at..], None, &[], libc::MSG_DONTWAIT).map_err(|err| {
+                self.err(
+                    i,
+                    format!(
+                        "{conn}: refill {queue} ({} of {} bytes done): {err}",
+                        at,
+                        data.len()
+                    ),
+                )
+            })?;
+            if n == 0 {
+                return Err(self.err(i, format!("{conn}: refill {queue}: no progress")));
+            }
+            at += n;
         }
         Ok(())
     }
@@ -2591,6 +3103,37 @@ mod tests {
         assert!(!same_dev(kernel, libc::makedev(8, 18)));
         let kernel = (259u32 << 20) | 300;
         assert!(same_dev(kernel, libc::makedev(259, 300)));
+    }
+
+    #[test]
+    fn tcp_ends_match_across_ipv4_mapped_addresses() {
+        let v4 = SockAddr::Inet {
+            addr: [127, 0, 0, 1],
+            port: 80,
+        };
+        let mapped = SockAddr::Inet6 {
+            addr: std::net::Ipv4Addr::new(127, 0, 0, 1)
+                .to_ipv6_mapped()
+                .octets(),
+            port: 80,
+            flowinfo: 3,
+            scope_id: 0,
+        };
+        assert!(same_inet(&v4, &mapped) && same_inet(&mapped, &v4));
+        assert!(!same_inet(
+            &v4,
+            &SockAddr::Inet {
+                addr: [127, 0, 0, 1],
+                port: 81
+            }
+        ));
+        let lo6 = SockAddr::Inet6 {
+            addr: std::net::Ipv6Addr::LOCALHOST.octets(),
+            port: 80,
+            flowinfo: 0,
+            scope_id: 0,
+        };
+        assert!(!same_inet(&v4, &lo6));
     }
 
     #[test]

@@ -118,6 +118,7 @@ pub fn run(c: Command) -> Result<()> {
                 FileKind::Inotify(i) => format!("inotify {i:?}"),
                 FileKind::Socket(s) => format!("socket {s}"),
                 FileKind::Tty(t) => format!("tty {t:?}"),
+                FileKind::PathOnly { path } => format!("path {path} (O_PATH)"),
                 FileKind::Unknown => "unknown".into(),
             };
             println!(

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use ferry_engine::guest_ns::GuestNamespaces;
-use ferry_engine::restore::{load, restore_with, RestoreOptions, RestoreReport};
+use ferry_engine::restore::{open, restore_with, RestoreOptions, RestoreReport};
 use std::io::BufReader;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -24,6 +24,7 @@ pub struct Args {
 
 #[derive(serde::Serialize)]
 struct Report {
+    /// Reading the image's header and tree; the rest is read as the tree is rebuilt.
     read_ms: f64,
     total_ms: f64,
     image_data_bytes: u64,
@@ -36,7 +37,7 @@ pub fn run(a: Args) -> Result<()> {
     let path = a.dir.join(ferry_image::IMAGE_FILE);
     let file =
         std::fs::File::open(&path).with_context(|| format!("open image {}", path.display()))?;
-    let img = load(BufReader::with_capacity(8 << 20, file))
+    let mut img = open(BufReader::with_capacity(1 << 20, file))
         .with_context(|| format!("read image {}", path.display()))?;
     let read_ms = t0.elapsed().as_secs_f64() * 1e3;
     let guest = if a.pid_namespace {
@@ -48,13 +49,13 @@ pub fn run(a: Args) -> Result<()> {
     let opts = RestoreOptions {
         guest: guest.as_ref(),
     };
-    let report = restore_with(&img, &opts)
+    let report = restore_with(&mut img, &opts)
         .and_then(|tree| tree.resume())
         .with_context(|| format!("restore from {}", path.display()))?;
     let report = Report {
         read_ms,
         total_ms: t0.elapsed().as_secs_f64() * 1e3,
-        image_data_bytes: img.data_bytes,
+        image_data_bytes: img.data_bytes(),
         restore: report,
     };
     if a.json {

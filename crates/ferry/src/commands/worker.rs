@@ -4,7 +4,7 @@
 //! the tree, a restore worker kills what it built.
 
 use anyhow::{Context, Result};
-use ferry_engine::checkpoint::capture;
+use ferry_engine::checkpoint::capture_then;
 use ferry_engine::freeze::FrozenTree;
 use ferry_engine::names::SocketFilesAside;
 use ferry_transport::frame::blocking::{read_frame, write_end, write_msg, DataReader, DataWriter};
@@ -110,25 +110,35 @@ pub fn capture_worker(pid: i32) -> Result<()> {
     write_msg(&mut out, &Msg::Frozen)?;
     // Frames of up to 1 MiB however small the engine's writes.
     let framed = BufWriter::with_capacity(1 << 20, DataWriter(&mut out));
-    let captured = capture(&frozen, framed)
-        .map_err(anyhow::Error::from)
-        .and_then(|(framed, report)| {
-            framed
-                .into_inner()
-                .map_err(|e| anyhow::anyhow!("stream the image: {}", e.error()))?;
-            Ok(report)
-        })
-        // Before the image ends: the destination binds the tree's socket files as it rebuilds.
-        .and_then(|report| Ok((report, SocketFilesAside::set_aside(&frozen)?)))
-        .and_then(|(report, aside)| {
-            write_end(&mut out)?;
-            Ok((report, aside))
-        });
-    let (report, aside) = match captured {
-        Ok(r) => r,
-        Err(e) => {
-            // (A file set aside went back when `aside` was dropped.)
+    // The socket files go aside once the tree is captured and before its image leaves: the
+    // destination rebuilds as the image streams in, binding them as soon as it has the tree.
+    let mut aside = None;
+    let captured = capture_then(&frozen, framed, || {
+        aside = Some(SocketFilesAside::set_aside(&frozen)?);
+        Ok(())
+    })
+    .map_err(anyhow::Error::from)
+    .and_then(|(framed, report)| {
+        framed
+            .into_inner()
+            .map_err(|e| anyhow::anyhow!("stream the image: {}", e.error()))?;
+        Ok(report)
+    })
+    .and_then(|report| {
+        write_end(&mut out)?;
+        Ok(report)
+    });
+    let (report, aside) = match (captured, aside) {
+        (Ok(r), Some(aside)) => (r, aside),
+        (r, aside) => {
+            // The original gets its socket files back before it runs again.
+            if let Some(Err(e)) = aside.map(|a| a.put_back()) {
+                log::error!("PID {pid}: {e}");
+            }
             frozen.thaw();
+            let e = r
+                .err()
+                .unwrap_or_else(|| anyhow::anyhow!("no socket files set aside"));
             return fail(&mut out, &e.context(format!("capture PID {pid}")));
         }
     };
@@ -156,31 +166,38 @@ pub fn capture_worker(pid: i32) -> Result<()> {
     Ok(())
 }
 
-/// `ferry __restore-worker`: the image arrives on stdin as data frames.
+/// `ferry __restore-worker`: the image arrives on stdin as data frames, and the tree is rebuilt
+/// as it streams in.
 pub fn restore_worker() -> Result<()> {
     let mut out = BufWriter::new(std::io::stdout().lock());
     let t0 = Instant::now();
-    let mut reader = DataReader::new(std::io::stdin().lock());
-    let img = match ferry_engine::restore::load(&mut reader).context("receive the image") {
+    let mut img = match ferry_engine::restore::open(DataReader::new(std::io::stdin().lock()))
+        .context("receive the image")
+    {
         Ok(i) => i,
         Err(e) => return fail(&mut out, &e),
     };
-    let mut input = match reader.finish().context("receive the image") {
-        Ok(i) => i,
-        Err(e) => return fail(&mut out, &e),
-    };
-    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let t1 = Instant::now();
-    let held = match hold::rebuild(&img) {
+    let open_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let held = match hold::rebuild(&mut img) {
         Ok(h) => h,
         Err(e) => return fail(&mut out, &e),
     };
+    let mut input = match img.into_inner().finish().context("receive the image") {
+        Ok(i) => i,
+        Err(e) => {
+            held.kill();
+            return fail(&mut out, &e);
+        }
+    };
+    // Time spent receiving the image (the tree, then waiting for and checking memory as it
+    // arrived), and the rest of the rebuild.
+    let load_ms = open_ms + held.report().image_read_ms;
     write_msg(
         &mut out,
         &Msg::Rebuilt(ferry_transport::message::Rebuilt {
             pid: held.root_pid(),
             load_ms,
-            restore_ms: t1.elapsed().as_secs_f64() * 1e3,
+            restore_ms: t0.elapsed().as_secs_f64() * 1e3 - load_ms,
         }),
     )?;
     // After `Rebuilt` the source may already have destroyed the original; only an explicit
@@ -205,14 +222,17 @@ pub fn restore_worker() -> Result<()> {
 mod hold {
     use anyhow::{Context, Result};
     use ferry_engine::guest_ns::GuestNamespaces;
-    use ferry_engine::restore::{restore_with, LoadedImage, RestoreOptions, RestoredTree};
+    use ferry_engine::restore::{
+        restore_with, OpenImage, RestoreOptions, RestoreReport, RestoredTree,
+    };
+    use std::io::Read;
 
     pub struct Held {
         guest: GuestNamespaces,
         tree: RestoredTree,
     }
 
-    pub fn rebuild(img: &LoadedImage) -> Result<Held> {
+    pub fn rebuild<R: Read>(img: &mut OpenImage<R>) -> Result<Held> {
         let exe = std::env::current_exe().context("find the ferry binary")?;
         let guest = GuestNamespaces::create(&exe, img.tree.clocks)
             .context("make namespaces for the guest")?;
@@ -234,6 +254,10 @@ mod hold {
     impl Held {
         pub fn root_pid(&self) -> i32 {
             self.tree.root_host_pid()
+        }
+
+        pub fn report(&self) -> &RestoreReport {
+            self.tree.report()
         }
 
         /// Lets the tree run; the namespaces' init stays as long as the tree does.
