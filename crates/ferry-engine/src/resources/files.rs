@@ -332,11 +332,12 @@ pub fn open_descriptions(
                     }
                 })?
             }
-            FileKind::PathOnly { path } => fdops::open_path(path, keep_flags(d.flags), 0)
-                .map_err(|e| Error::Restore {
+            FileKind::PathOnly { path } => {
+                fdops::open_path(path, keep_flags(d.flags), 0).map_err(|e| Error::Restore {
                     pid: me,
                     what: format!("reopen {path} (O_PATH): {e}"),
-                })?,
+                })?
+            }
             FileKind::Device { path, .. } => fdops::open_path(path, keep_flags(d.flags), 0)
                 .map_err(|e| Error::Restore {
                     pid: me,
