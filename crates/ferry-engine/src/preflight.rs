@@ -19,7 +19,9 @@ fn tree(root: i32) -> Result<Vec<i32>> {
     Ok(out)
 }
 
-/// Inodes of TCP sockets that are not listening, from the network namespace of `pid`.
+/// Inodes of TCP sockets that are connected (or on their way to or from it): neither listening
+/// nor closed (a socket that is only bound is listed as closed), from the network namespace of
+/// `pid`.
 fn tcp_connections(pid: i32) -> HashSet<u64> {
     let mut set = HashSet::new();
     for table in ["net/tcp", "net/tcp6"] {
@@ -29,7 +31,7 @@ fn tcp_connections(pid: i32) -> HashSet<u64> {
         for line in text.lines().skip(1) {
             let cols: Vec<&str> = line.split_whitespace().collect();
             // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
-            if cols.len() > 9 && cols[3] != "0A" {
+            if cols.len() > 9 && cols[3] != "0A" && cols[3] != "07" {
                 if let Ok(ino) = cols[9].parse() {
                     set.insert(ino);
                 }
@@ -89,7 +91,10 @@ pub fn check(root: i32) -> Result<()> {
                     return Err(refuse(
                         pid,
                         what,
-                        "an established TCP connection cannot be moved yet",
+                        "an established TCP connection (or one opening or closing) cannot be \
+                         migrated yet (ferry checkpoint and restore on one machine can move one \
+                         whose both ends are in the tree, but on a local cluster the frozen \
+                         original keeps its addresses until the copy is rebuilt)",
                     ));
                 }
             }
