@@ -243,6 +243,14 @@ impl PidView {
                         i.pid = self.member(i.pid, || format!("epoll file {}", f.id))?;
                     }
                 }
+                FileKind::Pidfd { pid } => {
+                    let (holder, fd) = holders.get(&f.id).copied().unwrap_or_default();
+                    *pid = *self.map.get(pid).ok_or_else(|| Error::Unsupported {
+                        pid: holder,
+                        what: format!("fd {fd} (a pidfd)"),
+                        why: format!("it refers to PID {pid}, which is not part of the tree"),
+                    })?;
+                }
                 FileKind::Tty(t) => {
                     if let Some(s) = &mut t.state {
                         s.session = self.of_pid(s.session);

@@ -79,9 +79,6 @@ pub fn check(root: i32) -> Result<()> {
                 continue;
             };
             let what = format!("fd {fd} ({link})");
-            if link == "anon_inode:[pidfd]" {
-                return Err(refuse(pid, what, "pidfds cannot be moved yet"));
-            }
             if let Some(ino) = link
                 .strip_prefix("socket:[")
                 .and_then(|s| s.strip_suffix(']'))

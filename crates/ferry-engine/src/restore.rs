@@ -601,7 +601,7 @@ fn build<R: Read>(
     report.memory_ms = t1.elapsed().as_secs_f64() * 1e3;
     let t2 = Instant::now();
     for (p, h) in &live {
-        files::install(h, p, cx.descs)?;
+        files::install(h, p, tree, cx.descs)?;
         process::restore_environment(h, p)?;
         signals::restore_actions(h, p)?;
         threads::restore_inside(h.injector(), &p.threads[0])?;

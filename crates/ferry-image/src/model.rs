@@ -328,6 +328,10 @@ pub enum FileKind {
     PathOnly {
         path: String,
     },
+    /// A pidfd of process `pid` of the tree (a pidfd of a process outside the tree is refused).
+    Pidfd {
+        pid: i32,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

@@ -66,8 +66,43 @@ pub fn classify(
         "anon_inode:[timerfd]" => FileKind::Timerfd(capture_timerfd(pid, fd, link, info)?),
         "anon_inode:[signalfd]" => FileKind::Signalfd(capture_signalfd(pid, fd, link, info)?),
         "anon_inode:inotify" => FileKind::Inotify(capture_inotify(pid, fd, link, info)?),
+        "anon_inode:[pidfd]" => capture_pidfd(pid, fd, link, info)?,
         _ => return Ok(None),
     }))
+}
+
+/// A pidfd: which process it refers to, by our PID for now (the tree's number once
+/// `pidview` has translated it, which refuses a process outside the tree).
+fn capture_pidfd(pid: i32, fd: i32, link: &str, info: &[(String, String)]) -> Result<FileKind> {
+    let flags = value(info, "flags")
+        .and_then(|f| i64::from_str_radix(f, 8).ok())
+        .unwrap_or(0);
+    if flags & libc::O_EXCL as i64 != 0 {
+        // PIDFD_THREAD
+        return Err(unsupported(
+            pid,
+            fd,
+            link,
+            "a pidfd of a single thread is not supported yet".into(),
+        ));
+    }
+    match value(info, "Pid").and_then(|v| v.parse::<i32>().ok()) {
+        Some(target) if target > 0 => Ok(FileKind::Pidfd { pid: target }),
+        Some(_) => Err(unsupported(
+            pid,
+            fd,
+            link,
+            "the process it refers to has exited and been reaped (or lives in a PID namespace \
+             we cannot see), and a pidfd cannot be made again for it"
+                .into(),
+        )),
+        None => Err(unsupported(
+            pid,
+            fd,
+            link,
+            "its fdinfo has no Pid line".into(),
+        )),
+    }
 }
 
 fn unsupported(pid: i32, fd: i32, link: &str, why: String) -> Error {

@@ -398,6 +398,8 @@ pub fn open_descriptions(
             | FileKind::Inotify(_) => super::anon_inodes::open(d)?,
             FileKind::Socket(_) => super::sockets::open(d, tree, guest.map(|g| g.pidfd()))?,
             FileKind::Tty(_) => super::tty::open(d, tree, &dev)?,
+            // Made in the process itself, once its target exists (see `install`).
+            FileKind::Pidfd { .. } => continue,
             FileKind::Unknown => {
                 return Err(Error::BadImage(format!(
                     "file {} has an unknown kind",
@@ -479,8 +481,13 @@ fn peek_pipe(
 }
 
 /// Gives the rebuilt process its descriptors, each at its old number.
-pub fn install(h: &Husk, p: &Process, descs: &HashMap<u32, OwnedFd>) -> Result<()> {
+pub fn install(h: &Husk, p: &Process, tree: &Tree, descs: &HashMap<u32, OwnedFd>) -> Result<()> {
     for fd in &p.fds {
+        if let Some(FileKind::Pidfd { pid }) = tree.files.get(fd.file as usize).map(|d| &d.kind) {
+            let flags = tree.files[fd.file as usize].flags;
+            install_pidfd(h, fd, *pid, flags)?;
+            continue;
+        }
         let d = descs.get(&fd.file).ok_or_else(|| {
             Error::BadImage(format!(
                 "PID {} fd {} names unknown file {}",
@@ -494,5 +501,43 @@ pub fn install(h: &Husk, p: &Process, descs: &HashMap<u32, OwnedFd>) -> Result<(
     super::anon_inodes::after_install(h, p)?;
     super::sockets::after_install(h, p)?;
     super::tty::after_install(h, p)?;
+    Ok(())
+}
+
+/// Opens a pidfd of `target` (the tree's PID) inside the husk, where the tree's numbers are
+/// its own, and puts it at `fd`. (Every descriptor of one pidfd description becomes a
+/// description of its own: only their shared O_NONBLOCK could tell.)
+fn install_pidfd(h: &Husk, fd: &Fd, target: i32, flags: i32) -> Result<()> {
+    let inj = h.injector();
+    let nonblock = (flags & libc::O_NONBLOCK) as u64; // PIDFD_NONBLOCK
+    let fail = |e: crate::Error| Error::Restore {
+        pid: h.pid,
+        what: format!("fd {}: pidfd of PID {target}: {e}", fd.fd),
+    };
+    let got = inj
+        .syscall(
+            "pidfd_open",
+            libc::SYS_pidfd_open,
+            &[target as u64, nonblock],
+        )
+        .map_err(|e| fail(e.into()))? as i32;
+    let cloexec = if fd.cloexec {
+        libc::O_CLOEXEC as u64
+    } else {
+        0
+    };
+    if got != fd.fd {
+        inj.syscall("dup3", libc::SYS_dup3, &[got as u64, fd.fd as u64, cloexec])
+            .map_err(|e| fail(e.into()))?;
+        inj.syscall("close", libc::SYS_close, &[got as u64])
+            .map_err(|e| fail(e.into()))?;
+    } else if !fd.cloexec {
+        inj.syscall(
+            "fcntl",
+            libc::SYS_fcntl,
+            &[got as u64, libc::F_SETFD as u64, 0],
+        )
+        .map_err(|e| fail(e.into()))?;
+    }
     Ok(())
 }

@@ -119,6 +119,7 @@ pub fn run(c: Command) -> Result<()> {
                 FileKind::Socket(s) => format!("socket {s}"),
                 FileKind::Tty(t) => format!("tty {t:?}"),
                 FileKind::PathOnly { path } => format!("path {path} (O_PATH)"),
+                FileKind::Pidfd { pid } => format!("pidfd of PID {pid}"),
                 FileKind::Unknown => "unknown".into(),
             };
             println!(
