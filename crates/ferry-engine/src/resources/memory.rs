@@ -233,8 +233,15 @@ pub fn restore_mappings(h: &Husk, vmas: &[Vma], objects: &RestoreObjects) -> Res
             }
         }
     }
-    for v in vmas {
+    for (i, v) in vmas.iter().enumerate() {
         let len = v.end - v.start;
+        let private_anon =
+            |w: &Vma| matches!(w.backing, Backing::Anonymous) && !w.shared && !w.growsdown;
+        if private_anon(v) && i > 0 && vmas[i - 1].end == v.start && private_anon(&vmas[i - 1]) {
+            map_apart(h, v)?;
+            madvise_flags(h, v)?;
+            continue;
+        }
         let mut flags = (libc::MAP_FIXED
             | if v.shared {
                 libc::MAP_SHARED
@@ -284,15 +291,74 @@ pub fn restore_mappings(h: &Husk, vmas: &[Vma], objects: &RestoreObjects) -> Res
                 what: format!("mapping {:x}-{:x} landed at {got:x}", v.start, v.end),
             });
         }
-        for (on, advice) in [
-            (v.dontfork, MADV_DONTFORK),
-            (v.wipeonfork, MADV_WIPEONFORK),
-            (v.dontdump, MADV_DONTDUMP),
-        ] {
-            if on {
-                inj.syscall("madvise", libc::SYS_madvise, &[v.start, len, advice])?;
-            }
+        madvise_flags(h, v)?;
+    }
+    Ok(())
+}
+
+/// The madvise states that change semantics, as captured.
+fn madvise_flags(h: &Husk, v: &Vma) -> Result<()> {
+    for (on, advice) in [
+        (v.dontfork, MADV_DONTFORK),
+        (v.wipeonfork, MADV_WIPEONFORK),
+        (v.dontdump, MADV_DONTDUMP),
+    ] {
+        if on {
+            h.injector().syscall(
+                "madvise",
+                libc::SYS_madvise,
+                &[v.start, v.end - v.start, advice],
+            )?;
         }
+    }
+    Ok(())
+}
+
+/// Maps private anonymous `v` right after another one without merging into it, as the two
+/// were separate in the image (the kernel merges a fresh anonymous mapping into an adjacent
+/// one whose page offset continues it; an anonymous mapping's offset is the address it was
+/// first made at, so two made apart, one then moved by mremap, stay separate). It is made
+/// one page into a fresh mapping elsewhere, whose offset therefore cannot continue the
+/// neighbour's (that would need the neighbour's last page), and moved into place.
+fn map_apart(h: &Husk, v: &Vma) -> Result<()> {
+    let inj = h.injector();
+    let len = v.end - v.start;
+    let page = ferry_sys::PAGE_SIZE;
+    let fail = |what: &str, e: ferry_inject::InjectError| Error::Restore {
+        pid: h.pid,
+        what: format!(
+            "map {:x}-{:x} apart from its neighbour: {what}: {e}",
+            v.start, v.end
+        ),
+    };
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let tmp = inj
+        .syscall(
+            "mmap",
+            libc::SYS_mmap,
+            &[0, len + page, v.prot as u64, flags, u64::MAX, 0],
+        )
+        .map_err(|e| fail("mmap", e))?;
+    let moved = inj
+        .syscall(
+            "mremap",
+            libc::SYS_mremap,
+            &[
+                tmp + page,
+                len,
+                len,
+                (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64,
+                v.start,
+            ],
+        )
+        .map_err(|e| fail("mremap", e))?;
+    inj.syscall("munmap", libc::SYS_munmap, &[tmp, page])
+        .map_err(|e| fail("munmap", e))?;
+    if moved != v.start {
+        return Err(Error::Restore {
+            pid: h.pid,
+            what: format!("mapping {:x}-{:x} moved to {moved:x}", v.start, v.end),
+        });
     }
     Ok(())
 }
