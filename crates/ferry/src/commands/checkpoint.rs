@@ -72,7 +72,11 @@ fn work(a: Args) -> Result<()> {
     let freeze_ms = t0.elapsed().as_secs_f64() * 1e3;
     let file = std::fs::File::create(&tmp_path)
         .with_context(|| format!("create {}", tmp_path.display()))?;
-    let written = capture(&frozen, BufWriter::with_capacity(8 << 20, file)).and_then(|done| {
+    // A buffer smaller than the engine's runs of memory (4 MiB): BufWriter copies what fits
+    // in its buffer and passes larger writes straight to the file, so the small writes (record
+    // headers, short runs) are gathered and the large ones are not copied once more.
+    let out = BufWriter::with_capacity(256 << 10, file);
+    let written = capture(&frozen, out).and_then(|done| {
         // Last chance to back out: after this point the tree is killed or let go as asked.
         ferry_engine::cancel::check("writing the image")?;
         Ok(done)
