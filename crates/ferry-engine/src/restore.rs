@@ -16,7 +16,8 @@ use crate::objects::RestoreObjects;
 use crate::resources::sockets::Deferred;
 use crate::resources::{files, memory, process, signals, threads};
 use ferry_image::stream::ObjectRef;
-use ferry_image::{ImageReader, Item, Process, Tree};
+use ferry_image::{ImageReader, Item, Process, Tree, Vma};
+use ferry_sys::proc_mem::ProcMem;
 use ferry_sys::ptrace;
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -635,8 +636,21 @@ fn build<R: Read>(
     Ok((report, Instant::now()))
 }
 
+/// A piece of memory for the writer thread: `len` bytes of `buf` go to `addr` in process
+/// `host`.
+struct Piece<'a> {
+    host: i32,
+    mem: &'a ProcMem,
+    vmas: &'a [Vma],
+    addr: u64,
+    buf: Vec<u8>,
+    len: usize,
+}
+
 /// Reads the image's memory records to its end marker, writing each into its process as it
-/// arrives, piece by piece through `buf`. (A version 1 image has its shared objects' contents
+/// arrives. Two buffers take turns: while a helper thread writes one piece into its process
+/// (`process_vm_writev`, which faults in and clears each page of the target first), this
+/// thread reads and checksums the next. (A version 1 image has its shared objects' contents
 /// here, after memory: they are filled as they come, except into System V segments, which are
 /// filled when they are first attached and so must come first.)
 fn stream_memory<R: Read>(
@@ -647,77 +661,136 @@ fn stream_memory<R: Read>(
     live: &[(&Process, &Husk)],
     report: &mut RestoreReport,
 ) -> Result<()> {
-    let by_pid: HashMap<i32, (&Process, &Husk)> =
-        live.iter().map(|(p, h)| (p.pid, (*p, *h))).collect();
-    let mut reading = Duration::ZERO;
-    let mut writing = Duration::ZERO;
-    loop {
-        let t = Instant::now();
-        let item = records.next()?;
-        reading += t.elapsed();
-        match item {
-            Item::Pages { pid, addr, len } => {
-                let (p, h) = by_pid.get(&pid).ok_or_else(|| {
-                    Error::BadImage(format!(
-                        "memory for PID {pid}, which is no live process of the tree"
-                    ))
-                })?;
-                let end = addr.saturating_add(len);
-                if !p.vmas.iter().any(|v| v.start <= addr && end <= v.end) {
-                    return Err(Error::BadImage(format!(
-                        "PID {pid}: memory at {addr:x}-{end:x} lies outside every mapping"
-                    )));
-                }
-                let mut done = 0u64;
-                while done < len {
-                    let n = (len - done).min(buf.len() as u64) as usize;
-                    let t = Instant::now();
-                    records.reader.read_data(&mut buf[..n])?;
-                    let t1 = Instant::now();
-                    reading += t1 - t;
-                    memory::restore_pages(h.host, h.mem(), &p.vmas, addr + done, &buf[..n])?;
-                    writing += t1.elapsed();
-                    done += n as u64;
-                }
-                let t = Instant::now();
-                records.reader.end_record()?;
-                reading += t.elapsed();
-                records.data_bytes += len;
-                report.memory_bytes += len;
-            }
-            Item::Object {
-                object,
-                offset,
-                len,
-            } => {
-                if let ObjectRef::Shmem(id) = object {
-                    if objects.is_sysv(id) {
-                        return Err(Error::BadImage(format!(
-                            "the contents of System V segment {id} come after memory (a \
-                             version {} image): this Ferry needs them first",
-                            records.reader.version()
-                        )));
-                    }
-                }
-                let t = Instant::now();
-                records.fill_object(tree, objects, object, offset, len, buf)?;
-                reading += t.elapsed();
-            }
-            Item::End { data_bytes, .. } => {
-                if data_bytes != records.data_bytes {
-                    return Err(Error::BadImage(format!(
-                        "the end marker counts {data_bytes} bytes of data, the image held {}",
-                        records.data_bytes
-                    )));
-                }
-                break;
-            }
-            Item::Tree(_) => return Err(Error::BadImage("two tree records".into())),
+    let by_pid: HashMap<i32, (&Process, i32, &ProcMem)> = live
+        .iter()
+        .map(|(p, h)| (p.pid, (*p, h.host, h.mem())))
+        .collect();
+    std::thread::scope(|scope| {
+        let (to_writer, pieces) = std::sync::mpsc::sync_channel::<Piece<'_>>(1);
+        let (give_back, written) = std::sync::mpsc::channel::<(Vec<u8>, Result<Duration>)>();
+        for _ in 0..2 {
+            give_back
+                .send((vec![0u8; PIECE], Ok(Duration::ZERO)))
+                .expect("the receiver is here");
         }
-    }
-    report.image_read_ms = reading.as_secs_f64() * 1e3;
-    report.pages_write_ms = writing.as_secs_f64() * 1e3;
-    Ok(())
+        scope.spawn(move || {
+            for piece in pieces {
+                let t = Instant::now();
+                let r = memory::restore_pages(
+                    piece.host,
+                    piece.mem,
+                    piece.vmas,
+                    piece.addr,
+                    &piece.buf[..piece.len],
+                );
+                let failed = r.is_err();
+                if give_back.send((piece.buf, r.map(|_| t.elapsed()))).is_err() || failed {
+                    break;
+                }
+            }
+        });
+        let mut writing = Duration::ZERO;
+        let mut reading = Duration::ZERO;
+        // A free buffer: one whose piece is in place (or the writer's error).
+        let free_buffer = |writing: &mut Duration| -> Result<Vec<u8>> {
+            let (buf, r) = written.recv().map_err(|_| Error::Restore {
+                pid: tree.root_pid,
+                what: "the thread writing memory into the processes stopped".into(),
+            })?;
+            *writing += r?;
+            Ok(buf)
+        };
+        let read = (|| -> Result<()> {
+            loop {
+                let t = Instant::now();
+                let item = records.next()?;
+                reading += t.elapsed();
+                match item {
+                    Item::Pages { pid, addr, len } => {
+                        let (p, host, mem) = *by_pid.get(&pid).ok_or_else(|| {
+                            Error::BadImage(format!(
+                                "memory for PID {pid}, which is no live process of the tree"
+                            ))
+                        })?;
+                        let end = addr.saturating_add(len);
+                        if !p.vmas.iter().any(|v| v.start <= addr && end <= v.end) {
+                            return Err(Error::BadImage(format!(
+                                "PID {pid}: memory at {addr:x}-{end:x} lies outside every mapping"
+                            )));
+                        }
+                        let mut done = 0u64;
+                        while done < len {
+                            let mut buf = free_buffer(&mut writing)?;
+                            let n = (len - done).min(buf.len() as u64) as usize;
+                            let t = Instant::now();
+                            records.reader.read_data(&mut buf[..n])?;
+                            reading += t.elapsed();
+                            let piece = Piece {
+                                host,
+                                mem,
+                                vmas: &p.vmas,
+                                addr: addr + done,
+                                buf,
+                                len: n,
+                            };
+                            if to_writer.send(piece).is_err() {
+                                // The writer stopped at an error, which is waiting for us.
+                                free_buffer(&mut writing)?;
+                            }
+                            done += n as u64;
+                        }
+                        let t = Instant::now();
+                        records.reader.end_record()?;
+                        reading += t.elapsed();
+                        records.data_bytes += len;
+                        report.memory_bytes += len;
+                    }
+                    Item::Object {
+                        object,
+                        offset,
+                        len,
+                    } => {
+                        if let ObjectRef::Shmem(id) = object {
+                            if objects.is_sysv(id) {
+                                return Err(Error::BadImage(format!(
+                                    "the contents of System V segment {id} come after memory \
+                                     (a version {} image): this Ferry needs them first",
+                                    records.reader.version()
+                                )));
+                            }
+                        }
+                        let t = Instant::now();
+                        records.fill_object(tree, objects, object, offset, len, buf)?;
+                        reading += t.elapsed();
+                    }
+                    Item::End { data_bytes, .. } => {
+                        if data_bytes != records.data_bytes {
+                            return Err(Error::BadImage(format!(
+                                "the end marker counts {data_bytes} bytes of data, the image \
+                                 held {}",
+                                records.data_bytes
+                            )));
+                        }
+                        return Ok(());
+                    }
+                    Item::Tree(_) => return Err(Error::BadImage("two tree records".into())),
+                }
+            }
+        })();
+        drop(to_writer);
+        // Every piece sent is in place (or failed) before we answer.
+        let mut outcome = read;
+        while let Ok((_, r)) = written.recv() {
+            match r {
+                Ok(d) => writing += d,
+                Err(e) if outcome.is_ok() => outcome = Err(e),
+                Err(_) => {}
+            }
+        }
+        report.image_read_ms = reading.as_secs_f64() * 1e3;
+        report.pages_write_ms = writing.as_secs_f64() * 1e3;
+        outcome
+    })
 }
 
 /// Puts a freshly forked husk (a child of `parent`) into its session and process group.
