@@ -118,6 +118,10 @@ pub struct PageStats {
 
 /// Writes the private pages of every mapping of `pid` that has data of its own, in records
 /// that name the process `image_pid` (its PID as the tree sees it).
+///
+/// Two buffers take turns: a helper thread reads the next run of memory out of the process
+/// (`process_vm_readv`, or /proc/PID/mem for pages we may not read that way) while this thread
+/// skips the zero pages of the last one and writes the rest to the image (checksum and copy).
 pub fn write_pages<W: Write>(
     pid: i32,
     image_pid: i32,
@@ -128,7 +132,8 @@ pub fn write_pages<W: Write>(
     let pagemap =
         std::fs::File::open(format!("/proc/{pid}/pagemap")).ctx(pid, || "open pagemap".into())?;
     let mem = ProcMem::open(pid).ctx(pid, || "open /proc/PID/mem".into())?;
-    let mut buf: Vec<u8> = Vec::new();
+    // The runs to copy: (address, bytes, the mapping they are in).
+    let mut runs: Vec<(u64, usize, &Vma)> = Vec::new();
     for v in vmas {
         if v.shared
             || !matches!(
@@ -150,25 +155,57 @@ pub fn write_pages<W: Write>(
             while j < present.len() && present[j] && (j - i) * (PAGE_SIZE as usize) < READ_RUN {
                 j += 1;
             }
-            crate::cancel::check(&format!("copying the memory of PID {pid}"))?;
-            let addr = v.start + i as u64 * PAGE_SIZE;
-            let len = (j - i) * PAGE_SIZE as usize;
-            buf.resize(len, 0);
-            let readable = v.prot & libc::PROT_READ as u32 != 0;
-            let done = if readable {
-                vm_read(pid, addr, &mut buf).unwrap_or(0)
-            } else {
-                0
-            };
-            if done < len {
-                mem.read_exact(addr + done as u64, &mut buf[done..])
-                    .ctx(pid, || format!("read memory at {:x} ({})", addr, v.name))?;
+            runs.push((
+                v.start + i as u64 * PAGE_SIZE,
+                (j - i) * PAGE_SIZE as usize,
+                v,
+            ));
+            i = j;
+        }
+    }
+    std::thread::scope(|scope| {
+        let (to_reader, free) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
+        let (give, filled) = std::sync::mpsc::sync_channel::<Result<Vec<u8>>>(2);
+        for _ in 0..2 {
+            to_reader.send(Vec::new()).expect("the receiver is here");
+        }
+        let runs = &runs;
+        let mem = &mem;
+        scope.spawn(move || {
+            for &(addr, len, v) in runs {
+                let Ok(mut buf) = free.recv() else { return };
+                buf.resize(len, 0);
+                let readable = v.prot & libc::PROT_READ as u32 != 0;
+                let done = if readable {
+                    vm_read(pid, addr, &mut buf).unwrap_or(0)
+                } else {
+                    0
+                };
+                let r = if done < len {
+                    mem.read_exact(addr + done as u64, &mut buf[done..])
+                        .ctx(pid, || format!("read memory at {:x} ({})", addr, v.name))
+                        .map(|_| buf)
+                } else {
+                    Ok(buf)
+                };
+                let failed = r.is_err();
+                if give.send(r).is_err() || failed {
+                    return;
+                }
             }
+        });
+        for &(addr, len, _) in runs {
+            crate::cancel::check(&format!("copying the memory of PID {pid}"))?;
+            let buf = filled.recv().map_err(|_| Error::Unsupported {
+                pid,
+                what: "copying its memory".into(),
+                why: "the thread reading it stopped".into(),
+            })??;
             // Split the run at zero pages, which are not stored.
-            let mut k = 0;
+            let page = |x: usize| &buf[x * PAGE_SIZE as usize..(x + 1) * PAGE_SIZE as usize];
             let pages = len / PAGE_SIZE as usize;
+            let mut k = 0;
             while k < pages {
-                let page = |x: usize| &buf[x * PAGE_SIZE as usize..(x + 1) * PAGE_SIZE as usize];
                 if is_zero(page(k)) {
                     stats.zero_pages_skipped += 1;
                     k += 1;
@@ -187,10 +224,11 @@ pub fn write_pages<W: Write>(
                 stats.pages_written += (e - k) as u64;
                 k = e;
             }
-            i = j;
+            // The reader may have stopped after its last run: a buffer it will not need.
+            let _ = to_reader.send(buf);
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Maps every mapping of the process into the husk, empty. Contents come afterwards.
