@@ -5,7 +5,9 @@
 
 use crate::error::{Error, Result};
 use crate::procfs;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+
+const TCP_ESTABLISHED: u8 = 1;
 
 /// The tree rooted at `root`: every process, parents first.
 fn tree(root: i32) -> Result<Vec<i32>> {
@@ -19,11 +21,20 @@ fn tree(root: i32) -> Result<Vec<i32>> {
     Ok(out)
 }
 
-/// Inodes of TCP sockets that are connected (or on their way to or from it): neither listening
-/// nor closed (a socket that is only bound is listed as closed), from the network namespace of
-/// `pid`.
-fn tcp_connections(pid: i32) -> HashSet<u64> {
-    let mut set = HashSet::new();
+/// A TCP socket that is connected (or on its way to or from it): neither listening nor closed
+/// (a socket that is only bound is listed as closed), from /proc/PID/net/tcp{,6}.
+struct TcpSock {
+    /// The kernel's state number.
+    state: u8,
+    /// Local and remote address, as the table spells them.
+    local: String,
+    remote: String,
+}
+
+/// The TCP sockets of the network namespace of `pid` that are neither listening nor closed, by
+/// inode.
+fn tcp_connections(pid: i32) -> HashMap<u64, TcpSock> {
+    let mut map = HashMap::new();
     for table in ["net/tcp", "net/tcp6"] {
         let Ok(text) = procfs::read(pid, table) else {
             continue;
@@ -32,13 +43,50 @@ fn tcp_connections(pid: i32) -> HashSet<u64> {
             let cols: Vec<&str> = line.split_whitespace().collect();
             // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
             if cols.len() > 9 && cols[3] != "0A" && cols[3] != "07" {
-                if let Ok(ino) = cols[9].parse() {
-                    set.insert(ino);
-                }
+                let (Ok(ino), Ok(state)) = (cols[9].parse(), u8::from_str_radix(cols[3], 16))
+                else {
+                    continue;
+                };
+                map.insert(
+                    ino,
+                    TcpSock {
+                        state,
+                        local: cols[1].to_string(),
+                        remote: cols[2].to_string(),
+                    },
+                );
             }
         }
     }
-    set
+    map
+}
+
+/// An address as /proc/net/tcp{,6} spells it ("0100007F:1F90"), for people.
+fn table_addr(a: &str) -> String {
+    let Some((ip, port)) = a.split_once(':') else {
+        return a.to_string();
+    };
+    let port = u16::from_str_radix(port, 16).unwrap_or(0);
+    let words: Vec<u32> = (0..ip.len() / 8)
+        .filter_map(|k| u32::from_str_radix(&ip[k * 8..k * 8 + 8], 16).ok())
+        .collect();
+    // Each 32-bit word is printed as the host (little-endian) reads it.
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    match bytes.len() {
+        4 => format!("{}.{}.{}.{}:{port}", bytes[0], bytes[1], bytes[2], bytes[3]),
+        16 => {
+            let a: [u8; 16] = bytes.try_into().expect("16 bytes");
+            format!("[{}]:{port}", std::net::Ipv6Addr::from(a))
+        }
+        _ => a.to_string(),
+    }
+}
+
+fn socket_ino(link: &str) -> Option<u64> {
+    link.strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 fn refuse(pid: i32, what: String, why: &str) -> Error {
@@ -52,6 +100,7 @@ fn refuse(pid: i32, what: String, why: &str) -> Error {
 /// Checks the tree rooted at `root` for state the engine refuses, without stopping it.
 pub fn check(root: i32) -> Result<()> {
     let pids = tree(root)?;
+    let mut tcp_fds: Vec<(i32, i32, String, u64)> = Vec::new();
     let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
     let lock_holders: HashSet<i32> = locks
         .lines()
@@ -78,23 +127,52 @@ pub fn check(root: i32) -> Result<()> {
             let Ok(link) = procfs::readlink(pid, &format!("fd/{fd}")) else {
                 continue;
             };
-            let what = format!("fd {fd} ({link})");
-            if let Some(ino) = link
-                .strip_prefix("socket:[")
-                .and_then(|s| s.strip_suffix(']'))
-                .and_then(|s| s.parse::<u64>().ok())
-            {
-                if tcp.contains(&ino) {
-                    return Err(refuse(
-                        pid,
-                        what,
-                        "an established TCP connection (or one opening or closing) cannot be \
-                         migrated yet (ferry checkpoint and restore on one machine can move one \
-                         whose both ends are in the tree, but on a local cluster the frozen \
-                         original keeps its addresses until the copy is rebuilt)",
-                    ));
-                }
+            if let Some(ino) = socket_ino(&link) {
+                tcp_fds.push((pid, fd, link, ino));
             }
+        }
+    }
+    // An established connection moves when both its ends are in the tree (the copy makes it
+    // again, silently, once the original is gone); the capture checks it again, exactly.
+    let Some(&first) = pids.first() else {
+        return Ok(());
+    };
+    let tcp = tcp_connections(first);
+    let mut ends: HashMap<(&str, &str), u32> = HashMap::new();
+    for (_, _, _, ino) in &tcp_fds {
+        if let Some(t) = tcp.get(ino) {
+            *ends
+                .entry((t.local.as_str(), t.remote.as_str()))
+                .or_default() += 1;
+        }
+    }
+    let mut seen = HashSet::new();
+    for (pid, fd, link, ino) in &tcp_fds {
+        let Some(t) = tcp.get(ino) else {
+            continue;
+        };
+        if !seen.insert(*ino) {
+            continue;
+        }
+        let what = format!(
+            "fd {fd} ({link}: TCP {} -> {})",
+            table_addr(&t.local),
+            table_addr(&t.remote)
+        );
+        if t.state != TCP_ESTABLISHED {
+            return Err(refuse(
+                *pid,
+                what,
+                "a TCP connection that is opening or closing cannot be moved yet",
+            ));
+        }
+        if !ends.contains_key(&(t.remote.as_str(), t.local.as_str())) {
+            return Err(refuse(
+                *pid,
+                what,
+                "the other end of this TCP connection is not in the tree, and a connection \
+                 whose other end stays behind cannot be migrated yet",
+            ));
         }
     }
     Ok(())

@@ -30,6 +30,10 @@ fn main() {
             "socket_file_comes_back_after_an_abort",
             socket_file_after_abort,
         ),
+        Trial::test(
+            "tcp_connection_works_on_after_an_abort_and_moves",
+            tcp_connection_after_abort,
+        ),
         Trial::test("foreign_certificate_and_garbage_refused", hostile_peers),
         Trial::test("unmovable_state_refused_before_freezing", unmovable_refused),
         Trial::test("daemon_stops_cleanly_on_sigterm", daemon_sigterm),
@@ -441,6 +445,103 @@ fn socket_file_after_abort() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A process whose two ends of one loopback TCP connection talk to each other (each round,
+/// a number both ways), and which reports every round in `DIR/status`: "ROUND ok|bad PID".
+const TCP_PAIR: &str = "import os,socket,time\n\
+    l=socket.socket(); l.bind(('127.0.0.1',0)); l.listen()\n\
+    c=socket.create_connection(l.getsockname()); s,_=l.accept()\n\
+    def get(k):\n\
+    \x20   b=b''\n\
+    \x20   while len(b)<8:\n\
+    \x20       x=k.recv(8-len(b))\n\
+    \x20       if not x: return b'closed'\n\
+    \x20       b+=x\n\
+    \x20   return b\n\
+    n=0\n\
+    while True:\n\
+    \x20   m=b'%08d'%n\n\
+    \x20   try:\n\
+    \x20       c.sendall(m); s.sendall(m); ok=get(s)==m and get(c)==m\n\
+    \x20   except OSError: ok=False\n\
+    \x20   open('status.tmp','w').write('%d %s %d'%(n,'ok' if ok else 'bad',os.getpid()))\n\
+    \x20   os.rename('status.tmp','status')\n\
+    \x20   if not ok: break\n\
+    \x20   n+=1; time.sleep(0.02)\n";
+
+/// (round, ok, PID) from the status of a [`TCP_PAIR`] process.
+fn tcp_pair_status(dir: &Path) -> Option<(u64, bool, i32)> {
+    let text = std::fs::read_to_string(dir.join("status")).ok()?;
+    let mut w = text.split_whitespace();
+    Some((
+        w.next()?.parse().ok()?,
+        w.next()? == "ok",
+        w.next()?.parse().ok()?,
+    ))
+}
+
+/// Waits until the [`TCP_PAIR`] process in `dir` has done `more` rounds more, all good.
+fn tcp_pair_goes_on(dir: &Path, pid: i32, more: u64, when: &str) -> Result<(), Failed> {
+    let start = tcp_pair_status(dir).map_or(0, |s| s.0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match tcp_pair_status(dir) {
+            Some((_, false, _)) => {
+                return Err(
+                    format!("{when}: the connection broke ({:?})", tcp_pair_status(dir)).into(),
+                )
+            }
+            Some((n, true, p)) if n >= start + more => {
+                if p != pid {
+                    return Err(format!("{when}: the process says it is PID {p}, not {pid}").into());
+                }
+                return Ok(());
+            }
+            _ if Instant::now() > deadline => {
+                return Err(format!(
+                    "{when}: the connection stalled at {:?} (from round {start})",
+                    tcp_pair_status(dir)
+                )
+                .into())
+            }
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// An established TCP connection with both ends in the tree: the destination aborts after
+/// rebuilding it (the copy's sockets wait in repair mode, unconnected), and the original's
+/// connection must work on untouched; then a migration that commits moves the connection,
+/// which goes on carrying data in the copy, and leaves nothing on the port behind (the original
+/// closed in repair mode: no FIN, no reset, no TIME_WAIT).
+fn tcp_connection_after_abort() -> Result<(), Failed> {
+    let c = Cluster::up_with("tcp", 3, &[("FERRY_FAULT", "b:abort-after-rebuilt")]);
+    let dir = scratch("tcp");
+    let child = Command::new("python3")
+        .args(["-c", TCP_PAIR])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start python3");
+    let server = UnixServer(child);
+    let pid = server.0.id() as i32;
+    tcp_pair_goes_on(&dir, pid, 3, "before")?;
+
+    let e = migrate(&c, "a", pid, "b").expect_err("b aborts after rebuilding");
+    assert!(e.contains("abort-after-rebuilt"), "{e}");
+    assert!(pid_alive(pid), "the original died in an aborted migration");
+    tcp_pair_goes_on(&dir, pid, 10, "after the abort")?;
+
+    let r = migrate(&c, "a", pid, "c").map_err(|e| format!("a -> c: {e}"))?;
+    drop(server); // the original, killed at the commit: reaped
+    tcp_pair_goes_on(&dir, pid, 10, "in the copy")?;
+    kill_host_pid(
+        r["dest_pid"]
+            .as_i64()
+            .ok_or(format!("no dest_pid in {r}"))?,
+    );
+    Ok(())
+}
+
 /// Speaks TLS to `addr` with openssl, offering `cert`/`key` (or none), sends `payload`, and
 /// returns what openssl printed.
 fn openssl_send(addr: &str, ca: &Path, cert: Option<(&Path, &Path)>, payload: &[u8]) -> String {
@@ -536,22 +637,26 @@ fn unmovable_refused() -> Result<(), Failed> {
     let lock = dir.join("lock");
     let scripts = [
         (
-            "import socket,time\nl=socket.socket(); l.bind(('127.0.0.1',0)); l.listen()\n\
-             c=socket.create_connection(l.getsockname()); s,_=l.accept()\n\
+            // A connection to a server outside the tree (this test's own listener).
+            "import socket,time,sys\nc=socket.create_connection(('127.0.0.1',int(sys.argv[2])))\n\
              open('ready','w').close(); time.sleep(60)",
-            "an established TCP connection",
+            "the other end of this TCP connection is not in the tree",
         ),
         (
-            "import fcntl,time,sys\nf=open(sys.argv[1],'w'); fcntl.flock(f, fcntl.LOCK_EX)\n\
+            // A POSIX lock (flock and OFD locks move).
+            "import fcntl,time,sys\nf=open(sys.argv[1],'w'); fcntl.lockf(f, fcntl.LOCK_EX)\n\
              open('ready','w').close(); time.sleep(60)",
-            "file locks",
+            "POSIX file locks",
         ),
     ];
+    let outside = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = outside.local_addr().unwrap().port().to_string();
     for (script, expect) in scripts {
         let _ = std::fs::remove_file(dir.join("ready"));
         let mut child = Command::new("python3")
             .args(["-c", script])
             .arg(&lock)
+            .arg(&port)
             .current_dir(&dir)
             .spawn()
             .unwrap();
@@ -561,7 +666,7 @@ fn unmovable_refused() -> Result<(), Failed> {
             assert!(Instant::now() < deadline, "python did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let e = migrate(&c, "a", pid, "b").expect_err("must be refused");
+        let e = migrate(&c, "a", pid, "b").expect_err(&format!("must be refused ({expect})"));
         assert!(e.contains(expect), "{e}");
         assert!(e.contains("before freezing"), "{e}");
         let state = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

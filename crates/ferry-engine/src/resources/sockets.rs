@@ -7,9 +7,10 @@
 //! both queues (peeked), the options negotiated and the window; repair mode is taken off again
 //! at once, so a tree that is let go keeps working connections. Just before a captured tree is
 //! killed its connections are put back in repair mode ([`silence_tcp_connections`]), so they
-//! close without a word to the other end. Restore makes each again in repair mode (bound
-//! whoever holds the port, connected without a handshake, queues refilled) and both ends leave
-//! it only when the tree is about to run ([`Deferred`]).
+//! close without a word to the other end. Restore makes each socket in repair mode, and binds it
+//! (whoever holds the port: repair mode forces it), connects it (without a handshake) and
+//! refills its queues only when the tree is about to run, when the original's sockets are gone;
+//! then both ends leave repair mode ([`Deferred`]).
 //!
 //! Capture takes a copy of each socket with pidfd_getfd(2) and reads it from outside: options
 //! with getsockopt, names, state and peers with sock_diag(7), queued data with MSG_PEEK at
@@ -1732,20 +1733,119 @@ pub struct Deferred {
     /// Datagrams for the UDP sockets' queues, sent once every UDP socket of the tree has its
     /// address (the senders among them included).
     datagrams: Vec<DeferredDatagram>,
-    /// Established TCP connections, rebuilt in repair mode: they leave it only once both ends
-    /// exist (leaving it sends a window probe to the other end, which would draw a reset from
-    /// a port with no socket), and then send what had never been sent.
+    /// Established TCP connections: sockets in repair mode, made (bound, connected, refilled)
+    /// only here, once the original's sockets are gone (see `Builder::tcp_conn`); they leave
+    /// repair mode once every connection is made (leaving it sends a window probe to the other
+    /// end, which would draw a reset from a port with no socket), and then send what had never
+    /// been sent.
     repairs: Vec<DeferredRepair>,
 }
 
 struct DeferredRepair {
+    /// A copy of the socket, in repair mode, with its options, neither bound nor connected.
     fd: OwnedFd,
+    local: Vec<u8>,
+    peer: Vec<u8>,
+    conn: TcpConn,
+    /// The bytes received and not read.
+    recv: Vec<u8>,
+    /// How many bytes at the start of `conn.send_queue` were sent (and not acknowledged).
+    sent: usize,
+    opts: Vec<SockOpt>,
     /// SO_REUSEADDR as captured (leaving repair mode clears it).
     reuseaddr: i32,
-    /// SO_SNDBUF as captured (raised for a moment to send `unsent`).
+    /// SO_SNDBUF as captured (raised for a moment to send what was never sent).
     sndbuf: Option<i32>,
-    unsent: Vec<u8>,
     what: String,
+}
+
+/// Runs an operation again while it fails because an address is still in use, until a deadline.
+type Retry = dyn Fn(&dyn Fn() -> ferry_sys::SysResult<()>) -> ferry_sys::SysResult<()>;
+
+impl DeferredRepair {
+    /// Makes the connection in repair mode: its name (bound whoever holds the port: repair
+    /// mode forces it), its sequence numbers, connect (which sends nothing in repair mode;
+    /// through `retry`, while another socket still owns the four addresses), the options
+    /// negotiated, both queues and the window. Errors name the step.
+    fn make(&self, retry: &Retry) -> std::result::Result<(), (String, ferry_sys::SysError)> {
+        let f = self.fd.as_raw_fd();
+        let t = &self.conn;
+        let step = |what: &str| {
+            let what = what.to_string();
+            move |e: ferry_sys::SysError| (what, e)
+        };
+        sk::bind(f, &self.local).map_err(step("bind (in repair mode)"))?;
+        sk::tcp_repair_queue(f, sk::TCP_SEND_QUEUE).map_err(step("select the send queue"))?;
+        sk::set_tcp_queue_seq(f, t.send_seq).map_err(step("set the send sequence"))?;
+        sk::tcp_repair_queue(f, sk::TCP_RECV_QUEUE).map_err(step("select the receive queue"))?;
+        sk::set_tcp_queue_seq(f, t.recv_seq).map_err(step("set the receive sequence"))?;
+        if t.timestamps {
+            sk::setsockopt_int(f, IPPROTO_TCP, libc::TCP_TIMESTAMP, t.timestamp as i32)
+                .map_err(step("set TCP_TIMESTAMP"))?;
+        }
+        retry(&|| sk::connect(f, &self.peer)).map_err(step("connect (in repair mode)"))?;
+        let mut opts = vec![(sk::TCPOPT_MSS, t.mss_clamp)];
+        if let Some((snd, rcv)) = t.wscale {
+            opts.push((sk::TCPOPT_WINDOW, u32::from(snd) | (u32::from(rcv) << 16)));
+        }
+        if t.sack {
+            opts.push((sk::TCPOPT_SACK_PERM, 0));
+        }
+        if t.timestamps {
+            opts.push((sk::TCPOPT_TIMESTAMP, 0));
+        }
+        sk::tcp_repair_options(f, &opts).map_err(step("set the options negotiated"))?;
+        // The bytes received and not read: queued as if they had just arrived.
+        if !self.recv.is_empty() {
+            let want = (self.recv.len().saturating_mul(2) + (1 << 20)).min(i32::MAX as usize / 4);
+            let _ = sk::setsockopt_int(f, SOL_SOCKET, libc::SO_RCVBUFFORCE, want as i32);
+            sk::tcp_repair_queue(f, sk::TCP_RECV_QUEUE)
+                .map_err(step("select the receive queue"))?;
+            send_stream(f, &self.recv).map_err(step("refill the receive queue"))?;
+        }
+        // The bytes sent and not acknowledged: queued as sent (repair mode sends nothing; they
+        // go out again when the retransmission timer fires). The bytes never sent are sent
+        // for real when the connection leaves repair mode.
+        bump_sndbuf(f, t.send_queue.len());
+        if self.sent > 0 {
+            sk::tcp_repair_queue(f, sk::TCP_SEND_QUEUE).map_err(step("select the send queue"))?;
+            send_stream(f, &t.send_queue[..self.sent]).map_err(step("refill the send queue"))?;
+        }
+        sk::tcp_repair_queue(f, sk::TCP_NO_QUEUE).map_err(step("select no queue"))?;
+        // Buffers as they were (raised above to refill the queues).
+        apply_opts(f, &self.opts, true);
+        let w = sk::TcpRepairWindow {
+            snd_wl1: t.window.snd_wl1,
+            snd_wnd: t.window.snd_wnd,
+            max_window: t.window.max_window,
+            rcv_wnd: t.window.rcv_wnd,
+            rcv_wup: t.window.rcv_wup,
+        };
+        sk::set_tcp_repair_window(f, &w).map_err(step("set the window"))?;
+        Ok(())
+    }
+}
+
+/// Writes `data` into the queue of socket `f` that repair mode has selected.
+fn send_stream(f: RawFd, data: &[u8]) -> ferry_sys::SysResult<()> {
+    let mut at = 0;
+    while at < data.len() {
+        let n = sk::send(f, &data[at..], None, &[], libc::MSG_DONTWAIT).map_err(|e| {
+            ferry_sys::SysError::new(
+                if at == 0 {
+                    "send"
+                } else {
+                    "send (part of the bytes done)"
+                },
+                e.errno,
+            )
+        })?;
+        if n == 0 {
+            return Err(ferry_sys::SysError::new("send (no progress)", libc::EAGAIN));
+        }
+        at += n;
+    }
+    Ok(())
 }
 
 struct DeferredListen {
@@ -1787,9 +1887,12 @@ impl Deferred {
     /// `pid`: the process named in errors.
     pub fn complete(self, pid: i32, wait: std::time::Duration) -> Result<()> {
         let deadline = std::time::Instant::now() + wait;
-        let retry = |op: &dyn Fn() -> ferry_sys::SysResult<()>| loop {
+        let retry = move |op: &dyn Fn() -> ferry_sys::SysResult<()>| loop {
             match op() {
-                Err(e) if e.errno == libc::EADDRINUSE && std::time::Instant::now() < deadline => {
+                Err(e)
+                    if (e.errno == libc::EADDRINUSE || e.errno == libc::EADDRNOTAVAIL)
+                        && std::time::Instant::now() < deadline =>
+                {
                     std::thread::sleep(std::time::Duration::from_millis(10))
                 }
                 r => return r,
@@ -1797,7 +1900,7 @@ impl Deferred {
         };
         let err = |what: &str, e: ferry_sys::SysError| Error::Restore {
             pid,
-            what: if e.errno == libc::EADDRINUSE {
+            what: if e.errno == libc::EADDRINUSE || e.errno == libc::EADDRNOTAVAIL {
                 format!(
                     "{what}: {e}: another socket still holds the address after {wait:?} (the \
                      original of the tree, if it still runs?)"
@@ -1816,6 +1919,12 @@ impl Deferred {
         for l in &self.listens {
             let fd = l.fd.as_raw_fd();
             retry(&|| sk::listen(fd, l.backlog)).map_err(|e| err(&l.what, e))?;
+        }
+        // The connections, once the tree's listeners have their ports (a socket bound to the
+        // port, even in repair mode, would keep a listener without SO_REUSEADDR from it).
+        for r in &self.repairs {
+            r.make(&retry)
+                .map_err(|(step, e)| err(&format!("{}: {step}", r.what), e))?;
         }
         for d in &self.datagrams {
             sk::send(
@@ -1840,17 +1949,18 @@ impl Deferred {
                 .map_err(|e| err(&format!("{}: set SO_REUSEADDR back", r.what), e))?;
         }
         for r in &self.repairs {
-            if r.unsent.is_empty() {
+            let unsent = &r.conn.send_queue[r.sent..];
+            if unsent.is_empty() {
                 continue;
             }
             let fd = r.fd.as_raw_fd();
-            bump_sndbuf(fd, r.unsent.len());
+            bump_sndbuf(fd, unsent.len());
             let mut at = 0;
-            while at < r.unsent.len() {
+            while at < unsent.len() {
                 let n =
-                    sk::send(fd, &r.unsent[at..], None, &[], libc::MSG_DONTWAIT).map_err(|e| {
+                    sk::send(fd, &unsent[at..], None, &[], libc::MSG_DONTWAIT).map_err(|e| {
                         err(
-                            &format!("{}: send the {} bytes never sent", r.what, r.unsent.len()),
+                            &format!("{}: send the {} bytes never sent", r.what, unsent.len()),
                             e,
                         )
                     })?;
@@ -2434,11 +2544,14 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
-    /// Makes an established TCP connection again in repair mode: its options, its name (bound
-    /// whoever holds the port: repair mode forces it), its sequence numbers, connect (which
-    /// sends nothing in repair mode), the options negotiated, both queues and the window. It
-    /// leaves repair mode (and sends what was never sent) only when the tree is about to run,
-    /// once the other end exists too: see [`Deferred`].
+    /// Makes the socket of an established TCP connection, with its options, in repair mode.
+    /// Everything that needs the connection's addresses (its name, its sequence numbers,
+    /// connect, the options negotiated, both queues and the window) waits for
+    /// [`Deferred::complete`]: while the tree is rebuilt, the original of a migration between
+    /// nodes of one machine still owns the connection's four addresses (a socket cannot be
+    /// connected, even in repair mode, where another is), and a socket bound to a listener's
+    /// port would keep that listener from listening. It leaves repair mode (and sends what was
+    /// never sent) once every connection of the tree is made.
     fn tcp_conn(&mut self, i: usize) -> Result<()> {
         let s = self.sock(i);
         let Some(t) = s.tcp.as_ref() else {
@@ -2460,108 +2573,27 @@ impl<'a> Builder<'a> {
         // Options before repair mode: SO_REUSEADDR would undo the forced reuse it brings.
         apply_opts(f, &s.opts, false);
         sk::tcp_repair(f, sk::TCP_REPAIR_ON).map_err(|err| e("enter repair mode", err))?;
-        sk::bind(f, &encode_addr(local)).map_err(|err| e("bind (in repair mode)", err))?;
-        sk::tcp_repair_queue(f, sk::TCP_SEND_QUEUE)
-            .map_err(|err| e("select the send queue", err))?;
-        sk::set_tcp_queue_seq(f, t.send_seq).map_err(|err| e("set the send sequence", err))?;
-        sk::tcp_repair_queue(f, sk::TCP_RECV_QUEUE)
-            .map_err(|err| e("select the receive queue", err))?;
-        sk::set_tcp_queue_seq(f, t.recv_seq).map_err(|err| e("set the receive sequence", err))?;
-        if t.timestamps {
-            sk::setsockopt_int(f, IPPROTO_TCP, libc::TCP_TIMESTAMP, t.timestamp as i32)
-                .map_err(|err| e("set TCP_TIMESTAMP", err))?;
-        }
-        sk::connect(f, &encode_addr(peer)).map_err(|err| {
-            if err.errno == libc::EADDRNOTAVAIL || err.errno == libc::EADDRINUSE {
-                self.err(
-                    i,
-                    format!(
-                        "{conn}: connect (in repair mode): {err}: another socket holds this \
-                         connection's addresses (the original of the tree, still running?)"
-                    ),
-                )
-            } else {
-                e("connect (in repair mode)", err)
-            }
-        })?;
-        let mut opts = vec![(sk::TCPOPT_MSS, t.mss_clamp)];
-        if let Some((snd, rcv)) = t.wscale {
-            opts.push((sk::TCPOPT_WINDOW, u32::from(snd) | (u32::from(rcv) << 16)));
-        }
-        if t.sack {
-            opts.push((sk::TCPOPT_SACK_PERM, 0));
-        }
-        if t.timestamps {
-            opts.push((sk::TCPOPT_TIMESTAMP, 0));
-        }
-        sk::tcp_repair_options(f, &opts).map_err(|err| e("set the options negotiated", err))?;
-        // The bytes received and not read: queued as if they had just arrived.
-        let recv: Vec<u8> = s
-            .queue
-            .iter()
-            .flat_map(|m| m.data.iter().copied())
-            .collect();
-        if !recv.is_empty() {
-            let want = (recv.len().saturating_mul(2) + (1 << 20)).min(i32::MAX as usize / 4);
-            let _ = sk::setsockopt_int(f, SOL_SOCKET, libc::SO_RCVBUFFORCE, want as i32);
-            sk::tcp_repair_queue(f, sk::TCP_RECV_QUEUE)
-                .map_err(|err| e("select the receive queue", err))?;
-            self.send_stream(i, f, &recv, &conn, "the receive queue")?;
-        }
-        // The bytes sent and not acknowledged: queued as sent (repair mode sends nothing; they
-        // go out again when the retransmission timer fires). The bytes never sent are sent
-        // for real when the connection leaves repair mode.
-        let sent = t.send_queue.len() - (t.unsent as usize).min(t.send_queue.len());
-        bump_sndbuf(f, t.send_queue.len());
-        if sent > 0 {
-            sk::tcp_repair_queue(f, sk::TCP_SEND_QUEUE)
-                .map_err(|err| e("select the send queue", err))?;
-            self.send_stream(i, f, &t.send_queue[..sent], &conn, "the send queue")?;
-        }
-        sk::tcp_repair_queue(f, sk::TCP_NO_QUEUE).map_err(|err| e("select no queue", err))?;
-        // Buffers as they were (raised above to refill the queues).
-        apply_opts(f, &s.opts, true);
-        let w = sk::TcpRepairWindow {
-            snd_wl1: t.window.snd_wl1,
-            snd_wnd: t.window.snd_wnd,
-            max_window: t.window.max_window,
-            rcv_wnd: t.window.rcv_wnd,
-            rcv_wup: t.window.rcv_wup,
-        };
-        sk::set_tcp_repair_window(f, &w).map_err(|err| e("set the window", err))?;
         let dup = fd
             .try_clone()
             .map_err(|err| self.err(i, format!("{conn}: dup: {err}")))?;
         self.fds[i] = Some(fd);
+        let sent = t.send_queue.len() - (t.unsent as usize).min(t.send_queue.len());
         self.deferred.repairs.push(DeferredRepair {
             fd: dup,
+            local: encode_addr(local),
+            peer: encode_addr(peer),
+            conn: (**t).clone(),
+            recv: s
+                .queue
+                .iter()
+                .flat_map(|m| m.data.iter().copied())
+                .collect(),
+            sent,
+            opts: s.opts.clone(),
             reuseaddr: opt_int(s, SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0),
             sndbuf: opt_int(s, SOL_SOCKET, libc::SO_SNDBUF),
-            unsent: t.send_queue[sent..].to_vec(),
             what: format!("socket:[{}]: {conn}", s.ino),
         });
-        Ok(())
-    }
-
-    /// Writes `data` into the queue of socket `f` that repair mode has selected.
-    fn send_stream(&self, i: usize, f: RawFd, data: &[u8], conn: &str, queue: &str) -> Result<()> {
-        let mut at = 0;
-        while at < data.len() {
-            let n = sk::send(f, &data[at..], None, &[], libc::MSG_DONTWAIT).map_err(|err| {
-                self.err(
-                    i,
-                    format!(
-                        "{conn}: refill {queue} ({} of {} bytes done): {err}",
-                        at,
-                        data.len()
-                    ),
-                )
-            })?;
-            if n == 0 {
-                return Err(self.err(i, format!("{conn}: refill {queue}: no progress")));
-            }
-            at += n;
-        }
         Ok(())
     }
 
