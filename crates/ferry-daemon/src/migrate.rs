@@ -360,11 +360,15 @@ async fn receive_image(conn: &mut Conn, worker: &mut Worker) -> Result<Rebuilt> 
         tokio::select! {
             frame = read_frame(&mut conn.stream) => {
                 match frame.map_err(|e| anyhow!("image stream: {e}"))? {
-                    Frame::Data(d) => write_data(&mut worker.tx, &d).await
-                        .map_err(|e| anyhow!("feed the restore worker: {e}"))?,
+                    Frame::Data(d) => {
+                        if let Err(e) = write_data(&mut worker.tx, &d).await {
+                            return Err(fed_badly(worker, e).await);
+                        }
+                    }
                     Frame::End => {
-                        write_end(&mut worker.tx).await
-                            .map_err(|e| anyhow!("feed the restore worker: {e}"))?;
+                        if let Err(e) = write_end(&mut worker.tx).await {
+                            return Err(fed_badly(worker, e).await);
+                        }
                         break;
                     }
                     Frame::Msg(Msg::Abort { reason }) => bail!("the source gave up: {reason}"),
@@ -383,6 +387,15 @@ async fn receive_image(conn: &mut Conn, worker: &mut Worker) -> Result<Rebuilt> 
         Msg::Rebuilt(r) => Ok(r),
         Msg::Error { message } => bail!("{message}"),
         other => bail!("restore worker said {}", kind(&other)),
+    }
+}
+
+/// A write to the restore worker failed: it has most likely stopped reading after an error (the
+/// rebuild fails as soon as it has the tree), which it reported first: that is the reason given.
+async fn fed_badly(worker: &mut Worker, e: impl std::fmt::Display) -> anyhow::Error {
+    match tokio::time::timeout(Duration::from_secs(2), worker_msg(worker)).await {
+        Ok(Ok(Msg::Error { message })) => anyhow!("{message}"),
+        _ => anyhow!("feed the restore worker: {e}"),
     }
 }
 

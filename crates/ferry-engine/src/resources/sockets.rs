@@ -2240,8 +2240,28 @@ impl<'a> Builder<'a> {
     ) -> Result<()> {
         let raw = encode_addr(a);
         let SockAddr::UnixPath(p) = a else {
-            return sk::bind(fd, &raw)
-                .map_err(|e| self.err(i, format!("bind to {}: {e}", describe(a))));
+            return sk::bind(fd, &raw).map_err(|e| {
+                if e.errno == libc::EADDRINUSE && matches!(a, SockAddr::UnixAbstract(_)) {
+                    // Abstract names belong to the network namespace, which the nodes of one
+                    // machine share: the frozen original of a migration holds the name until
+                    // the commit point. Binding later would be easy; but a listener's waiting
+                    // connections are made through its name now, and listen() and connect()
+                    // must be called by the processes whose PIDs SO_PEERCRED reports, which
+                    // exist only in the rebuilt tree by then.
+                    self.err(
+                        i,
+                        format!(
+                            "bind to the abstract name {}: {e}: another socket holds it (the \
+                             original of the tree, frozen on this machine until the commit point \
+                             of a migration, or still running?); a UNIX socket with an abstract \
+                             name cannot move between the nodes of one machine yet",
+                            describe(a)
+                        ),
+                    )
+                } else {
+                    self.err(i, format!("bind to {}: {e}", describe(a)))
+                }
+            });
         };
         let full = Self::full_path(p, file);
         self.clear_stale(i, &full)?;
