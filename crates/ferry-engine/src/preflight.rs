@@ -102,8 +102,10 @@ pub fn check(root: i32) -> Result<()> {
     let pids = tree(root)?;
     let mut tcp_fds: Vec<(i32, i32, String, u64)> = Vec::new();
     let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    let lock_holders: HashSet<i32> = locks
+    // POSIX locks (flock and OFD locks move: see resources/locks.rs).
+    let posix_holders: HashSet<i32> = locks
         .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("POSIX"))
         .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
         .collect();
     for &pid in &pids {
@@ -115,14 +117,15 @@ pub fn check(root: i32) -> Result<()> {
                 "seccomp filters cannot be moved yet",
             ));
         }
-        if lock_holders.contains(&pid) {
+        if posix_holders.contains(&pid) {
             return Err(refuse(
                 pid,
-                "file locks".into(),
-                "it holds file locks (flock/POSIX/OFD), which cannot be moved yet",
+                "POSIX file locks".into(),
+                "POSIX (fcntl F_SETLK) locks cannot be migrated yet: the copy must take them \
+                 itself while it is rebuilt, and the original holds them until the commit \
+                 point (flock and OFD locks do move)",
             ));
         }
-        let tcp = tcp_connections(pid);
         for fd in procfs::fds(pid).unwrap_or_default() {
             let Ok(link) = procfs::readlink(pid, &format!("fd/{fd}")) else {
                 continue;

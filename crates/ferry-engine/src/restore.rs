@@ -14,7 +14,7 @@ use crate::guest_ns::GuestNamespaces;
 use crate::husk::{Husk, Place, TRAMPOLINE_LEN};
 use crate::objects::RestoreObjects;
 use crate::resources::sockets::Deferred;
-use crate::resources::{files, memory, process, signals, threads};
+use crate::resources::{files, locks, memory, process, signals, threads};
 use ferry_image::stream::ObjectRef;
 use ferry_image::{ImageReader, Item, Process, Tree, Vma};
 use ferry_sys::proc_mem::ProcMem;
@@ -346,6 +346,8 @@ pub struct RestoredTree {
     report: RestoreReport,
     /// Socket addresses another socket held while the tree was rebuilt.
     deferred: Deferred,
+    /// File locks another holder still had while the tree was rebuilt.
+    deferred_locks: locks::Deferred,
     finish_started: Instant,
     done: bool,
     _tracer_thread: std::marker::PhantomData<*const ()>,
@@ -368,7 +370,11 @@ impl RestoredTree {
     /// returned.
     pub fn resume(mut self) -> Result<RestoreReport> {
         let deferred = std::mem::take(&mut self.deferred);
-        if let Err(e) = deferred.complete(self.report.root_pid, DEFERRED_WAIT) {
+        let deferred_locks = std::mem::take(&mut self.deferred_locks);
+        if let Err(e) = deferred
+            .complete(self.report.root_pid, DEFERRED_WAIT)
+            .and_then(|()| deferred_locks.complete(self.report.root_pid, DEFERRED_WAIT))
+        {
             self.kill_all();
             return Err(e);
         }
@@ -468,6 +474,7 @@ pub fn restore_with<R: Read>(
     let tree = &img.tree;
     let descs = files::open_descriptions(tree, &objects, opts.guest);
     let deferred = Deferred::take();
+    let deferred_locks = locks::Deferred::take();
     let descs = descs?;
     let spare_fd = tree
         .processes
@@ -509,6 +516,7 @@ pub fn restore_with<R: Read>(
                 live,
                 report,
                 deferred,
+                deferred_locks,
                 finish_started,
                 done: false,
                 _tracer_thread: std::marker::PhantomData,

@@ -272,6 +272,29 @@ pub struct Fd {
     /// Index into `Tree::files`.
     pub file: u32,
     pub cloexec: bool,
+    /// POSIX (fcntl F_SETLK) locks this process holds, taken through this descriptor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub posix_locks: Vec<FileLock>,
+}
+
+/// A file lock: flock(2) (a whole-file lock; `start`/`end` are 0/None), an OFD lock (fcntl
+/// F_OFD_SETLK) or a POSIX lock (fcntl F_SETLK). flock and OFD locks belong to an open file
+/// description (`FileDesc::locks`), POSIX locks to a process (`Fd::posix_locks`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileLock {
+    pub kind: LockKind,
+    /// A write (exclusive) lock; otherwise a read (shared) one.
+    pub write: bool,
+    pub start: u64,
+    /// The last byte locked; `None`: to the end of the file, however far it grows.
+    pub end: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum LockKind {
+    Flock,
+    Ofd,
+    Posix,
 }
 
 /// An open file description (what `dup` and `fork` share).
@@ -282,6 +305,9 @@ pub struct FileDesc {
     pub flags: i32,
     pub pos: i64,
     pub kind: FileKind,
+    /// flock and OFD locks held through this description.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locks: Vec<FileLock>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

@@ -202,6 +202,24 @@ pub fn add_seals(fd: RawFd, seals: u32) -> SysResult<()> {
     check("fcntl(F_ADD_SEALS)", r as libc::c_long).map(drop)
 }
 
+/// flock(2): `op` is LOCK_SH, LOCK_EX or LOCK_UN, with LOCK_NB or not.
+pub fn flock(fd: RawFd, op: i32) -> SysResult<()> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::flock(fd, op) };
+    check("flock", r as libc::c_long).map(drop)
+}
+
+/// A record-lock fcntl (F_SETLK, F_OFD_SETLK, F_GETLK ...) with `lock`, the bytes of a
+/// `struct flock`.
+pub fn fcntl_lock(fd: RawFd, cmd: i32, lock: &[u8; 32]) -> SysResult<()> {
+    const _: () = assert!(std::mem::size_of::<libc::flock>() == 32);
+    let mut copy = *lock;
+    // SAFETY: `copy` is 32 writable bytes, the size of `struct flock` on this architecture
+    // (checked above); the kernel reads it, and for F_GETLK writes into it.
+    let r = unsafe { libc::fcntl(fd, cmd, copy.as_mut_ptr()) };
+    check("fcntl(lock)", r as libc::c_long).map(drop)
+}
+
 /// Size and number of attaches of System V shared memory segment `shmid`.
 pub fn shm_stat(shmid: i32) -> SysResult<(u64, u64)> {
     // SAFETY: shmid_ds is plain data; all-zero is a valid value for it.

@@ -299,20 +299,20 @@ fn a_bad_memory_record_kills_the_half_built_tree() {
 
 #[test]
 fn an_uncapturable_resource_is_named_and_the_process_carries_on() {
-    // flock(1) holds a lock on a file while its child sleeps: locks cannot be captured yet.
+    // A process reading the kernel log (/dev/kmsg, a device whose state, a read position in
+    // the log, the engine does not capture).
     let d = scratch("refusal");
-    let lockfile = d.join("lock");
-    let mut sh = Command::new("flock")
-        .arg(&lockfile)
-        .args(["sleep", "30"])
+    let mut sh = Command::new("sleep")
+        .arg("30")
+        .stdin(std::fs::File::open("/dev/kmsg").expect("open /dev/kmsg"))
         .spawn()
-        .expect("start flock");
+        .expect("start sleep");
     std::thread::sleep(Duration::from_millis(200));
     let pid = sh.id().to_string();
     let (ok, _, err) = ferry(&["checkpoint", &pid, "--dir", d.join("img").to_str().unwrap()]);
-    assert!(!ok, "a tree holding a file lock was checkpointed");
+    assert!(!ok, "a tree reading /dev/kmsg was checkpointed");
     assert!(
-        err.contains(&format!("PID {pid}")) && err.contains("file lock"),
+        err.contains(&format!("PID {pid}")) && err.contains("fd 0 (/dev/kmsg)"),
         "{err}"
     );
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

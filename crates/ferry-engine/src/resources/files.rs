@@ -58,14 +58,8 @@ impl FdCapture {
             let md = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
                 .ctx(pid, || format!("stat fd {fd} ({link})"))?;
             let info = procfs::fdinfo(pid, fd)?;
-            if info.iter().any(|(k, _)| k == "lock") {
-                return Err(Error::Unsupported {
-                    pid,
-                    what: format!("fd {fd} ({link})"),
-                    why: "it holds a file lock (flock, POSIX or OFD), which cannot be restored yet"
-                        .into(),
-                });
-            }
+            let (desc_locks, posix_locks) =
+                super::locks::capture(pid, &format!("fd {fd} ({link})"), &info)?;
             let flags = octal(&info, "flags");
             let cloexec = flags & libc::O_CLOEXEC as i64 != 0;
             let (dev, ino) = (md.dev(), md.ino());
@@ -89,15 +83,26 @@ impl FdCapture {
                         flags: (flags & !(libc::O_CLOEXEC as i64)) as i32,
                         pos: decimal(&info, "pos"),
                         kind,
+                        locks: desc_locks,
                     });
                     id
                 }
             };
             self.seen.push((pid, fd, dev, ino, id));
+            // A POSIX lock shows on every descriptor of its description in its process.
+            let posix_locks = posix_locks
+                .into_iter()
+                .filter(|l| {
+                    !table
+                        .iter()
+                        .any(|t: &Fd| t.file == id && t.posix_locks.contains(l))
+                })
+                .collect();
             table.push(Fd {
                 fd,
                 file: id,
                 cloexec,
+                posix_locks,
             });
         }
         Ok(table)
@@ -262,6 +267,7 @@ pub fn open_descriptions(
     guest: Option<&crate::guest_ns::GuestNamespaces>,
 ) -> Result<HashMap<u32, OwnedFd>> {
     let dev = guest.map_or_else(|| std::path::PathBuf::from("/dev"), |g| g.dev_dir());
+    drop(super::locks::Deferred::take()); // anything an earlier, failed restore left
     let me = std::process::id() as i32;
     let mut out = HashMap::new();
     let mut pipe_ends: HashMap<u32, PipeEnds> = HashMap::new();
@@ -421,9 +427,23 @@ pub fn open_descriptions(
             fdops::set_fl(fd.as_raw_fd(), want)
                 .ctx(me, || format!("set flags {:o} on file {}", d.flags, d.id))?;
         }
+        if !d.locks.is_empty() {
+            super::locks::take_on_description(&fd, &d.locks, &file_name(d))?;
+        }
         out.insert(d.id, fd);
     }
     Ok(out)
+}
+
+/// A description's path, or its number, for messages.
+fn file_name(d: &FileDesc) -> String {
+    match &d.kind {
+        FileKind::Regular { path, .. }
+        | FileKind::Directory { path }
+        | FileKind::Device { path, .. }
+        | FileKind::PathOnly { path } => path.clone(),
+        _ => format!("file {}", d.id),
+    }
 }
 
 fn fill_pipe(w: &OwnedFd, p: &Pipe, packet_mode: bool) -> Result<()> {
@@ -495,6 +515,14 @@ pub fn install(h: &Husk, p: &Process, tree: &Tree, descs: &HashMap<u32, OwnedFd>
             ))
         })?;
         h.install_fd(d, Some((fd.fd, fd.cloexec)))?;
+    }
+    // POSIX locks belong to the process: it takes them itself, through its descriptors.
+    for fd in p.fds.iter().filter(|f| !f.posix_locks.is_empty()) {
+        let name = tree
+            .files
+            .get(fd.file as usize)
+            .map_or_else(|| format!("file {}", fd.file), file_name);
+        super::locks::take_posix(h, fd.fd, &fd.posix_locks, &name)?;
     }
     // Kinds whose state refers to the process's own descriptor numbers (an epoll interest
     // list, say) are completed once every descriptor is in place.

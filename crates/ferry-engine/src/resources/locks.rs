@@ -1,0 +1,268 @@
+//! File locks: flock(2), open-file-description locks (fcntl F_OFD_SETLK) and POSIX record
+//! locks (fcntl F_SETLK).
+//!
+//! - **capture**: /proc/PID/fdinfo/FD lists, in `lock:` lines, the locks taken through that
+//!   descriptor: those of its open file description (flock, OFD) and, for POSIX locks, those of
+//!   the process (the kernel shows a lock only where its file and owner match).
+//! - **restore**: flock and OFD locks belong to the description, not to whoever took them, so
+//!   the restorer takes them on the rebuilt description; POSIX locks belong to the process, so
+//!   the rebuilt process takes them itself (an injected fcntl). A description's lock still held
+//!   by another description (the frozen original of a migration on one machine, until the
+//!   commit point) is taken at resume instead, once the original is gone ([`Deferred`]); a
+//!   POSIX lock held elsewhere fails the restore, naming the lock and its holder.
+
+use crate::error::{Error, Result};
+use crate::husk::Husk;
+use ferry_image::{FileLock, LockKind};
+use std::cell::RefCell;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+/// The locks of one descriptor's fdinfo: (of its description: flock and OFD; of the process:
+/// POSIX). `what` names the descriptor in errors.
+pub fn capture(
+    pid: i32,
+    what: &str,
+    info: &[(String, String)],
+) -> Result<(Vec<FileLock>, Vec<FileLock>)> {
+    let mut desc = Vec::new();
+    let mut posix = Vec::new();
+    for (_, line) in info.iter().filter(|(k, _)| k == "lock") {
+        let lock = parse(line).map_err(|why| Error::Unsupported {
+            pid,
+            what: what.to_string(),
+            why: format!("it holds a lock ({line:?}) {why}"),
+        })?;
+        match lock.kind {
+            LockKind::Posix => posix.push(lock),
+            LockKind::Flock | LockKind::Ofd => desc.push(lock),
+        }
+    }
+    Ok((desc, posix))
+}
+
+/// One `lock:` line of fdinfo: `1: POSIX  ADVISORY  WRITE 1234 fe:00:1234 0 EOF`.
+fn parse(line: &str) -> std::result::Result<FileLock, String> {
+    let t: Vec<&str> = line.split_whitespace().collect();
+    if t.len() < 8 {
+        return Err("that Ferry cannot read".into());
+    }
+    let kind = match t[1] {
+        "POSIX" => LockKind::Posix,
+        "FLOCK" => LockKind::Flock,
+        "OFDLCK" => LockKind::Ofd,
+        "LEASE" | "BREAKING" | "DELEG" => {
+            return Err("that is a lease, which cannot be moved".into())
+        }
+        _ => return Err("of a kind Ferry does not know".into()),
+    };
+    if t[2] != "ADVISORY" {
+        return Err("that is mandatory".into());
+    }
+    let write = match t[3] {
+        "WRITE" => true,
+        "READ" => false,
+        _ => return Err("of an unknown type".into()),
+    };
+    let start = t[6]
+        .parse()
+        .map_err(|_| "with an unreadable start".to_string())?;
+    let end = match t[7] {
+        "EOF" => None,
+        e => Some(
+            e.parse()
+                .map_err(|_| "with an unreadable end".to_string())?,
+        ),
+    };
+    Ok(FileLock {
+        kind,
+        write,
+        start,
+        end,
+    })
+}
+
+fn describe(l: &FileLock) -> String {
+    let kind = match l.kind {
+        LockKind::Flock => "flock",
+        LockKind::Ofd => "OFD lock",
+        LockKind::Posix => "POSIX lock",
+    };
+    let mode = if l.write { "write" } else { "read" };
+    match (l.kind, l.end) {
+        (LockKind::Flock, _) => format!("{mode} {kind}"),
+        (_, Some(end)) => format!("{mode} {kind} on bytes {}-{end}", l.start),
+        (_, None) => format!("{mode} {kind} on bytes {}-EOF", l.start),
+    }
+}
+
+/// `struct flock` for x86_64, as bytes.
+fn flock_struct(l: &FileLock, unlock: bool) -> [u8; 32] {
+    let ty = if unlock {
+        libc::F_UNLCK
+    } else if l.write {
+        libc::F_WRLCK
+    } else {
+        libc::F_RDLCK
+    } as i16;
+    let len = l.end.map_or(0, |e| e + 1 - l.start) as i64;
+    let mut b = [0u8; 32];
+    b[0..2].copy_from_slice(&ty.to_ne_bytes());
+    b[2..4].copy_from_slice(&(libc::SEEK_SET as i16).to_ne_bytes());
+    b[8..16].copy_from_slice(&(l.start as i64).to_ne_bytes());
+    b[16..24].copy_from_slice(&len.to_ne_bytes());
+    b
+}
+
+/// Tries once to take a flock or OFD lock on `fd`: Ok(false) if another holder has it.
+fn try_take(fd: RawFd, l: &FileLock) -> ferry_sys::SysResult<bool> {
+    let r = match l.kind {
+        LockKind::Flock => {
+            let op = if l.write {
+                libc::LOCK_EX
+            } else {
+                libc::LOCK_SH
+            };
+            ferry_sys::fdops::flock(fd, op | libc::LOCK_NB)
+        }
+        _ => ferry_sys::fdops::fcntl_lock(fd, libc::F_OFD_SETLK, &flock_struct(l, false)),
+    };
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if e.errno == libc::EWOULDBLOCK || e.errno == libc::EACCES => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+thread_local! {
+    /// Locks the last restore on this thread left for [`Deferred::complete`].
+    static DEFERRED: RefCell<Deferred> = RefCell::new(Deferred::default());
+}
+
+/// Description locks still held elsewhere when the tree was rebuilt, with a copy of their
+/// description, to be taken when the tree is about to run.
+#[derive(Default)]
+pub struct Deferred {
+    locks: Vec<(OwnedFd, FileLock, String)>,
+}
+
+impl Deferred {
+    /// What the descriptions just rebuilt on this thread left (nothing if none was).
+    pub fn take() -> Deferred {
+        DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()))
+    }
+
+    /// Takes every lock, retrying while another holder has it, until `wait` has passed.
+    /// `pid`: the process named in errors.
+    pub fn complete(self, pid: i32, wait: Duration) -> Result<()> {
+        let deadline = Instant::now() + wait;
+        for (fd, l, path) in &self.locks {
+            loop {
+                let got = try_take(fd.as_raw_fd(), l).map_err(|e| Error::Restore {
+                    pid,
+                    what: format!("take the {} of {path}: {e}", describe(l)),
+                })?;
+                if got {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::Restore {
+                        pid,
+                        what: format!(
+                            "the {} of {path} is still held by another process after {wait:?} \
+                             (the original of the tree, if it still runs?)",
+                            describe(l)
+                        ),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Takes the flock and OFD locks of a rebuilt description `fd` (at `path`), or leaves those
+/// another holder still has for [`Deferred::complete`].
+pub fn take_on_description(fd: &OwnedFd, locks: &[FileLock], path: &str) -> Result<()> {
+    let me = std::process::id() as i32;
+    for l in locks {
+        let got = try_take(fd.as_raw_fd(), l).map_err(|e| Error::Restore {
+            pid: me,
+            what: format!("take the {} of {path}: {e}", describe(l)),
+        })?;
+        if !got {
+            let copy = fd.try_clone().map_err(|e| Error::Io {
+                pid: me,
+                what: format!("keep a copy of {path} for its {}", describe(l)),
+                source: e,
+            })?;
+            DEFERRED.with(|d| {
+                d.borrow_mut()
+                    .locks
+                    .push((copy, l.clone(), path.to_string()))
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Takes process `h`'s POSIX locks, each through its descriptor `fd` (already installed).
+pub fn take_posix(h: &Husk, fd: i32, locks: &[FileLock], path: &str) -> Result<()> {
+    let inj = h.injector();
+    for l in locks {
+        let arg = inj.write_scratch(0, &flock_struct(l, false))?;
+        let r = inj.syscall_raw(
+            "fcntl(F_SETLK)",
+            libc::SYS_fcntl,
+            &[fd as u64, libc::F_SETLK as u64, arg],
+        )?;
+        if r == -(libc::EAGAIN as i64) || r == -(libc::EACCES as i64) {
+            return Err(Error::Restore {
+                pid: h.pid,
+                what: format!(
+                    "fd {fd}: the {} of {path} is held by another process (the original of \
+                     the tree, if it still runs?)",
+                    describe(l)
+                ),
+            });
+        }
+        if r < 0 {
+            return Err(Error::Restore {
+                pid: h.pid,
+                what: format!(
+                    "fd {fd}: take the {} of {path}: {}",
+                    describe(l),
+                    std::io::Error::from_raw_os_error(-r as i32)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fdinfo_lock_lines() {
+        let l = parse("1: POSIX  ADVISORY  WRITE 1234 fe:00:10166504 0 99").unwrap();
+        assert_eq!(
+            (l.kind, l.write, l.start, l.end),
+            (LockKind::Posix, true, 0, Some(99))
+        );
+        let l = parse("2: FLOCK  ADVISORY  READ 1234 fe:00:10166504 0 EOF").unwrap();
+        assert_eq!((l.kind, l.write, l.end), (LockKind::Flock, false, None));
+        let l = parse("3: OFDLCK ADVISORY  READ -1 fe:00:10166504 200 299").unwrap();
+        assert_eq!((l.kind, l.start, l.end), (LockKind::Ofd, 200, Some(299)));
+        assert!(parse("4: LEASE  ACTIVE    READ 1 fe:00:1 0 EOF").is_err());
+        assert!(parse("garbage").is_err());
+        let b = flock_struct(
+            &parse("1: POSIX  ADVISORY  WRITE 1 0:0:1 100 199").unwrap(),
+            false,
+        );
+        assert_eq!(i16::from_ne_bytes([b[0], b[1]]), libc::F_WRLCK as i16);
+        assert_eq!(i64::from_ne_bytes(b[16..24].try_into().unwrap()), 100);
+    }
+}
