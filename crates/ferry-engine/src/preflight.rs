@@ -101,13 +101,6 @@ fn refuse(pid: i32, what: String, why: &str) -> Error {
 pub fn check(root: i32) -> Result<()> {
     let pids = tree(root)?;
     let mut tcp_fds: Vec<(i32, i32, String, u64)> = Vec::new();
-    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    // POSIX locks (flock and OFD locks move: see resources/locks.rs).
-    let posix_holders: HashSet<i32> = locks
-        .lines()
-        .filter(|l| l.split_whitespace().nth(1) == Some("POSIX"))
-        .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
-        .collect();
     for &pid in &pids {
         let status = procfs::status(pid)?;
         if procfs::field(&status, "Seccomp").trim() == "2" {
@@ -115,15 +108,6 @@ pub fn check(root: i32) -> Result<()> {
                 pid,
                 "seccomp".into(),
                 "seccomp filters cannot be moved yet",
-            ));
-        }
-        if posix_holders.contains(&pid) {
-            return Err(refuse(
-                pid,
-                "POSIX file locks".into(),
-                "POSIX (fcntl F_SETLK) locks cannot be migrated yet: the copy must take them \
-                 itself while it is rebuilt, and the original holds them until the commit \
-                 point (flock and OFD locks do move)",
             ));
         }
         for fd in procfs::fds(pid).unwrap_or_default() {

@@ -474,7 +474,6 @@ pub fn restore_with<R: Read>(
     let tree = &img.tree;
     let descs = files::open_descriptions(tree, &objects, opts.guest);
     let deferred = Deferred::take();
-    let deferred_locks = locks::Deferred::take();
     let descs = descs?;
     let spare_fd = tree
         .processes
@@ -516,13 +515,15 @@ pub fn restore_with<R: Read>(
                 live,
                 report,
                 deferred,
-                deferred_locks,
+                // Left by the descriptions' locks and by the processes' POSIX locks.
+                deferred_locks: locks::Deferred::take(),
                 finish_started,
                 done: false,
                 _tracer_thread: std::marker::PhantomData,
             })
         }
         Err(e) => {
+            drop(locks::Deferred::take());
             for h in husks.iter().rev() {
                 h.kill();
             }

@@ -643,10 +643,14 @@ fn unmovable_refused() -> Result<(), Failed> {
             "the other end of this TCP connection is not in the tree",
         ),
         (
-            // A POSIX lock (flock and OFD locks move).
-            "import fcntl,time,sys\nf=open(sys.argv[1],'w'); fcntl.lockf(f, fcntl.LOCK_EX)\n\
+            // A seccomp filter (allow everything), installed through ctypes.
+            "import ctypes,struct,time\nlibc=ctypes.CDLL(None)\n\
+             assert libc.prctl(38,1,0,0,0)==0\n\
+             ins=ctypes.create_string_buffer(struct.pack('HBBI',6,0,0,0x7fff0000))\n\
+             prog=struct.pack('HxxxxxxQ',1,ctypes.addressof(ins))\n\
+             assert libc.prctl(22,2,ctypes.c_char_p(prog),0,0)==0\n\
              open('ready','w').close(); time.sleep(60)",
-            "POSIX file locks",
+            "seccomp",
         ),
     ];
     let outside = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

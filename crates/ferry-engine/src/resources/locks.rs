@@ -6,10 +6,11 @@
 //!   the process (the kernel shows a lock only where its file and owner match).
 //! - **restore**: flock and OFD locks belong to the description, not to whoever took them, so
 //!   the restorer takes them on the rebuilt description; POSIX locks belong to the process, so
-//!   the rebuilt process takes them itself (an injected fcntl). A description's lock still held
-//!   by another description (the frozen original of a migration on one machine, until the
-//!   commit point) is taken at resume instead, once the original is gone ([`Deferred`]); a
-//!   POSIX lock held elsewhere fails the restore, naming the lock and its holder.
+//!   the rebuilt process takes them itself (an injected fcntl). A lock still held elsewhere
+//!   (by the frozen original of a migration on one machine, until the commit point) is taken
+//!   at resume instead, once the original is gone ([`Deferred`]): a POSIX one by injecting the
+//!   fcntl into the process once more, at a `syscall` instruction of its own code, with every
+//!   signal held back meanwhile so that none is lost.
 
 use crate::error::{Error, Result};
 use crate::husk::Husk;
@@ -144,6 +145,16 @@ thread_local! {
 #[derive(Default)]
 pub struct Deferred {
     locks: Vec<(OwnedFd, FileLock, String)>,
+    posix: Vec<DeferredPosix>,
+}
+
+/// A POSIX lock process `pid` (`host` here) is to take through its descriptor `fd`.
+struct DeferredPosix {
+    pid: i32,
+    host: i32,
+    fd: i32,
+    lock: FileLock,
+    path: String,
 }
 
 impl Deferred {
@@ -178,8 +189,72 @@ impl Deferred {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
+        for d in &self.posix {
+            take_posix_at_resume(d, deadline, wait)?;
+        }
         Ok(())
     }
+}
+
+/// Injects `fcntl(F_SETLK)` into the stopped, fully rebuilt process of `d` until the lock is
+/// free or `deadline` passes, then puts its registers, stack and signal mask back.
+fn take_posix_at_resume(d: &DeferredPosix, deadline: Instant, wait: Duration) -> Result<()> {
+    use ferry_sys::ptrace;
+    let sys = |what: &str, e: ferry_sys::SysError| Error::Restore {
+        pid: d.pid,
+        what: format!(
+            "fd {}: take the {} of {} at resume: {what}: {e}",
+            d.fd,
+            describe(&d.lock),
+            d.path
+        ),
+    };
+    let mask = ptrace::get_sigmask(d.host).map_err(|e| sys("read the signal mask", e))?;
+    ptrace::set_sigmask(d.host, u64::MAX).map_err(|e| sys("hold signals back", e))?;
+    let regs = ptrace::get_regs(d.host).map_err(|e| sys("read registers", e))?;
+    let at = ferry_inject::find_syscall_insn(d.host)?;
+    let inj = ferry_inject::Injector::on_stack(d.host, d.host, regs, at)?;
+    let taken = (|| -> Result<()> {
+        loop {
+            let arg = inj.write_scratch(0, &flock_struct(&d.lock, false))?;
+            let r = inj.syscall_raw(
+                "fcntl(F_SETLK)",
+                libc::SYS_fcntl,
+                &[d.fd as u64, libc::F_SETLK as u64, arg],
+            )?;
+            if r >= 0 {
+                return Ok(());
+            }
+            let busy = r == -(libc::EAGAIN as i64) || r == -(libc::EACCES as i64);
+            if !busy || Instant::now() >= deadline {
+                return Err(Error::Restore {
+                    pid: d.pid,
+                    what: if busy {
+                        format!(
+                            "fd {}: the {} of {} is still held by another process after \
+                             {wait:?} (the original of the tree, if it still runs?)",
+                            d.fd,
+                            describe(&d.lock),
+                            d.path
+                        )
+                    } else {
+                        format!(
+                            "fd {}: take the {} of {}: {}",
+                            d.fd,
+                            describe(&d.lock),
+                            d.path,
+                            std::io::Error::from_raw_os_error(-r as i32)
+                        )
+                    },
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })();
+    let put_back = inj.finish().map_err(Error::from);
+    let mask_back =
+        ptrace::set_sigmask(d.host, mask).map_err(|e| sys("restore the signal mask", e));
+    taken.and(put_back).and(mask_back)
 }
 
 /// Takes the flock and OFD locks of a rebuilt description `fd` (at `path`), or leaves those
@@ -207,7 +282,8 @@ pub fn take_on_description(fd: &OwnedFd, locks: &[FileLock], path: &str) -> Resu
     Ok(())
 }
 
-/// Takes process `h`'s POSIX locks, each through its descriptor `fd` (already installed).
+/// Takes process `h`'s POSIX locks, each through its descriptor `fd` (already installed), or
+/// leaves those another process still holds for [`Deferred::complete`].
 pub fn take_posix(h: &Husk, fd: i32, locks: &[FileLock], path: &str) -> Result<()> {
     let inj = h.injector();
     for l in locks {
@@ -218,14 +294,16 @@ pub fn take_posix(h: &Husk, fd: i32, locks: &[FileLock], path: &str) -> Result<(
             &[fd as u64, libc::F_SETLK as u64, arg],
         )?;
         if r == -(libc::EAGAIN as i64) || r == -(libc::EACCES as i64) {
-            return Err(Error::Restore {
-                pid: h.pid,
-                what: format!(
-                    "fd {fd}: the {} of {path} is held by another process (the original of \
-                     the tree, if it still runs?)",
-                    describe(l)
-                ),
+            DEFERRED.with(|d| {
+                d.borrow_mut().posix.push(DeferredPosix {
+                    pid: h.pid,
+                    host: h.host,
+                    fd,
+                    lock: l.clone(),
+                    path: path.to_string(),
+                })
             });
+            continue;
         }
         if r < 0 {
             return Err(Error::Restore {
