@@ -9,6 +9,8 @@
 //!   namespace), for the image.
 //! - [`guest_ns`] makes the PID, time, mount and IPC namespaces a tree can be rebuilt in,
 //!   under its own PIDs (pty numbers, System V IDs) whatever this machine's are.
+//! - [`late`] makes system calls inside a rebuilt process just before it runs (what had to
+//!   wait for the original of a migration to be gone: a lock, an abstract socket name).
 //! - [`names`] moves the files of a tree's bound UNIX sockets aside while it migrates.
 //! - [`restore`] reads an image completely, checks it, and rebuilds the tree through
 //!   [`husk`]s: processes created under their old PIDs and refilled from outside.
@@ -21,6 +23,7 @@ pub mod error;
 pub mod freeze;
 pub mod guest_ns;
 pub mod husk;
+pub mod late;
 pub mod names;
 pub mod objects;
 pub mod pidview;

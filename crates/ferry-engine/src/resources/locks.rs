@@ -197,64 +197,35 @@ impl Deferred {
 }
 
 /// Injects `fcntl(F_SETLK)` into the stopped, fully rebuilt process of `d` until the lock is
-/// free or `deadline` passes, then puts its registers, stack and signal mask back.
+/// free or `deadline` passes.
 fn take_posix_at_resume(d: &DeferredPosix, deadline: Instant, wait: Duration) -> Result<()> {
-    use ferry_sys::ptrace;
-    let sys = |what: &str, e: ferry_sys::SysError| Error::Restore {
-        pid: d.pid,
-        what: format!(
-            "fd {}: take the {} of {} at resume: {what}: {e}",
-            d.fd,
-            describe(&d.lock),
-            d.path
-        ),
-    };
-    let mask = ptrace::get_sigmask(d.host).map_err(|e| sys("read the signal mask", e))?;
-    ptrace::set_sigmask(d.host, u64::MAX).map_err(|e| sys("hold signals back", e))?;
-    let regs = ptrace::get_regs(d.host).map_err(|e| sys("read registers", e))?;
-    let at = ferry_inject::find_syscall_insn(d.host)?;
-    let inj = ferry_inject::Injector::on_stack(d.host, d.host, regs, at)?;
-    let taken = (|| -> Result<()> {
-        loop {
-            let arg = inj.write_scratch(0, &flock_struct(&d.lock, false))?;
-            let r = inj.syscall_raw(
-                "fcntl(F_SETLK)",
-                libc::SYS_fcntl,
-                &[d.fd as u64, libc::F_SETLK as u64, arg],
-            )?;
-            if r >= 0 {
-                return Ok(());
-            }
-            let busy = r == -(libc::EAGAIN as i64) || r == -(libc::EACCES as i64);
-            if !busy || Instant::now() >= deadline {
-                return Err(Error::Restore {
-                    pid: d.pid,
-                    what: if busy {
-                        format!(
-                            "fd {}: the {} of {} is still held by another process after \
-                             {wait:?} (the original of the tree, if it still runs?)",
-                            d.fd,
-                            describe(&d.lock),
-                            d.path
-                        )
-                    } else {
-                        format!(
-                            "fd {}: take the {} of {}: {}",
-                            d.fd,
-                            describe(&d.lock),
-                            d.path,
-                            std::io::Error::from_raw_os_error(-r as i32)
-                        )
-                    },
-                });
-            }
-            std::thread::sleep(Duration::from_millis(10));
+    let what = format!("fd {}: take the {} of {}", d.fd, describe(&d.lock), d.path);
+    crate::late::with_injector(d.pid, d.host, &what, |inj| loop {
+        let arg = inj.write_scratch(0, &flock_struct(&d.lock, false))?;
+        let r = inj.syscall_raw(
+            "fcntl(F_SETLK)",
+            libc::SYS_fcntl,
+            &[d.fd as u64, libc::F_SETLK as u64, arg],
+        )?;
+        if r >= 0 {
+            return Ok(());
         }
-    })();
-    let put_back = inj.finish().map_err(Error::from);
-    let mask_back =
-        ptrace::set_sigmask(d.host, mask).map_err(|e| sys("restore the signal mask", e));
-    taken.and(put_back).and(mask_back)
+        let busy = r == -(libc::EAGAIN as i64) || r == -(libc::EACCES as i64);
+        if !busy || Instant::now() >= deadline {
+            return Err(Error::Restore {
+                pid: d.pid,
+                what: if busy {
+                    format!(
+                        "{what}: still held by another process after {wait:?} (the original \
+                         of the tree, if it still runs?)"
+                    )
+                } else {
+                    format!("{what}: {}", std::io::Error::from_raw_os_error(-r as i32))
+                },
+            });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    })
 }
 
 /// Takes the flock and OFD locks of a rebuilt description `fd` (at `path`), or leaves those

@@ -1739,6 +1739,101 @@ pub struct Deferred {
     /// end, which would draw a reset from a port with no socket), and then send what had never
     /// been sent.
     repairs: Vec<DeferredRepair>,
+    /// UNIX sockets named (and listening, with their waiting connections made) only here: see
+    /// [`DeferredName`].
+    names: Vec<DeferredName>,
+}
+
+/// A UNIX stream or seqpacket socket whose abstract name another socket held while the tree
+/// was rebuilt (on one machine, the frozen original of a migration, until the commit point:
+/// abstract names belong to the network namespace). bind() and listen() are made by process
+/// `pid` itself through its descriptor `fd`, injected at resume ([`crate::late`]), so that
+/// SO_PEERCRED reports that process to whoever connects, as it did; each waiting connection
+/// is made by the process that made it (its credentials are what the server end reports), and
+/// refilled with what it had sent.
+struct DeferredName {
+    pid: i32,
+    fd: i32,
+    addr: Vec<u8>,
+    backlog: Option<i32>,
+    clients: Vec<DeferredClient>,
+    what: String,
+}
+
+struct DeferredClient {
+    pid: i32,
+    fd: i32,
+    /// A copy of the client socket, to refill what it had sent.
+    socket: OwnedFd,
+    data: Vec<Vec<u8>>,
+    records: bool,
+}
+
+impl DeferredName {
+    fn make(
+        &self,
+        hosts: &HashMap<i32, i32>,
+        deadline: std::time::Instant,
+        wait: std::time::Duration,
+    ) -> Result<()> {
+        let host = |pid: i32| {
+            hosts.get(&pid).copied().ok_or_else(|| Error::Restore {
+                pid,
+                what: format!("{}: the process is not in the rebuilt tree", self.what),
+            })
+        };
+        let addr_len = self.addr.len() as u64;
+        crate::late::with_injector(self.pid, host(self.pid)?, &self.what, |inj| {
+            let addr = inj.write_scratch(0, &self.addr)?;
+            loop {
+                let r =
+                    inj.syscall_raw("bind", libc::SYS_bind, &[self.fd as u64, addr, addr_len])?;
+                if r == 0 {
+                    break;
+                }
+                if r == -(libc::EADDRINUSE as i64) && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+                return Err(Error::Restore {
+                    pid: self.pid,
+                    what: format!(
+                        "{}: bind: {}{}",
+                        self.what,
+                        std::io::Error::from_raw_os_error(-r as i32),
+                        if r == -(libc::EADDRINUSE as i64) {
+                            format!(" after {wait:?} (the original of the tree, if it still runs?)")
+                        } else {
+                            String::new()
+                        }
+                    ),
+                });
+            }
+            if let Some(backlog) = self.backlog {
+                inj.syscall(
+                    "listen",
+                    libc::SYS_listen,
+                    &[self.fd as u64, backlog as u64],
+                )?;
+            }
+            Ok(())
+        })?;
+        for c in &self.clients {
+            let what = format!(
+                "{}: connect a waiting client (PID {} fd {})",
+                self.what, c.pid, c.fd
+            );
+            crate::late::with_injector(c.pid, host(c.pid)?, &what, |inj| {
+                let addr = inj.write_scratch(0, &self.addr)?;
+                inj.syscall("connect", libc::SYS_connect, &[c.fd as u64, addr, addr_len])?;
+                Ok(())
+            })?;
+            let data: Vec<(Vec<u8>, Vec<OwnedFd>)> =
+                c.data.iter().map(|d| (d.clone(), Vec::new())).collect();
+            write_all(c.pid, c.socket.as_raw_fd(), &data, c.records)?;
+        }
+        Ok(())
+    }
 }
 
 struct DeferredRepair {
@@ -1880,13 +1975,24 @@ impl Deferred {
             && self.binds.is_empty()
             && self.datagrams.is_empty()
             && self.repairs.is_empty()
+            && self.names.is_empty()
     }
 
-    /// Binds and connects the UDP sockets, makes the TCP listeners listen, and queues the
+    /// Binds and connects the UDP sockets, makes the TCP listeners listen, makes the TCP
+    /// connections, names the UNIX sockets whose abstract names were taken, and queues the
     /// datagrams, retrying while an address is still in use, until `wait` has passed.
-    /// `pid`: the process named in errors.
-    pub fn complete(self, pid: i32, wait: std::time::Duration) -> Result<()> {
+    /// `pid`: the process named in errors; `hosts`: the tree's PIDs -> ours, for the calls
+    /// made inside its processes.
+    pub fn complete(
+        self,
+        pid: i32,
+        wait: std::time::Duration,
+        hosts: &HashMap<i32, i32>,
+    ) -> Result<()> {
         let deadline = std::time::Instant::now() + wait;
+        for n in &self.names {
+            n.make(hosts, deadline, wait)?;
+        }
         let retry = move |op: &dyn Fn() -> ferry_sys::SysResult<()>| loop {
             match op() {
                 Err(e)
@@ -2045,10 +2151,21 @@ struct Builder<'a> {
     guest: Option<RawFd>,
     /// What must wait until the tree is about to run.
     deferred: Deferred,
+    /// Who holds each description (file id): (the tree's PID, its fd), live processes only.
+    holders: HashMap<u32, Vec<(i32, i32)>>,
+    /// UNIX sockets whose abstract name another socket holds (the frozen original of a
+    /// migration on one machine): named, and made to listen, at resume (see [`DeferredName`]).
+    late_names: HashSet<usize>,
 }
 
 impl<'a> Builder<'a> {
     fn new(tree: &'a Tree, guest: Option<RawFd>) -> Self {
+        let mut holders: HashMap<u32, Vec<(i32, i32)>> = HashMap::new();
+        for p in tree.processes.iter().filter(|p| p.zombie_status.is_none()) {
+            for f in &p.fds {
+                holders.entry(f.file).or_default().push((p.pid, f.fd));
+            }
+        }
         let socks: Vec<(u32, &SocketDesc)> = tree
             .files
             .iter()
@@ -2075,6 +2192,8 @@ impl<'a> Builder<'a> {
             remove_later: Vec::new(),
             guest,
             deferred: Deferred::default(),
+            holders,
+            late_names: HashSet::new(),
         }
     }
 
@@ -2240,7 +2359,15 @@ impl<'a> Builder<'a> {
     ) -> Result<()> {
         let raw = encode_addr(a);
         let SockAddr::UnixPath(p) = a else {
-            return sk::bind(fd, &raw).map_err(|e| {
+            let r = sk::bind(fd, &raw);
+            if r.as_ref().is_err_and(|e| e.errno == libc::EADDRINUSE)
+                && matches!(a, SockAddr::UnixAbstract(_))
+                && self.can_name_late(i)
+            {
+                self.late_names.insert(i);
+                return Ok(());
+            }
+            return r.map_err(|e| {
                 if e.errno == libc::EADDRINUSE && matches!(a, SockAddr::UnixAbstract(_)) {
                     // Abstract names belong to the network namespace, which the nodes of one
                     // machine share: the frozen original of a migration holds the name until
@@ -2253,9 +2380,10 @@ impl<'a> Builder<'a> {
                         format!(
                             "bind to the abstract name {}: {e}: another socket holds it (the \
                              original of the tree, frozen on this machine until the commit point \
-                             of a migration, or still running?); a UNIX socket with an abstract \
-                             name cannot move between the nodes of one machine yet",
-                            describe(a)
+                             of a migration, or still running?), and it cannot get it when the \
+                             tree is about to run instead: {}",
+                            describe(a),
+                            self.late_name_refusal(i).unwrap_or_default()
                         ),
                     )
                 } else {
@@ -2680,6 +2808,130 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
+    /// The process of the tree that holds socket `i` and, if `pid` is given, is that process:
+    /// (its PID, its fd).
+    fn holder(&self, i: usize, pid: Option<i32>) -> Option<(i32, i32)> {
+        let id = self.socks[i].0;
+        self.holders
+            .get(&id)?
+            .iter()
+            .copied()
+            .find(|(p, _)| pid.is_none_or(|want| want == *p))
+    }
+
+    /// Whether socket `i`, whose abstract name another socket holds now, can be named at
+    /// resume instead ([`DeferredName`]); why not, if it cannot.
+    fn late_name_refusal(&self, i: usize) -> Option<String> {
+        let s = self.sock(i);
+        if s.sock_type == SockType::Dgram {
+            return Some(
+                "a datagram socket is reached through its name while the tree is rebuilt".into(),
+            );
+        }
+        // Clients waiting in its queue are connected to its name: those are made at resume.
+        let waiting: HashSet<u64> = match &s.state {
+            SockState::Listening { pending, .. } => pending.iter().map(|c| c.client_ino).collect(),
+            _ => HashSet::new(),
+        };
+        let reached = (0..self.socks.len()).any(|j| {
+            let o = self.sock(j);
+            j != i
+                && !waiting.contains(&o.ino)
+                && o.family == SockFamily::Unix
+                && matches!(o.state, SockState::Connected { .. })
+                && (o.local == s.local || o.peer == s.local)
+        });
+        if reached {
+            return Some("connections made through its name are rebuilt through it".into());
+        }
+        let Some(_) = self.holder(i, None) else {
+            return Some("no process of the tree holds it".into());
+        };
+        if let SockState::Listening { pending, .. } = &s.state {
+            if let Some(c) = &s.peer_cred {
+                if self.holder(i, Some(c.pid)).is_none() {
+                    return Some(format!(
+                        "PID {}, which made it listen, does not hold it in the tree",
+                        c.pid
+                    ));
+                }
+            }
+            for c in pending {
+                let client = self.by_ino.get(&c.client_ino).copied();
+                let ok = match (client, &c.cred) {
+                    (Some(ci), Some(cred)) => self.holder(ci, Some(cred.pid)).is_some(),
+                    (Some(ci), None) => self.holder(ci, None).is_some(),
+                    (None, _) => false,
+                };
+                if !ok {
+                    return Some(
+                        "a connection waits in its queue whose client is not held by the \
+                         process that connected it"
+                            .into(),
+                    );
+                }
+            }
+        }
+        None
+    }
+
+    fn can_name_late(&self, i: usize) -> bool {
+        self.late_name_refusal(i).is_none()
+    }
+
+    /// Leaves the naming of socket `i` (and its listening, and its waiting connections) to
+    /// [`Deferred::complete`].
+    fn name_late(&mut self, i: usize) -> Result<()> {
+        let s = self.sock(i);
+        let Some(local) = &s.local else {
+            return Ok(());
+        };
+        let (pid, fd) = match (&s.state, &s.peer_cred) {
+            (SockState::Listening { .. }, Some(c)) => self.holder(i, Some(c.pid)),
+            _ => self.holder(i, None),
+        }
+        .ok_or_else(|| self.err(i, "no process of the tree holds it"))?;
+        let mut name = DeferredName {
+            pid,
+            fd,
+            addr: encode_addr(local),
+            backlog: None,
+            clients: Vec::new(),
+            what: format!("socket:[{}] (fd {fd}): name {}", s.ino, describe(local)),
+        };
+        if let SockState::Listening { backlog, pending } = &s.state {
+            name.backlog = Some(*backlog as i32);
+            for c in pending {
+                let ci = self.by_ino.get(&c.client_ino).copied().ok_or_else(|| {
+                    self.err(
+                        i,
+                        format!(
+                            "waiting client socket:[{}] is not in the image",
+                            c.client_ino
+                        ),
+                    )
+                })?;
+                if !self.bound.contains(&ci) {
+                    self.bind_own(ci)?;
+                }
+                self.made_peer.insert(ci, None);
+                let (cpid, cfd) = self
+                    .holder(ci, c.cred.as_ref().map(|c| c.pid))
+                    .ok_or_else(|| self.err(ci, "no process of the tree holds it"))?;
+                name.clients.push(DeferredClient {
+                    pid: cpid,
+                    fd: cfd,
+                    socket: self.dup(ci)?,
+                    data: c.queue.iter().map(|m| m.data.clone()).collect(),
+                    records: s.sock_type == SockType::Seqpacket,
+                });
+            }
+        }
+        self.bound.insert(i);
+        self.deferred.names.push(name);
+        Ok(())
+    }
+
     fn bind_own(&mut self, i: usize) -> Result<()> {
         let s = self.sock(i);
         if let Some(a) = &s.local {
@@ -2725,6 +2977,11 @@ impl<'a> Builder<'a> {
                 self.bind_own(i)?;
             }
         }
+        let mut late: Vec<usize> = self.late_names.iter().copied().collect();
+        late.sort_unstable();
+        for i in late {
+            self.name_late(i)?;
+        }
         for i in 0..self.socks.len() {
             let s = self.sock(i);
             if s.family != SockFamily::Unix {
@@ -2733,6 +2990,9 @@ impl<'a> Builder<'a> {
             let SockState::Listening { backlog, pending } = &s.state else {
                 continue;
             };
+            if self.late_names.contains(&i) {
+                continue;
+            }
             let fd = self.fd(i);
             let r = self.as_cred(
                 s.peer_cred.as_ref(),
