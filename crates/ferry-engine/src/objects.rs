@@ -476,6 +476,28 @@ impl RestoreObjects {
         self.put_back();
     }
 
+    /// A restore failed: removes the System V segments it made, while the processes that
+    /// attached them (and whose IPC namespace they live in) still exist. Memfds and shared
+    /// memory objects go with their descriptors, recreated deleted files when dropped.
+    pub fn abandon(&self) {
+        for seg in self.sysv.values() {
+            let Some(creator) = seg.creator.get() else {
+                continue;
+            };
+            match ferry_sys::ns::IpcNamespaceVisit::enter(creator) {
+                Ok(_visit) => {
+                    if let Err(e) = ferry_sys::fdops::shm_remove(seg.shmid) {
+                        log::warn!("remove System V segment {}: {e}", seg.shmid);
+                    }
+                }
+                Err(e) => log::warn!(
+                    "System V segment {}: enter its IPC namespace: {e}",
+                    seg.shmid
+                ),
+            }
+        }
+    }
+
     fn put_back(&self) {
         if self.put_back.replace(true) {
             return;

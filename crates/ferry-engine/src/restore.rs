@@ -529,6 +529,9 @@ pub fn restore_with<R: Read>(
         }
         Err(e) => {
             drop(locks::Deferred::take());
+            // (Memory streams in after the System V segments are made: a bad record of it
+            // must not leave them behind.)
+            objects.abandon();
             for h in husks.iter().rev() {
                 h.kill();
             }

@@ -356,3 +356,80 @@ fn killing_ferry_mid_checkpoint_leaves_the_process_unharmed() {
     }
     v.assert_unharmed();
 }
+
+/// A System V segment is made while the mappings are, before memory streams in: a bad record
+/// of memory after it removes it again (nothing of the failed restore is left).
+#[test]
+fn a_bad_memory_record_leaves_no_system_v_segment() {
+    let d = scratch("bad-memory-sysv");
+    let src = d.join("sv.c");
+    std::fs::write(
+        &src,
+        r#"#include <sys/ipc.h>
+#include <sys/shm.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+int main(void) {
+    int id = shmget(IPC_PRIVATE, 65536, IPC_CREAT | 0600);
+    char *a = shmat(id, NULL, 0);
+    memset(a, 7, 65536);
+    size_t n = 8 << 20;
+    char *m = malloc(n);
+    for (size_t i = 0; i < n; i++) m[i] = (char)(i * 13 + 1);
+    printf("%d\n", id);
+    fflush(stdout);
+    for (;;) pause();
+}
+"#,
+    )
+    .unwrap();
+    let exe = d.join("sv");
+    assert!(Command::new("gcc")
+        .args(["-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap()
+        .success());
+    let mut child = Command::new(&exe).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let shmid = line.trim().to_string();
+    let pid = child.id() as i32;
+    let segment_there = || {
+        std::fs::read_to_string("/proc/sysvipc/shm")
+            .unwrap()
+            .lines()
+            .skip(1)
+            .any(|l| l.split_whitespace().nth(1) == Some(shmid.as_str()))
+    };
+    let dir = d.join("img");
+    let (ok, _, err) = ferry(&[
+        "checkpoint",
+        &pid.to_string(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    child.wait().unwrap();
+    let image = dir.join("image.ferry");
+    let mut bytes = std::fs::read(&image).unwrap();
+    let n = bytes.len() - 300;
+    bytes[n] ^= 0x10;
+    std::fs::write(&image, bytes).unwrap();
+    let (ok, _, err) = ferry(&["restore", "--dir", dir.to_str().unwrap()]);
+    assert!(!ok, "the corrupted image was accepted");
+    assert!(err.contains("checksum mismatch"), "{err}");
+    assert!(
+        wait_gone(pid, Duration::from_secs(5)),
+        "PID {pid} left behind"
+    );
+    assert!(
+        !segment_there(),
+        "System V segment {shmid} left behind by the failed restore"
+    );
+}
