@@ -98,6 +98,8 @@ pub fn capture_then<W: Write>(
         let leader = &fp.threads[0];
         let inj = Injector::on_stack(fp.pid, leader.tid, leader.regs, syscall_at)?;
         process::capture(fp.pid, &fp.stat, &inj, &mut p)?;
+        let tids: Vec<i32> = fp.threads.iter().map(|t| t.tid).collect();
+        crate::resources::seccomp::capture(fp.pid, &tids, &mut p)?;
         signals::capture(fp.pid, &inj, &mut p)?;
         p.threads.push(threads::capture(fp.pid, leader, &inj)?);
         inj.finish()?;

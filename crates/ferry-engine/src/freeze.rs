@@ -52,8 +52,9 @@ pub struct FrozenTree {
     released: bool,
 }
 
-/// The ptrace options every frozen thread is seized with: none (no event is traced).
-const FREEZE_OPTIONS: u64 = 0;
+/// The ptrace options every frozen thread is seized with: only its seccomp filters suspended
+/// (the calls injected to capture it must not be refused, or kill it); no event is traced.
+const FREEZE_OPTIONS: u64 = ptrace::PTRACE_O_SUSPEND_SECCOMP;
 
 /// Seizes one thread and waits until it is in an interrupt stop. Returns `None` if the thread
 /// exited meanwhile.

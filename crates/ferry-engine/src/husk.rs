@@ -119,9 +119,11 @@ impl Husk {
         };
         // From here on, a failure must not leave the new process behind.
         let taken = (|| -> Result<Husk> {
+            // Seccomp filters, installed last, must not apply to the calls injected after them.
             let opts = ptrace::PTRACE_O_TRACECLONE
                 | ptrace::PTRACE_O_TRACEFORK
-                | ptrace::PTRACE_O_EXITKILL;
+                | ptrace::PTRACE_O_EXITKILL
+                | ptrace::PTRACE_O_SUSPEND_SECCOMP;
             ptrace::seize(host, opts).ctx(pid, || {
                 format!("attach to the new process (host PID {host})")
             })?;

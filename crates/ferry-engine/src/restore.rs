@@ -14,7 +14,7 @@ use crate::guest_ns::GuestNamespaces;
 use crate::husk::{Husk, Place, TRAMPOLINE_LEN};
 use crate::objects::RestoreObjects;
 use crate::resources::sockets::Deferred;
-use crate::resources::{files, locks, memory, process, signals, threads};
+use crate::resources::{files, locks, memory, process, seccomp, signals, threads};
 use ferry_image::stream::ObjectRef;
 use ferry_image::{ImageReader, Item, Process, Tree, Vma};
 use ferry_sys::proc_mem::ProcMem;
@@ -646,6 +646,8 @@ fn build<R: Read>(
         for (t, host) in p.threads.iter().zip(tids) {
             threads::restore_registers(p.pid, *host, t)?;
         }
+        // Last, in the complete process (suspended while we trace it, they act once it runs).
+        seccomp::restore(p, h.host)?;
     }
     cx.objects.finish();
     // 5. Only the commit is left (RestoredTree::resume): letting every thread run.

@@ -29,6 +29,16 @@ pub struct Tree {
     pub clocks: Option<Clocks>,
 }
 
+/// A seccomp filter: a classic BPF program and the flags it was installed with.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct SeccompFilter {
+    /// Raw `struct sock_filter`s, 8 bytes each.
+    #[serde(with = "serde_bytes")]
+    pub program: Vec<u8>,
+    /// SECCOMP_FILTER_FLAG_LOG / _SPEC_ALLOW.
+    pub flags: u64,
+}
+
 /// Readings of the clocks that a time namespace can shift, in nanoseconds.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
 pub struct Clocks {
@@ -58,6 +68,9 @@ pub struct Process {
     pub umask: u32,
     pub personality: u32,
     pub no_new_privs: bool,
+    /// Seccomp filters, oldest first (every thread has the same ones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seccomp: Vec<SeccompFilter>,
     pub creds: Creds,
     pub rlimits: Vec<Rlimit>,
     pub mm: MmLayout,

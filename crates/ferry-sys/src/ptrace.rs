@@ -7,6 +7,8 @@ pub const PTRACE_O_TRACESYSGOOD: u64 = 1;
 pub const PTRACE_O_TRACEFORK: u64 = 2;
 pub const PTRACE_O_TRACECLONE: u64 = 8;
 pub const PTRACE_O_EXITKILL: u64 = 0x100000;
+/// While traced, the tracee's seccomp filters do not apply (to the calls we inject into it).
+pub const PTRACE_O_SUSPEND_SECCOMP: u64 = 0x200000;
 pub const PTRACE_EVENT_FORK: i32 = 1;
 pub const PTRACE_EVENT_CLONE: i32 = 3;
 pub const PTRACE_EVENT_STOP: i32 = 128;
@@ -295,4 +297,43 @@ pub fn kill(pid: i32, sig: i32) -> SysResult<()> {
 
 pub fn errno_is(e: &SysError, errno: i32) -> bool {
     e.errno == errno
+}
+
+const PTRACE_SECCOMP_GET_FILTER: libc::c_uint = 0x420c;
+const PTRACE_SECCOMP_GET_METADATA: libc::c_uint = 0x420d;
+
+/// The classic BPF program of seccomp filter `index` of thread `tid` (0: the most recently
+/// installed), as raw `struct sock_filter`s (8 bytes each); `None` past the last filter, or if
+/// the thread has none (it is not in filter mode).
+pub fn seccomp_filter(tid: i32, index: u64) -> SysResult<Option<Vec<u8>>> {
+    let op = "ptrace(PTRACE_SECCOMP_GET_FILTER)";
+    let count = match ptrace(op, PTRACE_SECCOMP_GET_FILTER, tid, index as usize, 0) {
+        Ok(n) => n as usize,
+        Err(e) if e.errno == libc::ENOENT || e.errno == libc::EINVAL => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut buf = vec![0u8; count * 8];
+    // The request writes `count` instructions into `buf`, which holds exactly that many.
+    ptrace(
+        op,
+        PTRACE_SECCOMP_GET_FILTER,
+        tid,
+        index as usize,
+        buf.as_mut_ptr() as usize,
+    )?;
+    Ok(Some(buf))
+}
+
+/// The flags seccomp filter `index` of thread `tid` was installed with (SECCOMP_FILTER_FLAG_*).
+pub fn seccomp_filter_flags(tid: i32, index: u64) -> SysResult<u64> {
+    // struct seccomp_metadata { __u64 filter_off; __u64 flags; }
+    let mut meta = [index, 0u64];
+    ptrace(
+        "ptrace(PTRACE_SECCOMP_GET_METADATA)",
+        PTRACE_SECCOMP_GET_METADATA,
+        tid,
+        std::mem::size_of_val(&meta),
+        meta.as_mut_ptr() as usize,
+    )?;
+    Ok(meta[1])
 }

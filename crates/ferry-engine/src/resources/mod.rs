@@ -6,6 +6,7 @@ pub mod files;
 pub mod locks;
 pub mod memory;
 pub mod process;
+pub mod seccomp;
 pub mod signals;
 pub mod sockets;
 pub mod threads;

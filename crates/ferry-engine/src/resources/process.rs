@@ -82,11 +82,13 @@ pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -
         let max = u64::from_ne_bytes(b[8..16].try_into().expect("8 bytes"));
         p.rlimits.push(Rlimit { resource, cur, max });
     }
-    if procfs::field(&status, "Seccomp") != "0" {
+    if procfs::field(&status, "Seccomp") == "1" {
         return Err(crate::Error::Unsupported {
             pid,
-            what: format!("seccomp mode {}", procfs::field(&status, "Seccomp")),
-            why: "seccomp filters cannot be captured yet".into(),
+            what: "seccomp strict mode".into(),
+            why: "a process in strict mode may make no system call but read, write, exit and \
+                  sigreturn, and its rebuilding needs many more"
+                .into(),
         });
     }
     p.prctl = capture_prctl(inj)?;
