@@ -2902,19 +2902,7 @@ impl<'a> Builder<'a> {
         if let SockState::Listening { backlog, pending } = &s.state {
             name.backlog = Some(*backlog as i32);
             for c in pending {
-                let ci = self.by_ino.get(&c.client_ino).copied().ok_or_else(|| {
-                    self.err(
-                        i,
-                        format!(
-                            "waiting client socket:[{}] is not in the image",
-                            c.client_ino
-                        ),
-                    )
-                })?;
-                if !self.bound.contains(&ci) {
-                    self.bind_own(ci)?;
-                }
-                self.made_peer.insert(ci, None);
+                let ci = self.waiting_client(i, c.client_ino)?;
                 let (cpid, cfd) = self
                     .holder(ci, c.cred.as_ref().map(|c| c.pid))
                     .ok_or_else(|| self.err(ci, "no process of the tree holds it"))?;
@@ -2930,6 +2918,22 @@ impl<'a> Builder<'a> {
         self.bound.insert(i);
         self.deferred.names.push(name);
         Ok(())
+    }
+
+    /// The client (socket `client_ino` of the tree) of a connection waiting in listener `i`'s
+    /// queue, bound to its own name if it has one, and marked as connected by that connection.
+    fn waiting_client(&mut self, i: usize, client_ino: u64) -> Result<usize> {
+        let ci = self.by_ino.get(&client_ino).copied().ok_or_else(|| {
+            self.err(
+                i,
+                format!("waiting client socket:[{client_ino}] is not in the image"),
+            )
+        })?;
+        if !self.bound.contains(&ci) {
+            self.bind_own(ci)?;
+        }
+        self.made_peer.insert(ci, None);
+        Ok(ci)
     }
 
     fn bind_own(&mut self, i: usize) -> Result<()> {
@@ -3014,19 +3018,7 @@ impl<'a> Builder<'a> {
                     let t = sk::socket(libc::AF_UNIX, ty, 0).map_err(|e| self.err(i, e))?;
                     (t.as_raw_fd(), Some(t))
                 } else {
-                    let ci = self.by_ino.get(&c.client_ino).copied().ok_or_else(|| {
-                        self.err(
-                            i,
-                            format!(
-                                "waiting client socket:[{}] is not in the image",
-                                c.client_ino
-                            ),
-                        )
-                    })?;
-                    if !self.bound.contains(&ci) {
-                        self.bind_own(ci)?;
-                    }
-                    self.made_peer.insert(ci, None);
+                    let ci = self.waiting_client(i, c.client_ino)?;
                     (self.fd(ci), None)
                 };
                 let r = self.as_cred(
