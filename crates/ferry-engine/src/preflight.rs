@@ -97,16 +97,85 @@ fn refuse(pid: i32, what: String, why: &str) -> Error {
     }
 }
 
+/// Process-wide state the capture would refuse: seccomp strict mode or filters that differ
+/// between threads, and a session whose leader is gone.
+fn check_process(pid: i32, status: &[(String, String)], pids: &[i32], root_sid: i32) -> Result<()> {
+    match procfs::field(status, "Seccomp").trim() {
+        "1" => {
+            return Err(refuse(
+                pid,
+                "seccomp strict mode".into(),
+                "a process in strict mode may make no system call but read, write, exit and \
+                 sigreturn, and its rebuilding needs many more",
+            ))
+        }
+        "2" => {
+            let count = |tid: &str| {
+                std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find_map(|l| l.strip_prefix("Seccomp_filters:"))
+                            .map(|v| v.trim().to_string())
+                    })
+            };
+            let tids: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let counts: HashSet<Option<String>> = tids.iter().map(|t| count(t)).collect();
+            if counts.len() > 1 {
+                return Err(refuse(
+                    pid,
+                    "seccomp filters".into(),
+                    "its threads have different seccomp filters (only filters every thread \
+                     shares can be rebuilt)",
+                ));
+            }
+        }
+        _ => {}
+    }
+    let sid = procfs::stat(pid)?.sid;
+    if pid != pids[0] && sid != root_sid && !pids.contains(&sid) {
+        return Err(refuse(
+            pid,
+            format!("session {sid}"),
+            "its leader is no longer part of the tree, and a session is made only by its \
+             leader",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks the tree rooted at `root` for state the engine refuses, without stopping it.
 pub fn check(root: i32) -> Result<()> {
     let pids = tree(root)?;
+    let root_sid = procfs::stat(root)?.sid;
     let mut tcp_fds: Vec<(i32, i32, String, u64)> = Vec::new();
     for &pid in &pids {
-        procfs::status(pid)?; // still there
+        let status = procfs::status(pid)?;
+        check_process(pid, &status, &pids, root_sid)?;
         for fd in procfs::fds(pid).unwrap_or_default() {
             let Ok(link) = procfs::readlink(pid, &format!("fd/{fd}")) else {
                 continue;
             };
+            if link == "anon_inode:[pidfd]" {
+                let target = procfs::fdinfo(pid, fd)
+                    .ok()
+                    .and_then(|i| procfs::field(&i, "Pid").trim().parse::<i32>().ok())
+                    .unwrap_or(-1);
+                if !pids.contains(&target) {
+                    return Err(refuse(
+                        pid,
+                        format!("fd {fd} (a pidfd of PID {target})"),
+                        "a pidfd of a process outside the tree cannot be moved (that process \
+                         stays behind)",
+                    ));
+                }
+            }
             if let Some(ino) = socket_ino(&link) {
                 tcp_fds.push((pid, fd, link, ino));
             }
