@@ -98,10 +98,8 @@ fn describe(l: &FileLock) -> String {
 }
 
 /// `struct flock` for x86_64, as bytes.
-fn flock_struct(l: &FileLock, unlock: bool) -> [u8; 32] {
-    let ty = if unlock {
-        libc::F_UNLCK
-    } else if l.write {
+fn flock_struct(l: &FileLock) -> [u8; 32] {
+    let ty = if l.write {
         libc::F_WRLCK
     } else {
         libc::F_RDLCK
@@ -126,7 +124,7 @@ fn try_take(fd: RawFd, l: &FileLock) -> ferry_sys::SysResult<bool> {
             };
             ferry_sys::fdops::flock(fd, op | libc::LOCK_NB)
         }
-        _ => ferry_sys::fdops::fcntl_lock(fd, libc::F_OFD_SETLK, &flock_struct(l, false)),
+        _ => ferry_sys::fdops::fcntl_lock(fd, libc::F_OFD_SETLK, &flock_struct(l)),
     };
     match r {
         Ok(()) => Ok(true),
@@ -140,8 +138,8 @@ thread_local! {
     static DEFERRED: RefCell<Deferred> = RefCell::new(Deferred::default());
 }
 
-/// Description locks still held elsewhere when the tree was rebuilt, with a copy of their
-/// description, to be taken when the tree is about to run.
+/// Locks still held elsewhere when the tree was rebuilt, to be taken when it is about to run:
+/// description locks (with a copy of their description), and POSIX locks (by their process).
 #[derive(Default)]
 pub struct Deferred {
     locks: Vec<(OwnedFd, FileLock, String)>,
@@ -201,7 +199,7 @@ impl Deferred {
 fn take_posix_at_resume(d: &DeferredPosix, deadline: Instant, wait: Duration) -> Result<()> {
     let what = format!("fd {}: take the {} of {}", d.fd, describe(&d.lock), d.path);
     crate::late::with_injector(d.pid, d.host, &what, |inj| loop {
-        let arg = inj.write_scratch(0, &flock_struct(&d.lock, false))?;
+        let arg = inj.write_scratch(0, &flock_struct(&d.lock))?;
         let r = inj.syscall_raw(
             "fcntl(F_SETLK)",
             libc::SYS_fcntl,
@@ -258,7 +256,7 @@ pub fn take_on_description(fd: &OwnedFd, locks: &[FileLock], path: &str) -> Resu
 pub fn take_posix(h: &Husk, fd: i32, locks: &[FileLock], path: &str) -> Result<()> {
     let inj = h.injector();
     for l in locks {
-        let arg = inj.write_scratch(0, &flock_struct(l, false))?;
+        let arg = inj.write_scratch(0, &flock_struct(l))?;
         let r = inj.syscall_raw(
             "fcntl(F_SETLK)",
             libc::SYS_fcntl,
@@ -307,10 +305,7 @@ mod tests {
         assert_eq!((l.kind, l.start, l.end), (LockKind::Ofd, 200, Some(299)));
         assert!(parse("4: LEASE  ACTIVE    READ 1 fe:00:1 0 EOF").is_err());
         assert!(parse("garbage").is_err());
-        let b = flock_struct(
-            &parse("1: POSIX  ADVISORY  WRITE 1 0:0:1 100 199").unwrap(),
-            false,
-        );
+        let b = flock_struct(&parse("1: POSIX  ADVISORY  WRITE 1 0:0:1 100 199").unwrap());
         assert_eq!(i16::from_ne_bytes([b[0], b[1]]), libc::F_WRLCK as i16);
         assert_eq!(i64::from_ne_bytes(b[16..24].try_into().unwrap()), 100);
     }
