@@ -1,11 +1,11 @@
-//! What the benchmarks share: the ferry binary to measure, the memcpy baseline, Markdown
-//! tables.
+//! What the benchmarks share: the ferry binary to measure, the memcpy baseline, the
+//! benchmark child, ferry's JSON reports, Markdown tables.
 
 use crate::hold;
 use anyhow::{anyhow, bail, Context, Result};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The given ferry, or the workspace's release build brought up to date.
@@ -162,4 +162,90 @@ pub fn ferry_json(
     }
     serde_json::from_str(&stdout)
         .with_context(|| format!("ferry {}: stdout is not a JSON report: {stdout:?}", args[0]))
+}
+
+/// A number from one of ferry's JSON reports.
+pub fn num(v: &serde_json::Value, key: &str) -> Result<f64> {
+    v.get(key)
+        .and_then(|x| x.as_f64())
+        .ok_or_else(|| anyhow!("ferry's JSON report has no number {key:?}: {v}"))
+}
+
+/// The benchmark child (`ferry-bench hold`): our child until ferry takes it, then the process
+/// under `pid` (restored here, or moved to another node). Killed when dropped.
+pub struct Holder {
+    pub pid: i32,
+    pub child: Option<Child>,
+}
+
+impl Holder {
+    /// Whether `pid` is a live `ferry-bench` process (the child, restored or moved or not).
+    pub fn alive(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).is_ok_and(|s| {
+            s.contains("(ferry-bench)")
+                && s.rfind(')')
+                    .and_then(|i| s[i + 1..].split_whitespace().next())
+                    .is_some_and(|st| st != "Z" && st != "X")
+        })
+    }
+
+    /// The contents of `path` once the child has written it, looking every `poll` for up to
+    /// `timeout`; fails as soon as the child is gone.
+    pub fn wait_file(&mut self, path: &Path, timeout: Duration, poll: Duration) -> Result<String> {
+        let start = Instant::now();
+        loop {
+            if let Ok(text) = std::fs::read_to_string(path) {
+                return Ok(text);
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Some(st) = c.try_wait()? {
+                    self.child = None;
+                    bail!(
+                        "the benchmark child exited ({st}) before writing {}",
+                        path.display()
+                    );
+                }
+            } else if !self.alive() {
+                bail!(
+                    "the benchmark child (PID {}, restored or moved) died before writing {}",
+                    self.pid,
+                    path.display()
+                );
+            }
+            if start.elapsed() > timeout {
+                bail!("no {} within {timeout:?}", path.display());
+            }
+            std::thread::sleep(poll);
+        }
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        } else if self.alive() {
+            // SAFETY: kill() on the PID of our own benchmark child, restored or moved.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            wait_gone(self.pid, Duration::from_secs(10));
+        }
+    }
+}
+
+/// Reaps `pid` (our child, or reparented to us) or waits for it to vanish.
+pub fn wait_gone(pid: i32, timeout: Duration) -> bool {
+    let start = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid pointer to a local int.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid || (r < 0 && !Path::new(&format!("/proc/{pid}")).exists()) {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }

@@ -14,14 +14,14 @@
 //!    page fails the benchmark.
 
 pub(crate) use crate::common::{ferry_binary, markdown};
-use crate::common::{ferry_json, memcpy_ms, random_bytes};
+use crate::common::{ferry_json, memcpy_ms, num, random_bytes, wait_gone, Holder};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -172,87 +172,6 @@ fn baselines(len: usize, dir: &Path) -> Result<(f64, f64)> {
 // One measurement.
 
 /// The `hold` child, killed and reaped whatever happens.
-struct Holder {
-    pid: i32,
-    child: Option<Child>,
-}
-
-impl Holder {
-    fn is_ours(&self) -> bool {
-        fs::read_to_string(format!("/proc/{}/stat", self.pid))
-            .is_ok_and(|s| s.contains("(ferry-bench)") && !stat_state_is_zombie(&s))
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        } else if self.is_ours() {
-            // SAFETY: kill() on the pid of our own (restored) benchmark child.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
-            wait_gone(self.pid, Duration::from_secs(10));
-        }
-    }
-}
-
-fn stat_state_is_zombie(stat: &str) -> bool {
-    stat.rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next())
-        .is_some_and(|s| s == "Z" || s == "X")
-}
-
-/// Reap `pid` (our child, or reparented to us) or wait for it to vanish.
-fn wait_gone(pid: i32, timeout: Duration) -> bool {
-    let start = Instant::now();
-    loop {
-        let mut status = 0;
-        // SAFETY: waitpid with a valid pointer to a local int.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid || (r < 0 && !Path::new(&format!("/proc/{pid}")).exists()) {
-            return true;
-        }
-        if start.elapsed() > timeout {
-            return false;
-        }
-        sleep(Duration::from_millis(2));
-    }
-}
-
-fn wait_file(path: &Path, timeout: Duration, holder: &mut Holder) -> Result<String> {
-    let start = Instant::now();
-    loop {
-        if let Ok(text) = fs::read_to_string(path) {
-            return Ok(text);
-        }
-        if let Some(c) = holder.child.as_mut() {
-            if let Some(st) = c.try_wait()? {
-                holder.child = None;
-                bail!(
-                    "the benchmark child exited ({st}) before writing {}",
-                    path.display()
-                );
-            }
-        } else if !holder.is_ours() {
-            bail!(
-                "the restored benchmark child died before writing {}",
-                path.display()
-            );
-        }
-        if start.elapsed() > timeout {
-            bail!("no {} within {timeout:?}", path.display());
-        }
-        sleep(Duration::from_millis(5));
-    }
-}
-
-fn num(v: &serde_json::Value, key: &str) -> Result<f64> {
-    v.get(key)
-        .and_then(|x| x.as_f64())
-        .ok_or_else(|| anyhow!("ferry's JSON report has no number {key:?}: {v}"))
-}
-
 fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
     let len = mib << 20;
     let (copy_ms, disk_ms) = baselines(len, dir)?;
@@ -281,7 +200,7 @@ fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
         pid,
         child: Some(child),
     };
-    let ready = wait_file(&dir.join("ready"), HOLD_TIMEOUT, &mut holder)?;
+    let ready = holder.wait_file(&dir.join("ready"), HOLD_TIMEOUT, Duration::from_millis(5))?;
     let sum = ready
         .split_whitespace()
         .nth(1)
@@ -329,7 +248,7 @@ fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
     }
 
     File::create(dir.join("go"))?;
-    let result = wait_file(&dir.join("result"), HOLD_TIMEOUT, &mut holder)?;
+    let result = holder.wait_file(&dir.join("result"), HOLD_TIMEOUT, Duration::from_millis(5))?;
     if result.trim() != sum {
         bail!(
             "the restored child's memory differs: checksum {} after restore, {sum} before",

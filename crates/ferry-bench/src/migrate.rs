@@ -14,13 +14,13 @@
 //! Then the smallest process there is to move, the same child holding no memory (a "null
 //! process"), next to the times published for Sprite and OSF/1 AD. See docs/benchmarks.md.
 
-use crate::common::{ferry_binary, ferry_json, markdown, memcpy_ms, random_bytes};
+use crate::common::{ferry_binary, ferry_json, markdown, memcpy_ms, num, random_bytes, Holder};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -242,68 +242,6 @@ impl Drop for Cluster {
 // One migration.
 
 /// The `hold` child, here (our child) or moved (its PID on b): killed whatever happens.
-struct Holder {
-    pid: i32,
-    child: Option<Child>,
-}
-
-impl Holder {
-    /// Whether `pid` is a live `ferry-bench` process (the child, moved or not).
-    fn alive(&self) -> bool {
-        fs::read_to_string(format!("/proc/{}/stat", self.pid)).is_ok_and(|s| {
-            s.contains("(ferry-bench)")
-                && s.rfind(')')
-                    .and_then(|i| s[i + 1..].split_whitespace().next())
-                    .is_some_and(|st| st != "Z" && st != "X")
-        })
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        } else if self.alive() {
-            // SAFETY: kill() on the PID of our own benchmark child, moved to node b.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
-        }
-    }
-}
-
-fn wait_file(path: &Path, holder: &mut Holder) -> Result<String> {
-    let start = Instant::now();
-    loop {
-        if let Ok(text) = fs::read_to_string(path) {
-            return Ok(text);
-        }
-        if let Some(c) = holder.child.as_mut() {
-            if let Some(st) = c.try_wait()? {
-                holder.child = None;
-                bail!(
-                    "the benchmark child exited ({st}) before writing {}",
-                    path.display()
-                );
-            }
-        } else if !holder.alive() {
-            bail!(
-                "the moved benchmark child died before writing {}",
-                path.display()
-            );
-        }
-        if start.elapsed() > HOLD_TIMEOUT {
-            bail!("no {} within {HOLD_TIMEOUT:?}", path.display());
-        }
-        sleep(Duration::from_millis(2));
-    }
-}
-
-fn num(v: &serde_json::Value, key: &str) -> Result<f64> {
-    v.get(key)
-        .and_then(|x| x.as_f64())
-        .ok_or_else(|| anyhow!("ferry's JSON report has no number {key:?}: {v}"))
-}
-
 fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample> {
     fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let copy_ms = if mib > 0 {
@@ -336,7 +274,7 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
         pid,
         child: Some(child),
     };
-    let ready = wait_file(&dir.join("ready"), &mut holder)?;
+    let ready = holder.wait_file(&dir.join("ready"), HOLD_TIMEOUT, Duration::from_millis(2))?;
     let sum = ready
         .split_whitespace()
         .nth(1)
@@ -361,7 +299,7 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
     holder.pid = num(&report, "dest_pid")? as i32;
 
     File::create(dir.join("go"))?;
-    let result = wait_file(&dir.join("result"), &mut holder)?;
+    let result = holder.wait_file(&dir.join("result"), HOLD_TIMEOUT, Duration::from_millis(2))?;
     if result.trim() != sum {
         bail!(
             "the moved child's memory differs: checksum {} on b, {sum} before",
