@@ -12,15 +12,6 @@
 #include "ferry_test.h"
 #include <sys/file.h>
 
-static void lk(struct flock *f, short type, off_t start, off_t len)
-{
-	memset(f, 0, sizeof *f);
-	f->l_type = type;
-	f->l_whence = SEEK_SET;
-	f->l_start = start;
-	f->l_len = len;
-}
-
 int main(void)
 {
 	char pa[PATH_MAX], pb[PATH_MAX];
@@ -31,10 +22,10 @@ int main(void)
 	FERRY_SYS(ftruncate(b, 4096));
 	FERRY_SYS(flock(a, LOCK_EX));
 	struct flock f;
-	lk(&f, F_WRLCK, 0, 100);
+	ferry_lock_range(&f, F_WRLCK, 0, 100);
 	FERRY_SYS(fcntl(b, F_SETLK, &f));
 	int bo = FERRY_SYS(open(pb, O_RDWR));
-	lk(&f, F_RDLCK, 200, 100);
+	ferry_lock_range(&f, F_RDLCK, 200, 100);
 	FERRY_SYS(fcntl(bo, F_OFD_SETLK, &f));
 
 	ferry_ready();
@@ -47,15 +38,15 @@ int main(void)
 		errno = 0;
 		FERRY_CHECK(flock(ca, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK,
 			    "flock on a is gone (errno %d)", errno);
-		lk(&f, F_WRLCK, 0, 100);
+		ferry_lock_range(&f, F_WRLCK, 0, 100);
 		fcntl(cb, F_GETLK, &f);
 		FERRY_CHECK_EQ("POSIX lock type on b[0..99]", F_WRLCK, f.l_type);
 		FERRY_CHECK_EQ("POSIX lock owner", parent, f.l_pid);
-		lk(&f, F_WRLCK, 200, 100);
+		ferry_lock_range(&f, F_WRLCK, 200, 100);
 		fcntl(cb, F_OFD_GETLK, &f);
 		FERRY_CHECK_EQ("OFD lock type on b[200..299]", F_RDLCK, f.l_type);
 		FERRY_CHECK_EQ("OFD lock l_pid", -1, f.l_pid);
-		lk(&f, F_WRLCK, 100, 100);
+		ferry_lock_range(&f, F_WRLCK, 100, 100);
 		fcntl(cb, F_GETLK, &f);
 		FERRY_CHECK_EQ("b[100..199] free", F_UNLCK, f.l_type);
 		ferry_child_finish();

@@ -13,15 +13,6 @@
 #include "ferry_test.h"
 #include <sys/file.h>
 
-static void lk(struct flock *f, short type, off_t start, off_t len)
-{
-	memset(f, 0, sizeof *f);
-	f->l_type = type;
-	f->l_whence = SEEK_SET;
-	f->l_start = start;
-	f->l_len = len;
-}
-
 int main(void)
 {
 	char pa[PATH_MAX], pb[PATH_MAX];
@@ -32,9 +23,9 @@ int main(void)
 	FERRY_SYS(ftruncate(b, 4096));
 	FERRY_SYS(flock(a, LOCK_SH));
 	struct flock f;
-	lk(&f, F_WRLCK, 0, 10);
+	ferry_lock_range(&f, F_WRLCK, 0, 10);
 	FERRY_SYS(fcntl(b, F_OFD_SETLK, &f));
-	lk(&f, F_RDLCK, 10, 0);
+	ferry_lock_range(&f, F_RDLCK, 10, 0);
 	FERRY_SYS(fcntl(b, F_OFD_SETLK, &f));
 	pid_t k = FERRY_SYS(fork());
 	if (k == 0) {
@@ -53,11 +44,11 @@ int main(void)
 		FERRY_CHECK(flock(ca, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK,
 			    "the shared flock on a is gone (errno %d)", errno);
 		FERRY_CHECK(flock(ca, LOCK_SH | LOCK_NB) == 0, "a: LOCK_SH refused (errno %d)", errno);
-		lk(&f, F_RDLCK, 0, 10);
+		ferry_lock_range(&f, F_RDLCK, 0, 10);
 		fcntl(cb, F_OFD_GETLK, &f);
 		FERRY_CHECK_EQ("OFD lock type on b[0..9]", F_WRLCK, f.l_type);
 		FERRY_CHECK_EQ("OFD lock l_pid", -1, f.l_pid);
-		lk(&f, F_WRLCK, 100, 10);
+		ferry_lock_range(&f, F_WRLCK, 100, 10);
 		fcntl(cb, F_OFD_GETLK, &f);
 		FERRY_CHECK_EQ("OFD lock type on b[10..]", F_RDLCK, f.l_type);
 		FERRY_CHECK_EQ("OFD lock start", 10, (int)f.l_start);

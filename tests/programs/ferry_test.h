@@ -403,6 +403,20 @@ static inline int ferry_reap_child(pid_t pid, const char *name, int want_code, i
 	})
 
 /* ------------------------------------------------------------------ */
+/* File locks.                                                         */
+
+/* A record lock (fcntl F_SETLK, F_OFD_SETLK, F_GETLK ...) of `len` bytes
+ * (0: to the end of the file) from `start`. */
+static inline void ferry_lock_range(struct flock *f, short type, off_t start, off_t len)
+{
+	memset(f, 0, sizeof *f);
+	f->l_type = type;
+	f->l_whence = SEEK_SET;
+	f->l_start = start;
+	f->l_len = len;
+}
+
+/* ------------------------------------------------------------------ */
 /* Deterministic patterns.                                             */
 
 static inline uint64_t ferry__mix(uint64_t x)
