@@ -22,12 +22,12 @@ pub fn with_injector<T>(
     };
     let mask = ptrace::get_sigmask(host).map_err(|e| sys("read the signal mask", e))?;
     ptrace::set_sigmask(host, u64::MAX).map_err(|e| sys("hold signals back", e))?;
-    let made = (|| -> Result<(Injector, u64)> {
+    let made = (|| -> Result<Injector> {
         let regs = ptrace::get_regs(host).map_err(|e| sys("read registers", e))?;
         let at = ferry_inject::find_syscall_insn(host)?;
-        Ok((Injector::on_stack(host, host, regs, at)?, mask))
+        Ok(Injector::on_stack(host, host, regs, at)?)
     })();
-    let (inj, mask) = match made {
+    let inj = match made {
         Ok(x) => x,
         Err(e) => {
             let _ = ptrace::set_sigmask(host, mask);

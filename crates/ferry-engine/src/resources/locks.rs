@@ -15,6 +15,7 @@
 use crate::error::{Error, Result};
 use crate::husk::Husk;
 use ferry_image::{FileLock, LockKind};
+use ferry_inject::Injector;
 use std::cell::RefCell;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
@@ -199,31 +200,45 @@ impl Deferred {
 fn take_posix_at_resume(d: &DeferredPosix, deadline: Instant, wait: Duration) -> Result<()> {
     let what = format!("fd {}: take the {} of {}", d.fd, describe(&d.lock), d.path);
     crate::late::with_injector(d.pid, d.host, &what, |inj| loop {
-        let arg = inj.write_scratch(0, &flock_struct(&d.lock))?;
-        let r = inj.syscall_raw(
-            "fcntl(F_SETLK)",
-            libc::SYS_fcntl,
-            &[d.fd as u64, libc::F_SETLK as u64, arg],
-        )?;
-        if r >= 0 {
+        if try_take_posix(inj, d.pid, d.fd, &d.lock, &d.path)? {
             return Ok(());
         }
-        let busy = r == -(libc::EAGAIN as i64) || r == -(libc::EACCES as i64);
-        if !busy || Instant::now() >= deadline {
+        if Instant::now() >= deadline {
             return Err(Error::Restore {
                 pid: d.pid,
-                what: if busy {
-                    format!(
-                        "{what}: still held by another process after {wait:?} (the original \
-                         of the tree, if it still runs?)"
-                    )
-                } else {
-                    format!("{what}: {}", std::io::Error::from_raw_os_error(-r as i32))
-                },
+                what: format!(
+                    "{what}: still held by another process after {wait:?} (the original of \
+                     the tree, if it still runs?)"
+                ),
             });
         }
         std::thread::sleep(Duration::from_millis(10));
     })
+}
+
+/// Tries once to take POSIX lock `l` in process `pid` (injecting through `inj`), through its
+/// descriptor `fd` (of `path`): Ok(false) if another process holds it.
+fn try_take_posix(inj: &Injector, pid: i32, fd: i32, l: &FileLock, path: &str) -> Result<bool> {
+    let arg = inj.write_scratch(0, &flock_struct(l))?;
+    let r = inj.syscall_raw(
+        "fcntl(F_SETLK)",
+        libc::SYS_fcntl,
+        &[fd as u64, libc::F_SETLK as u64, arg],
+    )?;
+    if r == -(libc::EAGAIN as i64) || r == -(libc::EACCES as i64) {
+        return Ok(false);
+    }
+    if r < 0 {
+        return Err(Error::Restore {
+            pid,
+            what: format!(
+                "fd {fd}: take the {} of {path}: {}",
+                describe(l),
+                std::io::Error::from_raw_os_error(-r as i32)
+            ),
+        });
+    }
+    Ok(true)
 }
 
 /// Takes the flock and OFD locks of a rebuilt description `fd` (at `path`), or leaves those
@@ -254,15 +269,8 @@ pub fn take_on_description(fd: &OwnedFd, locks: &[FileLock], path: &str) -> Resu
 /// Takes process `h`'s POSIX locks, each through its descriptor `fd` (already installed), or
 /// leaves those another process still holds for [`Deferred::complete`].
 pub fn take_posix(h: &Husk, fd: i32, locks: &[FileLock], path: &str) -> Result<()> {
-    let inj = h.injector();
     for l in locks {
-        let arg = inj.write_scratch(0, &flock_struct(l))?;
-        let r = inj.syscall_raw(
-            "fcntl(F_SETLK)",
-            libc::SYS_fcntl,
-            &[fd as u64, libc::F_SETLK as u64, arg],
-        )?;
-        if r == -(libc::EAGAIN as i64) || r == -(libc::EACCES as i64) {
+        if !try_take_posix(h.injector(), h.pid, fd, l, path)? {
             DEFERRED.with(|d| {
                 d.borrow_mut().posix.push(DeferredPosix {
                     pid: h.pid,
@@ -271,17 +279,6 @@ pub fn take_posix(h: &Husk, fd: i32, locks: &[FileLock], path: &str) -> Result<(
                     lock: l.clone(),
                     path: path.to_string(),
                 })
-            });
-            continue;
-        }
-        if r < 0 {
-            return Err(Error::Restore {
-                pid: h.pid,
-                what: format!(
-                    "fd {fd}: take the {} of {path}: {}",
-                    describe(l),
-                    std::io::Error::from_raw_os_error(-r as i32)
-                ),
             });
         }
     }
