@@ -13,6 +13,7 @@ use crate::error::{Context, Error, Result};
 use crate::guest_ns::GuestNamespaces;
 use crate::husk::{Husk, Place, TRAMPOLINE_LEN};
 use crate::objects::RestoreObjects;
+use crate::resources::memory::AnonFiller;
 use crate::resources::sockets::Deferred;
 use crate::resources::{files, locks, memory, process, seccomp, signals, threads};
 use ferry_image::stream::ObjectRef;
@@ -236,6 +237,9 @@ pub struct RestoreReport {
     pub image_read_ms: f64,
     /// Of `memory_ms`: writing memory into the processes.
     pub pages_write_ms: f64,
+    /// Whether every process's private anonymous memory went in with `UFFDIO_COPY` (else
+    /// with `process_vm_writev`, which faults and clears each page first).
+    pub memory_filled_by_uffd: bool,
     pub finish_ms: f64,
 }
 
@@ -660,6 +664,7 @@ fn build<R: Read>(
 struct Piece<'a> {
     host: i32,
     mem: &'a ProcMem,
+    filler: Option<&'a AnonFiller>,
     vmas: &'a [Vma],
     addr: u64,
     buf: Vec<u8>,
@@ -680,9 +685,16 @@ fn stream_memory<R: Read>(
     live: &[(&Process, &Husk)],
     report: &mut RestoreReport,
 ) -> Result<()> {
-    let by_pid: HashMap<i32, (&Process, i32, &ProcMem)> = live
+    // Dropped (closed, which unregisters their ranges) when the memory is in place.
+    let fillers = live
         .iter()
-        .map(|(p, h)| (p.pid, (*p, h.host, h.mem())))
+        .map(|(p, h)| AnonFiller::open(h, &p.vmas))
+        .collect::<Result<Vec<_>>>()?;
+    report.memory_filled_by_uffd = fillers.iter().all(Option::is_some);
+    let by_pid: HashMap<i32, (&Process, i32, &ProcMem, Option<&AnonFiller>)> = live
+        .iter()
+        .zip(&fillers)
+        .map(|((p, h), f)| (p.pid, (*p, h.host, h.mem(), f.as_ref())))
         .collect();
     std::thread::scope(|scope| {
         let (to_writer, pieces) = std::sync::mpsc::sync_channel::<Piece<'_>>(1);
@@ -698,6 +710,7 @@ fn stream_memory<R: Read>(
                 let r = memory::restore_pages(
                     piece.host,
                     piece.mem,
+                    piece.filler,
                     piece.vmas,
                     piece.addr,
                     &piece.buf[..piece.len],
@@ -726,7 +739,7 @@ fn stream_memory<R: Read>(
                 reading += t.elapsed();
                 match item {
                     Item::Pages { pid, addr, len } => {
-                        let (p, host, mem) = *by_pid.get(&pid).ok_or_else(|| {
+                        let (p, host, mem, filler) = *by_pid.get(&pid).ok_or_else(|| {
                             Error::BadImage(format!(
                                 "memory for PID {pid}, which is no live process of the tree"
                             ))
@@ -747,6 +760,7 @@ fn stream_memory<R: Read>(
                             let piece = Piece {
                                 host,
                                 mem,
+                                filler,
                                 vmas: &p.vmas,
                                 addr: addr + done,
                                 buf,

@@ -16,6 +16,7 @@ pub mod sched;
 pub mod sockets;
 pub mod spawn;
 pub mod tty;
+pub mod uffd;
 pub mod wait;
 
 use std::fmt;
