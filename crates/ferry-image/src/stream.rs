@@ -90,6 +90,42 @@ impl Record {
     }
 }
 
+/// A record's checksum: of its kind, length, prefix and data.
+fn digest(kind: u32, prefix: &[u8], data: &[u8]) -> u64 {
+    let len = (prefix.len() + data.len()) as u64;
+    let mut h = Xxh3::new();
+    h.update(&kind.to_le_bytes());
+    h.update(&len.to_le_bytes());
+    h.update(prefix);
+    h.update(data);
+    h.digest()
+}
+
+/// The header and checksum of a record of pages (at most [`CHUNK`] bytes), computed apart from
+/// writing it: a capture checksums one run of memory while the image writer writes the last.
+pub struct SealedPages {
+    prefix: [u8; 16],
+    len: usize,
+    digest: u64,
+}
+
+impl SealedPages {
+    pub fn new(pid: i32, addr: u64, data: &[u8]) -> SealedPages {
+        assert!(
+            data.len() <= CHUNK,
+            "a record of pages holds at most CHUNK bytes"
+        );
+        let mut prefix = [0u8; 16];
+        prefix[0..4].copy_from_slice(&pid.to_le_bytes());
+        prefix[8..16].copy_from_slice(&addr.to_le_bytes());
+        SealedPages {
+            prefix,
+            len: data.len(),
+            digest: digest(KIND_PAGES, &prefix, data),
+        }
+    }
+}
+
 /// Writes an image to any byte sink, never seeking.
 pub struct ImageWriter<W: Write> {
     out: W,
@@ -112,17 +148,22 @@ impl<W: Write> ImageWriter<W> {
     }
 
     fn record(&mut self, kind: u32, prefix: &[u8], data: &[u8]) -> std::io::Result<()> {
+        self.record_digested(kind, prefix, data, digest(kind, prefix, data))
+    }
+
+    fn record_digested(
+        &mut self,
+        kind: u32,
+        prefix: &[u8],
+        data: &[u8],
+        digest: u64,
+    ) -> std::io::Result<()> {
         let len = (prefix.len() + data.len()) as u64;
-        let mut h = Xxh3::new();
-        h.update(&kind.to_le_bytes());
-        h.update(&len.to_le_bytes());
-        h.update(prefix);
-        h.update(data);
         self.out.write_all(&kind.to_le_bytes())?;
         self.out.write_all(&len.to_le_bytes())?;
         self.out.write_all(prefix)?;
         self.out.write_all(data)?;
-        self.out.write_all(&h.digest().to_le_bytes())?;
+        self.out.write_all(&digest.to_le_bytes())?;
         self.records += 1;
         self.bytes_written += 4 + 8 + len + 8;
         Ok(())
@@ -137,12 +178,23 @@ impl<W: Write> ImageWriter<W> {
     /// Writes private memory of `pid` at `addr`, split into chunks of at most [`CHUNK`].
     pub fn write_pages(&mut self, pid: i32, addr: u64, data: &[u8]) -> std::io::Result<()> {
         for (i, chunk) in data.chunks(CHUNK).enumerate() {
-            let mut prefix = [0u8; 16];
-            prefix[0..4].copy_from_slice(&pid.to_le_bytes());
-            prefix[8..16].copy_from_slice(&(addr + (i * CHUNK) as u64).to_le_bytes());
-            self.record(KIND_PAGES, &prefix, chunk)?;
-            self.data_bytes += chunk.len() as u64;
+            let sealed = SealedPages::new(pid, addr + (i * CHUNK) as u64, chunk);
+            self.write_sealed_pages(&sealed, chunk)?;
         }
+        Ok(())
+    }
+
+    /// Writes a record of pages sealed beforehand (perhaps on another thread) from `data`.
+    pub fn write_sealed_pages(&mut self, sealed: &SealedPages, data: &[u8]) -> std::io::Result<()> {
+        if data.len() != sealed.len {
+            return Err(std::io::Error::other(format!(
+                "pages sealed as {} bytes, given {}",
+                sealed.len,
+                data.len()
+            )));
+        }
+        self.record_digested(KIND_PAGES, &sealed.prefix, data, sealed.digest)?;
+        self.data_bytes += data.len() as u64;
         Ok(())
     }
 

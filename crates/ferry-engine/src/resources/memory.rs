@@ -5,10 +5,12 @@ use crate::error::{Context, Error, Result};
 use crate::husk::Husk;
 use crate::objects::{CaptureObjects, RestoreObjects};
 use crate::procfs::{self, MapEntry};
+use ferry_image::stream::SealedPages;
 use ferry_image::{Backing, ImageWriter, Vma};
 use ferry_sys::proc_mem::{vm_read, vm_write, ProcMem};
 use ferry_sys::PAGE_SIZE;
 use std::io::Write;
+use std::ops::Range;
 use std::os::fd::{AsFd, OwnedFd};
 
 const PM_PRESENT: u64 = 1 << 63;
@@ -109,6 +111,9 @@ pub(crate) fn is_zero(bytes: &[u8]) -> bool {
             .all(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")) == 0)
 }
 
+/// A run of memory's stretches of non-zero pages (byte ranges of the run), each sealed.
+type Sealed = Vec<(Range<usize>, SealedPages)>;
+
 /// Statistics of what a capture wrote.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct PageStats {
@@ -121,8 +126,10 @@ pub struct PageStats {
 /// that name the process `image_pid` (its PID as the tree sees it).
 ///
 /// Two buffers take turns: a helper thread reads the next run of memory out of the process
-/// (`process_vm_readv`, or /proc/PID/mem for pages we may not read that way) while this thread
-/// skips the zero pages of the last one and writes the rest to the image (checksum and copy).
+/// (`process_vm_readv`, or /proc/PID/mem for pages we may not read that way), splits it at zero
+/// pages and checksums the rest, while this thread writes the last run to the image. (The
+/// two halves then take about as long: reading and checksumming on one side, the image's copy
+/// into the page cache or a socket on the other.)
 pub fn write_pages<W: Write>(
     pid: i32,
     image_pid: i32,
@@ -166,7 +173,7 @@ pub fn write_pages<W: Write>(
     }
     std::thread::scope(|scope| {
         let (to_reader, free) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
-        let (give, filled) = std::sync::mpsc::sync_channel::<Result<Vec<u8>>>(2);
+        let (give, filled) = std::sync::mpsc::sync_channel::<Result<(Vec<u8>, Sealed)>>(2);
         for _ in 0..2 {
             to_reader.send(Vec::new()).expect("the receiver is here");
         }
@@ -185,51 +192,64 @@ pub fn write_pages<W: Write>(
                 let r = if done < len {
                     mem.read_exact(addr + done as u64, &mut buf[done..])
                         .ctx(pid, || format!("read memory at {:x} ({})", addr, v.name))
-                        .map(|_| buf)
                 } else {
-                    Ok(buf)
+                    Ok(())
                 };
+                let r = r.map(|()| {
+                    let sealed = seal_nonzero(image_pid, addr, &buf);
+                    (buf, sealed)
+                });
                 let failed = r.is_err();
                 if give.send(r).is_err() || failed {
                     return;
                 }
             }
         });
-        for &(addr, len, _) in runs {
+        for &(_, len, _) in runs {
             crate::cancel::check(&format!("copying the memory of PID {pid}"))?;
-            let buf = filled.recv().map_err(|_| Error::Unsupported {
+            let (buf, sealed) = filled.recv().map_err(|_| Error::Unsupported {
                 pid,
                 what: "copying its memory".into(),
                 why: "the thread reading it stopped".into(),
             })??;
-            // Split the run at zero pages, which are not stored.
-            let page = |x: usize| &buf[x * PAGE_SIZE as usize..(x + 1) * PAGE_SIZE as usize];
-            let pages = len / PAGE_SIZE as usize;
-            let mut k = 0;
-            while k < pages {
-                if is_zero(page(k)) {
-                    stats.zero_pages_skipped += 1;
-                    k += 1;
-                    continue;
-                }
-                let mut e = k;
-                while e < pages && !is_zero(page(e)) {
-                    e += 1;
-                }
-                out.write_pages(
-                    image_pid,
-                    addr + k as u64 * PAGE_SIZE,
-                    &buf[k * PAGE_SIZE as usize..e * PAGE_SIZE as usize],
-                )
-                .ctx(pid, || "write pages to the image".into())?;
-                stats.pages_written += (e - k) as u64;
-                k = e;
+            let mut stored = 0;
+            for (range, seal) in &sealed {
+                out.write_sealed_pages(seal, &buf[range.clone()])
+                    .ctx(pid, || "write pages to the image".into())?;
+                stored += range.len();
             }
+            stats.pages_written += (stored / PAGE_SIZE as usize) as u64;
+            stats.zero_pages_skipped += ((len - stored) / PAGE_SIZE as usize) as u64;
             // The reader may have stopped after its last run: a buffer it will not need.
             let _ = to_reader.send(buf);
         }
         Ok(())
     })
+}
+
+/// Splits a run of memory read at `addr` at its zero pages, which are not stored, and seals
+/// each stretch of the rest as a record of `image_pid`'s pages.
+fn seal_nonzero(image_pid: i32, addr: u64, buf: &[u8]) -> Sealed {
+    let page_len = PAGE_SIZE as usize;
+    let zero = |k: usize| is_zero(&buf[k * page_len..(k + 1) * page_len]);
+    let pages = buf.len() / page_len;
+    let mut out = Vec::new();
+    let mut k = 0;
+    while k < pages {
+        if zero(k) {
+            k += 1;
+            continue;
+        }
+        let mut e = k;
+        while e < pages && !zero(e) {
+            e += 1;
+        }
+        let range = k * page_len..e * page_len;
+        let seal = SealedPages::new(image_pid, addr + range.start as u64, &buf[range.clone()]);
+        out.push((range, seal));
+        k = e;
+    }
+    out
 }
 
 /// Maps every mapping of the process into the husk, empty. Contents come afterwards.
