@@ -15,6 +15,7 @@
 
 pub(crate) use crate::common::{ferry_binary, markdown};
 use crate::common::{ferry_json, memcpy_ms, num, random_bytes, wait_gone, Holder};
+use crate::floor;
 use anyhow::{anyhow, bail, Context, Result};
 use std::fmt::Write as _;
 use std::fs::{self, File};
@@ -59,8 +60,7 @@ pub struct Args {
 /// Everything measured in one run of one size (times in ms).
 #[derive(Default, Clone)]
 struct Sample {
-    copy_ms: f64,
-    disk_ms: f64,
+    base: Baselines,
     ck_wall: f64,
     ck_total: f64,
     freeze: f64,
@@ -148,11 +148,32 @@ fn measure_all(a: &Args, ferry: &Path, work: &Path) -> Result<Vec<(usize, Sample
 // ---------------------------------------------------------------------------
 // The baselines.
 
-/// Best time of `memcpy` between two pre-faulted buffers, in ms; and the
-/// time to write the same bytes to a file in `dir` and fsync it.
-fn baselines(len: usize, dir: &Path) -> Result<(f64, f64)> {
+/// What a run of one size is measured against (ms).
+#[derive(Default, Clone, Copy)]
+struct Baselines {
+    /// Best time of `memcpy` between two pre-faulted buffers.
+    copy: f64,
+    /// Writing the same bytes to a file in the image directory and fsyncing it.
+    disk: f64,
+    /// The rest of the floor (see `floor.rs`): reading another process's memory, reading the
+    /// file back (from the disk with `--cold`), filling fresh pages with UFFDIO_COPY.
+    read_out: f64,
+    read_back: f64,
+    fill: f64,
+}
+
+impl Baselines {
+    /// The floor of a copying checkpoint + restore: read out, write (+fsync), read back, fill.
+    fn floor(&self) -> f64 {
+        self.read_out + self.disk + self.read_back + self.fill
+    }
+}
+
+fn baselines(len: usize, dir: &Path, cold: bool) -> Result<Baselines> {
     let src = random_bytes(len, 42);
-    let best = memcpy_ms(&src)?;
+    let copy = memcpy_ms(&src)?;
+    let read_out = floor::read_out_ms(&src)?;
+    let fill = floor::fill_ms(&src)?;
     let path = dir.join("baseline-write");
     let t = Instant::now();
     let mut f = File::create(&path).with_context(|| format!("create {}", path.display()))?;
@@ -164,8 +185,18 @@ fn baselines(len: usize, dir: &Path) -> Result<(f64, f64)> {
         .with_context(|| format!("fsync {}", path.display()))?;
     let disk = t.elapsed().as_secs_f64() * 1e3;
     drop(f);
+    if cold {
+        evict(&path)?;
+    }
+    let read_back = floor::read_back_ms(&path, len);
     let _ = fs::remove_file(&path);
-    Ok((best, disk))
+    Ok(Baselines {
+        copy,
+        disk,
+        read_out,
+        read_back: read_back?,
+        fill,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -174,7 +205,7 @@ fn baselines(len: usize, dir: &Path) -> Result<(f64, f64)> {
 /// The `hold` child, killed and reaped whatever happens.
 fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
     let len = mib << 20;
-    let (copy_ms, disk_ms) = baselines(len, dir)?;
+    let base = baselines(len, dir, a.cold)?;
 
     let log = File::create(dir.join("hold.log"))?;
     let mut cmd = Command::new(std::env::current_exe().context("find ferry-bench itself")?);
@@ -262,8 +293,7 @@ fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
     let _ = fs::remove_dir_all(&img);
 
     Ok(Sample {
-        copy_ms,
-        disk_ms,
+        base,
         ck_wall,
         ck_total: num(&ck, "total_ms")?,
         freeze: num(&ck, "freeze_ms")?,
@@ -392,11 +422,11 @@ fn table(rows: &[(usize, Sample)], runs: usize, cold: bool) -> String {
     let mut lines = vec![head.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     for (mib, x) in rows {
         let gib = *mib as f64 / 1024.0;
-        let pct = |t: f64| format!("{:.1}%", 100.0 * x.copy_ms / t);
+        let pct = |t: f64| format!("{:.1}%", 100.0 * x.base.copy / t);
         lines.push(vec![
             mib.to_string(),
-            format!("{:.1}", gib / (x.copy_ms / 1e3)),
-            format!("{:.0}", x.disk_ms),
+            format!("{:.1}", gib / (x.base.copy / 1e3)),
+            format!("{:.0}", x.base.disk),
             format!("{:.0}", x.ck_wall),
             format!("{:.0}", x.frozen),
             format!("{:.0}", x.rs_wall),
@@ -456,6 +486,45 @@ fn table(rows: &[(usize, Sample)], runs: usize, cold: bool) -> String {
             ),
             rate(x.ck_memory),
             rate(x.rs_memory),
+        ]);
+    }
+    s.push_str(&markdown(&lines));
+    let _ = writeln!(
+        s,
+        "\nthe floor: the kernel's data movement alone for a checkpoint + restore that copies \
+         memory (ms; measured in this process: process_vm_readv out, write and fsync the image, \
+         read it back{}, UFFDIO_COPY into fresh pages; no checksum; one core, and '2 cores' if both \
+         split every step perfectly)\n",
+        if cold { " from disk" } else { "" }
+    );
+    let head = [
+        "size MiB",
+        "memcpy",
+        "read out",
+        "write+fsync",
+        "read back",
+        "fill",
+        "floor",
+        "floor %copy",
+        "2 cores %copy",
+        "ferry ck+rs",
+        "ferry / floor",
+    ];
+    let mut lines = vec![head.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    for (mib, x) in rows {
+        let b = &x.base;
+        lines.push(vec![
+            mib.to_string(),
+            format!("{:.0}", b.copy),
+            format!("{:.0}", b.read_out),
+            format!("{:.0}", b.disk),
+            format!("{:.0}", b.read_back),
+            format!("{:.0}", b.fill),
+            format!("{:.0}", b.floor()),
+            format!("{:.1}%", 100.0 * b.copy / b.floor()),
+            format!("{:.1}%", 200.0 * b.copy / b.floor()),
+            format!("{:.0}", x.ck_wall + x.rs_wall),
+            format!("{:.2}", (x.ck_wall + x.rs_wall) / b.floor()),
         ]);
     }
     s.push_str(&markdown(&lines));

@@ -10,6 +10,7 @@
 
 mod common;
 mod engine;
+mod floor;
 mod hold;
 mod migrate;
 mod remote_exec;
