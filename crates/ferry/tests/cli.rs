@@ -8,16 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+mod common;
 
-fn scratch(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("cli")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use common::cluster::FERRY;
+use common::{ferry, scratch};
 
 /// Builds the busy victim once per test binary.
 fn busy_binary() -> PathBuf {
@@ -107,45 +101,46 @@ impl Drop for Victim {
     }
 }
 
-fn ferry(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(FERRY).args(args).output().expect("run ferry");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
+/// `ferry checkpoint PID` (into scratch directory `name`) must fail, saying `says`.
+fn checkpoint_is_refused(name: &str, pid: &str, says: &str) {
+    let d = scratch("cli", name);
+    let (ok, _, err) = ferry(&["checkpoint", pid, "--dir", d.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains(says), "{err}");
+}
+
+/// `ferry checkpoint PID --dir DIR` (which kills the tree) must succeed.
+fn checkpoint_ok(pid: i32, dir: &Path) {
+    let (ok, _, err) = ferry(&[
+        "checkpoint",
+        &pid.to_string(),
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
 }
 
 #[test]
 fn nonexistent_pid_is_named() {
-    let d = scratch("nopid");
-    let (ok, _, err) = ferry(&["checkpoint", "999999", "--dir", d.to_str().unwrap()]);
-    assert!(!ok);
-    assert!(err.contains("no process with PID 999999"), "{err}");
+    checkpoint_is_refused("nopid", "999999", "no process with PID 999999");
 }
 
 #[test]
 fn kernel_thread_is_refused() {
-    let d = scratch("kthread");
-    let (ok, _, err) = ferry(&["checkpoint", "2", "--dir", d.to_str().unwrap()]);
-    assert!(!ok);
-    assert!(err.contains("kernel thread"), "{err}");
+    checkpoint_is_refused("kthread", "2", "kernel thread");
 }
 
 #[test]
 fn a_tree_containing_ferry_is_refused() {
     // This test process is ferry's parent: its tree contains ferry.
-    let d = scratch("self");
     let me = std::process::id().to_string();
-    let (ok, _, err) = ferry(&["checkpoint", &me, "--dir", d.to_str().unwrap()]);
-    assert!(!ok);
-    assert!(err.contains("is ferry itself"), "{err}");
+    checkpoint_is_refused("self", &me, "is ferry itself");
 }
 
 #[test]
 fn bad_images_are_rejected() {
     let v = Victim::start();
-    let d = scratch("bad-images");
+    let d = scratch("cli", "bad-images");
     let dir = d.join("good");
     let (ok, _, err) = ferry(&[
         "checkpoint",
@@ -245,15 +240,9 @@ fn wait_gone(pid: i32, within: Duration) -> bool {
 fn a_bad_memory_record_kills_the_half_built_tree() {
     let mut v = Victim::start();
     let pid = v.pid;
-    let d = scratch("bad-memory");
+    let d = scratch("cli", "bad-memory");
     let dir = d.join("good");
-    let (ok, _, err) = ferry(&[
-        "checkpoint",
-        &pid.to_string(),
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    checkpoint_ok(pid, &dir);
     v.child.wait().unwrap();
     let image = std::fs::read(dir.join("image.ferry")).unwrap();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
@@ -301,7 +290,7 @@ fn a_bad_memory_record_kills_the_half_built_tree() {
 fn an_uncapturable_resource_is_named_and_the_process_carries_on() {
     // A process reading the kernel log (/dev/kmsg, a device whose state, a read position in
     // the log, the engine does not capture).
-    let d = scratch("refusal");
+    let d = scratch("cli", "refusal");
     let mut sh = Command::new("sleep")
         .arg("30")
         .stdin(std::fs::File::open("/dev/kmsg").expect("open /dev/kmsg"))
@@ -325,7 +314,7 @@ fn an_uncapturable_resource_is_named_and_the_process_carries_on() {
 #[test]
 fn killing_ferry_mid_checkpoint_leaves_the_process_unharmed() {
     let v = Victim::start();
-    let d = scratch("kill-ferry");
+    let d = scratch("cli", "kill-ferry");
     for round in 0..12u64 {
         let dir = d.join(format!("img{round}"));
         let mut f = Command::new(FERRY)
@@ -361,7 +350,7 @@ fn killing_ferry_mid_checkpoint_leaves_the_process_unharmed() {
 /// of memory after it removes it again (nothing of the failed restore is left).
 #[test]
 fn a_bad_memory_record_leaves_no_system_v_segment() {
-    let d = scratch("bad-memory-sysv");
+    let d = scratch("cli", "bad-memory-sysv");
     let src = d.join("sv.c");
     std::fs::write(
         &src,
@@ -408,13 +397,7 @@ int main(void) {
             .any(|l| l.split_whitespace().nth(1) == Some(shmid.as_str()))
     };
     let dir = d.join("img");
-    let (ok, _, err) = ferry(&[
-        "checkpoint",
-        &pid.to_string(),
-        "--dir",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    checkpoint_ok(pid, &dir);
     child.wait().unwrap();
     let image = dir.join("image.ferry");
     let mut bytes = std::fs::read(&image).unwrap();

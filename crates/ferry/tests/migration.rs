@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::scratch;
+
 use common::cluster::Cluster;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::{Path, PathBuf};
@@ -42,15 +44,6 @@ fn main() {
         Trial::test("daemon_stops_cleanly_on_sigterm", daemon_sigterm),
     ];
     libtest_mimic::run(&args, tests).exit();
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("migration")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn ticker_binary() -> PathBuf {
@@ -199,7 +192,7 @@ fn kill_host_pid(pid: i64) {
 
 fn migrate_around() -> Result<(), Failed> {
     let c = Cluster::up("around", 3);
-    let dir = scratch("around");
+    let dir = scratch("migration", "around");
     let t = Ticker::start(&dir, 32);
     let home = t.pid();
     let mut host_pid = home;
@@ -232,7 +225,7 @@ fn migrate_around() -> Result<(), Failed> {
 
 fn refusals() -> Result<(), Failed> {
     let c = Cluster::up("refuse", 3);
-    let dir = scratch("refuse");
+    let dir = scratch("migration", "refuse");
     let t = Ticker::start(&dir, 4);
     let pid = t.pid();
 
@@ -276,7 +269,7 @@ fn refusals() -> Result<(), Failed> {
 
 fn destination_killed_mid_transfer() -> Result<(), Failed> {
     let c = Cluster::up("midway", 2);
-    let dir = scratch("midway");
+    let dir = scratch("migration", "midway");
     // Big enough that the transfer takes a while.
     let t = Ticker::start(&dir, 768);
     let pid = t.pid();
@@ -307,7 +300,7 @@ fn destination_killed_mid_transfer() -> Result<(), Failed> {
 
 fn source_dies_after_commit() -> Result<(), Failed> {
     let c = Cluster::up_with("commit", 2, &[("FERRY_FAULT", "a:exit-after-commit")]);
-    let dir = scratch("commit");
+    let dir = scratch("migration", "commit");
     let t = Ticker::start(&dir, 8);
     let pid = t.pid();
     let e = migrate(&c, "a", pid, "b").expect_err("the source daemon dies");
@@ -335,7 +328,7 @@ fn source_dies_after_commit() -> Result<(), Failed> {
 
 fn destination_dies_after_rebuild() -> Result<(), Failed> {
     let c = Cluster::up_with("rebuilt", 2, &[("FERRY_FAULT", "b:exit-after-rebuilt")]);
-    let dir = scratch("rebuilt");
+    let dir = scratch("migration", "rebuilt");
     let t = Ticker::start(&dir, 8);
     let pid = t.pid();
     let e = migrate(&c, "a", pid, "b").expect_err("the destination daemon dies");
@@ -414,7 +407,7 @@ fn names_in(dir: &Path) -> Vec<String> {
 /// the name to the copy and nothing aside.
 fn socket_file_after_abort() -> Result<(), Failed> {
     let c = Cluster::up_with("names", 3, &[("FERRY_FAULT", "b:abort-after-rebuilt")]);
-    let dir = scratch("names");
+    let dir = scratch("migration", "names");
     let sock_dir = dir.join("sockets");
     std::fs::create_dir_all(&sock_dir).unwrap();
     let path = sock_dir.join("srv.sock");
@@ -518,7 +511,7 @@ fn tcp_pair_goes_on(dir: &Path, pid: i32, more: u64, when: &str) -> Result<(), F
 /// closed in repair mode: no FIN, no reset, no TIME_WAIT).
 fn tcp_connection_after_abort() -> Result<(), Failed> {
     let c = Cluster::up_with("tcp", 3, &[("FERRY_FAULT", "b:abort-after-rebuilt")]);
-    let dir = scratch("tcp");
+    let dir = scratch("migration", "tcp");
     let child = Command::new("python3")
         .args(["-c", TCP_PAIR])
         .current_dir(&dir)
@@ -624,7 +617,7 @@ fn hostile_peers() -> Result<(), Failed> {
         "{log}"
     );
     // Still a working cluster: b answers and a migration through it works.
-    let dir = scratch("hostile");
+    let dir = scratch("migration", "hostile");
     let t = Ticker::start(&dir, 4);
     let r = migrate(&c, "a", t.pid(), "b").map_err(|e| format!("after hostile peers: {e}"))?;
     t.assert_alive("after hostile peers");
@@ -636,7 +629,7 @@ fn hostile_peers() -> Result<(), Failed> {
 /// before the tree is frozen, and the error names the fd or resource.
 fn unmovable_refused() -> Result<(), Failed> {
     let c = Cluster::up("unmovable", 2);
-    let dir = scratch("unmovable");
+    let dir = scratch("migration", "unmovable");
     let kmsg = std::path::PathBuf::from("/dev/kmsg");
     // (script, what the refusal must say, whether /proc shows it before anything is frozen)
     let scripts = [

@@ -50,50 +50,41 @@
 //! trials too (failing ones are always kept); `FERRY_REAL_FERRY` runs
 //! another `ferry` binary (e.g. a release build).
 
-use std::fmt::Write as _;
-use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, ExitStatus};
+use std::sync::Arc;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::cluster::{self, Cluster};
+use common::run::{run_with_timeout, CmdOutput, Harness, Limits, Run, MIG_HOPS};
 use common::*;
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Failed, Trial};
 
 /// The machine is small and shared: generous limits, tight polling.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const PROGRESS_TIMEOUT: Duration = Duration::from_secs(30);
 const RESULT_TIMEOUT: Duration = Duration::from_secs(120);
-const FERRY_TIMEOUT: Duration = Duration::from_secs(120);
 const TOOL_TIMEOUT: Duration = Duration::from_secs(60);
 const BUILD_TIMEOUT: Duration = Duration::from_secs(300);
-const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
-const TREE_GONE_TIMEOUT: Duration = Duration::from_secs(10);
+const LIMITS: Limits = Limits {
+    ready: READY_TIMEOUT,
+    exit: Duration::from_secs(10),
+    tree_gone: Duration::from_secs(10),
+    ferry: Duration::from_secs(120),
+    log_tail: 8 * 1024,
+};
 /// How long a program works between seeing progress and the checkpoint, so
 /// that it is caught in the middle of its work.
 const WORK_TIME: Duration = Duration::from_millis(500);
-const LOG_TAIL: usize = 8 * 1024;
-/// A guest init exits within a second of being alone (it looks once a second).
-const INIT_GONE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The hops of a `migrate::` trial: around the cluster and home again.
-const MIG_HOPS: [(&str, &str); 3] = [("a", "b"), ("b", "c"), ("c", "a")];
 
 struct Suite {
+    harness: Harness,
     real_dir: PathBuf,
-    bin_dir: PathBuf,
-    runs_dir: PathBuf,
-    ferry: PathBuf,
-    keep: bool,
-    /// The local cluster of the `migrate::` trials: started by the first of them (or why it
-    /// could not be), stopped before the harness exits.
-    cluster: Mutex<Option<Result<Cluster, String>>>,
 }
 
 /// How a trial moves its program.
@@ -128,38 +119,17 @@ impl Mode {
 type TrialFn = fn(&Suite, Mode) -> Result<(), Failed>;
 
 fn main() {
-    let mut args = Arguments::from_args();
-    // Restore needs the original PIDs free: never run two trials at once.
-    args.test_threads = Some(1);
-
-    // Restored processes are detached by `ferry restore`; as a subreaper we
-    // become their parent, so we can reap them and nothing is left behind.
-    // SAFETY: prctl with integer arguments only changes this process's flag.
-    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    if rc != 0 {
-        eprintln!(
-            "real_programs: PR_SET_CHILD_SUBREAPER failed: {}",
-            io::Error::last_os_error()
-        );
-    }
-
+    let args = Harness::args();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let root = root.canonicalize().unwrap_or(root);
-    let work = option_env!("CARGO_TARGET_TMPDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir)
-        .join("real_programs");
-    let runs_root = work.join("runs");
-    clear_stale_runs(&runs_root);
     let suite = Arc::new(Suite {
+        harness: Harness::new(
+            "real_programs",
+            "FERRY_REAL_FERRY",
+            "FERRY_REAL_KEEP",
+            LIMITS,
+        ),
         real_dir: root.join("tests/real"),
-        bin_dir: work.join("bin"),
-        runs_dir: runs_root.join(std::process::id().to_string()),
-        ferry: std::env::var_os("FERRY_REAL_FERRY")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ferry"))),
-        keep: std::env::var_os("FERRY_REAL_KEEP").is_some_and(|v| !v.is_empty() && v != "0"),
-        cluster: Mutex::new(None),
     });
 
     let all: [(&str, TrialFn); 5] = [
@@ -177,15 +147,7 @@ fn main() {
         }
     }
     let conclusion = libtest_mimic::run(&args, trials);
-    // `exit` runs no destructors: stop the cluster first.
-    let cluster = suite
-        .cluster
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
-    drop(cluster);
-    let _ = fs::remove_dir(&suite.runs_dir); // only if nothing was kept
-    conclusion.exit();
+    suite.harness.exit(conclusion);
 }
 
 // ---------------------------------------------------------------------------
@@ -226,12 +188,13 @@ fn find_python() -> Result<PathBuf, Failed> {
 fn build_go_ticker(suite: &Suite) -> Result<PathBuf, Failed> {
     let go = find_tool("go", "golang-go")?;
     let src = suite.real_dir.join("go-ticker");
-    fs::create_dir_all(&suite.bin_dir)
-        .map_err(|e| Failed::from(format!("mkdir {}: {e}", suite.bin_dir.display())))?;
-    let bin = suite.bin_dir.join("go-ticker");
+    fs::create_dir_all(&suite.harness.bin_dir)
+        .map_err(|e| Failed::from(format!("mkdir {}: {e}", suite.harness.bin_dir.display())))?;
+    let bin = suite.harness.bin_dir.join("go-ticker");
     // Build to a private name, then rename: another harness may be running
     // the binary right now.
     let tmp = suite
+        .harness
         .bin_dir
         .join(format!(".go-ticker.{}.tmp", std::process::id()));
     let mut cmd = Command::new(&go);
@@ -245,7 +208,7 @@ fn build_go_ticker(suite: &Suite) -> Result<PathBuf, Failed> {
         .env("GOPROXY", "off");
     if std::env::var_os("HOME").is_none() {
         // go needs somewhere for its build cache.
-        let gohome = suite.bin_dir.join("go-home");
+        let gohome = suite.harness.bin_dir.join("go-home");
         if std::env::var_os("GOCACHE").is_none() {
             cmd.env("GOCACHE", gohome.join("cache"));
         }
@@ -253,7 +216,7 @@ fn build_go_ticker(suite: &Suite) -> Result<PathBuf, Failed> {
             cmd.env("GOPATH", gohome.join("path"));
         }
     }
-    let out = run_with_timeout(cmd, None, &suite.bin_dir, "go-build", BUILD_TIMEOUT)
+    let out = run_with_timeout(cmd, None, &suite.harness.bin_dir, "go-build", BUILD_TIMEOUT)
         .map_err(|e| Failed::from(format!("cannot run {}: {e}", go.display())))?;
     if !out.success() {
         let _ = fs::remove_file(&tmp);
@@ -271,670 +234,46 @@ fn build_go_ticker(suite: &Suite) -> Result<PathBuf, Failed> {
 }
 
 // ---------------------------------------------------------------------------
-// Running commands with a time limit.
+// One run of one program (the run itself is common::run's).
 
-struct CmdOutput {
-    /// None: killed at the time limit.
-    status: Option<ExitStatus>,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
-    timeout: Duration,
-}
-
-impl CmdOutput {
-    fn success(&self) -> bool {
-        self.status.is_some_and(|s| s.success())
-    }
-
-    fn status_text(&self) -> String {
-        match self.status {
-            Some(st) => st.to_string(),
-            None => format!("killed after {:?}", self.timeout),
-        }
-    }
-
-    /// The non-empty lines of stderr, joined: a one-line summary.
-    fn stderr_summary(&self) -> String {
-        let s: Vec<&str> = self
-            .stderr
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect();
-        let mut s = s.join(" / ");
-        if s.len() > 600 {
-            let mut cut = 600;
-            while !s.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            s.truncate(cut);
-            s.push_str(" ...");
-        }
-        if s.is_empty() {
-            "(nothing on stderr)".into()
-        } else {
-            s
-        }
-    }
-}
-
-/// Run `cmd` with stdout and stderr to files `dir/label.{stdout,stderr}` and
-/// stdin from `input` (else /dev/null); kill it at `timeout`.
-fn run_with_timeout(
-    mut cmd: Command,
-    input: Option<&[u8]>,
-    dir: &Path,
-    label: &str,
-    timeout: Duration,
-) -> io::Result<CmdOutput> {
-    let out_path = dir.join(format!("{label}.stdout"));
-    let err_path = dir.join(format!("{label}.stderr"));
-    cmd.stdout(File::create(&out_path)?)
-        .stderr(File::create(&err_path)?);
-    match input {
-        Some(data) => {
-            let in_path = dir.join(format!("{label}.stdin"));
-            fs::write(&in_path, data)?;
-            cmd.stdin(File::open(&in_path)?);
-        }
-        None => {
-            cmd.stdin(Stdio::null());
-        }
-    }
-    let started = Instant::now();
-    let mut child = cmd.spawn()?;
-    let status = loop {
-        match child.try_wait()? {
-            Some(st) => break Some(st),
-            None if started.elapsed() > timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            None => sleep(Duration::from_millis(5)),
-        }
+/// Starts `cmd` as trial `name` of `mode`.
+fn start(suite: &Suite, name: &str, mode: Mode, cmd: Command) -> Result<Run, Failed> {
+    let (trial, dir) = match mode {
+        Mode::CheckpointRestore => (name.to_owned(), name.to_owned()),
+        Mode::Migrate => (format!("migrate::{name}"), format!("{name}.migrate")),
     };
-    Ok(CmdOutput {
-        status,
-        stdout: fs::read_to_string(&out_path).unwrap_or_default(),
-        stderr: fs::read_to_string(&err_path).unwrap_or_default(),
-        elapsed: started.elapsed(),
-        timeout,
-    })
+    Run::start(&suite.harness, &trial, &dir, cmd)
 }
 
-// ---------------------------------------------------------------------------
-// One run of one program.
-
-/// A program under test: its directories, what happened so far (for failure
-/// messages), and cleanup of its whole tree.
-struct Run {
-    name: String,
-    /// images, ferry's and the tools' outputs
-    base: PathBuf,
-    /// the program's working directory
-    t: PathBuf,
-    /// The root's PID as the program sees it (getpid()).
-    root: i32,
-    /// The root's PID here: `root`, until it is migrated into a guest namespace.
-    host: i32,
-    /// Whether the root lives in a guest namespace (and is no longer our child).
-    in_ns: bool,
-    /// Host PIDs of the guest inits of the namespaces it has lived in.
-    inits: Vec<i32>,
-    child: Option<Child>,
-    /// exit status of the root, once seen
-    exited: Option<ExitStatus>,
-    /// commands run so far (ferry, redis-cli...) with their outputs
-    history: String,
-    keep: bool,
-    commands: u32,
+/// `ferry checkpoint` (which kills the tree); then wait until the whole tree is gone and
+/// reaped, so that restore can have the PIDs back.
+fn checkpoint(run: &mut Run, round: u32) -> Result<(), Failed> {
+    let ck = run.checkpoint(round, &["--json"])?;
+    if !ck.success() {
+        let why = run.why_failed(&format!("ferry checkpoint (round {round})"), &ck);
+        return Err(run.report(&why));
+    }
+    run.wait_tree_gone(round)
 }
 
-impl Run {
-    fn start(suite: &Suite, name: &str, mode: Mode, mut cmd: Command) -> Result<Run, Failed> {
-        let base = suite.runs_dir.join(match mode {
-            Mode::CheckpointRestore => name.to_string(),
-            Mode::Migrate => format!("{name}.migrate"),
-        });
-        let _ = fs::remove_dir_all(&base);
-        let t = base.join("t");
-        fs::create_dir_all(&t).map_err(|e| format!("mkdir {}: {e}", t.display()))?;
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(t.join("log"))
-            .map_err(|e| format!("open log: {e}"))?;
-        let log2 = log.try_clone().map_err(|e| format!("dup log: {e}"))?;
-        cmd.current_dir(&t)
-            .env("FERRY_TEST_DIR", &t)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
-        // SAFETY: the closure runs in the forked child before exec and only
-        // calls setsid(), which is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setsid() < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
-        let root = child.id() as i32;
-        Ok(Run {
-            name: match mode {
-                Mode::CheckpointRestore => name.to_owned(),
-                Mode::Migrate => format!("migrate::{name}"),
-            },
-            base,
-            t,
-            root,
-            host: root,
-            in_ns: false,
-            inits: Vec::new(),
-            child: Some(child),
-            exited: None,
-            history: String::new(),
-            keep: suite.keep,
-            commands: 0,
-        })
+/// `ferry migrate`, hop `hop` of [`MIG_HOPS`], which must succeed.
+fn migrate(suite: &Suite, run: &mut Run, hop: u32) -> Result<(), Failed> {
+    let (hop, out) = run.migrate(&suite.harness, hop)?;
+    if !out.success() {
+        let why = run.why_failed("ferry migrate", &out);
+        return Err(hop.fail(run, &why));
     }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.t.join(name)
-    }
-
-    /// A failure: what went wrong first, then the result file, the commands
-    /// run so far with their outputs, and the program's log.
-    fn report(&self, what: &str) -> Failed {
-        let mut msg = format!("{}: {what}\n", self.name);
-        if let Ok(r) = fs::read_to_string(self.file("result")) {
-            let _ = writeln!(msg, "--- result: {}", r.trim_end());
-        }
-        msg.push_str(&self.history);
-        let log = fs::read(self.file("log")).unwrap_or_default();
-        let log = String::from_utf8_lossy(tail(&log, LOG_TAIL));
-        let _ = write!(
-            msg,
-            "--- {} (last {} KiB):\n{}",
-            self.file("log").display(),
-            LOG_TAIL / 1024,
-            with_newline(log.as_bytes())
-        );
-        let _ = write!(
-            msg,
-            "--- run directory kept: {}\n=> {}: {what}",
-            self.base.display(),
-            self.name
-        );
-        Failed::from(msg)
-    }
-
-    /// Run a tool (ferry, redis-cli) with a time limit; its outputs go into
-    /// the history for failure messages.
-    fn command(
-        &mut self,
-        label: &str,
-        cmd: Command,
-        input: Option<&[u8]>,
-        timeout: Duration,
-    ) -> Result<CmdOutput, Failed> {
-        self.commands += 1;
-        let label = format!("{:02}-{label}", self.commands);
-        let line = format!(
-            "{} {}",
-            cmd.get_program().to_string_lossy(),
-            cmd.get_args()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-        let out = run_with_timeout(cmd, input, &self.base, &label, timeout)
-            .map_err(|e| self.report(&format!("cannot run {line}: {e}")))?;
-        // Whole outputs stay in the run directory; the message shows those
-        // of failed commands, and short ones.
-        let _ = writeln!(
-            self.history,
-            "--- {line} ({}, {:.2} s; outputs in {label}.*)",
-            out.status_text(),
-            out.elapsed.as_secs_f64(),
-        );
-        for (name, text) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
-            if !text.is_empty() && (!out.success() || text.len() <= 300) {
-                let _ = write!(
-                    self.history,
-                    "--- {name}:\n{}",
-                    with_newline(tail(text.as_bytes(), LOG_TAIL))
-                );
-            }
-        }
-        Ok(out)
-    }
-
-    fn ferry(&mut self, suite: &Suite, label: &str, args: &[&str]) -> Result<CmdOutput, Failed> {
-        let mut cmd = Command::new(&suite.ferry);
-        cmd.args(args);
-        self.command(label, cmd, None, FERRY_TIMEOUT)
-    }
-
-    /// Forget the std `Child` once it has exited (or was reaped by
-    /// `reap_zombies`, which makes `try_wait` fail with ECHILD).
-    fn poll_child(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            match c.try_wait() {
-                Ok(None) => {}
-                Ok(Some(st)) => {
-                    self.exited = Some(st);
-                    self.child = None;
-                }
-                Err(_) => self.child = None,
-            }
-        }
-    }
-
-    /// " (exit status ...)" if the root's exit has been seen, else "".
-    fn exit_note(&self) -> String {
-        self.exited.map(|st| format!(" ({st})")).unwrap_or_default()
-    }
-
-    /// Is the root process still running (not gone, not a zombie)?
-    fn root_alive(&mut self) -> bool {
-        self.poll_child();
-        match proc_state(self.host) {
-            Some('Z') | Some('X') => {
-                if self.child.is_none() && self.exited.is_none() && !self.in_ns {
-                    // A restored root is our child by reparenting: note how it ended.
-                    let mut status = 0;
-                    // SAFETY: waitpid on a pid with a valid pointer to a local int.
-                    if unsafe { libc::waitpid(self.root, &mut status, libc::WNOHANG) } == self.root
-                    {
-                        self.exited = Some(ExitStatus::from_raw(status));
-                    }
-                }
-                false
-            }
-            Some(_) => true,
-            None => false,
-        }
-    }
-
-    /// Poll `probe` until it gives a value; fail if the program dies or time
-    /// runs out.
-    fn wait_for<T>(
-        &mut self,
-        what: &str,
-        timeout: Duration,
-        mut probe: impl FnMut(&mut Run) -> Result<Option<T>, Failed>,
-    ) -> Result<T, Failed> {
-        let start = Instant::now();
-        loop {
-            if let Some(v) = probe(self)? {
-                return Ok(v);
-            }
-            if !self.root_alive() {
-                return Err(self.report(&format!(
-                    "the program died while waiting for {what}{}",
-                    self.exit_note()
-                )));
-            }
-            if start.elapsed() > timeout {
-                return Err(self.report(&format!("no {what} within {timeout:?}")));
-            }
-            sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Wait for `T/ready`; it must name the root pid.
-    fn wait_ready(&mut self) -> Result<(), Failed> {
-        let text = self.wait_for("ready file", READY_TIMEOUT, |r| {
-            Ok(fs::read_to_string(r.file("ready")).ok())
-        })?;
-        match text.trim().parse::<i32>() {
-            Ok(pid) if pid == self.root => Ok(()),
-            _ => Err(self.report(&format!(
-                "ready file says {:?}, expected pid {}",
-                text.trim(),
-                self.root
-            ))),
-        }
-    }
-
-    /// `ferry checkpoint` (which kills the tree); then wait until the whole
-    /// tree is gone and reaped, so that restore can have the PIDs back.
-    fn checkpoint(&mut self, suite: &Suite, round: u32) -> Result<(), Failed> {
-        let img = self.base.join(format!("img{round}"));
-        let _ = fs::remove_dir_all(&img);
-        let img_s = img.to_string_lossy().into_owned();
-        let pid_s = self.root.to_string();
-        let ck = self.ferry(
-            suite,
-            &format!("checkpoint{round}"),
-            &["checkpoint", &pid_s, "--dir", &img_s, "--json"],
-        )?;
-        if !ck.success() {
-            let fate = if self.root_alive() {
-                "the program is still running".to_string()
-            } else {
-                format!("the program did not survive it{}", self.exit_note())
-            };
-            return Err(self.report(&format!(
-                "ferry checkpoint (round {round}) failed ({}): {}\n({fate})",
-                ck.status_text(),
-                ck.stderr_summary()
-            )));
-        }
-        let start = Instant::now();
-        loop {
-            self.poll_child();
-            reap_zombies();
-            let left: Vec<i32> = tree_pids(self.root).into_iter().collect();
-            if left.is_empty() && self.child.is_none() {
-                self.exited = None; // that was the checkpointed incarnation
-                return Ok(());
-            }
-            if start.elapsed() > TREE_GONE_TIMEOUT {
-                return Err(self.report(&format!(
-                    "checkpoint (round {round}) succeeded but processes are still there after \
-                     {TREE_GONE_TIMEOUT:?}: {left:?}"
-                )));
-            }
-            sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// `ferry restore` from round `round`'s image: the root must come back
-    /// with its PID and be running.
-    fn restore(&mut self, suite: &Suite, round: u32) -> Result<(), Failed> {
-        let img = self.base.join(format!("img{round}"));
-        let img_s = img.to_string_lossy().into_owned();
-        let rs = self.ferry(
-            suite,
-            &format!("restore{round}"),
-            &["restore", "--dir", &img_s],
-        )?;
-        if !rs.success() {
-            return Err(self.report(&format!(
-                "ferry restore (round {round}) failed ({}): {}",
-                rs.status_text(),
-                rs.stderr_summary()
-            )));
-        }
-        let last = rs
-            .stdout
-            .lines()
-            .map(str::trim)
-            .rfind(|l| !l.is_empty())
-            .unwrap_or("");
-        match last.parse::<i32>() {
-            Ok(pid) if pid == self.root => {}
-            Ok(pid) => {
-                return Err(self.report(&format!(
-                    "restore (round {round}) gave root pid {pid}, expected {}",
-                    self.root
-                )))
-            }
-            Err(_) => {
-                return Err(self.report(&format!(
-                "restore (round {round}): last line of stdout is {last:?}, expected the root pid"
-            )))
-            }
-        }
-        if !self.root_alive() {
-            return Err(self.report(&format!(
-                "root pid {} is not running right after restore (round {round}){}",
-                self.root,
-                self.exit_note()
-            )));
-        }
-        Ok(())
-    }
-
-    fn touch(&self, name: &str) -> Result<(), Failed> {
-        File::create(self.file(name))
-            .map_err(|e| self.report(&format!("cannot create {name}: {e}")))?;
-        Ok(())
-    }
-
-    /// Wait for the verdict; require PASS and a clean exit of the root.
-    fn wait_pass(&mut self) -> Result<(), Failed> {
-        let mut dead_since: Option<Instant> = None;
-        let start = Instant::now();
-        let verdict = loop {
-            if let Ok(text) = fs::read_to_string(self.file("result")) {
-                break text;
-            }
-            if !self.root_alive() {
-                // The verdict is written before exit; allow a moment for the rename.
-                let since = *dead_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > Duration::from_millis(300) {
-                    return Err(self.report(&format!(
-                        "the program exited without a verdict{}",
-                        self.exit_note()
-                    )));
-                }
-            }
-            if start.elapsed() > RESULT_TIMEOUT {
-                return Err(self.report(&format!("no result within {RESULT_TIMEOUT:?} of go")));
-            }
-            sleep(Duration::from_millis(10));
-        };
-        if verdict.trim_end() != "PASS" {
-            return Err(self.report(&format!(
-                "the program checked its state and did not pass: {}",
-                verdict.trim_end()
-            )));
-        }
-        self.require_clean_exit("said PASS")
-    }
-
-    /// The root exits with status 0 (migrated: the root, and every guest namespace it lived
-    /// in, are gone; its status went to its namespace's init).
-    fn require_clean_exit(&mut self, after: &str) -> Result<(), Failed> {
-        if self.in_ns {
-            return self.require_gone(after);
-        }
-        match self.wait_root_exit(EXIT_TIMEOUT) {
-            Some(st) if st.success() => Ok(()),
-            Some(st) => Err(self.report(&format!("the program {after} but exited with {st}"))),
-            None => Err(self.report(&format!(
-                "the program {after} but did not exit within {EXIT_TIMEOUT:?}"
-            ))),
-        }
-    }
-
-    /// A migrated tree is gone: its root, and the init of each namespace it lived in (an init
-    /// leaves once nothing else is left in its namespace).
-    fn require_gone(&mut self, after: &str) -> Result<(), Failed> {
-        if !wait_gone(self.host, EXIT_TIMEOUT) {
-            return Err(self.report(&format!(
-                "the program {after} but did not exit within {EXIT_TIMEOUT:?}"
-            )));
-        }
-        for init in self.inits.clone() {
-            if !wait_gone(init, INIT_GONE_TIMEOUT) {
-                return Err(self.report(&format!(
-                    "the program {after} and exited, but processes of its tree are left in the \
-                     namespace of guest init {init}"
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// One move of the program: checkpoint and restore, or a migration to the next node.
-    fn move_once(&mut self, suite: &Suite, mode: Mode, round: u32) -> Result<(), Failed> {
-        match mode {
-            Mode::CheckpointRestore => {
-                self.checkpoint(suite, round)?;
-                self.restore(suite, round)
-            }
-            Mode::Migrate => self.migrate(suite, round),
-        }
-    }
-
-    /// `ferry --node FROM migrate ROOT --to TO` for hop `hop` (1-based) of [`MIG_HOPS`]; then
-    /// the copy it came from must be gone and the new one run under the tree's PID in a guest
-    /// namespace, whose host PID (`dest_pid`) the harness follows from now on.
-    fn migrate(&mut self, suite: &Suite, hop: u32) -> Result<(), Failed> {
-        let dir = {
-            let mut slot = suite.cluster.lock().unwrap_or_else(|e| e.into_inner());
-            match slot.get_or_insert_with(|| Cluster::up_unadopted("real-programs", 3)) {
-                Ok(c) => c.dir.clone(),
-                Err(e) => return Err(self.report(e)),
-            }
-        };
-        let (from, to) = MIG_HOPS[hop as usize - 1];
-        let fail = |run: &Run, what: &str| {
-            let f = run.report(&format!("migration {hop} ({from} -> {to}): {what}"));
-            Failed::from(format!(
-                "{}\n{}",
-                f.message().unwrap_or(""),
-                cluster::daemon_logs(&dir, &[from, to])
-            ))
-        };
-        let mut cmd = Command::new(&suite.ferry);
-        cmd.env("FERRY_CLUSTER_DIR", &dir)
-            .env("FERRY_NODE", from)
-            .args(["migrate", &self.root.to_string(), "--to", to, "--json"]);
-        let out = self.command(&format!("migrate{hop}"), cmd, None, FERRY_TIMEOUT)?;
-        if !out.success() {
-            let fate = if self.root_alive() {
-                "the program is still running where it was".to_string()
-            } else {
-                format!("the program did not survive it{}", self.exit_note())
-            };
-            return Err(fail(
-                self,
-                &format!(
-                    "ferry migrate failed ({}): {} ({fate})",
-                    out.status_text(),
-                    out.stderr_summary()
-                ),
-            ));
-        }
-        let report: serde_json::Value = serde_json::from_str(&out.stdout)
-            .map_err(|e| fail(self, &format!("bad JSON report: {e}")))?;
-        let Some(dest) = report
-            .get("dest_pid")
-            .and_then(|v| v.as_i64())
-            .map(|v| v as i32)
-            .filter(|&p| p > 0)
-        else {
-            return Err(fail(self, "the report has no dest_pid"));
-        };
-        // The copy it came from is gone (on the first hop, our child: reaped here).
-        let old = self.host;
-        if !wait_gone(old, TREE_GONE_TIMEOUT) {
-            return Err(fail(
-                self,
-                &format!("migrated, but the copy it left (PID {old}) still runs"),
-            ));
-        }
-        self.poll_child();
-        self.exited = None;
-        self.host = dest;
-        self.in_ns = true;
-        let nspid = status_field(dest, "NSpid");
-        let want = [dest.to_string(), self.root.to_string()];
-        if nspid.split_whitespace().collect::<Vec<_>>() != want {
-            return Err(fail(
-                self,
-                &format!(
-                    "the root (PID {dest} here) has NSpid {nspid:?}, expected \"{dest} {}\"",
-                    self.root
-                ),
-            ));
-        }
-        match parent_pid(dest) {
-            Some(init) if is_guest_init(init) => self.inits.push(init),
-            p => {
-                return Err(fail(
-                    self,
-                    &format!("the root's parent (PID {p:?}) is not a guest init"),
-                ))
-            }
-        }
-        if !self.root_alive() {
-            return Err(fail(self, &format!("the root (PID {dest}) is not running")));
-        }
-        Ok(())
-    }
-
-    /// Reap the root (our child, or reparented to us) and return its status.
-    fn wait_root_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let start = Instant::now();
-        loop {
-            if self.child.is_some() {
-                self.poll_child();
-            } else if let Some(st) = self.exited {
-                return Some(st);
-            } else {
-                let mut status = 0;
-                // SAFETY: waitpid on a pid with a valid pointer to a local int.
-                let r = unsafe { libc::waitpid(self.root, &mut status, libc::WNOHANG) };
-                if r == self.root {
-                    self.exited = Some(ExitStatus::from_raw(status));
-                    continue;
-                }
-                if r < 0 {
-                    // Not our child (yet?): fall back to watching /proc.
-                    proc_state(self.root)?;
-                }
-            }
-            if start.elapsed() > timeout {
-                return None;
-            }
-            sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Kill every process of the run (also after failures) and reap them.
-    fn cleanup(&mut self) {
-        let start = Instant::now();
-        loop {
-            if let Some(c) = self.child.as_mut() {
-                let _ = c.kill();
-            }
-            self.poll_child();
-            let mut pids = tree_pids(self.root);
-            if self.host != self.root {
-                pids.extend(tree_pids(self.host));
-            }
-            // A guest init's death takes every process of its namespace with it.
-            pids.extend(self.inits.iter().copied().filter(|&p| is_guest_init(p)));
-            for &pid in &pids {
-                // SAFETY: kill() with a pid taken from /proc; worst case ESRCH.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            reap_zombies();
-            if (pids.is_empty() && self.child.is_none())
-                || start.elapsed() > Duration::from_secs(10)
-            {
-                break;
-            }
-            sleep(Duration::from_millis(5));
-        }
-        reap_zombies();
-    }
-
-    /// Passed: clean up, and drop the run directory unless asked to keep it.
-    fn finish(mut self) -> Result<(), Failed> {
-        self.cleanup();
-        if !self.keep {
-            let _ = fs::remove_dir_all(&self.base);
-        }
-        Ok(())
-    }
+    run.follow_migration(&hop, &out)
 }
 
-impl Drop for Run {
-    fn drop(&mut self) {
-        self.cleanup();
+/// One move of the program: checkpoint and restore, or a migration to the next node.
+fn move_once(suite: &Suite, run: &mut Run, mode: Mode, round: u32) -> Result<(), Failed> {
+    match mode {
+        Mode::CheckpointRestore => {
+            checkpoint(run, round)?;
+            run.restore(round)
+        }
+        Mode::Migrate => migrate(suite, run, round),
     }
 }
 
@@ -970,14 +309,14 @@ fn work_and_move(suite: &Suite, run: &mut Run, probe: Probe, mode: Mode) -> Resu
         sleep(WORK_TIME);
         let at = match mode {
             Mode::CheckpointRestore => {
-                run.checkpoint(suite, round)?;
+                checkpoint(run, round)?;
                 // The tree is gone: this is where it stood.
                 let at = probe(run).unwrap_or(0);
-                run.restore(suite, round)?;
+                run.restore(round)?;
                 at
             }
             Mode::Migrate => {
-                run.migrate(suite, round)?;
+                migrate(suite, run, round)?;
                 // The copy runs already: it stood at most here, and must get further.
                 probe(run).unwrap_or(0)
             }
@@ -997,11 +336,11 @@ fn work_and_move(suite: &Suite, run: &mut Run, probe: Probe, mode: Mode) -> Resu
 
 /// Programs that follow the ready / progress / go / result protocol.
 fn protocol_trial(suite: &Suite, name: &str, mode: Mode, cmd: Command) -> Result<(), Failed> {
-    let mut run = Run::start(suite, name, mode, cmd)?;
+    let mut run = start(suite, name, mode, cmd)?;
     run.wait_ready()?;
     work_and_move(suite, &mut run, log_progress, mode)?;
     run.touch("go")?;
-    run.wait_pass()?;
+    run.wait_pass(RESULT_TIMEOUT)?;
     run.finish()
 }
 
@@ -1109,7 +448,7 @@ fn bash_pipeline(suite: &Suite, mode: Mode) -> Result<(), Failed> {
     }
     let mut cmd = Command::new(bash);
     cmd.arg("-c").arg(PIPELINE);
-    let mut run = Run::start(suite, "bash_pipeline", mode, cmd)?;
+    let mut run = start(suite, "bash_pipeline", mode, cmd)?;
     // Five processes: bash and the four stages.
     run.wait_for("the pipeline's first report", READY_TIMEOUT, |r| {
         Ok(pipeline_progress(r))
@@ -1406,14 +745,14 @@ fn redis_data(suite: &Suite, mode: Mode) -> Result<(), Failed> {
     cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
         .args(["--logfile", "", "--dir", "."]);
-    let mut run = Run::start(suite, "redis_data", mode, cmd)?;
+    let mut run = start(suite, "redis_data", mode, cmd)?;
     let redis = Redis { cli, port };
     redis.wait_pong(&mut run, "after start")?;
     redis_write(&redis, &mut run, 0)?;
     redis_verify(&redis, &mut run, 0, "verify0")?;
     for round in 1..=mode.rounds() {
         sleep(WORK_TIME);
-        run.move_once(suite, mode, round)?;
+        move_once(suite, &mut run, mode, round)?;
         redis.wait_pong(&mut run, &format!("after {}", mode.step(round)))?;
         redis_verify(
             &redis,

@@ -6,12 +6,14 @@
 
 mod common;
 
+use common::scratch;
+
 use common::cluster::{Cluster, FERRY};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -98,6 +100,21 @@ fn run_cmd(c: &Cluster, on: &str, args: &[&str]) -> Command {
 
 fn run(c: &Cluster, args: &[&str]) -> Output {
     run_cmd(c, "a", args).output().unwrap()
+}
+
+/// `ferry run --on b -- sh -c SCRIPT` from node a.
+fn sh_on_b(c: &Cluster, script: &str) -> Command {
+    run_cmd(c, "a", &["--on", "b", "--", "sh", "-c", script])
+}
+
+/// `sh_on_b`, run to its end.
+fn run_sh_on_b(c: &Cluster, script: &str) -> Output {
+    sh_on_b(c, script).output().unwrap()
+}
+
+/// `cmd` (sh, bash, setpriv... starting `ferry`) with the environment of a `ferry` run on node a.
+fn as_on_a<'a>(c: &Cluster, cmd: &'a mut Command) -> &'a mut Command {
+    cmd.env("FERRY_CLUSTER_DIR", &c.dir).env("FERRY_NODE", "a")
 }
 
 fn text(b: &[u8]) -> String {
@@ -224,28 +241,36 @@ fn next_line(rx: &mpsc::Receiver<String>, what: &str) -> Result<String, Failed> 
         .map_err(|_| format!("no line while waiting for {what}").into())
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("remote_exec")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// What the streaming tests send: `yes 0123456789abcde`, 16 bytes a line.
+const PATTERN: &[u8; 16] = b"0123456789abcde\n";
+
+/// `ferry run --on b` of the first `n` bytes of [`PATTERN`] repeated, its stdout piped here.
+fn stream_pattern(c: &Cluster, n: u64) -> Running {
+    sh_on_b(c, &format!("yes 0123456789abcde | head -c {n}"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .map(Running)
+        .unwrap()
+}
+
+/// The offset of the first byte of `buf` that breaks [`PATTERN`], when `buf` starts at offset
+/// `at` of the stream.
+fn first_bad_byte(buf: &[u8], at: u64) -> Option<u64> {
+    (at..)
+        .zip(buf)
+        .find_map(|(at, b)| (*b != PATTERN[(at % 16) as usize]).then_some(at))
 }
 
 // ---- Tests ---------------------------------------------------------------------------------
 
 fn exit_codes(c: &Cluster) -> Result<(), Failed> {
     for code in [0, 3, 255] {
-        let o = run(c, &["--on", "b", "--", "sh", "-c", &format!("exit {code}")]);
+        let o = run_sh_on_b(c, &format!("exit {code}"));
         check(o.status.code() == Some(code), || {
             format!("exit {code}: {}", describe(&o))
         })?;
     }
-    let o = run(
-        c,
-        &["--on", "b", "--", "sh", "-c", "echo hello from $(hostname)"],
-    );
+    let o = run_sh_on_b(c, "echo hello from $(hostname)");
     check(
         o.status.success() && text(&o.stdout).starts_with("hello from"),
         || describe(&o),
@@ -254,10 +279,7 @@ fn exit_codes(c: &Cluster) -> Result<(), Failed> {
 
 fn death_by_signal(c: &Cluster) -> Result<(), Failed> {
     for (sig, n) in [("KILL", 9), ("SEGV", 11), ("TERM", 15)] {
-        let o = run(
-            c,
-            &["--on", "b", "--", "sh", "-c", &format!("kill -{sig} $$")],
-        );
+        let o = run_sh_on_b(c, &format!("kill -{sig} $$"));
         check(
             o.status.signal() == Some(n) && !o.status.core_dumped(),
             || format!("kill -{sig}: {}", describe(&o)),
@@ -307,19 +329,7 @@ fn stdin_streams(c: &Cluster) -> Result<(), Failed> {
 fn stdin_arrives_slowly(c: &Cluster) -> Result<(), Failed> {
     // Each line must come back before the next is written: stdin is streamed, not gathered.
     let (mut child, lines) = spawn_reading(
-        run_cmd(
-            c,
-            "a",
-            &[
-                "--on",
-                "b",
-                "--",
-                "sh",
-                "-c",
-                "while read x; do echo \"got $x\"; done; echo done",
-            ],
-        )
-        .stdin(Stdio::piped()),
+        sh_on_b(c, "while read x; do echo \"got $x\"; done; echo done").stdin(Stdio::piped()),
     );
     let mut stdin = child.stdin.take().unwrap();
     for word in ["one", "two", "three"] {
@@ -337,26 +347,10 @@ fn stdin_arrives_slowly(c: &Cluster) -> Result<(), Failed> {
 
 fn large_stdout(c: &Cluster) -> Result<(), Failed> {
     const N: u64 = 200 << 20;
-    const PATTERN: &[u8; 16] = b"0123456789abcde\n";
     let daemons = [c.daemon_pid("a") as i64, c.daemon_pid("b") as i64];
     let before: Vec<u64> = daemons.iter().map(|p| rss_kib(*p)).collect();
     let t0 = Instant::now();
-    let mut child = run_cmd(
-        c,
-        "a",
-        &[
-            "--on",
-            "b",
-            "--",
-            "sh",
-            "-c",
-            &format!("yes 0123456789abcde | head -c {N}"),
-        ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .map(Running)
-    .unwrap();
+    let mut child = stream_pattern(c, N);
     let mut out = child.stdout.take().unwrap();
     let mut buf = vec![0u8; 1 << 20];
     let mut total: u64 = 0;
@@ -367,11 +361,9 @@ fn large_stdout(c: &Cluster) -> Result<(), Failed> {
         if n == 0 {
             break;
         }
-        for (i, b) in buf[..n].iter().enumerate() {
-            let at = total + i as u64;
-            if *b != PATTERN[(at % 16) as usize] {
-                return Err(format!("byte {at} is {b:#x}").into());
-            }
+        if let Some(at) = first_bad_byte(&buf[..n], total) {
+            let b = buf[(at - total) as usize];
+            return Err(format!("byte {at} is {b:#x}").into());
         }
         total += n as u64;
         if !stalled && total > 64 << 20 {
@@ -419,23 +411,7 @@ fn large_stdout(c: &Cluster) -> Result<(), Failed> {
 /// through it: not a byte lost or out of place.
 fn signals_during_stream(c: &Cluster) -> Result<(), Failed> {
     const N: u64 = 64 << 20;
-    const PATTERN: &[u8; 16] = b"0123456789abcde\n";
-    let mut child = run_cmd(
-        c,
-        "a",
-        &[
-            "--on",
-            "b",
-            "--",
-            "sh",
-            "-c",
-            &format!("yes 0123456789abcde | head -c {N}"),
-        ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .map(Running)
-    .unwrap();
+    let mut child = stream_pattern(c, N);
     let pid = child.id();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let pester = {
@@ -460,11 +436,8 @@ fn signals_during_stream(c: &Cluster) -> Result<(), Failed> {
         if n == 0 {
             break;
         }
-        for (i, b) in buf[..n].iter().enumerate() {
-            let at = total + i as u64;
-            if bad.is_none() && *b != PATTERN[(at % 16) as usize] {
-                bad = Some(at);
-            }
+        if bad.is_none() {
+            bad = first_bad_byte(&buf[..n], total);
         }
         total += n as u64;
         // Read slowly enough for the signals to land in the middle of frames.
@@ -479,17 +452,7 @@ fn signals_during_stream(c: &Cluster) -> Result<(), Failed> {
 }
 
 fn stderr_apart(c: &Cluster) -> Result<(), Failed> {
-    let o = run(
-        c,
-        &[
-            "--on",
-            "b",
-            "--",
-            "sh",
-            "-c",
-            "echo out; echo err >&2; echo out2; exit 4",
-        ],
-    );
+    let o = run_sh_on_b(c, "echo out; echo err >&2; echo out2; exit 4");
     check(
         text(&o.stdout) == "out\nout2\n"
             && text(&o.stderr) == "err\n"
@@ -497,14 +460,11 @@ fn stderr_apart(c: &Cluster) -> Result<(), Failed> {
         || describe(&o),
     )?;
     // A reader of stdout that goes away: the program gets EPIPE/SIGPIPE, as with a local pipe.
-    let o = Command::new("bash")
-        .arg("-c")
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c")
         .arg("\"$0\" run --on b -- yes | head -n 2; echo \"status ${PIPESTATUS[0]}\"")
-        .arg(FERRY)
-        .env("FERRY_CLUSTER_DIR", &c.dir)
-        .env("FERRY_NODE", "a")
-        .output()
-        .unwrap();
+        .arg(FERRY);
+    let o = as_on_a(c, &mut cmd).output().unwrap();
     check(
         o.status.success() && text(&o.stdout) == "y\ny\nstatus 141\n",
         || describe(&o),
@@ -512,20 +472,17 @@ fn stderr_apart(c: &Cluster) -> Result<(), Failed> {
 }
 
 fn cwd_env_umask_rlimits(c: &Cluster) -> Result<(), Failed> {
-    let dir = scratch("cwd");
+    let dir = scratch("remote_exec", "cwd");
     let script = "pwd; echo \"$FOO\"; umask; ulimit -n; ulimit -Hn";
-    let o = Command::new("sh")
-        .arg("-c")
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
         .arg("umask 027; ulimit -Sn 777; ulimit -Hn 888; exec \"$0\" run --on b -- sh -c \"$1\"")
         .arg(FERRY)
         .arg(script)
         .current_dir(&dir)
         .env("FOO", "bar  baz")
-        .env("FERRY_CLUSTER_DIR", &c.dir)
-        .env("FERRY_NODE", "a")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+        .stdin(Stdio::null());
+    let o = as_on_a(c, &mut cmd).output().unwrap();
     let want = format!("{}\nbar  baz\n0027\n777\n888\n", dir.display());
     check(o.status.success() && text(&o.stdout) == want, || {
         format!("want {want:?}: {}", describe(&o))
@@ -547,10 +504,8 @@ fn non_root(c: &Cluster) -> Result<(), Failed> {
         ])
         .args(args)
         .current_dir(cwd)
-        .env("FERRY_CLUSTER_DIR", &c.dir)
-        .env("FERRY_NODE", "a")
         .stdin(Stdio::null());
-        cmd.output().unwrap()
+        as_on_a(c, &mut cmd).output().unwrap()
     };
     let o = nobody(
         &[
@@ -637,17 +592,9 @@ fn forge(sock: &Path) {
 
 fn signals(c: &Cluster) -> Result<(), Failed> {
     // SIGINT: the program's trap runs and decides the status.
-    let (mut child, lines) = spawn_reading(&mut run_cmd(
+    let (mut child, lines) = spawn_reading(&mut sh_on_b(
         c,
-        "a",
-        &[
-            "--on",
-            "b",
-            "--",
-            "sh",
-            "-c",
-            "trap 'echo got INT; exit 7' INT; echo ready; while :; do sleep 0.1; done",
-        ],
+        "trap 'echo got INT; exit 7' INT; echo ready; while :; do sleep 0.1; done",
     ));
     next_line(&lines, "ready")?;
     kill(child.id(), "INT");
@@ -658,29 +605,15 @@ fn signals(c: &Cluster) -> Result<(), Failed> {
     })?;
 
     // SIGTERM kills the program, and so ferry run, by SIGTERM.
-    let (mut child, lines) = spawn_reading(&mut run_cmd(
-        c,
-        "a",
-        &["--on", "b", "--", "sh", "-c", "echo ready; exec sleep 100"],
-    ));
+    let (mut child, lines) = spawn_reading(&mut sh_on_b(c, "echo ready; exec sleep 100"));
     next_line(&lines, "ready")?;
     kill(child.id(), "TERM");
     let st = child.wait().unwrap();
     check(st.signal() == Some(15), || format!("{st:?}"))?;
 
     // SIGTSTP stops the program and ferry run; SIGCONT to ferry run resumes both.
-    let (mut child, lines) = spawn_reading(&mut run_cmd(
-        c,
-        "a",
-        &[
-            "--on",
-            "b",
-            "--",
-            "sh",
-            "-c",
-            "echo ready; while :; do sleep 0.05; done",
-        ],
-    ));
+    let (mut child, lines) =
+        spawn_reading(&mut sh_on_b(c, "echo ready; while :; do sleep 0.05; done"));
     next_line(&lines, "ready")?;
     let remote = guest(c, "a", child.id()).ok_or("not in ferry ps")?["pid"]
         .as_i64()
@@ -732,10 +665,9 @@ fn terminal(c: &Cluster) -> Result<(), Failed> {
         })
     };
     let on_pty = |script: &str| {
-        Command::new("setsid")
-            .args(["-c", FERRY, "run", "--on", "b", "--", "sh", "-c", script])
-            .env("FERRY_CLUSTER_DIR", &c.dir)
-            .env("FERRY_NODE", "a")
+        let mut cmd = Command::new("setsid");
+        cmd.args(["-c", FERRY, "run", "--on", "b", "--", "sh", "-c", script]);
+        as_on_a(c, &mut cmd)
             .stdin(slave.try_clone().unwrap())
             .stdout(slave.try_clone().unwrap())
             .stderr(slave.try_clone().unwrap())
@@ -950,11 +882,7 @@ fn caller_vanishes(c: &Cluster) -> Result<(), Failed> {
             6.0,
         ),
     ] {
-        let (mut child, lines) = spawn_reading(&mut run_cmd(
-            c,
-            "a",
-            &["--on", "b", "--", "sh", "-c", script],
-        ));
+        let (mut child, lines) = spawn_reading(&mut sh_on_b(c, script));
         let pid: i64 = next_line(&lines, "the remote PID")?.trim().parse().unwrap();
         let sid_members = || {
             common::all_procs()

@@ -7,29 +7,13 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+mod common;
 
-fn scratch(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("tcp")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn ferry(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(FERRY).args(args).output().expect("run ferry");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
+use common::{ferry, scratch};
 
 fn state(pid: i32) -> Option<char> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -126,7 +110,7 @@ struct Prog {
 
 impl Prog {
     fn start(name: &str) -> Prog {
-        let dir = scratch(name);
+        let dir = scratch("tcp", name);
         let log = std::fs::File::create(dir.join("log")).unwrap();
         let child = Command::new("python3")
             .args(["-c", BOTH_ENDS])
@@ -255,7 +239,7 @@ for line in f:
 
 #[test]
 fn a_connection_to_a_peer_outside_the_tree_is_refused_and_lives_on() {
-    let d = scratch("outside");
+    let d = scratch("tcp", "outside");
     let server = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = server.local_addr().unwrap().port();
     let mut child = Command::new("python3")

@@ -1,15 +1,42 @@
-//! Helpers shared by the test harnesses that drive real processes through ferry: the
-//! process table read from /proc, reaping, clearing old run directories, and output trimming.
+//! Helpers shared by the integration tests: scratch directories, the process table read from
+//! /proc, reaping, clearing old run directories, and output trimming; a local cluster
+//! (`cluster`) and the harness of the programs moved by checkpoint, restore and migration
+//! (`run`).
 
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod run;
 
 use std::collections::{BTreeSet, HashSet};
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
+
+/// A fresh, empty directory `name` of test binary `binary` under the target's temporary
+/// directory (per test process, so that parallel runs never meet).
+pub fn scratch(binary: &str, name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(binary)
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `ferry ARGS`, to its end: whether it succeeded, its stdout and its stderr.
+pub fn ferry(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(cluster::FERRY)
+        .args(args)
+        .output()
+        .expect("run ferry");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
 
 /// Removes run directories of earlier suites whose process is gone.
 pub fn clear_stale_runs(runs_root: &Path) {
