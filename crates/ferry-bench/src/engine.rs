@@ -12,6 +12,9 @@
 //!    `ferry restore --dir D --json`, each timed from outside as well;
 //! 4. the restored child checksums its memory again: a restore that lost a
 //!    page fails the benchmark.
+//!
+//! With the physical limit comes the floor of any copying engine (`floor.rs`):
+//! the kernel's data movement alone, step by step.
 
 pub(crate) use crate::common::{ferry_binary, markdown};
 use crate::common::{ferry_json, memcpy_ms, num, random_bytes, wait_gone, Holder};
@@ -163,9 +166,16 @@ struct Baselines {
 }
 
 impl Baselines {
-    /// The floor of a copying checkpoint + restore: read out, write (+fsync), read back, fill.
-    fn floor(&self) -> f64 {
-        self.read_out + self.disk + self.read_back + self.fill
+    /// What any engine that keeps an image in a file pays: the bytes copied into the file (and
+    /// fsynced), and copied from it into fresh pages of the new process.
+    fn least(&self) -> f64 {
+        self.disk + self.fill
+    }
+
+    /// Ferry's four steps: reading the memory from outside the process, and the image back
+    /// into a buffer, come on top of the least.
+    fn ferry_steps(&self) -> f64 {
+        self.read_out + self.least() + self.read_back
     }
 }
 
@@ -491,10 +501,11 @@ fn table(rows: &[(usize, Sample)], runs: usize, cold: bool) -> String {
     s.push_str(&markdown(&lines));
     let _ = writeln!(
         s,
-        "\nthe floor: the kernel's data movement alone for a checkpoint + restore that copies \
-         memory (ms; measured in this process: process_vm_readv out, write and fsync the image, \
-         read it back{}, UFFDIO_COPY into fresh pages; no checksum; one core, and '2 cores' if both \
-         split every step perfectly)\n",
+        "\nthe floor: the kernel's data movement alone (ms, measured in this process; no \
+         checksums): process_vm_readv out of a process, write and fsync the image, read it \
+         back{}, UFFDIO_COPY into fresh pages. 'least' = write + fill, which any engine keeping \
+         an image in a file pays; 'steps' = all four, Ferry's design. %copy on 2 cores: if both \
+         cores split every step perfectly\n",
         if cold { " from disk" } else { "" }
     );
     let head = [
@@ -504,15 +515,17 @@ fn table(rows: &[(usize, Sample)], runs: usize, cold: bool) -> String {
         "write+fsync",
         "read back",
         "fill",
-        "floor",
-        "floor %copy",
-        "2 cores %copy",
+        "least",
+        "least %copy, 2 cores",
+        "steps",
+        "steps %copy, 2 cores",
         "ferry ck+rs",
-        "ferry / floor",
+        "ferry %copy",
     ];
     let mut lines = vec![head.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     for (mib, x) in rows {
         let b = &x.base;
+        let pct = |t: f64| format!("{:.1}%", 100.0 * b.copy / t);
         lines.push(vec![
             mib.to_string(),
             format!("{:.0}", b.copy),
@@ -520,11 +533,12 @@ fn table(rows: &[(usize, Sample)], runs: usize, cold: bool) -> String {
             format!("{:.0}", b.disk),
             format!("{:.0}", b.read_back),
             format!("{:.0}", b.fill),
-            format!("{:.0}", b.floor()),
-            format!("{:.1}%", 100.0 * b.copy / b.floor()),
-            format!("{:.1}%", 200.0 * b.copy / b.floor()),
+            format!("{:.0}", b.least()),
+            pct(b.least() / 2.0),
+            format!("{:.0}", b.ferry_steps()),
+            pct(b.ferry_steps() / 2.0),
             format!("{:.0}", x.ck_wall + x.rs_wall),
-            format!("{:.2}", (x.ck_wall + x.rs_wall) / b.floor()),
+            pct(x.ck_wall + x.rs_wall),
         ]);
     }
     s.push_str(&markdown(&lines));
