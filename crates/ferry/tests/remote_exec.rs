@@ -611,9 +611,10 @@ fn signals(c: &Cluster) -> Result<(), Failed> {
     let st = child.wait().unwrap();
     check(st.signal() == Some(15), || format!("{st:?}"))?;
 
-    // SIGTSTP stops the program and ferry run; SIGCONT to ferry run resumes both.
-    let (mut child, lines) =
-        spawn_reading(&mut sh_on_b(c, "echo ready; while :; do sleep 0.05; done"));
+    // SIGTSTP stops the program and ferry run; SIGCONT to ferry run resumes both. (One
+    // process that never forks: a shell looping over `sleep` may be caught in vfork, waiting
+    // in state D for a child that the same signal stopped before it could exec.)
+    let (mut child, lines) = spawn_reading(&mut sh_on_b(c, "echo ready; exec sleep 100"));
     next_line(&lines, "ready")?;
     let remote = guest(c, "a", child.id()).ok_or("not in ferry ps")?["pid"]
         .as_i64()
