@@ -179,10 +179,14 @@ pub struct Holder {
 }
 
 impl Holder {
-    /// Whether `pid` is a live `ferry-bench` process (the child, restored or moved or not).
+    /// Whether `pid` is a live process of our own name (the child runs this very binary:
+    /// restored or moved or not, it is still the child).
     pub fn alive(&self) -> bool {
+        let Ok(ours) = std::fs::read_to_string("/proc/self/comm") else {
+            return false;
+        };
         std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).is_ok_and(|s| {
-            s.contains("(ferry-bench)")
+            s.contains(&format!("({})", ours.trim_end_matches('\n')))
                 && s.rfind(')')
                     .and_then(|i| s[i + 1..].split_whitespace().next())
                     .is_some_and(|st| st != "Z" && st != "X")

@@ -7,19 +7,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A python3 process serving `path` (each connection gets "hello").
+/// tests/victims/unix_pid_server.py serving `path` (each connection gets its PID).
 fn server(path: &Path) -> Child {
-    // (A client that hung up early must not end it.)
-    let script = "import socket,sys\n\
-                  s=socket.socket(socket.AF_UNIX)\n\
-                  s.bind(sys.argv[1]); s.listen(4)\n\
-                  while True:\n\
-                  \x20   c,_=s.accept()\n\
-                  \x20   try: c.sendall(b'hello')\n\
-                  \x20   except OSError: pass\n\
-                  \x20   c.close()\n";
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/victims/unix_pid_server.py");
     let child = Command::new("python3")
-        .args(["-c", script])
+        .arg(script)
         .arg(path)
         .stdin(Stdio::null())
         .spawn()
@@ -32,14 +25,15 @@ fn server(path: &Path) -> Child {
     child
 }
 
-fn answers(path: &Path) -> bool {
+/// Whether the process answering at `path` is `pid`.
+fn answers(path: &Path, pid: i32) -> bool {
     use std::io::Read;
     let Ok(mut s) = UnixStream::connect(path) else {
         return false;
     };
     let mut got = String::new();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.read_to_string(&mut got).is_ok() && got == "hello"
+    s.read_to_string(&mut got).is_ok() && got == pid.to_string()
 }
 
 fn listing(dir: &Path) -> Vec<String> {
@@ -78,7 +72,7 @@ fn socket_files_go_aside_and_come_back() {
     frozen.thaw();
     assert_eq!(listing(&dir), vec!["srv.sock".to_string()]);
     assert!(
-        answers(&path),
+        answers(&path, pid),
         "the original does not answer after put_back"
     );
 
@@ -86,7 +80,10 @@ fn socket_files_go_aside_and_come_back() {
     let frozen = FrozenTree::freeze(pid).unwrap();
     drop(SocketFilesAside::set_aside(&frozen).unwrap());
     frozen.thaw();
-    assert!(answers(&path), "the original does not answer after a drop");
+    assert!(
+        answers(&path, pid),
+        "the original does not answer after a drop"
+    );
 
     // Committed: the old file is gone, the name is free for the copy.
     let frozen = FrozenTree::freeze(pid).unwrap();

@@ -347,8 +347,8 @@ fn destination_dies_after_rebuild() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A python3 server on a UNIX socket bound to `path`: each client gets its PID. Killed and
-/// reaped when dropped.
+/// tests/victims/unix_pid_server.py on a UNIX socket bound to `path`: each client gets its PID.
+/// Killed and reaped when dropped.
 struct UnixServer(Child);
 
 impl Drop for UnixServer {
@@ -359,17 +359,10 @@ impl Drop for UnixServer {
 }
 
 fn unix_server(path: &Path) -> UnixServer {
-    // (A client that hung up early must not end it.)
-    let script = "import os,socket,sys\n\
-                  s=socket.socket(socket.AF_UNIX)\n\
-                  s.bind(sys.argv[1]); s.listen(4)\n\
-                  while True:\n\
-                  \x20   c,_=s.accept()\n\
-                  \x20   try: c.sendall(str(os.getpid()).encode())\n\
-                  \x20   except OSError: pass\n\
-                  \x20   c.close()\n";
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/victims/unix_pid_server.py");
     let child = Command::new("python3")
-        .args(["-c", script])
+        .arg(script)
         .arg(path)
         .stdin(Stdio::null())
         .spawn()
