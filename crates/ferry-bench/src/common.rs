@@ -171,6 +171,9 @@ pub fn num(v: &serde_json::Value, key: &str) -> Result<f64> {
         .ok_or_else(|| anyhow!("ferry's JSON report has no number {key:?}: {v}"))
 }
 
+/// How long the benchmark child may take to fill or check its memory.
+pub const HOLD_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// The benchmark child (`ferry-bench hold`): our child until ferry takes it, then the process
 /// under `pid` (restored here, or moved to another node). Killed when dropped.
 pub struct Holder {
@@ -179,6 +182,42 @@ pub struct Holder {
 }
 
 impl Holder {
+    /// Starts `ferry-bench hold` holding `mib` MiB in `dir`, in a session of its own, and waits
+    /// (looking every `poll`) until it says ready; returns it with the checksum of its memory.
+    pub fn start(dir: &Path, mib: usize, poll: Duration) -> Result<(Holder, String)> {
+        let log = std::fs::File::create(dir.join("hold.log"))?;
+        let mut cmd =
+            std::process::Command::new(std::env::current_exe().context("find ferry-bench itself")?);
+        cmd.args(["hold", "--mib", &mib.to_string(), "--dir"])
+            .arg(dir)
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        // SAFETY: the closure runs in the forked child before exec and only calls setsid(),
+        // which is async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().context("start the benchmark child")?;
+        let mut holder = Holder {
+            pid: child.id() as i32,
+            child: Some(child),
+        };
+        let ready = holder.wait_file(&dir.join("ready"), HOLD_TIMEOUT, poll)?;
+        let sum = ready
+            .split_whitespace()
+            .nth(1)
+            .ok_or_else(|| anyhow!("ready file {ready:?} has no checksum"))?
+            .to_owned();
+        Ok((holder, sum))
+    }
+
     /// Whether `pid` is a live process of our own name (the child runs this very binary:
     /// restored or moved or not, it is still the child).
     pub fn alive(&self) -> bool {

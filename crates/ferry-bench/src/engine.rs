@@ -16,22 +16,20 @@
 //! With the physical limit comes the floor of any copying engine (`floor.rs`):
 //! the kernel's data movement alone, step by step.
 
-pub(crate) use crate::common::{ferry_binary, markdown};
+pub(crate) use crate::common::{ferry_binary, markdown, HOLD_TIMEOUT};
 use crate::common::{ferry_json, memcpy_ms, num, random_bytes, wait_gone, Holder};
 use crate::floor;
 use anyhow::{anyhow, bail, Context, Result};
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::Write as _;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 const MIB: f64 = 1048576.0;
 const GIB: f64 = 1073741824.0;
-const HOLD_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -217,36 +215,8 @@ fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
     let len = mib << 20;
     let base = baselines(len, dir, a.cold)?;
 
-    let log = File::create(dir.join("hold.log"))?;
-    let mut cmd = Command::new(std::env::current_exe().context("find ferry-bench itself")?);
-    cmd.args(["hold", "--mib", &mib.to_string(), "--dir"])
-        .arg(dir)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    // SAFETY: the closure runs in the forked child before exec and only
-    // calls setsid(), which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().context("start the benchmark child")?;
-    let pid = child.id() as i32;
-    let mut holder = Holder {
-        pid,
-        child: Some(child),
-    };
-    let ready = holder.wait_file(&dir.join("ready"), HOLD_TIMEOUT, Duration::from_millis(5))?;
-    let sum = ready
-        .split_whitespace()
-        .nth(1)
-        .ok_or_else(|| anyhow!("ready file {ready:?} has no checksum"))?
-        .to_owned();
+    let (mut holder, sum) = Holder::start(dir, mib, Duration::from_millis(5))?;
+    let pid = holder.pid;
     sleep(Duration::from_millis(100));
 
     let img = dir.join("img");

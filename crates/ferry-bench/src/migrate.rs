@@ -14,11 +14,12 @@
 //! Then the smallest process there is to move, the same child holding no memory (a "null
 //! process"), next to the times published for Sprite and OSF/1 AD. See docs/benchmarks.md.
 
-use crate::common::{ferry_binary, ferry_json, markdown, memcpy_ms, num, random_bytes, Holder};
-use anyhow::{anyhow, bail, Context, Result};
+use crate::common::{
+    ferry_binary, ferry_json, markdown, memcpy_ms, num, random_bytes, Holder, HOLD_TIMEOUT,
+};
+use anyhow::{bail, Context, Result};
 use std::fmt::Write as _;
 use std::fs::{self, File};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread::sleep;
@@ -26,7 +27,6 @@ use std::time::{Duration, Instant};
 
 const MIB: f64 = 1048576.0;
 const GIB: f64 = 1073741824.0;
-const HOLD_TIMEOUT: Duration = Duration::from_secs(300);
 /// Null-process migration times published for earlier systems, in ms.
 const LITERATURE: [(&str, f64); 2] = [
     ("Sprite (Douglis & Ousterhout, 1991)", 76.0),
@@ -250,36 +250,8 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
         0.0
     };
 
-    let log = File::create(dir.join("hold.log"))?;
-    let mut cmd = Command::new(std::env::current_exe().context("find ferry-bench itself")?);
-    cmd.args(["hold", "--mib", &mib.to_string(), "--dir"])
-        .arg(dir)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    // SAFETY: the closure runs in the forked child before exec and only calls setsid(),
-    // which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().context("start the benchmark child")?;
-    let pid = child.id() as i32;
-    let mut holder = Holder {
-        pid,
-        child: Some(child),
-    };
-    let ready = holder.wait_file(&dir.join("ready"), HOLD_TIMEOUT, Duration::from_millis(2))?;
-    let sum = ready
-        .split_whitespace()
-        .nth(1)
-        .ok_or_else(|| anyhow!("ready file {ready:?} has no checksum"))?
-        .to_owned();
+    let (mut holder, sum) = Holder::start(dir, mib, Duration::from_millis(2))?;
+    let pid = holder.pid;
     sleep(Duration::from_millis(100));
 
     let cpu0 = (cluster.cpu_ms("a")?, cluster.cpu_ms("b")?);
