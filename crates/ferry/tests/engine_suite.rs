@@ -50,8 +50,8 @@
 //! `resume` lets it run; `FrozenTree::set_exit_kill` makes the original die
 //! with its tracer).
 //!
-//! Environment: `FERRY_SUITE_FILTER=substr` runs only programs whose name
-//! contains `substr`; `FERRY_SUITE_KEEP=1` keeps the run directories of
+//! Environment: `FERRY_SUITE_FILTER=substr[,substr...]` runs only programs whose
+//! name contains one of the `substr`s; `FERRY_SUITE_KEEP=1` keeps the run directories of
 //! passing trials too (failing ones are always kept); `FERRY_SUITE_CC`
 //! overrides the C compiler (default `gcc`); `FERRY_SUITE_FERRY` runs another
 //! `ferry` binary (e.g. a release build) instead of the one cargo built (the
@@ -116,7 +116,7 @@ fn main() {
     let filter = std::env::var("FERRY_SUITE_FILTER").unwrap_or_default();
     let programs: Vec<String> = list_programs(&programs_dir)
         .into_iter()
-        .filter(|p| p.contains(&filter))
+        .filter(|p| filter.split(',').any(|f| p.contains(f)))
         .collect();
     let pending = read_pending(&programs_dir.join("PENDING"));
     let ns_excluded = read_pending(&programs_dir.join("NS_EXCLUDED"));

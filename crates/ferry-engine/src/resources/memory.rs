@@ -36,10 +36,12 @@ pub fn capture(pid: i32, maps: &[MapEntry], objects: &mut CaptureObjects) -> Res
             "[vvar]" => Backing::Vvar,
             "[vvar_vclock]" => Backing::VvarVclock,
             "[vsyscall]" => Backing::Vsyscall,
-            _ if m.ino == 0 => Backing::Anonymous,
+            // Before the inode test: a System V segment's inode is its shmid, and the first
+            // segment of an IPC namespace (of a freshly booted machine) is shmid 0.
             _ if objects.is_shmem(m) => Backing::Shmem {
                 object: objects.shmem_for_mapping(pid, m)?,
             },
+            _ if m.ino == 0 => Backing::Anonymous,
             _ if m.name.starts_with('/') => {
                 let ghost = if m.deleted() {
                     Some(objects.ghost_for_mapping(pid, m)?)
