@@ -1,0 +1,451 @@
+//! TCP connections in repair mode (tcp(7)): their capture, the check that both ends are in the
+//! tree, their silencing before the kill, and their rebuild at resume ([`DeferredRepair`]).
+
+use super::*;
+
+pub(super) fn tcp_state_name(s: u8) -> &'static str {
+    match s {
+        1 => "ESTABLISHED",
+        2 => "SYN_SENT",
+        3 => "SYN_RECV",
+        4 => "FIN_WAIT1",
+        5 => "FIN_WAIT2",
+        6 => "TIME_WAIT",
+        8 => "CLOSE_WAIT",
+        9 => "LAST_ACK",
+        11 => "CLOSING",
+        _ => "unknown",
+    }
+}
+
+impl Cap<'_> {
+    /// Reads an established TCP connection in repair mode (sequence numbers, both queues, the
+    /// options negotiated, the window), then takes repair mode off again, so the connection
+    /// works on if the tree is let go. `info`: its TCP_INFO; `conn`: it, for people.
+    pub(super) fn tcp_conn(&self, info: &[u8], conn: &str) -> Result<(TcpConn, Vec<SockMsg>)> {
+        let s = self.s;
+        if sk::getsockopt_int(s, IPPROTO_TCP, libc::TCP_REPAIR).unwrap_or(0) != 0 {
+            return Err(self.refuse(format!(
+                "{conn} is already in TCP repair mode (someone else is checkpointing it?)"
+            )));
+        }
+        let reuse = sk::getsockopt_int(s, SOL_SOCKET, libc::SO_REUSEADDR)
+            .ctx(self.pid, || self.what("read SO_REUSEADDR"))?;
+        sk::tcp_repair(s, sk::TCP_REPAIR_ON).map_err(|e| {
+            self.refuse(format!(
+                "{conn} cannot be put in TCP repair mode ({e}); that needs CAP_NET_ADMIN in \
+                 the socket's network namespace"
+            ))
+        })?;
+        let r = self.tcp_read_repaired(info, conn);
+        // Leaving repair mode clears SO_REUSEADDR (the kernel resets the socket's reuse mode):
+        // it is set back as it was. No window probe: the peer must not notice anything.
+        let queue = sk::tcp_repair_queue(s, sk::TCP_NO_QUEUE);
+        let off = sk::tcp_repair(s, sk::TCP_REPAIR_OFF_NO_WP);
+        let back = sk::setsockopt_int(s, SOL_SOCKET, libc::SO_REUSEADDR, reuse);
+        let v = r?;
+        queue
+            .and(off)
+            .and(back)
+            .ctx(self.pid, || self.what("leave TCP repair mode"))?;
+        Ok(v)
+    }
+
+    pub(super) fn tcp_read_repaired(
+        &self,
+        info: &[u8],
+        conn: &str,
+    ) -> Result<(TcpConn, Vec<SockMsg>)> {
+        let s = self.s;
+        let ctx = |w: &str| format!("{w} of {conn}, fd {} ({})", self.fd, self.link);
+        let ioctl = |req, w: &str| {
+            sk::ioctl_int(s, req)
+                .map(|n| n.max(0) as usize)
+                .ctx(self.pid, || ctx(w))
+        };
+        let inq = ioctl(sk::SIOCINQ, "read the bytes queued (SIOCINQ)")?;
+        let outq = ioctl(sk::SIOCOUTQ, "read the bytes not acknowledged (SIOCOUTQ)")?;
+        let unsent = ioctl(sk::SIOCOUTQNSD, "read the bytes not sent (SIOCOUTQNSD)")?;
+        sk::tcp_repair_queue(s, sk::TCP_SEND_QUEUE)
+            .ctx(self.pid, || ctx("select the send queue"))?;
+        let write_seq = sk::tcp_queue_seq(s).ctx(self.pid, || ctx("read the send sequence"))?;
+        let send_queue =
+            sk::tcp_peek_send_queue(s, outq).ctx(self.pid, || ctx("read the send queue"))?;
+        if send_queue.len() != outq {
+            return Err(self.refuse(format!(
+                "only {} of the {outq} bytes in the send queue of {conn} could be read",
+                send_queue.len()
+            )));
+        }
+        sk::tcp_repair_queue(s, sk::TCP_RECV_QUEUE)
+            .ctx(self.pid, || ctx("select the receive queue"))?;
+        let rcv_nxt = sk::tcp_queue_seq(s).ctx(self.pid, || ctx("read the receive sequence"))?;
+        let queue = if inq > 0 {
+            self.peek_stream(inq)?
+        } else {
+            Vec::new()
+        };
+        // In repair mode TCP_MAXSEG reads the MSS negotiated (mss_clamp).
+        let mss_clamp = sk::getsockopt_int(s, IPPROTO_TCP, libc::TCP_MAXSEG)
+            .ctx(self.pid, || ctx("read the MSS"))? as u32;
+        let timestamp = sk::getsockopt_int(s, IPPROTO_TCP, libc::TCP_TIMESTAMP)
+            .ctx(self.pid, || ctx("read TCP_TIMESTAMP"))? as u32;
+        let w = sk::tcp_repair_window(s).ctx(self.pid, || ctx("read the window"))?;
+        // struct tcp_info: tcpi_options at 5; tcpi_snd_wscale:4, tcpi_rcv_wscale:4 at 6.
+        let options = info.get(5).copied().unwrap_or(0);
+        let scales = info.get(6).copied().unwrap_or(0);
+        let tcp = TcpConn {
+            send_seq: write_seq.wrapping_sub(outq as u32),
+            recv_seq: rcv_nxt.wrapping_sub(inq as u32),
+            send_queue,
+            unsent: unsent.min(outq) as u32,
+            mss_clamp,
+            wscale: (options & TCPI_OPT_WSCALE != 0).then_some((scales & 0xf, scales >> 4)),
+            sack: options & TCPI_OPT_SACK != 0,
+            timestamps: options & TCPI_OPT_TIMESTAMPS != 0,
+            timestamp,
+            window: TcpWindow {
+                snd_wl1: w.snd_wl1,
+                snd_wnd: w.snd_wnd,
+                max_window: w.max_window,
+                rcv_wnd: w.rcv_wnd,
+                rcv_wup: w.rcv_wup,
+            },
+        };
+        Ok((tcp, queue))
+    }
+}
+
+/// Pairs each established TCP connection of the tree with its other end, which must be a
+/// socket of the tree too; a connection to anything else is refused (`refuse(file id, inode,
+/// why)`).
+///
+/// Why refuse a peer outside the tree: between the checkpoint and the restore the connection
+/// has no socket on this machine, so anything the peer sends (data, a keepalive, a
+/// retransmission) is answered with a reset, and the connection is lost; CRIU locks the
+/// network (firewall rules dropping the connection's packets) for that window, which Ferry
+/// does not do. Both ends in the tree are frozen, captured and killed together, and neither
+/// sends anything in between.
+pub(super) fn tcp_peers(
+    tree: &mut Tree,
+    refuse: &dyn Fn(u32, u64, String) -> Error,
+    tree_pids: &HashSet<i32>,
+) -> Result<()> {
+    let conns: Vec<(usize, u64, SockAddr, SockAddr)> = tree
+        .files
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| match &f.kind {
+            FileKind::Socket(s) if s.tcp.is_some() => {
+                Some((i, s.ino, s.local.clone()?, s.peer.clone()?))
+            }
+            _ => None,
+        })
+        .collect();
+    for (i, ino, local, peer) in &conns {
+        let other = conns
+            .iter()
+            .find(|(_, _, l, p)| same_inet(l, peer) && same_inet(p, local));
+        match other {
+            Some((_, peer_ino, _, _)) => {
+                if let FileKind::Socket(s) = &mut tree.files[*i].kind {
+                    s.state = SockState::Connected {
+                        peer_ino: *peer_ino,
+                    };
+                }
+            }
+            None => {
+                let root = tree.processes.first().map(|p| p.pid).unwrap_or(0);
+                let whose = match tcp_inode_of(root, peer, local) {
+                    Some(pi) => format!("socket:[{pi}]{}", outside_holders(pi, tree_pids)),
+                    None => "not a socket of this machine's network namespace".into(),
+                };
+                return Err(refuse(
+                    tree.files[*i].id,
+                    *ino,
+                    format!(
+                        "TCP connection {} -> {}: its other end ({whose}) is outside the tree. \
+                         Only connections whose both ends are in the tree can be checkpointed: \
+                         while the tree is away nothing on this machine would answer the other \
+                         end but with a reset, and Ferry does not lock the network to hold its \
+                         packets back",
+                        describe(local),
+                        describe(peer)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The inode of the TCP socket bound to `local` and connected to `peer`, from the network
+/// namespace of `pid` (/proc/PID/net/tcp and tcp6), if there is one.
+pub(super) fn tcp_inode_of(pid: i32, local: &SockAddr, peer: &SockAddr) -> Option<u64> {
+    // "0100007F:1F90": the address as the kernel's u32 words in hex, the port in hex.
+    let parse = |field: &str| -> Option<SockAddr> {
+        let (a, p) = field.split_once(':')?;
+        let port = u16::from_str_radix(p, 16).ok()?;
+        let words: Option<Vec<[u8; 4]>> = (0..a.len() / 8)
+            .map(|k| {
+                u32::from_str_radix(a.get(k * 8..k * 8 + 8)?, 16)
+                    .ok()
+                    .map(u32::to_ne_bytes)
+            })
+            .collect();
+        let bytes: Vec<u8> = words?.concat();
+        match bytes.len() {
+            4 => Some(SockAddr::Inet {
+                addr: bytes.try_into().ok()?,
+                port,
+            }),
+            16 => Some(SockAddr::Inet6 {
+                addr: bytes.try_into().ok()?,
+                port,
+                flowinfo: 0,
+                scope_id: 0,
+            }),
+            _ => None,
+        }
+    };
+    for table in ["net/tcp", "net/tcp6"] {
+        let Ok(text) = procfs::read(pid, table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() <= 9 {
+                continue;
+            }
+            let (Some(l), Some(r)) = (parse(cols[1]), parse(cols[2])) else {
+                continue;
+            };
+            if same_inet(&l, local) && same_inet(&r, peer) {
+                return cols[9].parse().ok().filter(|&ino| ino != 0);
+            }
+        }
+    }
+    None
+}
+
+/// Just before a captured tree is killed: puts every TCP connection its processes hold into
+/// repair mode, so that closing them sends nothing (no FIN, no reset) and leaves nothing
+/// behind (no TIME_WAIT): the other end (in the tree too, and dying with it) hears nothing,
+/// and the connection's addresses are free at once for the restore. Errors are logged: the
+/// tree dies anyway.
+pub fn silence_tcp_connections(pids: &[i32]) {
+    for &pid in pids {
+        let Ok(fds) = procfs::fds(pid) else {
+            continue;
+        };
+        let mut pfd = None;
+        for fd in fds {
+            let Ok(link) = procfs::readlink(pid, &format!("fd/{fd}")) else {
+                continue;
+            };
+            if !link.starts_with("socket:[") {
+                continue;
+            }
+            if pfd.is_none() {
+                match pidfd::pidfd_open(pid) {
+                    Ok(p) => pfd = Some(p),
+                    Err(_) => break,
+                }
+            }
+            let Some(p) = pfd.as_ref() else { break };
+            let Ok(s) = pidfd::pidfd_getfd(p, fd) else {
+                continue;
+            };
+            let s = s.as_raw_fd();
+            let tcp = sk::getsockopt_int(s, SOL_SOCKET, libc::SO_PROTOCOL)
+                .is_ok_and(|p| p == libc::IPPROTO_TCP);
+            if !tcp {
+                continue;
+            }
+            let state = sk::getsockopt(s, IPPROTO_TCP, libc::TCP_INFO, 1)
+                .ok()
+                .and_then(|i| i.first().copied())
+                .unwrap_or(0);
+            if state == 0 || state == TCP_LISTEN || state == 7 {
+                continue;
+            }
+            if let Err(e) = sk::tcp_repair(s, sk::TCP_REPAIR_ON) {
+                log::warn!(
+                    "PID {pid}: fd {fd} ({link}): {e}: the connection may be reset or linger \
+                     when the tree dies"
+                );
+            }
+        }
+    }
+}
+
+pub(super) struct DeferredRepair {
+    /// A copy of the socket, in repair mode, with its options, neither bound nor connected.
+    pub(super) fd: OwnedFd,
+    pub(super) local: Vec<u8>,
+    pub(super) peer: Vec<u8>,
+    pub(super) conn: TcpConn,
+    /// The bytes received and not read.
+    pub(super) recv: Vec<u8>,
+    /// How many bytes at the start of `conn.send_queue` were sent (and not acknowledged).
+    pub(super) sent: usize,
+    pub(super) opts: Vec<SockOpt>,
+    /// SO_REUSEADDR as captured (leaving repair mode clears it).
+    pub(super) reuseaddr: i32,
+    /// SO_SNDBUF as captured (raised for a moment to send what was never sent).
+    pub(super) sndbuf: Option<i32>,
+    pub(super) what: String,
+}
+
+/// Runs an operation again while it fails because an address is still in use, until a deadline.
+pub(super) type Retry = dyn Fn(&dyn Fn() -> ferry_sys::SysResult<()>) -> ferry_sys::SysResult<()>;
+
+impl DeferredRepair {
+    /// Makes the connection in repair mode: its name (bound whoever holds the port: repair
+    /// mode forces it), its sequence numbers, connect (which sends nothing in repair mode;
+    /// through `retry`, while another socket still owns the four addresses), the options
+    /// negotiated, both queues and the window. Errors name the step.
+    pub(super) fn make(
+        &self,
+        retry: &Retry,
+    ) -> std::result::Result<(), (String, ferry_sys::SysError)> {
+        let f = self.fd.as_raw_fd();
+        let t = &self.conn;
+        let step = |what: &str| {
+            let what = what.to_string();
+            move |e: ferry_sys::SysError| (what, e)
+        };
+        sk::bind(f, &self.local).map_err(step("bind (in repair mode)"))?;
+        sk::tcp_repair_queue(f, sk::TCP_SEND_QUEUE).map_err(step("select the send queue"))?;
+        sk::set_tcp_queue_seq(f, t.send_seq).map_err(step("set the send sequence"))?;
+        sk::tcp_repair_queue(f, sk::TCP_RECV_QUEUE).map_err(step("select the receive queue"))?;
+        sk::set_tcp_queue_seq(f, t.recv_seq).map_err(step("set the receive sequence"))?;
+        if t.timestamps {
+            sk::setsockopt_int(f, IPPROTO_TCP, libc::TCP_TIMESTAMP, t.timestamp as i32)
+                .map_err(step("set TCP_TIMESTAMP"))?;
+        }
+        retry(&|| sk::connect(f, &self.peer)).map_err(step("connect (in repair mode)"))?;
+        let mut opts = vec![(sk::TCPOPT_MSS, t.mss_clamp)];
+        if let Some((snd, rcv)) = t.wscale {
+            opts.push((sk::TCPOPT_WINDOW, u32::from(snd) | (u32::from(rcv) << 16)));
+        }
+        if t.sack {
+            opts.push((sk::TCPOPT_SACK_PERM, 0));
+        }
+        if t.timestamps {
+            opts.push((sk::TCPOPT_TIMESTAMP, 0));
+        }
+        sk::tcp_repair_options(f, &opts).map_err(step("set the options negotiated"))?;
+        // The bytes received and not read: queued as if they had just arrived.
+        if !self.recv.is_empty() {
+            let want = (self.recv.len().saturating_mul(2) + (1 << 20)).min(i32::MAX as usize / 4);
+            let _ = sk::setsockopt_int(f, SOL_SOCKET, libc::SO_RCVBUFFORCE, want as i32);
+            sk::tcp_repair_queue(f, sk::TCP_RECV_QUEUE)
+                .map_err(step("select the receive queue"))?;
+            send_stream(f, &self.recv).map_err(step("refill the receive queue"))?;
+        }
+        // The bytes sent and not acknowledged: queued as sent (repair mode sends nothing; they
+        // go out again when the retransmission timer fires). The bytes never sent are sent
+        // for real when the connection leaves repair mode.
+        bump_sndbuf(f, t.send_queue.len());
+        if self.sent > 0 {
+            sk::tcp_repair_queue(f, sk::TCP_SEND_QUEUE).map_err(step("select the send queue"))?;
+            send_stream(f, &t.send_queue[..self.sent]).map_err(step("refill the send queue"))?;
+        }
+        sk::tcp_repair_queue(f, sk::TCP_NO_QUEUE).map_err(step("select no queue"))?;
+        // Buffers as they were (raised above to refill the queues).
+        apply_opts(f, &self.opts, true);
+        let w = sk::TcpRepairWindow {
+            snd_wl1: t.window.snd_wl1,
+            snd_wnd: t.window.snd_wnd,
+            max_window: t.window.max_window,
+            rcv_wnd: t.window.rcv_wnd,
+            rcv_wup: t.window.rcv_wup,
+        };
+        sk::set_tcp_repair_window(f, &w).map_err(step("set the window"))?;
+        Ok(())
+    }
+}
+
+/// Writes `data` into the queue of socket `f` that repair mode has selected.
+pub(super) fn send_stream(f: RawFd, data: &[u8]) -> ferry_sys::SysResult<()> {
+    let mut at = 0;
+    while at < data.len() {
+        let n = sk::send(f, &data[at..], None, &[], libc::MSG_DONTWAIT).map_err(|e| {
+            ferry_sys::SysError::new(
+                if at == 0 {
+                    "send"
+                } else {
+                    "send (part of the bytes done)"
+                },
+                e.errno,
+            )
+        })?;
+        if n == 0 {
+            return Err(ferry_sys::SysError::new("send (no progress)", libc::EAGAIN));
+        }
+        at += n;
+    }
+    Ok(())
+}
+
+pub(super) struct DeferredListen {
+    pub(super) fd: OwnedFd,
+    pub(super) backlog: i32,
+    pub(super) what: String,
+}
+
+impl<'a> Builder<'a> {
+    /// Makes the socket of an established TCP connection, with its options, in repair mode.
+    /// Everything that needs the connection's addresses (its name, its sequence numbers,
+    /// connect, the options negotiated, both queues and the window) waits for
+    /// [`Deferred::complete`]: while the tree is rebuilt, the original of a migration between
+    /// nodes of one machine still owns the connection's four addresses (a socket cannot be
+    /// connected, even in repair mode, where another is), and a socket bound to a listener's
+    /// port would keep that listener from listening. It leaves repair mode (and sends what was
+    /// never sent) once every connection of the tree is made.
+    pub(super) fn tcp_conn(&mut self, i: usize) -> Result<()> {
+        let s = self.sock(i);
+        let Some(t) = s.tcp.as_ref() else {
+            return Ok(());
+        };
+        let (Some(local), Some(peer)) = (s.local.as_ref(), s.peer.as_ref()) else {
+            return Err(self.err(i, "an established TCP connection without both addresses"));
+        };
+        let conn = format!("TCP connection {} -> {}", describe(local), describe(peer));
+        let e =
+            |what: &str, err: ferry_sys::SysError| self.err(i, format!("{conn}: {what}: {err}"));
+        let domain = match s.family {
+            SockFamily::Inet6 => libc::AF_INET6,
+            _ => libc::AF_INET,
+        };
+        let fd = sk::socket(domain, libc::SOCK_STREAM | NEW, libc::IPPROTO_TCP)
+            .map_err(|err| e("socket", err))?;
+        let f = fd.as_raw_fd();
+        // Options before repair mode: SO_REUSEADDR would undo the forced reuse it brings.
+        apply_opts(f, &s.opts, false);
+        sk::tcp_repair(f, sk::TCP_REPAIR_ON).map_err(|err| e("enter repair mode", err))?;
+        let dup = fd
+            .try_clone()
+            .map_err(|err| self.err(i, format!("{conn}: dup: {err}")))?;
+        self.fds[i] = Some(fd);
+        let sent = t.send_queue.len() - (t.unsent as usize).min(t.send_queue.len());
+        self.deferred.repairs.push(DeferredRepair {
+            fd: dup,
+            local: encode_addr(local),
+            peer: encode_addr(peer),
+            conn: (**t).clone(),
+            recv: s
+                .queue
+                .iter()
+                .flat_map(|m| m.data.iter().copied())
+                .collect(),
+            sent,
+            opts: s.opts.clone(),
+            reuseaddr: opt_int(s, SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0),
+            sndbuf: opt_int(s, SOL_SOCKET, libc::SO_SNDBUF),
+            what: format!("socket:[{}]: {conn}", s.ino),
+        });
+        Ok(())
+    }
+}
