@@ -58,11 +58,7 @@ struct Records<R: Read> {
 /// Nothing else is read: [`restore_with`] streams the rest.
 pub fn open<R: Read>(input: R) -> Result<OpenImage<R>> {
     let mut reader = ImageReader::new(input)?;
-    let tree = match reader.next_item()? {
-        Some(Item::Tree(t)) => *t,
-        _ => return Err(Error::BadImage("the first record is not the tree".into())),
-    };
-    validate(&tree)?;
+    let tree = reader.read_tree()?;
     Ok(OpenImage {
         tree,
         records: Records {
@@ -139,63 +135,14 @@ impl<R: Read> Records<R> {
     }
 }
 
-/// Checks that the tree refers only to things it holds. (Each record of memory is checked
-/// against the mappings as it arrives.)
+/// Checks a tree's consistency ([`ferry_image::validate`]), as [`open`] does.
 pub fn validate(t: &Tree) -> Result<()> {
-    let bad = |s: String| Err(Error::BadImage(s));
-    if t.processes.first().map(|p| p.pid) != Some(t.root_pid) {
-        return bad("the first process is not the root".into());
-    }
-    let mut seen = HashSet::new();
-    for p in &t.processes {
-        if p.pid <= 0 || !seen.insert(p.pid) {
-            return bad(format!("PID {} is invalid or repeated", p.pid));
-        }
-        if p.pid != t.root_pid && !seen.contains(&p.ppid) {
-            return bad(format!("PID {} comes before its parent {}", p.pid, p.ppid));
-        }
-        if p.zombie_status.is_some() {
-            continue;
-        }
-        if p.threads.first().map(|t| t.tid) != Some(p.pid) {
-            return bad(format!("PID {}: the first thread is not the leader", p.pid));
-        }
-        for th in &p.threads {
-            if th.gp_regs.len() != ferry_sys::regs::GP_REGS_WORDS {
-                return bad(format!(
-                    "PID {} thread {}: register set has the wrong size",
-                    p.pid, th.tid
-                ));
-            }
-            if th.tid != p.pid && !seen.insert(th.tid) {
-                return bad(format!("TID {} is repeated", th.tid));
-            }
-        }
-        let mut last_end = 0;
-        for v in &p.vmas {
-            if v.start >= v.end
-                || v.start < last_end
-                || v.start % ferry_sys::PAGE_SIZE != 0
-                || v.end % ferry_sys::PAGE_SIZE != 0
-            {
-                return bad(format!(
-                    "PID {}: mapping {:x}-{:x} is malformed or overlaps",
-                    p.pid, v.start, v.end
-                ));
-            }
-            last_end = v.end;
-        }
-        for fd in &p.fds {
-            if fd.fd < 0 || fd.file as usize >= t.files.len() {
-                return bad(format!(
-                    "PID {} fd {} refers to unknown file {}",
-                    p.pid, fd.fd, fd.file
-                ));
-            }
-        }
-    }
-    Ok(())
+    ferry_image::validate(t).map_err(Error::BadImage)
 }
+
+// The image's notion of registers and pages is the kernel's.
+const _: () = assert!(ferry_image::validate::GP_REGS_WORDS == ferry_sys::regs::GP_REGS_WORDS);
+const _: () = assert!(ferry_image::validate::PAGE_SIZE == ferry_sys::PAGE_SIZE);
 
 /// What is using a PID we need, for error messages.
 pub fn describe_pid(pid: i32) -> String {

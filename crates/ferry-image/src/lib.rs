@@ -12,12 +12,14 @@ pub mod model;
 pub mod sockets;
 pub mod stream;
 pub mod tty;
+pub mod validate;
 
 pub use anon_inodes::*;
 pub use model::*;
 pub use sockets::*;
 pub use stream::{ImageError, ImageReader, ImageWriter, Item, Record};
 pub use tty::{PtyState, Termios, TtyDesc};
+pub use validate::validate;
 
 /// The 8 bytes every image starts with.
 pub const MAGIC: [u8; 8] = *b"FERRYIMG";

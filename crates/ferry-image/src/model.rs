@@ -254,7 +254,10 @@ pub struct SigInfo(#[serde(with = "serde_bytes")] pub Vec<u8>);
 
 impl SigInfo {
     pub fn signo(&self) -> i32 {
-        i32::from_ne_bytes(self.0[0..4].try_into().unwrap_or([0; 4]))
+        self.0
+            .get(0..4)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, i32::from_ne_bytes)
     }
 }
 

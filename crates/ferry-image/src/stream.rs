@@ -31,6 +31,8 @@ pub enum ImageError {
     Checksum { index: u64, kind: &'static str },
     #[error("record {index}: {reason}")]
     Malformed { index: u64, reason: String },
+    #[error("image tree is inconsistent: {0}")]
+    Inconsistent(String),
     #[error("image I/O: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -322,6 +324,38 @@ impl<R: Read> ImageReader<R> {
     /// The byte source, positioned after what was read.
     pub fn into_inner(self) -> R {
         self.input
+    }
+
+    /// The tree: the first record of every image, read whole, checked against its checksum and
+    /// then for consistency ([`crate::validate`]). Everything that reads a tree from an image
+    /// (a restore, `ferry image show`) reads it with this, so that a crafted tree is refused
+    /// the same way everywhere, with an error naming what is wrong.
+    pub fn read_tree(&mut self) -> Result<Tree, ImageError> {
+        let index = self.index;
+        if index != 0 {
+            return Err(ImageError::Malformed {
+                index,
+                reason: "the tree is read only as the first record".into(),
+            });
+        }
+        match self.next_item()? {
+            Some(Item::Tree(t)) => {
+                crate::validate::validate(&t).map_err(ImageError::Inconsistent)?;
+                Ok(*t)
+            }
+            Some(other) => Err(ImageError::Malformed {
+                index,
+                reason: format!(
+                    "the first record is {}, not the tree",
+                    match other {
+                        Item::Pages { .. } => "pages",
+                        Item::Object { .. } => "an object",
+                        _ => "the end marker",
+                    }
+                ),
+            }),
+            None => Err(ImageError::Truncated("the stream has no tree".into())),
+        }
     }
 
     /// The next record, or `None` after the end marker. The data of a `pages` or `object`

@@ -31,6 +31,15 @@ pub enum InjectError {
         call: &'static str,
         errno: i32,
     },
+    #[error(
+        "thread {tid}: {len} bytes at offset {off} do not fit the {scratch_len}-byte scratch area"
+    )]
+    ScratchOverflow {
+        tid: i32,
+        off: u64,
+        len: u64,
+        scratch_len: u64,
+    },
     #[error("process {pid}: no `syscall` instruction found in its executable mappings")]
     NoSyscallInsn { pid: i32 },
 }
@@ -212,21 +221,32 @@ impl Injector {
         self.site.scratch + off
     }
 
+    /// Checks that `len` bytes at scratch offset `off` fit: what goes there may come from an
+    /// image (a path, a list of groups), and a crafted one is an error, not a panic.
+    fn fits(&self, off: u64, len: u64) -> Result<()> {
+        if off
+            .checked_add(len)
+            .is_none_or(|end| end > self.site.scratch_len)
+        {
+            return Err(InjectError::ScratchOverflow {
+                tid: self.tid,
+                off,
+                len,
+                scratch_len: self.site.scratch_len,
+            });
+        }
+        Ok(())
+    }
+
     pub fn write_scratch(&self, off: u64, bytes: &[u8]) -> Result<u64> {
-        assert!(
-            off + bytes.len() as u64 <= self.site.scratch_len,
-            "scratch overflow"
-        );
+        self.fits(off, bytes.len() as u64)?;
         let addr = self.site.scratch + off;
         self.mem.write_all(addr, bytes).map_err(|e| self.sys(e))?;
         Ok(addr)
     }
 
     pub fn read_scratch(&self, off: u64, len: usize) -> Result<Vec<u8>> {
-        assert!(
-            off + len as u64 <= self.site.scratch_len,
-            "scratch overflow"
-        );
+        self.fits(off, len as u64)?;
         let mut buf = vec![0u8; len];
         self.mem
             .read_exact(self.site.scratch + off, &mut buf)

@@ -222,6 +222,186 @@ fn bad_images_are_rejected() {
     v.assert_unharmed();
 }
 
+/// Writes an image of `tree` (perhaps with records before it) into a fresh directory.
+fn crafted_image(name: &str, tree: &ferry_image::Tree, pages_first: bool, trees: usize) -> PathBuf {
+    let d = scratch("cli", &format!("crafted-{name}"));
+    let f = std::fs::File::create(d.join(ferry_image::IMAGE_FILE)).unwrap();
+    let mut w = ferry_image::ImageWriter::new(f).unwrap();
+    if pages_first {
+        w.write_pages(tree.root_pid, 0x1000, &[1u8; 4096]).unwrap();
+    }
+    for _ in 0..trees {
+        w.write_tree(tree).unwrap();
+    }
+    w.finish().unwrap();
+    d
+}
+
+/// `ferry image show` reads and checks an image's tree as a restore does: an image that is
+/// well framed and checksummed but whose tree is inconsistent (a short register block, an fd
+/// naming a file the image does not hold ...) is refused by both, naming what is wrong, and
+/// never makes `ferry` panic.
+#[test]
+fn image_show_refuses_crafted_trees_as_restore_does() {
+    use ferry_image::*;
+    let pid = 2_000_000_000;
+    let good = Tree {
+        root_pid: pid,
+        processes: vec![Process {
+            pid,
+            threads: vec![Thread {
+                tid: pid,
+                gp_regs: vec![0; validate::GP_REGS_WORDS],
+                ..Default::default()
+            }],
+            fds: vec![Fd {
+                fd: 3,
+                file: 0,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        files: vec![FileDesc {
+            kind: FileKind::Pipe { pipe: 0 },
+            ..Default::default()
+        }],
+        pipes: vec![Pipe::default()],
+        ..Default::default()
+    };
+    let d = crafted_image("good", &good, false, 1);
+    let (ok, out, err) = ferry(&["image", "show", d.to_str().unwrap()]);
+    assert!(ok, "a consistent image was refused: {err}");
+    assert!(out.contains("fd   3 -> file#0 pipe#0"), "{out}");
+
+    let short_regs = {
+        let mut t = good.clone();
+        t.processes[0].threads[0].gp_regs.truncate(3);
+        t
+    };
+    let bad_fd = {
+        let mut t = good.clone();
+        t.processes[0].fds[0].file = 7;
+        t
+    };
+    let bad_pipe = {
+        let mut t = good.clone();
+        t.files[0].kind = FileKind::Pipe { pipe: 9 };
+        t
+    };
+    let short_siginfo = {
+        let mut t = good.clone();
+        t.processes[0].shared_pending = vec![SigInfo(vec![2])];
+        t
+    };
+    let cases = [
+        (
+            "short-regs",
+            crafted_image("short-regs", &short_regs, false, 1),
+            "register set has 3 words",
+        ),
+        (
+            "bad-fd",
+            crafted_image("bad-fd", &bad_fd, false, 1),
+            "fd 3 refers to unknown file 7",
+        ),
+        (
+            "bad-pipe",
+            crafted_image("bad-pipe", &bad_pipe, false, 1),
+            "unknown pipe 9",
+        ),
+        (
+            "short-siginfo",
+            crafted_image("short-siginfo", &short_siginfo, false, 1),
+            "siginfo has 1 bytes",
+        ),
+        (
+            "pages-first",
+            crafted_image("pages-first", &good, true, 1),
+            "not the tree",
+        ),
+        (
+            "two-trees",
+            crafted_image("two-trees", &good, false, 2),
+            "two tree records",
+        ),
+    ];
+    for (name, dir, want) in cases {
+        let dir = dir.to_str().unwrap();
+        let (ok, _, err) = ferry(&["image", "show", dir]);
+        assert!(!ok, "image show accepted the {name} image");
+        assert!(
+            !err.contains("panicked"),
+            "image show panicked on {name}: {err}"
+        );
+        assert!(
+            err.contains(want),
+            "image show, {name}: expected {want:?} in {err}"
+        );
+        if name == "two-trees" {
+            continue; // restore finds the second tree only once it has started building
+        }
+        let (ok, _, err) = ferry(&["restore", "--dir", dir]);
+        assert!(!ok, "restore accepted the {name} image");
+        assert!(
+            err.contains(want),
+            "restore, {name}: expected {want:?} in {err}"
+        );
+    }
+}
+
+/// Copies the image in `from` to `to`, its tree changed by `change`, every record after it as
+/// it was (checksums recomputed: the image is well formed, only what it says is hostile).
+fn rewrite_tree(from: &Path, to: &Path, change: impl FnOnce(&mut ferry_image::Tree)) {
+    use ferry_image::{ImageReader, ImageWriter, Record};
+    std::fs::create_dir_all(to).unwrap();
+    let src = std::fs::File::open(from.join(ferry_image::IMAGE_FILE)).unwrap();
+    let mut r = ImageReader::new(BufReader::new(src)).unwrap();
+    let dst = std::fs::File::create(to.join(ferry_image::IMAGE_FILE)).unwrap();
+    let mut w = ImageWriter::new(std::io::BufWriter::new(dst)).unwrap();
+    let mut tree = r.read_tree().unwrap();
+    change(&mut tree);
+    w.write_tree(&tree).unwrap();
+    while let Some(rec) = r.next_record().unwrap() {
+        match rec {
+            Record::Pages { pid, addr, data } => w.write_pages(pid, addr, &data).unwrap(),
+            Record::Object {
+                object,
+                offset,
+                data,
+            } => w.write_object(object, offset, &data).unwrap(),
+            Record::Tree(_) | Record::End { .. } => {}
+        }
+    }
+    w.finish().unwrap();
+}
+
+/// What a restore copies into a process's scratch page comes from the image: a working
+/// directory longer than the page is an error naming it, and the half-built tree is killed
+/// (it made the restore panic).
+#[test]
+fn an_image_path_longer_than_the_scratch_page_is_an_error() {
+    let v = Victim::start();
+    let d = scratch("cli", "long-path");
+    let good = d.join("good");
+    let (ok, _, err) = ferry(&[
+        "checkpoint",
+        &v.pid.to_string(),
+        "--dir",
+        good.to_str().unwrap(),
+        "--leave-running",
+    ]);
+    assert!(ok, "{err}");
+    let bad = d.join("bad");
+    rewrite_tree(&good, &bad, |t| {
+        t.processes[0].cwd = format!("/{}", "a".repeat(5000))
+    });
+    let (ok, _, err) = ferry(&["restore", "--dir", bad.to_str().unwrap(), "--pid-namespace"]);
+    assert!(!ok, "a 5000-byte working directory was restored");
+    assert!(!err.contains("panicked"), "restore panicked: {err}");
+    assert!(err.contains("do not fit the"), "{err}");
+    v.assert_unharmed();
+}
+
 fn wait_gone(pid: i32, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     while Path::new(&format!("/proc/{pid}")).exists() {

@@ -1,7 +1,8 @@
 //! `ferry image show DIR`: what an image holds, like CRIU's crit.
 
 use anyhow::{Context, Result};
-use ferry_image::{Backing, FileKind, ImageReader, Record};
+use ferry_image::validate::GP_REG_RIP;
+use ferry_image::{Backing, FileKind, ImageReader, Item};
 use std::io::BufReader;
 use std::path::PathBuf;
 
@@ -21,25 +22,35 @@ pub fn run(c: Command) -> Result<()> {
     let path = dir.join(ferry_image::IMAGE_FILE);
     let file =
         std::fs::File::open(&path).with_context(|| format!("open image {}", path.display()))?;
-    let mut r = ImageReader::new(BufReader::new(file))
-        .with_context(|| format!("read image {}", path.display()))?;
-    let mut tree = None;
+    let read = || format!("read image {}", path.display());
+    let mut r = ImageReader::new(BufReader::new(file)).with_context(read)?;
+    // The tree is read and checked as a restore reads and checks it: a crafted image is refused,
+    // naming what is wrong, before anything of it is printed.
+    let tree = r.read_tree().with_context(read)?;
     let mut page_bytes = std::collections::HashMap::<i32, u64>::new();
     let mut object_bytes = 0u64;
-    while let Some(rec) = r
-        .next_record()
-        .with_context(|| format!("read image {}", path.display()))?
-    {
-        match rec {
-            Record::Tree(t) => tree = Some(t),
-            Record::Pages { pid, data, .. } => {
-                *page_bytes.entry(pid).or_default() += data.len() as u64
+    // Data is read through one buffer and checked record by record, never held whole.
+    let mut buf = vec![0u8; 1 << 20];
+    let mut drain = |r: &mut ImageReader<_>, mut len: u64| -> Result<u64> {
+        let total = len;
+        while len > 0 {
+            let n = len.min(buf.len() as u64) as usize;
+            r.read_data(&mut buf[..n]).with_context(read)?;
+            len -= n as u64;
+        }
+        r.end_record().with_context(read)?;
+        Ok(total)
+    };
+    while let Some(item) = r.next_item().with_context(read)? {
+        match item {
+            Item::Tree(_) => anyhow::bail!("{}: the image has two tree records", read()),
+            Item::Pages { pid, len, .. } => {
+                *page_bytes.entry(pid).or_default() += drain(&mut r, len)?
             }
-            Record::Object { data, .. } => object_bytes += data.len() as u64,
-            Record::End { .. } => {}
+            Item::Object { len, .. } => object_bytes += drain(&mut r, len)?,
+            Item::End { .. } => {}
         }
     }
-    let tree = tree.context("image has no tree record")?;
     if json {
         return super::print_json(&tree);
     }
@@ -77,7 +88,11 @@ pub fn run(c: Command) -> Result<()> {
         for t in &p.threads {
             println!(
                 "  thread {} {:?} rip={:#x} sigmask={:#x} {:?}",
-                t.tid, t.comm, t.gp_regs[16], t.sigmask, t.syscall
+                t.tid,
+                t.comm,
+                t.gp_regs.get(GP_REG_RIP).copied().unwrap_or_default(),
+                t.sigmask,
+                t.syscall
             );
         }
         for v in &p.vmas {
@@ -101,7 +116,12 @@ pub fn run(c: Command) -> Result<()> {
             );
         }
         for fd in &p.fds {
-            let d = &tree.files[fd.file as usize];
+            let d = tree.files.get(fd.file as usize).with_context(|| {
+                format!(
+                    "PID {} fd {}: no file {} in the image",
+                    p.pid, fd.fd, fd.file
+                )
+            })?;
             let what = match &d.kind {
                 FileKind::Regular { path, ghost, .. } => format!(
                     "file {path}{}",

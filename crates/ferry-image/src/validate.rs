@@ -1,0 +1,302 @@
+//! The consistency of a tree read from an image. An image is data anyone could have written:
+//! everything that a reader (a restore, `ferry image show`) would index, slice or follow is
+//! checked here first, so that a crafted image is refused with an error naming what is wrong,
+//! never a panic.
+
+use crate::model::{Backing, FileKind, Tree};
+use std::collections::HashSet;
+
+/// Words in a thread's general registers (`user_regs_struct` on x86_64).
+pub const GP_REGS_WORDS: usize = 27;
+/// Index of the instruction pointer in the general registers.
+pub const GP_REG_RIP: usize = 16;
+/// Bytes in a raw `siginfo_t`.
+pub const SIGINFO_SIZE: usize = 128;
+/// Signals a process has handlers for (1..=64).
+pub const SIGNALS: usize = 64;
+/// Mappings start and end on pages of this size.
+pub const PAGE_SIZE: u64 = 4096;
+
+/// Checks that a tree is consistent: parents before children, unique PIDs and TIDs, register
+/// sets and siginfo records of the right size, mappings in order, and every reference (fd to
+/// file, file to pipe, shared memory object or deleted file, mapping to shared memory object
+/// or deleted file) pointing at something the tree holds. The error names the process, thread,
+/// fd, file or mapping.
+pub fn validate(t: &Tree) -> Result<(), String> {
+    match t.processes.first() {
+        None => return Err("the tree holds no process".into()),
+        Some(p) if p.pid != t.root_pid => {
+            return Err(format!(
+                "the first process (PID {}) is not the root (PID {})",
+                p.pid, t.root_pid
+            ))
+        }
+        Some(_) => {}
+    }
+    let shmem_ref = |what: String, id: u32| -> Result<(), String> {
+        if id as usize >= t.shmem.len() {
+            return Err(format!(
+                "{what} refers to unknown shared memory object {id} (the image has {})",
+                t.shmem.len()
+            ));
+        }
+        Ok(())
+    };
+    let ghost_ref = |what: String, id: u32| -> Result<(), String> {
+        if id as usize >= t.ghosts.len() {
+            return Err(format!(
+                "{what} refers to unknown deleted file {id} (the image has {})",
+                t.ghosts.len()
+            ));
+        }
+        Ok(())
+    };
+    let mut seen = HashSet::new();
+    for p in &t.processes {
+        if p.pid <= 0 || !seen.insert(p.pid) {
+            return Err(format!("PID {} is invalid or repeated", p.pid));
+        }
+        if p.pid != t.root_pid && !seen.contains(&p.ppid) {
+            return Err(format!("PID {} comes before its parent {}", p.pid, p.ppid));
+        }
+        if p.zombie_status.is_some() {
+            continue;
+        }
+        if p.threads.first().map(|t| t.tid) != Some(p.pid) {
+            return Err(format!("PID {}: the first thread is not the leader", p.pid));
+        }
+        for th in &p.threads {
+            if th.tid <= 0 || (th.tid != p.pid && !seen.insert(th.tid)) {
+                return Err(format!(
+                    "PID {}: TID {} is invalid or repeated",
+                    p.pid, th.tid
+                ));
+            }
+            if th.gp_regs.len() != GP_REGS_WORDS {
+                return Err(format!(
+                    "PID {} thread {}: register set has {} words, not {GP_REGS_WORDS}",
+                    p.pid,
+                    th.tid,
+                    th.gp_regs.len()
+                ));
+            }
+            if let Some(si) = th.pending.iter().find(|s| s.0.len() != SIGINFO_SIZE) {
+                return Err(format!(
+                    "PID {} thread {}: a pending signal's siginfo has {} bytes, not {SIGINFO_SIZE}",
+                    p.pid,
+                    th.tid,
+                    si.0.len()
+                ));
+            }
+        }
+        if let Some(si) = p.shared_pending.iter().find(|s| s.0.len() != SIGINFO_SIZE) {
+            return Err(format!(
+                "PID {}: a pending signal's siginfo has {} bytes, not {SIGINFO_SIZE}",
+                p.pid,
+                si.0.len()
+            ));
+        }
+        if p.sigactions.len() > SIGNALS {
+            return Err(format!(
+                "PID {}: {} signal handlers, more than the {SIGNALS} signals",
+                p.pid,
+                p.sigactions.len()
+            ));
+        }
+        let mut last_end = 0;
+        for v in &p.vmas {
+            if v.start >= v.end
+                || v.start < last_end
+                || v.start % PAGE_SIZE != 0
+                || v.end % PAGE_SIZE != 0
+            {
+                return Err(format!(
+                    "PID {}: mapping {:x}-{:x} is malformed or overlaps",
+                    p.pid, v.start, v.end
+                ));
+            }
+            last_end = v.end;
+            let what = || format!("PID {}: mapping {:x}-{:x}", p.pid, v.start, v.end);
+            match &v.backing {
+                Backing::Shmem { object } => shmem_ref(what(), *object)?,
+                Backing::File { ghost: Some(g), .. } => ghost_ref(what(), *g)?,
+                _ => {}
+            }
+        }
+        let mut fds = HashSet::new();
+        for fd in &p.fds {
+            if fd.fd < 0 || !fds.insert(fd.fd) {
+                return Err(format!(
+                    "PID {}: fd {} is invalid or repeated",
+                    p.pid, fd.fd
+                ));
+            }
+            if fd.file as usize >= t.files.len() {
+                return Err(format!(
+                    "PID {} fd {} refers to unknown file {} (the image has {})",
+                    p.pid,
+                    fd.fd,
+                    fd.file,
+                    t.files.len()
+                ));
+            }
+        }
+    }
+    for (i, d) in t.files.iter().enumerate() {
+        let what = || format!("file {i} (id {})", d.id);
+        match &d.kind {
+            FileKind::Pipe { pipe } if *pipe as usize >= t.pipes.len() => {
+                return Err(format!(
+                    "{} refers to unknown pipe {pipe} (the image has {})",
+                    what(),
+                    t.pipes.len()
+                ))
+            }
+            FileKind::Memfd { object } => shmem_ref(what(), *object)?,
+            FileKind::Regular { ghost: Some(g), .. } => ghost_ref(what(), *g)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::*;
+
+    fn good() -> Tree {
+        let thread = |tid| Thread {
+            tid,
+            gp_regs: vec![0; GP_REGS_WORDS],
+            ..Default::default()
+        };
+        Tree {
+            root_pid: 10,
+            processes: vec![
+                Process {
+                    pid: 10,
+                    threads: vec![thread(10), thread(11)],
+                    fds: vec![Fd {
+                        fd: 0,
+                        file: 0,
+                        ..Default::default()
+                    }],
+                    vmas: vec![Vma {
+                        start: 0x1000,
+                        end: 0x3000,
+                        backing: Backing::Shmem { object: 0 },
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+                Process {
+                    pid: 12,
+                    ppid: 10,
+                    threads: vec![thread(12)],
+                    ..Default::default()
+                },
+            ],
+            files: vec![FileDesc {
+                kind: FileKind::Pipe { pipe: 0 },
+                ..Default::default()
+            }],
+            pipes: vec![Pipe::default()],
+            shmem: vec![ShmemObject::default()],
+            ..Default::default()
+        }
+    }
+
+    fn refused(change: impl FnOnce(&mut Tree), words: &str) {
+        let mut t = good();
+        change(&mut t);
+        let e = validate(&t).expect_err("a bad tree was accepted");
+        assert!(e.contains(words), "error {e:?} does not say {words:?}");
+    }
+
+    #[test]
+    fn a_consistent_tree_is_accepted() {
+        validate(&good()).unwrap();
+    }
+
+    #[test]
+    fn every_bad_reference_is_named() {
+        refused(|t| t.processes.clear(), "no process");
+        refused(|t| t.root_pid = 12, "not the root");
+        refused(|t| t.processes[1].ppid = 99, "before its parent 99");
+        refused(|t| t.processes[1].pid = 10, "PID 10 is invalid or repeated");
+        refused(
+            |t| {
+                t.processes[0].threads.remove(0);
+            },
+            "not the leader",
+        );
+        refused(
+            |t| {
+                let th = t.processes[0].threads[1].clone();
+                t.processes[1].threads.push(th)
+            },
+            "TID 11",
+        );
+        refused(
+            |t| t.processes[0].threads[1].gp_regs.truncate(3),
+            "register set has 3 words",
+        );
+        refused(
+            |t| t.processes[0].threads[1].pending = vec![SigInfo(vec![1])],
+            "siginfo has 1 bytes",
+        );
+        refused(
+            |t| t.processes[0].shared_pending = vec![SigInfo(vec![0; 200])],
+            "siginfo has 200 bytes",
+        );
+        refused(
+            |t| t.processes[0].sigactions = vec![SigAction::default(); 65],
+            "65 signal handlers",
+        );
+        refused(|t| t.processes[0].vmas[0].end = 0x1800, "malformed");
+        refused(
+            |t| t.processes[0].vmas[0].backing = Backing::Shmem { object: 5 },
+            "unknown shared memory object 5",
+        );
+        refused(
+            |t| {
+                t.processes[0].vmas[0].backing = Backing::File {
+                    path: "/x".into(),
+                    dev: 0,
+                    ino: 0,
+                    size: 0,
+                    ghost: Some(0),
+                }
+            },
+            "unknown deleted file 0",
+        );
+        refused(|t| t.processes[0].fds[0].file = 7, "unknown file 7");
+        refused(
+            |t| {
+                let dup = t.processes[0].fds[0].clone();
+                t.processes[0].fds.push(dup)
+            },
+            "fd 0 is invalid or repeated",
+        );
+        refused(|t| t.processes[0].fds[0].fd = -1, "fd -1");
+        refused(
+            |t| t.files[0].kind = FileKind::Pipe { pipe: 3 },
+            "unknown pipe 3",
+        );
+        refused(
+            |t| t.files[0].kind = FileKind::Memfd { object: 1 },
+            "unknown shared memory object 1",
+        );
+        refused(
+            |t| {
+                t.files[0].kind = FileKind::Regular {
+                    path: "/x".into(),
+                    size: 0,
+                    ghost: Some(2),
+                }
+            },
+            "unknown deleted file 2",
+        );
+    }
+}
