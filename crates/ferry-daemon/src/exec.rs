@@ -667,7 +667,9 @@ impl Program {
         let Some(cmd) = spec.argv.first() else {
             return Err(fail(125, "no command given".into()));
         };
-        let path = resolve(cmd, &spec.env, &spec.cwd).map_err(|(c, m)| fail(c, m))?;
+        // Where the program may be; the child looks, as the caller (the daemon never tells a
+        // caller whether a file it cannot reach exists).
+        let (candidates, search) = candidates(cmd, &spec.env).map_err(|(c, m)| fail(c, m))?;
         let cstr = |s: &str, what: &str| {
             CString::new(s).map_err(|_| fail(125, format!("{what} contains a NUL byte")))
         };
@@ -726,8 +728,14 @@ impl Program {
             master = None;
         }
         let s = Spawn {
-            path: CString::new(path.as_os_str().as_encoded_bytes())
-                .map_err(|_| fail(125, "the command contains a NUL byte".into()))?,
+            candidates: candidates
+                .iter()
+                .map(|p| {
+                    CString::new(p.as_os_str().as_encoded_bytes())
+                        .map_err(|_| fail(125, "the command contains a NUL byte".into()))
+                })
+                .collect::<Result<_, _>>()?,
+            search,
             argv,
             envp,
             cwd: cstr(&spec.cwd, "the directory")?,
@@ -757,7 +765,7 @@ impl Program {
                     let node = node.clone();
                     tokio::spawn(async move { node.reaper.wait(e.pid).await });
                 }
-                return Err(spawn_failure(&e, cmd, &path, spec, &here));
+                return Err(spawn_failure(&e, cmd, &candidates, spec, &here));
             }
         };
         drop((child_in, child_out, child_err));
@@ -778,16 +786,27 @@ fn pipe_out() -> io::Result<(Reader, OwnedFd)> {
     Ok((reader(r)?, w))
 }
 
-fn spawn_failure(e: &SpawnError, cmd: &str, path: &Path, spec: &RunSpec, here: &str) -> Failure {
+fn spawn_failure(
+    e: &SpawnError,
+    cmd: &str,
+    candidates: &[PathBuf],
+    spec: &RunSpec,
+    here: &str,
+) -> Failure {
     let err = io::Error::from_raw_os_error(e.errno);
-    let (exit_code, what) = match e.step {
-        Step::Exec if e.errno == libc::ENOENT => (127, format!("{cmd}: {err}")),
-        Step::Exec => (126, format!("cannot execute {}: {err}", path.display())),
-        Step::Cwd => (
+    let path = e.candidate.and_then(|i| candidates.get(i));
+    let (exit_code, what) = match (e.step, path) {
+        (Step::Exec, None) => (127, format!("{cmd}: command not found")),
+        (Step::Exec, Some(_)) if e.errno == libc::ENOENT || e.errno == libc::ENOTDIR => {
+            (127, format!("{cmd}: {err}"))
+        }
+        (Step::Exec, Some(_)) if e.errno == libc::EISDIR => (126, format!("{cmd}: Is a directory")),
+        (Step::Exec, Some(p)) => (126, format!("cannot execute {}: {err}", p.display())),
+        (Step::Cwd, _) => (
             125,
             format!("cannot change to directory {}: {err}", spec.cwd),
         ),
-        step => (
+        (step, _) => (
             125,
             format!(
                 "cannot start {cmd} as uid {} gid {}: {}: {err}",
@@ -803,40 +822,25 @@ fn spawn_failure(e: &SpawnError, cmd: &str, path: &Path, spec: &RunSpec, here: &
     }
 }
 
-/// Finds `cmd` as a shell would: a name with a slash as is (relative to `cwd`), any other in
-/// the caller's PATH. Err: (exit code, message): 127 not found, 126 found but not executable.
-fn resolve(cmd: &str, env: &[(String, String)], cwd: &str) -> Result<PathBuf, (i32, String)> {
-    use std::os::unix::fs::PermissionsExt;
-    let cwd = Path::new(cwd);
+/// Where `cmd` may be, as a shell would look: a name with a slash is itself (relative to the
+/// cwd); any other is looked for in each directory of the caller's PATH in turn (the `bool`:
+/// a search). The child looks, as the caller. Err: (exit code, message).
+fn candidates(cmd: &str, env: &[(String, String)]) -> Result<(Vec<PathBuf>, bool), (i32, String)> {
     if cmd.is_empty() {
         return Err((127, "'': command not found".into()));
     }
     if cmd.contains('/') {
-        return match std::fs::metadata(cwd.join(cmd)) {
-            Ok(m) if m.is_dir() => Err((126, format!("{cmd}: Is a directory"))),
-            Ok(_) => Ok(PathBuf::from(cmd)),
-            Err(e) => Err((127, format!("{cmd}: {e}"))),
-        };
+        return Ok((vec![PathBuf::from(cmd)], false));
     }
     let path = env
         .iter()
         .find(|(k, _)| k == "PATH")
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
-    let mut not_executable = None;
-    for dir in path.split(':') {
-        let candidate = Path::new(if dir.is_empty() { "." } else { dir }).join(cmd);
-        match std::fs::metadata(cwd.join(&candidate)) {
-            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(candidate),
-            Ok(m) if m.is_file() => {
-                not_executable.get_or_insert(candidate);
-            }
-            _ => {}
-        }
-    }
-    match not_executable {
-        Some(p) => Err((126, format!("{}: Permission denied", p.display()))),
-        None => Err((127, format!("{cmd}: command not found"))),
-    }
+    let dirs = path
+        .split(':')
+        .map(|dir| Path::new(if dir.is_empty() { "." } else { dir }).join(cmd))
+        .collect();
+    Ok((dirs, true))
 }
 
 fn command_line(argv: &[String]) -> String {
@@ -954,16 +958,16 @@ mod tests {
     }
 
     #[test]
-    fn resolves_like_a_shell() {
-        let env = vec![("PATH".to_string(), "/nonexistent:/bin:/usr/bin".to_string())];
-        assert!(resolve("sh", &env, "/").unwrap().ends_with("sh"));
-        assert_eq!(
-            resolve("surely-no-such-command", &env, "/").unwrap_err().0,
-            127
-        );
-        // Not executable: execve says so (126) when it is tried.
-        assert!(resolve("/etc/passwd", &env, "/").is_ok());
-        assert_eq!(resolve("/etc", &env, "/").unwrap_err().0, 126);
-        assert_eq!(resolve("./nope", &env, "/").unwrap_err().0, 127);
+    fn looks_like_a_shell() {
+        let env = vec![("PATH".to_string(), "/nonexistent::/bin".to_string())];
+        let (c, search) = candidates("sh", &env).unwrap();
+        assert!(search);
+        assert_eq!(c, ["/nonexistent/sh", "./sh", "/bin/sh"].map(PathBuf::from));
+        let (c, search) = candidates("./x/y", &env).unwrap();
+        assert!(!search);
+        assert_eq!(c, [PathBuf::from("./x/y")]);
+        assert_eq!(candidates("", &env).unwrap_err().0, 127);
+        let (c, _) = candidates("ls", &[]).unwrap();
+        assert_eq!(c.len(), DEFAULT_PATH.split(':').count());
     }
 }

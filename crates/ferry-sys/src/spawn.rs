@@ -4,11 +4,14 @@
 //! [`spawn`] forks from a multi-threaded daemon, so the child makes only async-signal-safe calls
 //! between fork and execve: everything that allocates (argument vectors, the resolved path) is
 //! prepared before the fork. The child gets a new session, optionally a controlling terminal,
-//! its stdio, rlimits, supplementary groups, gid and uid, a parent-death signal, its cwd (entered
-//! as the new user, so access is checked as that user), umask, signal dispositions and mask, and
-//! then executes. A failure before execve reaches the parent as (step, errno) through a
-//! close-on-exec pipe; the child then exits with 127. The child is never waited for here: the
-//! caller's reaper collects every exit status.
+//! its stdio, then drops to the new user (supplementary groups, gid, uid) before it does
+//! anything on the user's behalf: its rlimits are set as the user (a hard limit above the one it
+//! inherited is refused, as it would be for the user), its cwd is entered and its program found
+//! and executed as the user (a PATH search never tells the user whether a file it cannot reach
+//! exists). Then a parent-death signal, umask, signal dispositions and mask, and execve. A
+//! failure before execve reaches the parent as (step, errno, candidate) through a close-on-exec
+//! pipe; the child then exits with 127. The child is never waited for here: the caller's reaper
+//! collects every exit status.
 
 use crate::{check, SysError, SysResult};
 use std::ffi::CString;
@@ -18,8 +21,14 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 /// Everything the child needs, prepared before the fork.
 #[derive(Debug, Clone)]
 pub struct Spawn {
-    /// The file to execute (already resolved against PATH by the caller).
-    pub path: CString,
+    /// Where the program may be, tried in order by the child once it is the new user and in
+    /// `cwd` (relative names are relative to it): the first that is a regular file is executed.
+    pub candidates: Vec<CString>,
+    /// The candidates are a PATH search, as a shell makes it: one that does not exist, or
+    /// cannot be reached by the user, is skipped; one that exists but cannot be executed is
+    /// remembered and the search goes on (it is the error if nothing else is found). Otherwise
+    /// there is one candidate (a name with a slash) and its error is the error.
+    pub search: bool,
     pub argv: Vec<CString>,
     /// `NAME=value` strings.
     pub envp: Vec<CString>,
@@ -28,7 +37,8 @@ pub struct Spawn {
     pub gid: u32,
     pub groups: Vec<u32>,
     pub umask: u32,
-    /// (resource, soft, hard), set before the uid changes (so they may exceed ours).
+    /// (resource, soft, hard), set after the uid changes: as the user, who cannot raise a hard
+    /// limit above the one the child inherits.
     pub rlimits: Vec<(u32, u64, u64)>,
     /// The descriptors that become the child's 0, 1 and 2.
     pub stdio: [RawFd; 3],
@@ -49,10 +59,10 @@ pub enum Step {
     Session,
     Stdio,
     ControllingTty,
-    Rlimit,
     Groups,
     Gid,
     Uid,
+    Rlimit,
     ParentDeath,
     Cwd,
     Umask,
@@ -65,10 +75,10 @@ const STEPS: [Step; 13] = [
     Step::Session,
     Step::Stdio,
     Step::ControllingTty,
-    Step::Rlimit,
     Step::Groups,
     Step::Gid,
     Step::Uid,
+    Step::Rlimit,
     Step::ParentDeath,
     Step::Cwd,
     Step::Umask,
@@ -106,6 +116,8 @@ pub struct SpawnError {
     pub errno: i32,
     /// The child that failed (it exits with 127 and must still be reaped), or 0 if none was made.
     pub pid: i32,
+    /// For [`Step::Exec`]: the candidate the error is about (none: nothing was found).
+    pub candidate: Option<usize>,
 }
 
 impl fmt::Display for SpawnError {
@@ -133,6 +145,7 @@ pub fn spawn(s: &Spawn) -> Result<i32, SpawnError> {
         step,
         errno,
         pid: 0,
+        candidate: None,
     };
     let mut argv: Vec<*const libc::c_char> = s.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
@@ -154,7 +167,7 @@ pub fn spawn(s: &Spawn) -> Result<i32, SpawnError> {
         child(s, &argv, &envp, &groups, parent, err_w.as_raw_fd());
     }
     drop(err_w);
-    let mut buf = [0u8; 5];
+    let mut buf = [0u8; 9];
     let mut got = 0;
     while got < buf.len() {
         // SAFETY: reading into the unfilled tail of a local buffer.
@@ -181,12 +194,21 @@ pub fn spawn(s: &Spawn) -> Result<i32, SpawnError> {
         return Ok(pid);
     }
     let step = STEPS.get(buf[0] as usize).copied().unwrap_or(Step::Exec);
-    let errno = if got == 5 {
-        i32::from_ne_bytes([buf[1], buf[2], buf[3], buf[4]])
+    let (errno, candidate) = if got == buf.len() {
+        let at = u32::from_ne_bytes([buf[5], buf[6], buf[7], buf[8]]);
+        (
+            i32::from_ne_bytes([buf[1], buf[2], buf[3], buf[4]]),
+            (at != u32::MAX).then_some(at as usize),
+        )
     } else {
-        libc::EIO
+        (libc::EIO, None)
     };
-    Err(SpawnError { step, errno, pid })
+    Err(SpawnError {
+        step,
+        errno,
+        pid,
+        candidate,
+    })
 }
 
 /// The child between fork and execve. Never returns.
@@ -198,17 +220,18 @@ fn child(
     parent: i32,
     err_w: RawFd,
 ) -> ! {
-    let fail = |step: Step| -> ! {
-        let e = errno();
-        let mut msg = [0u8; 5];
+    let report = |step: Step, e: i32, candidate: u32| -> ! {
+        let mut msg = [0u8; 9];
         msg[0] = step.code();
-        msg[1..].copy_from_slice(&e.to_ne_bytes());
+        msg[1..5].copy_from_slice(&e.to_ne_bytes());
+        msg[5..9].copy_from_slice(&candidate.to_ne_bytes());
         // SAFETY: write(2) and _exit(2) are async-signal-safe; msg is a local buffer.
         unsafe {
             libc::write(err_w, msg.as_ptr().cast(), msg.len());
             libc::_exit(127)
         }
     };
+    let fail = |step: Step| -> ! { report(step, errno(), u32::MAX) };
 
     // SAFETY: setsid takes no arguments.
     if unsafe { libc::setsid() } < 0 {
@@ -236,13 +259,24 @@ fn child(
             fail(Step::ControllingTty);
         }
     }
+    // Every limit is first only lowered where the caller asks for less, which grants nothing
+    // (so that the uid change below counts the user's processes against the RLIMIT_NPROC it
+    // asks for, as a login would); it is set exactly, as the user, after the change.
     for &(resource, cur, max) in &s.rlimits {
-        let lim = libc::rlimit64 {
-            rlim_cur: cur,
-            rlim_max: max,
+        let mut old = libc::rlimit64 {
+            rlim_cur: 0,
+            rlim_max: 0,
         };
-        // SAFETY: lim is a valid in-pointer; old is null.
-        if unsafe { libc::prlimit64(0, resource as _, &lim, std::ptr::null_mut()) } < 0 {
+        // SAFETY: a null new limit only reads the old one into a valid local.
+        if unsafe { libc::prlimit64(0, resource as _, std::ptr::null(), &mut old) } < 0 {
+            fail(Step::Rlimit);
+        }
+        let lower = libc::rlimit64 {
+            rlim_cur: cur.min(old.rlim_cur).min(max),
+            rlim_max: max.min(old.rlim_max),
+        };
+        // SAFETY: lower is a valid in-pointer; old is null.
+        if unsafe { libc::prlimit64(0, resource as _, &lower, std::ptr::null_mut()) } < 0 {
             fail(Step::Rlimit);
         }
     }
@@ -260,6 +294,17 @@ fn child(
     // SAFETY: plain integer arguments.
     if unsafe { libc::setresuid(s.uid, s.uid, s.uid) } < 0 {
         fail(Step::Uid);
+    }
+    // From here on the child is the user: what follows is done with its rights only.
+    for &(resource, cur, max) in &s.rlimits {
+        let lim = libc::rlimit64 {
+            rlim_cur: cur,
+            rlim_max: max,
+        };
+        // SAFETY: lim is a valid in-pointer; old is null.
+        if unsafe { libc::prlimit64(0, resource as _, &lim, std::ptr::null_mut()) } < 0 {
+            fail(Step::Rlimit);
+        }
     }
     if s.parent_death_signal != 0 {
         // Set after the uid change, which clears it.
@@ -330,10 +375,47 @@ fn child(
             libc::CLOSE_RANGE_CLOEXEC,
         )
     };
-    // SAFETY: path, argv and envp are NUL-terminated strings and NULL-terminated arrays built
-    // before the fork, alive for the whole call.
-    unsafe { libc::execve(s.path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-    fail(Step::Exec)
+    // The program is looked for as the user, as a shell would (execvp's rules): a directory
+    // the user cannot search hides what is in it.
+    let mut denied: Option<(u32, i32)> = None;
+    for (i, path) in s.candidates.iter().enumerate() {
+        let at = i as u32;
+        // SAFETY: path is a NUL-terminated string made before the fork; st is a local,
+        // zeroed (valid) stat buffer; stat(2) is async-signal-safe.
+        let (r, mode) = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            let r = libc::stat(path.as_ptr(), &mut st);
+            (r, st.st_mode & libc::S_IFMT)
+        };
+        if r < 0 {
+            if s.search {
+                continue;
+            }
+            report(Step::Exec, errno(), at);
+        }
+        if mode == libc::S_IFDIR {
+            if s.search {
+                continue;
+            }
+            report(Step::Exec, libc::EISDIR, at);
+        }
+        if mode != libc::S_IFREG && s.search {
+            continue;
+        }
+        // SAFETY: path, argv and envp are NUL-terminated strings and NULL-terminated arrays
+        // built before the fork, alive for the whole call.
+        unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+        let e = errno();
+        if s.search && e == libc::EACCES {
+            denied.get_or_insert((at, e));
+            continue;
+        }
+        report(Step::Exec, e, at);
+    }
+    match denied {
+        Some((at, e)) => report(Step::Exec, e, at),
+        None => report(Step::Exec, libc::ENOENT, u32::MAX),
+    }
 }
 
 /// A new pseudo-terminal: (master, slave), both close-on-exec, the slave not yet anyone's

@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 /// Set in the environment of this binary re-run as another user: it then only sends a forged
 /// `Run` to the daemon socket named here and prints the answer.
 const FORGE: &str = "FERRY_TEST_FORGE_SOCKET";
+/// Set as well: the forged `Run` claims the forger's own identity, with one hard rlimit
+/// raised above the forger's own ("raise") or RLIMIT_NPROC lowered to 0 ("nproc").
+const FORGE_RLIMIT: &str = "FERRY_TEST_FORGE_RLIMIT";
 
 fn main() {
     if let Some(sock) = std::env::var_os(FORGE) {
@@ -42,7 +45,7 @@ fn main() {
         Some(Arc::new(Cluster::up("remote-exec", 3)))
     };
     type Test = fn(&Cluster) -> Result<(), Failed>;
-    let tests: [(&str, Test); 18] = [
+    let tests: [(&str, Test); 19] = [
         ("exit_codes", exit_codes),
         ("death_by_signal", death_by_signal),
         ("many_short_runs", many_short_runs),
@@ -53,6 +56,7 @@ fn main() {
         ("stderr_apart_from_stdout", stderr_apart),
         ("cwd_env_umask_rlimits", cwd_env_umask_rlimits),
         ("non_root_runs_as_itself_only", non_root),
+        ("non_root_finds_and_limits_as_itself", non_root_rights),
         ("signals_reach_the_program", signals),
         ("terminal_gets_a_pty", terminal),
         ("auto_and_acceptance", auto_and_acceptance),
@@ -556,7 +560,116 @@ fn non_root(c: &Cluster) -> Result<(), Failed> {
     )
 }
 
-/// The forger: claims uid 0 from an unprivileged process.
+/// Over there, the caller's program is looked for, and its rlimits set, with the caller's rights
+/// only. A command in a directory the caller cannot search gets the same answer as one that
+/// does not exist (the daemon looked for it as root, and said it could not execute
+/// /root-only/cmd); a forged `Run` asking for a hard limit above the caller's is refused (the
+/// daemon set it as root).
+fn non_root_rights(c: &Cluster) -> Result<(), Failed> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("remote_exec", "root-only");
+    let secret = dir.join("secret");
+    std::fs::create_dir_all(&secret).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let cmd = secret.join("ferry-secret-cmd");
+    std::fs::write(&cmd, "#!/bin/sh\necho leaked\n").unwrap();
+    std::fs::set_permissions(&cmd, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", secret.display());
+    let nobody_runs = |args: &[&str]| {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=+dac_override",
+            "--ambient-caps=+dac_override",
+            FERRY,
+            "run",
+            "--on",
+            "b",
+            "--",
+        ])
+        .args(args)
+        .env("PATH", &path)
+        .current_dir("/")
+        .stdin(Stdio::null());
+        as_on_a(c, &mut cmd).output().unwrap()
+    };
+    // (command, the same command's answer once its name is replaced by X)
+    let answer = |o: &Output, name: &str| {
+        (
+            o.status.code(),
+            text(&o.stdout).replace(name, "X"),
+            text(&o.stderr).replace(name, "X"),
+        )
+    };
+    let hidden = nobody_runs(&["ferry-secret-cmd"]);
+    let missing = nobody_runs(&["ferry-missing-cmd"]);
+    check(
+        hidden.status.code() == Some(127)
+            && answer(&hidden, "ferry-secret-cmd") == answer(&missing, "ferry-missing-cmd"),
+        || {
+            format!(
+                "a command in a root-only directory: {}\na missing one: {}",
+                describe(&hidden),
+                describe(&missing)
+            )
+        },
+    )?;
+    let hidden_path = cmd.to_str().unwrap().to_string();
+    let missing_path = secret
+        .join("ferry-missing-cmd")
+        .to_str()
+        .unwrap()
+        .to_string();
+    let hidden = nobody_runs(&[&hidden_path]);
+    let missing = nobody_runs(&[&missing_path]);
+    check(
+        hidden.status.code() == Some(126)
+            && answer(&hidden, &hidden_path) == answer(&missing, &missing_path),
+        || {
+            format!(
+                "a path into a root-only directory: {}\na missing one: {}",
+                describe(&hidden),
+                describe(&missing)
+            )
+        },
+    )?;
+    // A forged `Run`, as the caller, asking for a hard limit above its own.
+    let forged = |how: &str| {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=+dac_override",
+            "--ambient-caps=+dac_override",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .env(FORGE, c.dir.join("a").join("ferry.sock"))
+        .env(FORGE_RLIMIT, how);
+        cmd.output().unwrap()
+    };
+    let o = forged("raise");
+    check(
+        text(&o.stdout).contains("RunFailed")
+            && text(&o.stdout).contains("exit_code: 125")
+            && text(&o.stdout).contains("set resource limits: Operation not permitted"),
+        || describe(&o),
+    )?;
+    // RLIMIT_NPROC counts the caller's processes as the program starts there, as a login
+    // would: with a limit of 0 (the forger is a process of the caller already), it may not start.
+    let o = forged("nproc");
+    check(
+        text(&o.stdout).contains("RunFailed")
+            && text(&o.stdout).contains("exit_code: 126")
+            && text(&o.stdout).contains("Resource temporarily unavailable"),
+        || describe(&o),
+    )
+}
+
+/// The forger: claims uid 0 from an unprivileged process (or, with [`FORGE_RLIMIT`], its own
+/// identity with a hard limit raised).
 fn forge(sock: &Path) {
     use ferry_transport::message::RunSpec;
     use ferry_transport::{read_msg, write_msg, Msg};
@@ -566,15 +679,47 @@ fn forge(sock: &Path) {
         .unwrap();
     let answer = rt.block_on(async {
         let mut s = tokio::net::UnixStream::connect(sock).await.unwrap();
+        let how = std::env::var(FORGE_RLIMIT).ok();
+        let raise = how.is_some();
+        let (uid, gid, groups) = if raise {
+            ferry_sys::spawn::ids().unwrap()
+        } else {
+            (0, 0, vec![])
+        };
+        let mut rlimits = vec![];
+        if raise {
+            // A limit whose hard value is finite here, one above it (NOFILE only up to
+            // nr_open, which binds even root).
+            let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let (r, hard) = [
+                libc::RLIMIT_RTPRIO,
+                libc::RLIMIT_NICE,
+                libc::RLIMIT_MEMLOCK,
+                libc::RLIMIT_NOFILE,
+            ]
+            .into_iter()
+            .map(|r| (r, ferry_sys::fdops::get_rlimit(0, r).unwrap().1))
+            .find(|&(r, h)| h != libc::RLIM_INFINITY && (r != libc::RLIMIT_NOFILE || h < nr_open))
+            .expect("a finite hard limit to raise");
+            rlimits.push(if how.as_deref() == Some("nproc") {
+                (libc::RLIMIT_NPROC, 0, 0)
+            } else {
+                (r, hard + 1, hard + 1)
+            });
+        }
         let spec = RunSpec {
             argv: vec!["id".into()],
             env: vec![],
             cwd: "/".into(),
             umask: 0o22,
-            uid: 0,
-            gid: 0,
-            groups: vec![],
-            rlimits: vec![],
+            uid,
+            gid,
+            groups,
+            rlimits,
             tty: None,
             home_node: String::new(),
             home_pid: std::process::id() as i32,
