@@ -7,7 +7,9 @@ use crate::error::{Error, Result};
 use crate::procfs;
 use std::collections::{HashMap, HashSet};
 
-const TCP_ESTABLISHED: u8 = 1;
+/// TCP states a connection can be moved in (tcp_states.h): ESTABLISHED, FIN_WAIT1, FIN_WAIT2,
+/// CLOSE_WAIT, LAST_ACK, CLOSING; not SYN_SENT or SYN_RECV (still opening).
+const TCP_MOVABLE: [u8; 6] = [1, 4, 5, 8, 9, 11];
 
 /// The tree rooted at `root`: every process, parents first.
 fn tree(root: i32) -> Result<Vec<i32>> {
@@ -181,8 +183,9 @@ pub fn check(root: i32) -> Result<()> {
             }
         }
     }
-    // An established connection moves when both its ends are in the tree (the copy makes it
-    // again, silently, once the original is gone); the capture checks it again, exactly.
+    // A connection (established, half-closed or closing) moves when both its ends are in the
+    // tree (the copy makes it again, silently, once the original is gone, and sends its FINs
+    // again); the capture checks it again, exactly.
     let Some(&first) = pids.first() else {
         return Ok(());
     };
@@ -208,11 +211,11 @@ pub fn check(root: i32) -> Result<()> {
             table_addr(&t.local),
             table_addr(&t.remote)
         );
-        if t.state != TCP_ESTABLISHED {
+        if !TCP_MOVABLE.contains(&t.state) {
             return Err(refuse(
                 *pid,
                 what,
-                "a TCP connection that is opening or closing cannot be moved yet",
+                "a TCP connection that is still being opened cannot be moved yet",
             ));
         }
         if !ends.contains_key(&(t.remote.as_str(), t.local.as_str())) {

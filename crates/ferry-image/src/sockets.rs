@@ -33,13 +33,18 @@ pub struct SocketDesc {
     /// whose peer closed without reading everything.
     #[serde(default)]
     pub error: i32,
-    /// For an established TCP connection (`state` is `Connected`, `queue` holds the bytes
-    /// received and not yet read): what TCP repair mode needs to make it again.
+    /// For a TCP connection, established or half-closed (`state` is `Connected`, `queue` holds
+    /// the bytes received and not yet read): what TCP repair mode needs to make it again. For
+    /// TCP `shutdown` says what this end has shut down (`read`: shutdown(SHUT_RD) here or the
+    /// other end's FIN; `write`: this end's FIN, see `TcpConn::fin_sent`).
     #[serde(default)]
     pub tcp: Option<Box<TcpConn>>,
 }
 
-/// An established TCP connection, as TCP repair mode reads it (tcp(7), TCP_REPAIR).
+/// A TCP connection, as TCP repair mode reads it (tcp(7), TCP_REPAIR): established, or on its
+/// way to closing (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT, CLOSING, LAST_ACK). The sequence numbers
+/// leave out the FINs (each takes one): a connection is made again as established, and its
+/// FINs are sent again, for real, when the tree is about to run.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
 pub struct TcpConn {
     /// Sequence number of the first byte of `send_queue` (the oldest byte not acknowledged).
@@ -62,6 +67,18 @@ pub struct TcpConn {
     pub timestamp: u32,
     /// TCP_REPAIR_WINDOW.
     pub window: TcpWindow,
+    /// This end has sent (or queued, after `send_queue`) its FIN: shutdown(SHUT_WR), or
+    /// FIN_WAIT1, FIN_WAIT2, CLOSING, LAST_ACK. Sent again at resume with shutdown(SHUT_WR).
+    #[serde(default)]
+    pub fin_sent: bool,
+    /// The other end's FIN has arrived, after the bytes of the socket's `queue` (CLOSE_WAIT,
+    /// CLOSING, LAST_ACK): the other end, a socket of the tree, sends it again at resume.
+    #[serde(default)]
+    pub fin_received: bool,
+    /// The kernel's TCP state number when captured (1 ESTABLISHED, 4 FIN_WAIT1, 5 FIN_WAIT2,
+    /// 8 CLOSE_WAIT, 9 LAST_ACK, 11 CLOSING), for people; 0 in images that did not record it.
+    #[serde(default)]
+    pub state: u8,
 }
 
 /// The window state of a TCP connection (`struct tcp_repair_window`).
@@ -247,8 +264,16 @@ impl std::fmt::Display for SocketDesc {
                 write!(f, " waiting in the queue of [{listener_ino}]")?
             }
         }
-        if self.tcp.is_some() {
-            write!(f, " established")?;
+        if let Some(t) = &self.tcp {
+            let state = match t.state {
+                4 => "fin_wait1",
+                5 => "fin_wait2",
+                8 => "close_wait",
+                9 => "last_ack",
+                11 => "closing",
+                _ => "established",
+            };
+            write!(f, " {state}")?;
         }
         if self.shutdown.read || self.shutdown.write {
             let how = match (self.shutdown.read, self.shutdown.write) {

@@ -53,7 +53,8 @@ impl Cap<'_> {
                         };
                     }
                     7 => {}
-                    TCP_ESTABLISHED => {
+                    st @ (TCP_ESTABLISHED | TCP_FIN_WAIT1 | TCP_FIN_WAIT2 | TCP_CLOSE_WAIT
+                    | TCP_LAST_ACK | TCP_CLOSING) => {
                         desc.peer = self.name(true)?;
                         let peer = desc
                             .peer
@@ -67,7 +68,15 @@ impl Cap<'_> {
                         // read differently on accepted sockets (the peer's TTL).
                         desc.opts.retain(|o| !is_multicast_opt(o));
                         let conn = format!("TCP connection {local} -> {peer}");
+                        // Shut down for reading: by shutdown(SHUT_RD), or by the peer's FIN.
+                        let ev = sk::poll_now(self.s, libc::POLLRDHUP)
+                            .ctx(self.pid, || self.what("poll"))?;
                         let (tcp, queue) = self.tcp_conn(&info, &conn)?;
+                        desc.shutdown = Shutdown {
+                            read: ev & libc::POLLRDHUP != 0 || tcp.fin_received,
+                            write: tcp.fin_sent,
+                        };
+                        debug_assert_eq!(tcp.state, st);
                         desc.tcp = Some(Box::new(tcp));
                         desc.queue = queue;
                         // The other end, a socket of the tree, is found in finish_capture.
@@ -80,9 +89,9 @@ impl Cap<'_> {
                             .map(|p| describe(&p))
                             .unwrap_or_else(|| "?".into());
                         return Err(self.refuse(format!(
-                            "TCP connection {local} -> {peer} is {}; only established TCP \
-                             connections can be checkpointed (half-closed and closing ones \
-                             cannot yet)",
+                            "TCP connection {local} -> {peer} is {}; only established, \
+                             half-closed and closing TCP connections can be checkpointed, not \
+                             ones still being opened",
                             tcp_state_name(s)
                         )));
                     }

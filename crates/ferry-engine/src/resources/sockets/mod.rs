@@ -1,16 +1,17 @@
 //! Descriptors backed by sockets: UNIX (stream, datagram, seqpacket; pairs and named; listening
 //! with the connections waiting in their queues, and connected, with queued data), TCP
-//! listening and unconnected sockets, established TCP connections whose both ends are in the
-//! tree, and UDP sockets.
+//! listening and unconnected sockets, TCP connections (established, half-closed or closing)
+//! whose both ends are in the tree, and UDP sockets.
 //!
-//! An established TCP connection is read in TCP repair mode (tcp(7)): its sequence numbers,
+//! A TCP connection is read in TCP repair mode (tcp(7)): its sequence numbers,
 //! both queues (peeked), the options negotiated and the window; repair mode is taken off again
 //! at once, so a tree that is let go keeps working connections. Just before a captured tree is
 //! killed its connections are put back in repair mode ([`silence_tcp_connections`]), so they
 //! close without a word to the other end. Restore makes each socket in repair mode, and binds it
 //! (whoever holds the port: repair mode forces it), connects it (without a handshake) and
 //! refills its queues only when the tree is about to run, when the original's sockets are gone;
-//! then both ends leave repair mode ([`Deferred`]).
+//! then both ends leave repair mode ([`Deferred`]), and the FINs of a connection that was
+//! shut down are sent again ([`replay_shutdowns`]).
 //!
 //! Capture takes a copy of each socket with pidfd_getfd(2) and reads it from outside: options
 //! with getsockopt, names, state and peers with sock_diag(7), queued data with MSG_PEEK at
@@ -921,7 +922,7 @@ impl Deferred {
                 let _ = sk::setsockopt_int(fd, SOL_SOCKET, libc::SO_SNDBUFFORCE, b / 2);
             }
         }
-        Ok(())
+        replay_shutdowns(&self.repairs, deadline, &err)
     }
 }
 

@@ -3,6 +3,12 @@
 
 use super::*;
 
+pub(super) const TCP_FIN_WAIT1: u8 = 4;
+pub(super) const TCP_FIN_WAIT2: u8 = 5;
+pub(super) const TCP_CLOSE_WAIT: u8 = 8;
+pub(super) const TCP_LAST_ACK: u8 = 9;
+pub(super) const TCP_CLOSING: u8 = 11;
+
 pub(super) fn tcp_state_name(s: u8) -> &'static str {
     match s {
         1 => "ESTABLISHED",
@@ -63,12 +69,28 @@ impl Cap<'_> {
                 .map(|n| n.max(0) as usize)
                 .ctx(self.pid, || ctx(w))
         };
+        let state = info.first().copied().unwrap_or(0);
+        // A FIN takes a sequence number. This end's FIN (after shutdown(SHUT_WR) or close) is
+        // counted in the send sequence, and in SIOCOUTQ until it is acknowledged (FIN_WAIT2:
+        // it is), and in SIOCOUTQNSD until it is sent; the other end's FIN in the receive
+        // sequence (SIOCINQ leaves it out). They are left out of the image: the connection is
+        // made again as established, and its FINs are sent again at resume.
+        let fin_sent = matches!(
+            state,
+            TCP_FIN_WAIT1 | TCP_FIN_WAIT2 | TCP_CLOSING | TCP_LAST_ACK
+        );
+        let fin_unacked = fin_sent && state != TCP_FIN_WAIT2;
+        let fin_received = matches!(state, TCP_CLOSE_WAIT | TCP_CLOSING | TCP_LAST_ACK);
         let inq = ioctl(sk::SIOCINQ, "read the bytes queued (SIOCINQ)")?;
-        let outq = ioctl(sk::SIOCOUTQ, "read the bytes not acknowledged (SIOCOUTQ)")?;
-        let unsent = ioctl(sk::SIOCOUTQNSD, "read the bytes not sent (SIOCOUTQNSD)")?;
+        let outq_all = ioctl(sk::SIOCOUTQ, "read the bytes not acknowledged (SIOCOUTQ)")?;
+        let unsent_all = ioctl(sk::SIOCOUTQNSD, "read the bytes not sent (SIOCOUTQNSD)")?;
+        let outq = outq_all.saturating_sub(usize::from(fin_unacked && outq_all > 0));
+        let unsent = unsent_all.saturating_sub(usize::from(fin_unacked && unsent_all > 0));
         sk::tcp_repair_queue(s, sk::TCP_SEND_QUEUE)
             .ctx(self.pid, || ctx("select the send queue"))?;
-        let write_seq = sk::tcp_queue_seq(s).ctx(self.pid, || ctx("read the send sequence"))?;
+        let write_seq = sk::tcp_queue_seq(s)
+            .ctx(self.pid, || ctx("read the send sequence"))?
+            .wrapping_sub(u32::from(fin_sent));
         let send_queue =
             sk::tcp_peek_send_queue(s, outq).ctx(self.pid, || ctx("read the send queue"))?;
         if send_queue.len() != outq {
@@ -79,7 +101,9 @@ impl Cap<'_> {
         }
         sk::tcp_repair_queue(s, sk::TCP_RECV_QUEUE)
             .ctx(self.pid, || ctx("select the receive queue"))?;
-        let rcv_nxt = sk::tcp_queue_seq(s).ctx(self.pid, || ctx("read the receive sequence"))?;
+        let rcv_nxt = sk::tcp_queue_seq(s)
+            .ctx(self.pid, || ctx("read the receive sequence"))?
+            .wrapping_sub(u32::from(fin_received));
         let queue = if inq > 0 {
             self.peek_stream(inq)?
         } else {
@@ -90,7 +114,14 @@ impl Cap<'_> {
             .ctx(self.pid, || ctx("read the MSS"))? as u32;
         let timestamp = sk::getsockopt_int(s, IPPROTO_TCP, libc::TCP_TIMESTAMP)
             .ctx(self.pid, || ctx("read TCP_TIMESTAMP"))? as u32;
-        let w = sk::tcp_repair_window(s).ctx(self.pid, || ctx("read the window"))?;
+        let mut w = sk::tcp_repair_window(s).ctx(self.pid, || ctx("read the window"))?;
+        let past = w.rcv_wup.wrapping_sub(rcv_nxt);
+        if fin_received && (past as i32) > 0 {
+            // The window was last announced past the FIN: the same right edge, announced at
+            // the receive sequence (the kernel refuses a window announced past it).
+            w.rcv_wup = rcv_nxt;
+            w.rcv_wnd = w.rcv_wnd.wrapping_add(past);
+        }
         // struct tcp_info: tcpi_options at 5; tcpi_snd_wscale:4, tcpi_rcv_wscale:4 at 6.
         let options = info.get(5).copied().unwrap_or(0);
         let scales = info.get(6).copied().unwrap_or(0);
@@ -111,6 +142,9 @@ impl Cap<'_> {
                 rcv_wnd: w.rcv_wnd,
                 rcv_wup: w.rcv_wup,
             },
+            fin_sent,
+            fin_received,
+            state,
         };
         Ok((tcp, queue))
     }
@@ -294,6 +328,8 @@ pub(super) struct DeferredRepair {
     pub(super) reuseaddr: i32,
     /// SO_SNDBUF as captured (raised for a moment to send what was never sent).
     pub(super) sndbuf: Option<i32>,
+    /// shutdown(SHUT_RD) had been called here (not only the other end's FIN received).
+    pub(super) shut_rd: bool,
     pub(super) what: String,
 }
 
@@ -365,6 +401,80 @@ impl DeferredRepair {
         sk::set_tcp_repair_window(f, &w).map_err(step("set the window"))?;
         Ok(())
     }
+}
+
+/// Once every connection has left repair mode and sent what it had never sent: the FINs,
+/// sent again for real (shutdown(SHUT_WR)) in the order that brings each end back to the state
+/// it was captured in, then the shutdown(SHUT_RD)s.
+///
+/// A FIN that its sender had sent before receiving the other's (FIN_WAIT1, CLOSING) goes
+/// first; a FIN the other end had acknowledged (FIN_WAIT2) next, which makes the other end
+/// CLOSE_WAIT, or CLOSING if its own FIN went first; a FIN sent after receiving the other's
+/// (LAST_ACK) last, once that one has arrived. On loopback a FIN that the other end's full
+/// receive buffer held back (a zero window) is held back again, behind the same bytes.
+pub(super) fn replay_shutdowns(
+    repairs: &[DeferredRepair],
+    deadline: std::time::Instant,
+    err: &dyn Fn(&str, ferry_sys::SysError) -> Error,
+) -> Result<()> {
+    let shut = |r: &DeferredRepair| {
+        sk::shutdown(r.fd.as_raw_fd(), libc::SHUT_WR).map_err(|e| {
+            err(
+                &format!("{}: send its FIN again (shutdown SHUT_WR)", r.what),
+                e,
+            )
+        })
+    };
+    let sent = |states: &'static [u8]| {
+        repairs
+            .iter()
+            .filter(move |r| r.conn.fin_sent && states.contains(&r.conn.state))
+    };
+    for r in sent(&[TCP_FIN_WAIT1, TCP_CLOSING]) {
+        shut(r)?;
+    }
+    for r in sent(&[TCP_FIN_WAIT2]) {
+        shut(r)?;
+    }
+    let state = |r: &DeferredRepair| {
+        sk::getsockopt(r.fd.as_raw_fd(), IPPROTO_TCP, libc::TCP_INFO, 1)
+            .ok()
+            .and_then(|i| i.first().copied())
+    };
+    // On loopback a segment arrives at once, or a moment later (when the softirq that
+    // delivers it runs on another CPU).
+    let wait_for = |r: &DeferredRepair, want: u8| {
+        while state(r) != Some(want) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    };
+    for r in sent(&[TCP_LAST_ACK]) {
+        // Its peer's FIN first.
+        wait_for(r, TCP_CLOSE_WAIT);
+        shut(r)?;
+    }
+    // Images that did not record the state: a FIN is a FIN.
+    for r in sent(&[0, TCP_ESTABLISHED, TCP_CLOSE_WAIT]) {
+        shut(r)?;
+    }
+    for r in repairs.iter().filter(|r| r.shut_rd) {
+        sk::shutdown(r.fd.as_raw_fd(), libc::SHUT_RD)
+            .map_err(|e| err(&format!("{}: shutdown(SHUT_RD)", r.what), e))?;
+    }
+    // The tree runs once every connection is back in its state (a FIN acknowledged, a FIN
+    // received), not while the segments that bring it there are on their way.
+    for r in repairs.iter().filter(|r| r.conn.state > TCP_ESTABLISHED) {
+        wait_for(r, r.conn.state);
+        if state(r) != Some(r.conn.state) {
+            log::warn!(
+                "{}: {} after the restore, not {} as captured",
+                r.what,
+                state(r).map(tcp_state_name).unwrap_or("unknown"),
+                tcp_state_name(r.conn.state)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Writes `data` into the queue of socket `f` that repair mode has selected.
@@ -444,6 +554,7 @@ impl<'a> Builder<'a> {
             opts: s.opts.clone(),
             reuseaddr: opt_int(s, SOL_SOCKET, libc::SO_REUSEADDR).unwrap_or(0),
             sndbuf: opt_int(s, SOL_SOCKET, libc::SO_SNDBUF),
+            shut_rd: s.shutdown.read && !t.fin_received,
             what: format!("socket:[{}]: {conn}", s.ino),
         });
         Ok(())
