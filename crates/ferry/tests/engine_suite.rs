@@ -219,12 +219,23 @@ fn build_from(suite: &Suite, name: &str, src: &Path) -> Result<PathBuf, String> 
         return r.clone();
     }
     let src = src.to_path_buf();
-    let header = suite.programs_dir.join("ferry_test.h");
+    // The headers every program may include (ferry_test.h, ferry_tcp.h ...).
+    let headers: Vec<PathBuf> = fs::read_dir(&suite.programs_dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "h"))
+                .collect()
+        })
+        .unwrap_or_default();
     let bin = suite.harness.bin_dir.join(name);
     let result = (|| {
         fs::create_dir_all(&suite.harness.bin_dir)
             .map_err(|e| format!("mkdir {}: {e}", suite.harness.bin_dir.display()))?;
-        let newest_input = [mtime(&src), mtime(&header)].into_iter().flatten().max();
+        let newest_input = std::iter::once(mtime(&src))
+            .chain(headers.iter().map(|h| mtime(h)))
+            .flatten()
+            .max();
         if let (Some(b), Some(i)) = (mtime(&bin), newest_input) {
             if b > i {
                 return Ok(bin.clone());
