@@ -5,7 +5,7 @@ use crate::freeze::FrozenTree;
 use crate::objects::CaptureObjects;
 use crate::pidview::PidView;
 use crate::procfs;
-use crate::resources::{files::FdCapture, memory, process, signals, threads};
+use crate::resources::{files::FdCapture, jobctl, memory, process, signals, threads};
 use ferry_image::{ImageWriter, Process, Source, Tree};
 use ferry_inject::Injector;
 use ferry_sys::ptrace;
@@ -71,6 +71,8 @@ pub fn capture_then<W: Write>(
     let mut objects = CaptureObjects::default();
     let mut fdcap = FdCapture::default();
     let mut report = CaptureReport::default();
+    // Stopped children whose parent has already collected their stop (by our PIDs).
+    let mut stops_collected = std::collections::HashSet::new();
     for fp in &frozen.procs {
         crate::cancel::check(&format!("capturing PID {}", fp.pid))?;
         report.pids.push(fp.pid);
@@ -89,6 +91,8 @@ pub fn capture_then<W: Write>(
             continue;
         }
         report.threads += fp.threads.len();
+        p.stop_signal = fp.stop_signal;
+        p.stop_collected = stops_collected.contains(&fp.pid);
         let syscall_at = ferry_inject::find_syscall_insn(fp.pid)?;
         for t in &fp.threads {
             // Signals arriving from now on stay queued, to be captured as pending.
@@ -98,6 +102,15 @@ pub fn capture_then<W: Write>(
         let leader = &fp.threads[0];
         let inj = Injector::on_stack(fp.pid, leader.tid, leader.regs, syscall_at)?;
         process::capture(fp.pid, &fp.stat, &inj, &mut p)?;
+        for child in frozen
+            .procs
+            .iter()
+            .filter(|c| c.stat.ppid == fp.pid && c.stop_signal.is_some())
+        {
+            if jobctl::stop_collected(&inj, view.of_pid(child.pid))? {
+                stops_collected.insert(child.pid);
+            }
+        }
         let tids: Vec<i32> = fp.threads.iter().map(|t| t.tid).collect();
         crate::resources::seccomp::capture(fp.pid, &tids, &mut p)?;
         signals::capture(fp.pid, &inj, &mut p)?;

@@ -27,6 +27,9 @@ const EINTR_ON_STOP: &[u64] = &[
     libc::SYS_rt_sigtimedwait as u64,
 ];
 
+/// The signals whose default action stops a process (job control).
+pub const STOP_SIGNALS: [i32; 4] = [libc::SIGSTOP, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
+
 #[derive(Debug)]
 pub struct FrozenThread {
     pub tid: i32,
@@ -35,6 +38,8 @@ pub struct FrozenThread {
     pub sigmask: u64,
     /// Signals that were on their way to the thread when it stopped, as raw siginfo.
     pub intercepted: Vec<[u8; 128]>,
+    /// The stop signal of the group stop (job control) the thread was in, if any.
+    pub group_stop: Option<i32>,
 }
 
 #[derive(Debug)]
@@ -43,6 +48,9 @@ pub struct FrozenProc {
     pub stat: procfs::Stat,
     pub threads: Vec<FrozenThread>,
     pub zombie: bool,
+    /// Set when the process is stopped by job control (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU):
+    /// the stop signal. Thawing it leaves it stopped, as it was.
+    pub stop_signal: Option<i32>,
 }
 
 #[derive(Debug, Default)]
@@ -64,14 +72,25 @@ fn stop_thread(pid: i32, tid: i32) -> Result<Option<FrozenThread>> {
         Err(e) if e.errno == libc::ESRCH => return Ok(None),
         Err(e) => return Err(e).ctx(pid, || format!("attach to thread {tid}")),
     }
-    ptrace::interrupt(tid).ctx(pid, || format!("interrupt thread {tid}"))?;
+    // A thread in a group stop (job control) is moved into a trap by the attach itself
+    // (PTRACE_SEIZE waits until it is there): interrupting it as well would leave a second
+    // trap pending, to be reported at its next step (the first injected call would meet it).
+    let trapped = procfs::task_stat(pid, tid).is_ok_and(|s| s.state == 't');
+    if !trapped {
+        ptrace::interrupt(tid).ctx(pid, || format!("interrupt thread {tid}"))?;
+    }
     let mut intercepted = Vec::new();
+    let group_stop;
     loop {
         match wait_tid(tid, false).ctx(pid, || format!("wait for thread {tid} to stop"))? {
             WaitStatus::Stopped {
                 event: ptrace::PTRACE_EVENT_STOP,
-                ..
-            } => break,
+                sig,
+            } => {
+                // The trap of a group stop reports its stop signal; an interrupt, SIGTRAP.
+                group_stop = STOP_SIGNALS.contains(&sig).then_some(sig);
+                break;
+            }
             WaitStatus::Stopped { sig, event: 0 } => {
                 // A signal was being delivered as we stopped the thread: hold it back and
                 // queue it again later so it is neither lost nor delivered twice.
@@ -105,7 +124,38 @@ fn stop_thread(pid: i32, tid: i32) -> Result<Option<FrozenThread>> {
         regs,
         sigmask,
         intercepted,
+        group_stop,
     }))
+}
+
+/// A process traced by another tracer (a debugger, strace) cannot be attached, and its
+/// tracing (the tracer's link, options and the stop it holds the tracee in) could not be
+/// captured or made again: only one tracer may hold a thread, and Ferry must be it.
+fn refuse_traced(pid: i32) -> Result<()> {
+    for tid in procfs::tids(pid)? {
+        let Ok(status) = procfs::read(pid, &format!("task/{tid}/status")) else {
+            continue;
+        };
+        let tracer = status
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .unwrap_or(0);
+        if tracer != 0 {
+            let comm = std::fs::read_to_string(format!("/proc/{tracer}/comm"))
+                .map(|c| c.trim().to_string())
+                .unwrap_or_default();
+            return Err(Error::Unsupported {
+                pid,
+                what: format!("thread {tid} is traced by PID {tracer} ({comm})"),
+                why: "a thread has one tracer at a time, so Ferry cannot attach it, and the \
+                      tracing itself (the tracer's link, its options, the stop it holds the \
+                      thread in) is not something another process can capture or make again"
+                    .into(),
+            });
+        }
+    }
+    Ok(())
 }
 
 impl FrozenTree {
@@ -144,19 +194,32 @@ impl FrozenTree {
         if stat.flags & procfs::PF_KTHREAD != 0 {
             return Err(Error::KernelThread { pid });
         }
+        if stat.state == 'Z' && procfs::tids(pid).is_ok_and(|t| t.len() > 1) {
+            // The leader thread exited (pthread_exit in main) and the others run on.
+            return Err(Error::Unsupported {
+                pid,
+                what: "its main thread has exited while other threads run on".into(),
+                why: "a rebuilt process is driven through its main thread, which would have to \
+                      exit last, after every other thread is made; not written yet"
+                    .into(),
+            });
+        }
         if stat.state == 'Z' {
             return Ok(FrozenProc {
                 pid,
                 stat,
                 threads: Vec::new(),
                 zombie: true,
+                stop_signal: None,
             });
         }
+        refuse_traced(pid)?;
         let mut proc = FrozenProc {
             pid,
             stat,
             threads: Vec::new(),
             zombie: false,
+            stop_signal: None,
         };
         // Threads may be created while we attach; repeat until a pass finds none new.
         loop {
@@ -184,6 +247,7 @@ impl FrozenTree {
         }
         proc.threads
             .sort_by_key(|t| if t.tid == pid { 0 } else { 1 });
+        proc.stop_signal = proc.threads.iter().find_map(|t| t.group_stop);
         if proc.threads.is_empty() {
             return Err(Error::NoSuchProcess { pid });
         }

@@ -15,7 +15,7 @@ use crate::husk::{Husk, Place, TRAMPOLINE_LEN};
 use crate::objects::RestoreObjects;
 use crate::resources::memory::AnonFiller;
 use crate::resources::sockets::Deferred;
-use crate::resources::{files, locks, memory, process, seccomp, signals, threads};
+use crate::resources::{files, jobctl, locks, memory, process, seccomp, signals, threads};
 use ferry_image::stream::ObjectRef;
 use ferry_image::{ImageReader, Item, Process, Tree, Vma};
 use ferry_sys::proc_mem::ProcMem;
@@ -587,6 +587,17 @@ fn build<R: Read>(
         signals::restore_timers(h, p)?;
         report.threads += p.threads.len();
     }
+    // Stopped processes stop again (every thread is there to take part); a stop their
+    // parent had collected is collected again.
+    let hosts: Vec<i32> = husks.iter().map(|h| h.host).collect();
+    for ((p, h), (_, tids)) in live.iter().zip(live_tids.iter()) {
+        jobctl::make_stopped(h, p, tids, &hosts)?;
+    }
+    for (p, _) in live.iter().filter(|(p, _)| p.stop_collected) {
+        if let Some((_, parent)) = live.iter().find(|(q, _)| q.pid == p.ppid) {
+            jobctl::collect_stop(parent, p.pid)?;
+        }
+    }
     // 4. The last injected calls: pending signals, credentials, then the trampoline goes.
     for ((p, h), (_, tids)) in live.iter().zip(live_tids.iter()) {
         signals::restore_pending(h, p, &thread_injectors)?;
@@ -841,6 +852,77 @@ fn reap_stand_in(parent: &Husk, stand_in: &Husk) -> Result<()> {
     Ok(())
 }
 
+/// Readies a husk to dump core when it dies, so that its parent sees "core dumped" as it
+/// would have: a tiny core (the husk maps nothing but the trampoline) goes into a private
+/// directory of ours, removed once it is written. Only where `core_pattern` names a file
+/// relative to the dying process's directory (a pipe or an absolute path would hand the core
+/// to someone else): otherwise the zombie comes back without the flag, with a warning.
+fn core_dump_dir(h: &Husk) -> Result<Option<tempfile_dir::Dir>> {
+    let pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default();
+    let pattern = pattern.trim();
+    if pattern.is_empty() || pattern.starts_with('|') || pattern.contains('/') {
+        log::warn!(
+            "PID {}: its core-dumped flag is lost (core_pattern {pattern:?} does not write \
+             into the process's directory)",
+            h.pid
+        );
+        ferry_sys::fdops::set_rlimit(h.host, libc::RLIMIT_CORE, 0, 0)
+            .ctx(h.pid, || "set RLIMIT_CORE".into())?;
+        return Ok(None);
+    }
+    let dir = tempfile_dir::Dir::new(h.pid)?;
+    let inj = h.injector();
+    let mut path = dir.path().as_os_str().as_encoded_bytes().to_vec();
+    path.push(0);
+    inj.syscall("chdir", libc::SYS_chdir, &[inj.write_scratch(0, &path)?])?;
+    ferry_sys::fdops::set_rlimit(h.host, libc::RLIMIT_CORE, u64::MAX, u64::MAX)
+        .ctx(h.pid, || "set RLIMIT_CORE".into())?;
+    inj.syscall("prctl(PR_SET_DUMPABLE)", libc::SYS_prctl, &[4, 1])?;
+    Ok(Some(dir))
+}
+
+mod tempfile_dir {
+    use crate::error::{Context, Result};
+    use std::path::{Path, PathBuf};
+
+    /// A directory of ours (mode 0700, under /run or the temporary directory).
+    pub struct Dir(PathBuf);
+
+    impl Dir {
+        pub fn new(pid: i32) -> Result<Dir> {
+            let base = if Path::new("/run").is_dir() {
+                PathBuf::from("/run")
+            } else {
+                std::env::temp_dir()
+            };
+            let p = base.join(format!("ferry-core-{}-{pid}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&p)
+                .ctx(pid, || format!("make {}", p.display()))?;
+            Ok(Dir(p))
+        }
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    use std::os::unix::fs::DirBuilderExt;
+
+    impl AsRef<Path> for Dir {
+        fn as_ref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 fn make_zombie(h: &Husk, status: i32) -> Result<()> {
     let pid = h.host;
     let fail = |e: ferry_sys::SysError| Error::Restore {
@@ -848,29 +930,50 @@ fn make_zombie(h: &Husk, status: i32) -> Result<()> {
         what: format!("turn into a zombie: {e}"),
     };
     if libc::WIFSIGNALED(status) {
-        // Die of the same signal, with its default action and no core file.
+        // Die of the same signal, with its default action (SIGKILL has no other), and with a
+        // core file only if the original dumped one (its parent sees WCOREDUMP).
         let sig = libc::WTERMSIG(status);
-        ferry_sys::fdops::set_rlimit(pid, libc::RLIMIT_CORE, 0, 0).map_err(fail)?;
+        let core_dir = if libc::WCOREDUMP(status) {
+            core_dump_dir(h)?
+        } else {
+            ferry_sys::fdops::set_rlimit(pid, libc::RLIMIT_CORE, 0, 0).map_err(fail)?;
+            None
+        };
         let inj = h.injector();
-        inj.syscall(
-            "rt_sigaction",
-            libc::SYS_rt_sigaction,
-            &[sig as u64, inj.write_scratch(0, &[0u8; 32])?, 0, 8],
-        )?;
+        if sig != libc::SIGKILL {
+            inj.syscall(
+                "rt_sigaction",
+                libc::SYS_rt_sigaction,
+                &[sig as u64, inj.write_scratch(0, &[0u8; 32])?, 0, 8],
+            )?;
+        }
         ptrace::set_sigmask(pid, 0).map_err(fail)?;
         ptrace::tgkill(pid, pid, sig).map_err(fail)?;
-        ptrace::cont(pid, 0).map_err(fail)?;
-        loop {
-            match ferry_sys::wait::wait_tid(pid, false).map_err(fail)? {
-                ferry_sys::wait::WaitStatus::Stopped { sig: s, event: 0 } => {
-                    ptrace::cont(pid, s).map_err(fail)?
+        // (A thread that SIGKILL has reached is already past resuming: ESRCH.)
+        let resume = |s: i32| match ptrace::cont(pid, s) {
+            Err(e) if e.errno != libc::ESRCH => Err(fail(e)),
+            _ => Ok(()),
+        };
+        let died = resume(0).and_then(|()| loop {
+            match ferry_sys::wait::wait_tid(pid, false) {
+                Ok(ferry_sys::wait::WaitStatus::Stopped { sig: s, event: 0 }) => {
+                    if let Err(e) = resume(s) {
+                        break Err(e);
+                    }
                 }
-                ferry_sys::wait::WaitStatus::Stopped { .. } => {
-                    ptrace::cont(pid, 0).map_err(fail)?
+                Ok(ferry_sys::wait::WaitStatus::Stopped { .. }) => {
+                    if let Err(e) = resume(0) {
+                        break Err(e);
+                    }
                 }
-                _ => break,
+                Ok(_) => break Ok(()),
+                Err(e) => break Err(fail(e)),
             }
+        });
+        if let Some(dir) = core_dir {
+            let _ = std::fs::remove_dir_all(dir);
         }
+        died?;
     } else {
         // The call never returns: the injector reports the thread's exit, which is the point.
         let _ = h.injector().syscall_raw(

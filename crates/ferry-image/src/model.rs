@@ -89,6 +89,14 @@ pub struct Process {
     pub exit_signal: i32,
     #[serde(default)]
     pub prctl: PrctlState,
+    /// Set for a process stopped by job control: the signal that stopped it (SIGSTOP,
+    /// SIGTSTP, SIGTTIN or SIGTTOU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<i32>,
+    /// For a stopped process: its parent (in the tree) had already collected the stop with
+    /// `wait*(WUNTRACED)`, so it must not be reported to it again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stop_collected: bool,
 }
 
 /// Process attributes set with prctl(2).

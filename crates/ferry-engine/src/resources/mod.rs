@@ -3,6 +3,7 @@
 
 pub mod anon_inodes;
 pub mod files;
+pub mod jobctl;
 pub mod locks;
 pub mod memory;
 pub mod process;
