@@ -28,7 +28,7 @@ fn tree(root: i32) -> Result<Vec<i32>> {
 struct TcpSock {
     /// The kernel's state number.
     state: u8,
-    /// Local and remote address, as the table spells them.
+    /// Local and remote address (see `table_addr`).
     local: String,
     remote: String,
 }
@@ -53,8 +53,8 @@ fn tcp_connections(pid: i32) -> HashMap<u64, TcpSock> {
                     ino,
                     TcpSock {
                         state,
-                        local: cols[1].to_string(),
-                        remote: cols[2].to_string(),
+                        local: table_addr(cols[1]),
+                        remote: table_addr(cols[2]),
                     },
                 );
             }
@@ -63,7 +63,9 @@ fn tcp_connections(pid: i32) -> HashMap<u64, TcpSock> {
     map
 }
 
-/// An address as /proc/net/tcp{,6} spells it ("0100007F:1F90"), for people.
+/// An address as /proc/net/tcp{,6} spells it ("0100007F:1F90"), for people, and to match the
+/// two ends of a connection: an IPv4-mapped IPv6 address (an IPv6 socket's end of an IPv4
+/// connection, in tcp6) is written as its IPv4 address, as the other end sees it (in tcp).
 fn table_addr(a: &str) -> String {
     let Some((ip, port)) = a.split_once(':') else {
         return a.to_string();
@@ -77,8 +79,11 @@ fn table_addr(a: &str) -> String {
     match bytes.len() {
         4 => format!("{}.{}.{}.{}:{port}", bytes[0], bytes[1], bytes[2], bytes[3]),
         16 => {
-            let a: [u8; 16] = bytes.try_into().expect("16 bytes");
-            format!("[{}]:{port}", std::net::Ipv6Addr::from(a))
+            let a = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).expect("16 bytes"));
+            match a.to_ipv4_mapped() {
+                Some(v4) => format!("{v4}:{port}"),
+                None => format!("[{a}]:{port}"),
+            }
         }
         _ => a.to_string(),
     }
@@ -206,11 +211,7 @@ pub fn check(root: i32) -> Result<()> {
         if !seen.insert(*ino) {
             continue;
         }
-        let what = format!(
-            "fd {fd} ({link}: TCP {} -> {})",
-            table_addr(&t.local),
-            table_addr(&t.remote)
-        );
+        let what = format!("fd {fd} ({link}: TCP {} -> {})", t.local, t.remote);
         if !TCP_MOVABLE.contains(&t.state) {
             return Err(refuse(
                 *pid,
@@ -228,4 +229,22 @@ pub fn check(root: i32) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_addresses_match_across_ipv4_mapped_addresses() {
+        assert_eq!(table_addr("0100007F:1F90"), "127.0.0.1:8080");
+        assert_eq!(
+            table_addr("0000000000000000FFFF00000100007F:8CC1"),
+            "127.0.0.1:36033"
+        );
+        assert_eq!(
+            table_addr("00000000000000000000000001000000:0050"),
+            "[::1]:80"
+        );
+    }
 }

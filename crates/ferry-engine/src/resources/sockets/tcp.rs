@@ -389,8 +389,17 @@ impl DeferredRepair {
             send_stream(f, &t.send_queue[..self.sent]).map_err(step("refill the send queue"))?;
         }
         sk::tcp_repair_queue(f, sk::TCP_NO_QUEUE).map_err(step("select no queue"))?;
-        // Buffers as they were (raised above to refill the queues).
-        apply_opts(f, &self.opts, true);
+        // Buffers as they were (raised above to refill the queues). Only they: the other
+        // options were set before the bind, and some cannot be set after it (IPV6_V6ONLY).
+        let buffers: Vec<SockOpt> = self
+            .opts
+            .iter()
+            .filter(|o| {
+                o.level == SOL_SOCKET && (o.name == libc::SO_RCVBUF || o.name == libc::SO_SNDBUF)
+            })
+            .cloned()
+            .collect();
+        apply_opts(f, &buffers, true);
         let w = sk::TcpRepairWindow {
             snd_wl1: t.window.snd_wl1,
             snd_wnd: t.window.snd_wnd,
