@@ -11,6 +11,8 @@
 //! cert = "/etc/ferry/a.pem"
 //! key = "/etc/ferry/a.key"
 //! ```
+//!
+//! and, optionally, at the top level, `revoked = "/etc/ferry/revoked"`: the revocation list.
 
 use anyhow::{Context, Result};
 use ferry_transport::CredentialPaths;
@@ -32,6 +34,10 @@ pub struct Config {
     /// Nodes to join through; any one alive is enough.
     #[serde(default)]
     pub peers: Vec<SocketAddr>,
+    /// The revocation list (docs/security.md): certificates, by fingerprint, that this node
+    /// refuses. Reloaded when it changes and on SIGHUP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<PathBuf>,
     pub credentials: CredentialPaths,
 }
 

@@ -225,8 +225,10 @@ fn pick_node(node: &Node, spec: &RunSpec) -> Result<String> {
 // ---- Remote side -------------------------------------------------------------------------
 
 /// Remote side: start the program and stream its I/O until it ends.
-pub async fn serve(node: Arc<Node>, conn: Conn, spec: RunSpec) -> Result<()> {
+pub async fn serve(node: Arc<Node>, conn: Conn, mut spec: RunSpec) -> Result<()> {
     let peer = conn.peer.clone();
+    // The caller's daemon is the program's home: a node speaks only for itself.
+    spec.home_node = peer.clone();
     serve_stream(node, conn.stream, spec, Some(peer)).await
 }
 

@@ -1,12 +1,28 @@
-//! Cluster membership and failure detection by the `foca` SWIM implementation; this module only
+//! Cluster membership and failure detection by the `foca` SWIM implementation; this module
 //! carries its packets (over the same mutual-TLS connections as everything else, so gossip is
-//! authenticated and encrypted too) and runs its timers. Each node's load rides on foca's custom
-//! broadcasts: a versioned item per node, newer versions replacing older ones in dissemination.
+//! authenticated and encrypted too), runs its timers, and holds every node to speaking only for
+//! itself (docs/security.md, "Nodes: who may say what"):
+//!
+//! - a packet is taken only if its sender identity bears the name of the certificate of the
+//!   connection it came on;
+//! - what a packet says about *other* members (SWIM's piggybacked updates) may change their
+//!   state (alive, suspect, down) but never who they are: an update that would give a known
+//!   name another address or incarnation, or a known address another name, is dropped, and a
+//!   member's identity changes only by its own word ([`NodeId::win_addr_conflict`] keeps an
+//!   address with the name that holds it);
+//! - a member is shown to the daemon ([`Membership::members`]) only once it has spoken to us
+//!   itself under that identity;
+//! - each node's load rides on foca's custom broadcasts, but a load record is taken only
+//!   first-hand, from a packet its node sent, and never relayed. Records are ordered by
+//!   (incarnation, sequence): the incarnation is new at each start of the daemon.
 
 use bytes::Bytes;
+use bytes::{Buf, BufMut};
 use ferry_policy::NodeLoad;
 use ferry_transport::{tls, write_msg, Credentials, Msg};
-use foca::{Config, Foca, Invalidates, OwnedNotification, PostcardCodec, Timer};
+use foca::{
+    Codec, Config, Foca, Header, Invalidates, Message, OwnedNotification, PostcardCodec, Timer,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -40,10 +56,17 @@ impl foca::Identity for NodeId {
     fn addr(&self) -> SocketAddr {
         self.addr
     }
+    /// Whether the identity foca knows at an address (`self`) keeps it against another
+    /// claiming it. A name keeps its address: another name gets it only once foca has
+    /// forgotten the holder (down for `REMOVE_DOWN_AFTER`). A node's own later start (a higher
+    /// `bump`, which only that node announces first-hand) replaces its earlier one.
     fn win_addr_conflict(&self, adversary: &Self) -> bool {
-        self.bump > adversary.bump
+        self.name != adversary.name || self.bump > adversary.bump
     }
 }
+
+/// How long a member that is down stays known (and keeps its address from other names).
+const REMOVE_DOWN_AFTER: Duration = Duration::from_secs(120);
 
 #[derive(Serialize, Deserialize)]
 struct LoadItem {
@@ -51,22 +74,33 @@ struct LoadItem {
     load: NodeLoad,
 }
 
+/// Which load record this is: a node's records are ordered by (incarnation, seq). The
+/// incarnation is new at each start of the node's daemon (`Membership::start`), so a restarted
+/// node's first record supersedes its previous life's last.
 #[derive(Serialize, Deserialize, Clone, PartialEq, Eq)]
 struct LoadKey {
     node: String,
+    incarnation: u64,
     seq: u64,
+}
+
+impl LoadKey {
+    fn version(&self) -> (u64, u64) {
+        (self.incarnation, self.seq)
+    }
 }
 
 impl Invalidates for LoadKey {
     fn invalidates(&self, other: &Self) -> bool {
-        self.node == other.node && self.seq > other.seq
+        self.node == other.node && self.version() > other.version()
     }
 }
 
-type Loads = Arc<Mutex<HashMap<String, (u64, NodeLoad)>>>;
+type Loads = Arc<Mutex<HashMap<String, ((u64, u64), NodeLoad)>>>;
 
 struct LoadHandler {
     loads: Loads,
+    me: String,
 }
 
 #[derive(Debug)]
@@ -81,22 +115,38 @@ impl std::error::Error for BadBroadcast {}
 impl foca::BroadcastHandler<NodeId> for LoadHandler {
     type Key = LoadKey;
     type Error = BadBroadcast;
+    /// `sender` is None for our own records (`add_broadcast`), which are disseminated; else
+    /// the packet's sender, whose name `Membership::deliver` checked against the certificate
+    /// of the connection. A record is taken only from the node it describes, and not relayed
+    /// (returning None): every node hears every other's load first-hand.
     fn receive_item(
         &mut self,
         data: &[u8],
-        _sender: Option<&NodeId>,
+        sender: Option<&NodeId>,
     ) -> Result<Option<LoadKey>, BadBroadcast> {
         let item: LoadItem = postcard_decode(data)?;
+        let own = match sender {
+            None => item.key.node == self.me,
+            Some(s) => {
+                if s.name != item.key.node {
+                    tracing::debug!(event = "load-refused", from = %s.name,
+                        about = %item.key.node, "a load record relayed or forged: ignored");
+                    return Ok(None);
+                }
+                if s.name == self.me {
+                    return Ok(None);
+                }
+                false
+            }
+        };
         let mut loads = self.loads.lock().expect("loads lock");
         let newer = loads
             .get(&item.key.node)
-            .is_none_or(|(seq, _)| *seq < item.key.seq);
+            .is_none_or(|(v, _)| *v < item.key.version());
         if newer {
-            loads.insert(item.key.node.clone(), (item.key.seq, item.load));
-            Ok(Some(item.key))
-        } else {
-            Ok(None)
+            loads.insert(item.key.node.clone(), (item.key.version(), item.load));
         }
+        Ok((own && newer).then_some(item.key))
     }
 }
 
@@ -111,7 +161,8 @@ mod foca_postcard {
 }
 
 enum Input {
-    Data(Bytes),
+    /// A packet, and the name in the certificate of the connection it came on.
+    Data(String, Bytes),
     Timer(Timer<NodeId>),
     Announce(SocketAddr),
     Publish(NodeLoad),
@@ -129,19 +180,30 @@ pub struct Member {
 pub struct Membership {
     input: mpsc::UnboundedSender<Input>,
     members: Arc<Mutex<Vec<NodeId>>>,
+    /// The identity each name last spoke to us under, first-hand (its own packet, on a
+    /// connection with its certificate).
+    heard: Arc<Mutex<HashMap<String, NodeId>>>,
     loads: Loads,
     me: NodeId,
 }
 
 impl Membership {
-    pub fn start(me: NodeId, creds: Credentials, seeds: Vec<SocketAddr>) -> Membership {
+    /// `incarnation` must be greater at each start of this node (see `incarnation`).
+    pub fn start(
+        me: NodeId,
+        incarnation: u64,
+        creds: Credentials,
+        seeds: Vec<SocketAddr>,
+    ) -> Membership {
         let (input, mut rx) = mpsc::unbounded_channel::<Input>();
         let members = Arc::new(Mutex::new(Vec::new()));
+        let heard: Arc<Mutex<HashMap<String, NodeId>>> = Arc::default();
         let loads: Loads = Arc::default();
         let links = Links::new(creds);
         let this = Membership {
             input: input.clone(),
             members: members.clone(),
+            heard: heard.clone(),
             loads: loads.clone(),
             me: me.clone(),
         };
@@ -150,6 +212,7 @@ impl Membership {
         config.probe_period = Duration::from_millis(500);
         config.probe_rtt = Duration::from_millis(250);
         config.suspect_to_down_after = Duration::from_secs(2);
+        config.remove_down_after = Some(REMOVE_DOWN_AFTER);
         config.periodic_announce = Some(foca::PeriodicParams {
             frequency: Duration::from_secs(5),
             num_members: std::num::NonZeroUsize::new(1).expect("nonzero"),
@@ -162,6 +225,7 @@ impl Membership {
             PostcardCodec,
             LoadHandler {
                 loads: loads.clone(),
+                me: me.name.clone(),
             },
         );
         let timers = input.clone();
@@ -171,7 +235,19 @@ impl Membership {
             let mut seq = 0u64;
             while let Some(msg) = rx.recv().await {
                 let result = match msg {
-                    Input::Data(d) => foca.handle_data(&d, &mut runtime),
+                    Input::Data(peer, d) => match screen(&d, &peer, &me, &foca) {
+                        Ok((src, packet)) => {
+                            heard
+                                .lock()
+                                .expect("heard lock")
+                                .insert(src.name.clone(), src);
+                            foca.handle_data(&packet, &mut runtime)
+                        }
+                        Err(e) => {
+                            tracing::warn!(event = "gossip-refused", from = %peer, error = %e);
+                            Ok(())
+                        }
+                    },
                     Input::Timer(t) => foca.handle_timer(t, &mut runtime),
                     Input::Announce(addr) => foca.announce(
                         NodeId {
@@ -186,6 +262,7 @@ impl Membership {
                         let item = LoadItem {
                             key: LoadKey {
                                 node: name.clone(),
+                                incarnation,
                                 seq,
                             },
                             load,
@@ -218,16 +295,24 @@ impl Membership {
         this
     }
 
-    /// A gossip packet arrived from a peer.
-    pub fn deliver(&self, packet: Vec<u8>) {
-        let _ = self.input.send(Input::Data(Bytes::from(packet)));
+    /// A gossip packet arrived from `peer` (the name its connection's certificate bears). A
+    /// packet whose sender is anyone else is an error: the connection should be dropped.
+    pub fn deliver(&self, peer: &str, packet: Vec<u8>) -> Result<(), String> {
+        let src = sender(&packet)?;
+        if src.name != peer {
+            return Err(format!(
+                "a gossip packet from the node whose certificate names {peer:?} claims to \
+                 come from {:?}",
+                src.name
+            ));
+        }
+        let _ = self
+            .input
+            .send(Input::Data(peer.to_string(), Bytes::from(packet)));
+        Ok(())
     }
 
     pub fn publish(&self, load: NodeLoad) {
-        self.loads
-            .lock()
-            .expect("loads lock")
-            .insert(self.me.name.clone(), (0, load.clone()));
         let _ = self.input.send(Input::Publish(load));
     }
 
@@ -243,13 +328,16 @@ impl Membership {
         }
     }
 
-    /// Live members other than ourselves, with the load each last published.
+    /// Live members other than ourselves that have spoken to us themselves under the identity
+    /// foca knows them by, with the load each last sent us.
     pub fn members(&self) -> Vec<Member> {
         let loads = self.loads.lock().expect("loads lock");
+        let heard = self.heard.lock().expect("heard lock");
         self.members
             .lock()
             .expect("members lock")
             .iter()
+            .filter(|id| heard.get(&id.name) == Some(*id))
             .map(|id| Member {
                 load: loads.get(&id.name).map(|(_, l)| l.clone()),
                 id: id.clone(),
@@ -267,15 +355,128 @@ impl Membership {
     }
 }
 
+/// The sender a gossip packet names in its header.
+fn sender(packet: &[u8]) -> Result<NodeId, String> {
+    let mut buf = packet;
+    PostcardCodec
+        .decode_header(&mut buf)
+        .map(|h| h.src)
+        .map_err(|e| format!("undecodable gossip packet: {e}"))
+}
+
+type OurFoca = Foca<NodeId, PostcardCodec, rand::rngs::StdRng, LoadHandler>;
+
+/// Checks a packet from `peer` before foca reads it: its sender must be `peer`, and what it
+/// says about others may change their state but not their identity. Returns the sender and
+/// the packet, without the updates that fail that test.
+fn screen(
+    packet: &[u8],
+    peer: &str,
+    me: &NodeId,
+    foca: &OurFoca,
+) -> Result<(NodeId, Bytes), String> {
+    let mut codec = PostcardCodec;
+    let mut buf = packet;
+    let header: Header<NodeId> = codec
+        .decode_header(&mut buf)
+        .map_err(|e| format!("undecodable gossip packet: {e}"))?;
+    if header.src.name != peer {
+        return Err(format!(
+            "packet from {peer:?} claims to come from {:?}",
+            header.src.name
+        ));
+    }
+    let head_len = packet.len() - buf.len();
+    // The same test as foca's: only these packets carry an updates section.
+    if buf.len() < 2 || matches!(header.message, Message::Broadcast | Message::Announce) {
+        return Ok((header.src, Bytes::copy_from_slice(packet)));
+    }
+    let count = buf.get_u16();
+    let mut kept = Vec::with_capacity(count as usize);
+    let mut dropped = 0usize;
+    for _ in 0..count {
+        let m: foca::Member<NodeId> = codec
+            .decode_member(&mut buf)
+            .map_err(|e| format!("undecodable member update: {e}"))?;
+        if may_tell(&header.src, m.id(), me, foca) {
+            kept.push(m);
+        } else {
+            dropped += 1;
+        }
+    }
+    if dropped == 0 {
+        return Ok((header.src, Bytes::copy_from_slice(packet)));
+    }
+    tracing::debug!(event = "updates-dropped", from = %peer, dropped,
+        "updates that would change another member's identity");
+    let mut out = Vec::with_capacity(packet.len());
+    out.extend_from_slice(&packet[..head_len]);
+    out.put_u16(kept.len() as u16);
+    for m in &kept {
+        codec
+            .encode_member(m, &mut out)
+            .map_err(|e| format!("re-encode a member update: {e}"))?;
+    }
+    out.extend_from_slice(buf);
+    Ok((header.src, Bytes::from(out)))
+}
+
+/// Whether `src` may tell us about member `id`: about itself, anything; about us, only our
+/// own identity (a suspicion we refute); about a third node, only an identity that does not
+/// contradict one we know (same name with another address or start, or another name at the
+/// same address). A node that changed is believed when it says so itself.
+fn may_tell(src: &NodeId, id: &NodeId, me: &NodeId, foca: &OurFoca) -> bool {
+    if id.name == src.name {
+        return true;
+    }
+    if id.name == me.name || id.addr == me.addr {
+        return id == me;
+    }
+    !foca
+        .iter_membership_state()
+        .any(|m| m.id() != id && (m.id().name == id.name || m.id().addr == id.addr))
+}
+
+/// This start's incarnation: greater than any earlier start's on this node. Kept in
+/// `DATA_DIR/incarnation`; the clock (nanoseconds since the epoch) covers a lost file.
+pub fn incarnation(data_dir: &std::path::Path) -> anyhow::Result<u64> {
+    use anyhow::Context;
+    let path = data_dir.join("incarnation");
+    let old = match std::fs::read_to_string(&path) {
+        Ok(s) => s
+            .trim()
+            .parse::<u64>()
+            .with_context(|| format!("{} holds {:?}, not a number", path.display(), s.trim()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let next = now.max(old.saturating_add(1));
+    let tmp = data_dir.join("incarnation.tmp");
+    {
+        use std::io::Write;
+        let mut f =
+            std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+        writeln!(f, "{next}").with_context(|| format!("write {}", tmp.display()))?;
+        f.sync_all()
+            .with_context(|| format!("sync {}", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, &path).with_context(|| format!("rename to {}", path.display()))?;
+    Ok(next)
+}
+
 fn drain(
     runtime: &mut foca::AccumulatingRuntime<NodeId>,
     links: &Arc<Links>,
     timers: &mpsc::UnboundedSender<Input>,
     members: &Arc<Mutex<Vec<NodeId>>>,
-    foca: &Foca<NodeId, PostcardCodec, rand::rngs::StdRng, LoadHandler>,
+    foca: &OurFoca,
 ) {
     while let Some((to, data)) = runtime.to_send() {
-        links.send(to.addr, data);
+        links.send(to, data);
     }
     while let Some((after, timer)) = runtime.to_schedule() {
         let tx = timers.clone();
@@ -313,7 +514,9 @@ fn drain(
 /// that is foca's job.
 struct Links {
     creds: Credentials,
-    queues: Mutex<HashMap<SocketAddr, mpsc::Sender<Bytes>>>,
+    /// By name and address: the link checks that the node it reaches bears that name (an
+    /// empty name: a seed we know only by address, to which we only announce ourselves).
+    queues: Mutex<HashMap<(String, SocketAddr), mpsc::Sender<Bytes>>>,
 }
 
 impl Links {
@@ -324,11 +527,12 @@ impl Links {
         })
     }
 
-    fn send(self: &Arc<Self>, to: SocketAddr, data: Bytes) {
+    fn send(self: &Arc<Self>, to: NodeId, data: Bytes) {
         let mut queues = self.queues.lock().expect("links lock");
-        let tx = queues.entry(to).or_insert_with(|| {
+        let key = (to.name, to.addr);
+        let tx = queues.entry(key.clone()).or_insert_with(|| {
             let (tx, rx) = mpsc::channel(64);
-            tokio::spawn(link(self.creds.clone(), to, rx));
+            tokio::spawn(link(self.creds.clone(), key.0, key.1, rx));
             tx
         });
         let _ = tx.try_send(data);
@@ -351,7 +555,7 @@ impl Links {
     }
 }
 
-async fn link(creds: Credentials, to: SocketAddr, mut rx: mpsc::Receiver<Bytes>) {
+async fn link(creds: Credentials, name: String, to: SocketAddr, mut rx: mpsc::Receiver<Bytes>) {
     let mut conn: Option<ferry_transport::Conn> = None;
     let mut failed_at: Option<Instant> = None;
     while let Some(packet) = rx.recv().await {
@@ -359,7 +563,8 @@ async fn link(creds: Credentials, to: SocketAddr, mut rx: mpsc::Receiver<Bytes>)
             if failed_at.is_some_and(|t| t.elapsed() < Duration::from_millis(500)) {
                 continue;
             }
-            match tls::connect(&creds, to, Duration::from_secs(1)).await {
+            let expect = (!name.is_empty()).then_some(name.as_str());
+            match tls::connect(&creds, expect, to, Duration::from_secs(1)).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     tracing::debug!(peer = %to, error = %format!("{e:#}"), "gossip link down");

@@ -407,7 +407,9 @@ async fn ask_outcome(node: &Node, from: &str, id: u64) -> bool {
     while Instant::now() < deadline {
         if let Some(m) = node.membership.find(from) {
             let ask = async {
-                let mut c = tls::connect(&node.creds, m.id.addr, Duration::from_secs(1)).await?;
+                let mut c =
+                    tls::connect(&node.creds, Some(from), m.id.addr, Duration::from_secs(1))
+                        .await?;
                 write_msg(&mut c.stream, &Msg::OutcomeQuery { id }).await?;
                 match read_msg(&mut c.stream).await? {
                     Msg::Outcome { committed, .. } => Ok(committed),

@@ -9,7 +9,9 @@ use crate::reaper::Reaper;
 use crate::{exec, migrate};
 use anyhow::{bail, Context, Result};
 use ferry_transport::message::{kind, NodeInfo, ProcInfo};
-use ferry_transport::{read_msg, tls, write_msg, Conn, Credentials, FrameError, Msg};
+use ferry_transport::{
+    read_msg, tls, write_msg, Conn, Credentials, FrameError, Msg, RevocationList,
+};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,7 +65,7 @@ impl Node {
                 }
             );
         };
-        tls::connect(&self.creds, m.id.addr, Duration::from_secs(5))
+        tls::connect(&self.creds, Some(name), m.id.addr, Duration::from_secs(5))
             .await
             .with_context(|| format!("reach node {name}"))
     }
@@ -100,7 +102,17 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("create data directory {}", config.data_dir.display()))?;
     ferry_sys::fdops::set_child_subreaper().context("become the subreaper of our guests")?;
-    let creds = Credentials::load(&config.credentials).context("load cluster credentials")?;
+    let mut creds = Credentials::load(&config.credentials).context("load cluster credentials")?;
+    creds.local_ip = Some(config.listen.ip());
+    let revocations = match &config.revoked {
+        Some(path) => {
+            let list = RevocationList::load(path)?;
+            tracing::info!(event = "revocations", path = %path.display(), revoked = list.len());
+            creds.set_revoked(list.clone());
+            Some((path.clone(), list))
+        }
+        None => None,
+    };
     if creds.node != config.name {
         bail!(
             "config names this node {:?} but its certificate {} is for {:?}",
@@ -135,7 +147,8 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
     };
-    let membership = Membership::start(me, creds.clone(), config.peers.clone());
+    let incarnation = crate::membership::incarnation(&config.data_dir)?;
+    let membership = Membership::start(me, incarnation, creds.clone(), config.peers.clone());
     let accepting = config.accept_guests;
     let fault = std::env::var("FERRY_FAULT").ok().and_then(|f| {
         let (node, point) = f.split_once(':')?;
@@ -159,6 +172,9 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     tokio::spawn(publish_load(node.clone()));
     tokio::spawn(reap(node.clone()));
     tokio::spawn(rejoin(node.clone()));
+    if let Some((path, list)) = revocations {
+        tokio::spawn(watch_revocations(node.clone(), path, list));
+    }
     let peers = tokio::spawn(accept_peers(node.clone(), tcp));
     let cli = tokio::spawn(accept_cli(node.clone(), control));
 
@@ -178,12 +194,90 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     Ok(())
 }
 
+/// Measures and publishes this node's load every second. A measure that fails is never
+/// published as a number: the last good load goes out again marked `stale` (which policy
+/// treats as unknown), or nothing if there was none.
 async fn publish_load(node: Arc<Node>) {
     let mut sampler = LoadSampler::default();
+    let mut last: Option<ferry_policy::NodeLoad> = None;
+    let mut failing = false;
     loop {
-        let load = sampler.sample(node.guests.count(), node.accepting.load(Ordering::Relaxed));
-        node.membership.publish(load);
+        let accepting = node.accepting.load(Ordering::Relaxed);
+        match sampler.sample(node.guests.count(), accepting) {
+            Ok(load) => {
+                if failing {
+                    tracing::info!(event = "load-measured-again");
+                    failing = false;
+                }
+                last = Some(load.clone());
+                node.membership.publish(load);
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(event = "load-unmeasurable", error = %format!("{e:#}"));
+                    failing = true;
+                }
+                if let Some(l) = &last {
+                    let mut l = l.clone();
+                    l.stale = true;
+                    l.accepting = accepting;
+                    l.guests = node.guests.count();
+                    node.membership.publish(l);
+                }
+            }
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Reloads the revocation list when it changes (its modification time, size or inode, checked
+/// every second) or on SIGHUP, and shuts the connections of newly revoked certificates. A
+/// list that cannot be read or parsed leaves the previous one in force, and says so.
+async fn watch_revocations(node: Arc<Node>, path: PathBuf, mut list: RevocationList) {
+    let stamp = |p: &std::path::Path| {
+        std::fs::metadata(p).ok().map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.mtime(), m.mtime_nsec(), m.size(), m.ino())
+        })
+    };
+    let mut seen = stamp(&path);
+    let mut hup = signal(SignalKind::hangup()).ok();
+    loop {
+        let hangup = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let asked = tokio::select! {
+            _ = hangup => true,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+        };
+        let now = stamp(&path);
+        if !asked && now == seen {
+            continue;
+        }
+        seen = now;
+        match RevocationList::load(&path) {
+            Ok(new) => {
+                if new != list || asked {
+                    let dropped = node.creds.set_revoked(new.clone());
+                    tracing::info!(event = "revocations-reloaded", path = %path.display(),
+                        revoked = new.len(), dropped = dropped.len());
+                    for (peer, addr) in dropped {
+                        tracing::warn!(event = "revoked-connection-dropped", peer = %peer,
+                            addr = %addr);
+                    }
+                    list = new;
+                }
+            }
+            Err(e) => {
+                tracing::error!(event = "revocations-unreadable", path = %path.display(),
+                    error = %format!("{e:#}"), "the previous list stays in force")
+            }
+        }
     }
 }
 
@@ -247,7 +341,57 @@ pub fn describe_status(status: i32) -> String {
     }
 }
 
+/// At most this many connections may be waiting for their handshake at once...
+pub const MAX_HANDSHAKES: usize = 256;
+/// ... and at most this many from one source address. Beyond these, a connection is closed as
+/// soon as it is accepted: idle or slow strangers cannot exhaust the daemon's descriptors and
+/// memory (each also has `tls::HANDSHAKE_TIMEOUT` to finish).
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 16;
+
+/// Connections waiting for their handshake, by source address.
+#[derive(Default)]
+struct Handshakes {
+    by_source: Mutex<HashMap<std::net::IpAddr, usize>>,
+}
+
+/// A slot among [`MAX_HANDSHAKES`], freed when dropped.
+struct HandshakeSlot {
+    table: Arc<Handshakes>,
+    source: std::net::IpAddr,
+}
+
+impl Handshakes {
+    fn take(self: &Arc<Self>, source: std::net::IpAddr) -> Option<HandshakeSlot> {
+        let mut t = self.by_source.lock().expect("handshakes lock");
+        let total: usize = t.values().sum();
+        let here = t.get(&source).copied().unwrap_or(0);
+        if total >= MAX_HANDSHAKES || here >= MAX_HANDSHAKES_PER_SOURCE {
+            return None;
+        }
+        *t.entry(source).or_insert(0) += 1;
+        Some(HandshakeSlot {
+            table: self.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut t = self.table.by_source.lock().expect("handshakes lock");
+        if let Some(n) = t.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                t.remove(&self.source);
+            }
+        }
+    }
+}
+
 async fn accept_peers(node: Arc<Node>, tcp: TcpListener) {
+    let handshakes = Arc::new(Handshakes::default());
+    let mut shed = 0u64;
+    let mut shed_logged: Option<std::time::Instant> = None;
     loop {
         let (stream, from) = match tcp.accept().await {
             Ok(x) => x,
@@ -256,6 +400,18 @@ async fn accept_peers(node: Arc<Node>, tcp: TcpListener) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
+        };
+        let Some(slot) = handshakes.take(from.ip()) else {
+            drop(stream);
+            shed += 1;
+            if shed_logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                tracing::warn!(event = "connections-shed", count = shed, last_from = %from,
+                    per_source = MAX_HANDSHAKES_PER_SOURCE, total = MAX_HANDSHAKES,
+                    "too many connections waiting for their handshake: closed at once");
+                shed = 0;
+                shed_logged = Some(std::time::Instant::now());
+            }
+            continue;
         };
         let node = node.clone();
         tokio::spawn(async move {
@@ -266,6 +422,7 @@ async fn accept_peers(node: Arc<Node>, tcp: TcpListener) {
                     return;
                 }
             };
+            drop(slot);
             let peer = conn.peer.clone();
             if let Err(e) = serve_peer(&node, conn).await {
                 tracing::warn!(event = "peer-error", peer = %peer, from = %from,
@@ -283,10 +440,16 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
     };
     match first {
         Msg::Gossip { packet } => {
-            node.membership.deliver(packet.into_vec());
+            let peer = conn.peer.clone();
+            let deliver = |packet: serde_bytes::ByteBuf| {
+                node.membership
+                    .deliver(&peer, packet.into_vec())
+                    .map_err(|e| anyhow::anyhow!("{e}: dropping the gossip connection"))
+            };
+            deliver(packet)?;
             loop {
                 match read_msg(&mut conn.stream).await {
-                    Ok(Msg::Gossip { packet }) => node.membership.deliver(packet.into_vec()),
+                    Ok(Msg::Gossip { packet }) => deliver(packet)?,
                     Ok(other) => bail!("{} message on a gossip connection", kind(&other)),
                     Err(FrameError::Closed) => return Ok(()),
                     Err(e) => return Err(e).context("gossip connection"),
@@ -405,7 +568,13 @@ async fn processes(node: &Arc<Node>) -> Vec<ProcInfo> {
         let node = node.clone();
         asks.push(tokio::spawn(async move {
             let work = async {
-                let mut c = tls::connect(&node.creds, m.id.addr, Duration::from_secs(2)).await?;
+                let mut c = tls::connect(
+                    &node.creds,
+                    Some(&m.id.name),
+                    m.id.addr,
+                    Duration::from_secs(2),
+                )
+                .await?;
                 write_msg(&mut c.stream, &Msg::LocalProcesses).await?;
                 match read_msg(&mut c.stream).await? {
                     Msg::Processes(p) => Ok(p),

@@ -19,6 +19,11 @@ pub struct NodeLoad {
     pub guests: u32,
     /// The owner lets this node take guests.
     pub accepting: bool,
+    /// The node could not measure its load this time (an unreadable /proc file): these are its
+    /// last good figures, not today's. Policy treats a stale load as unknown: such a node takes
+    /// no guest and is never chosen.
+    #[serde(default)]
+    pub stale: bool,
 }
 
 /// A console used within this many seconds means someone is at the machine (Sprite used 30 s).
@@ -45,6 +50,9 @@ pub fn admit(load: &NodeLoad, memory_bytes: u64) -> Result<(), String> {
     if !load.accepting {
         return Err("this node does not accept guests (accept_guests = false)".into());
     }
+    if load.stale {
+        return Err("this node cannot measure its load now (see its log)".into());
+    }
     // Keep a margin: a guest that fits only by exhausting memory would be killed later.
     let margin = 64 << 20;
     if memory_bytes.saturating_add(margin) > load.free_memory_bytes {
@@ -65,7 +73,9 @@ pub fn choose_idlest<'a>(
 ) -> Option<&'a str> {
     nodes
         .into_iter()
-        .filter(|(name, load)| Some(*name) != exclude && load.accepting && !load.owner_present())
+        .filter(|(name, load)| {
+            Some(*name) != exclude && load.accepting && !load.stale && !load.owner_present()
+        })
         .min_by(|(an, a), (bn, b)| {
             a.busyness()
                 .partial_cmp(&b.busyness())
@@ -88,6 +98,7 @@ mod tests {
             console_idle_secs: None,
             guests,
             accepting: true,
+            stale: false,
         }
     }
 
@@ -125,5 +136,16 @@ mod tests {
             .contains("not enough free memory"));
         l.accepting = false;
         assert!(admit(&l, 0).unwrap_err().contains("does not accept guests"));
+    }
+
+    #[test]
+    fn a_stale_load_is_unknown_not_idle() {
+        let mut s = load(0, 0);
+        s.stale = true;
+        s.free_memory_bytes = 1 << 50;
+        let busy = load(8, 3);
+        assert!(admit(&s, 0).unwrap_err().contains("cannot measure"));
+        assert_eq!(choose_idlest([("s", &s), ("b", &busy)], None), Some("b"));
+        assert_eq!(choose_idlest([("s", &s)], None), None);
     }
 }

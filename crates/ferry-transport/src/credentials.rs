@@ -3,6 +3,7 @@
 //! before a single message is read, and the node name a peer claims must be the one in its
 //! certificate.
 
+use crate::revocation::{Registry, RevocationList};
 use anyhow::{anyhow, bail, Context, Result};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -141,12 +142,18 @@ fn write_private(path: &Path, data: &[u8]) -> Result<()> {
         .with_context(|| format!("write {}", path.display()))
 }
 
-/// A node's loaded credentials: TLS configurations for both directions.
+/// A node's loaded credentials: TLS configurations for both directions, the revocation list
+/// in force, and the live connections it may have to close.
 #[derive(Clone)]
 pub struct Credentials {
     pub node: String,
     pub server: Arc<ServerConfig>,
     pub client: Arc<ClientConfig>,
+    /// The address outgoing connections are made from (the node's listen address): on a machine
+    /// with several addresses, a peer then sees each node come from its own, and can count
+    /// connections per node. None: the kernel chooses.
+    pub local_ip: Option<std::net::IpAddr>,
+    pub(crate) registry: Arc<Registry>,
 }
 
 impl Credentials {
@@ -187,7 +194,20 @@ impl Credentials {
             node,
             server: Arc::new(server),
             client: Arc::new(client),
+            local_ip: None,
+            registry: Arc::default(),
         })
+    }
+
+    /// Puts a revocation list in force: from now on connections with a listed certificate are
+    /// refused, and those open now are shut down. Returns the (peer, address) of each shut.
+    pub fn set_revoked(&self, list: RevocationList) -> Vec<(String, std::net::SocketAddr)> {
+        self.registry.set_revoked(list)
+    }
+
+    /// Whether the certificate with this fingerprint is revoked.
+    pub fn is_revoked(&self, fingerprint: &str) -> bool {
+        self.registry.is_revoked(fingerprint)
     }
 }
 

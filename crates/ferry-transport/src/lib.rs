@@ -6,9 +6,11 @@
 pub mod credentials;
 pub mod frame;
 pub mod message;
+pub mod revocation;
 pub mod tls;
 
 pub use credentials::{ClusterCa, CredentialPaths, Credentials};
 pub use frame::{read_frame, read_msg, write_data, write_end, write_msg, Frame, FrameError};
 pub use message::Msg;
+pub use revocation::RevocationList;
 pub use tls::Conn;

@@ -44,14 +44,14 @@ async fn members_talk_strangers_are_refused() {
         results
     });
 
-    let mut conn = tls::connect(&a, addr, Duration::from_secs(5))
+    let mut conn = tls::connect(&a, Some("b"), addr, Duration::from_secs(5))
         .await
         .unwrap();
     assert_eq!(conn.peer, "b");
     ferry_transport::write_msg(&mut conn.stream, &Msg::Commit)
         .await
         .unwrap();
-    let refused = tls::connect(&stranger, addr, Duration::from_secs(5)).await;
+    let refused = tls::connect(&stranger, None, addr, Duration::from_secs(5)).await;
     assert!(refused.is_err(), "a foreign certificate was accepted");
 
     let results = server.await.unwrap();

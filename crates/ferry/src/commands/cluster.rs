@@ -20,6 +20,9 @@ pub enum Command {
     Ca(CaArgs),
     /// Issue the certificate of node NAME (NAME.pem, NAME.key) from the CA in DIR.
     Issue(IssueArgs),
+    /// Revoke the certificate of node NAME (DIR/NAME.pem): add it to DIR/revoked, the
+    /// revocation list, which every node must then have at its config's `revoked` path.
+    Revoke(IssueArgs),
 }
 
 #[derive(clap::Args)]
@@ -85,7 +88,57 @@ pub fn run(c: Command) -> Result<()> {
             );
             Ok(())
         }
+        Command::Revoke(a) => revoke(&a.node, &a.dir),
     }
+}
+
+/// The revocation list `ferry cluster up` and `ferry cluster revoke` keep beside the
+/// certificates.
+pub const REVOKED_FILE: &str = "revoked";
+
+const REVOKED_HEADER: &str = "# Ferry revocation list: certificates every node refuses, one per \
+line, by the SHA-256 of its DER encoding (docs/security.md).\n";
+
+fn revoke(node: &str, dir: &Path) -> Result<()> {
+    ferry_transport::credentials::check_node_name(node)?;
+    let cert = dir.join(format!("{node}.pem"));
+    let fp = ferry_transport::revocation::fingerprint_pem_file(&cert)?;
+    let list_path = dir.join(REVOKED_FILE);
+    let old = match std::fs::read_to_string(&list_path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => REVOKED_HEADER.to_string(),
+        Err(e) => return Err(e).with_context(|| format!("read {}", list_path.display())),
+    };
+    let list = ferry_transport::RevocationList::parse(&old)
+        .with_context(|| format!("parse {}", list_path.display()))?;
+    if list.contains(&fp) {
+        println!(
+            "the certificate of {node} ({fp}) is already in {}",
+            list_path.display()
+        );
+        return Ok(());
+    }
+    let when = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut new = old;
+    if !new.is_empty() && !new.ends_with('\n') {
+        new.push('\n');
+    }
+    new.push_str(&format!("{fp}  {node}  revoked-at-unix {when}\n"));
+    // Whole or not at all: daemons reload the file when it changes.
+    let tmp = dir.join(format!(".{REVOKED_FILE}.tmp"));
+    std::fs::write(&tmp, &new).with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &list_path)
+        .with_context(|| format!("replace {}", list_path.display()))?;
+    println!(
+        "revoked the certificate of {node} ({fp}) in {}; every node whose config names this \
+         list (`revoked = ...`) refuses it within a second or on SIGHUP (copy the file to \
+         nodes that keep their own)",
+        list_path.display()
+    );
+    Ok(())
 }
 
 /// Node names: a, b, c, ... z, then n26, n27...
@@ -116,6 +169,9 @@ fn up(a: UpArgs) -> Result<()> {
     std::fs::create_dir_all(&certs)?;
     let ca = ClusterCa::generate(&dir.display().to_string())?;
     ca.save(&certs)?;
+    let revoked = certs.join(REVOKED_FILE);
+    std::fs::write(&revoked, REVOKED_HEADER)
+        .with_context(|| format!("write {}", revoked.display()))?;
     let names: Vec<String> = (0..a.nodes).map(node_name).collect();
     let addr = |i: usize| -> Result<SocketAddr> {
         let base = u32::from(a.first_addr);
@@ -145,6 +201,7 @@ fn up(a: UpArgs) -> Result<()> {
             } else {
                 vec![addr(0)?]
             },
+            revoked: Some(revoked.clone()),
             credentials: ca.issue_node_files(name, &certs)?,
         };
         let cfg_path = data_dir.join("ferry.toml");
