@@ -48,7 +48,7 @@ fn issue(c: &Cluster, name: &str, ip: &str) -> Credentials {
 }
 
 fn addr(c: &Cluster, node: &str) -> SocketAddr {
-    let i = (node.as_bytes()[0] - b'a') as u8;
+    let i = node.as_bytes()[0] - b'a';
     format!("127.0.0.{}:{}", 11 + i, c.port).parse().unwrap()
 }
 
@@ -191,6 +191,7 @@ impl Liar {
                 }
                 while runtime.to_notify().is_some() {}
                 while let Some((to, data)) = runtime.to_send() {
+                    #[allow(clippy::map_entry)] // the insert follows an await
                     if !links.contains_key(&to.addr) {
                         match tls::connect(&creds, None, to.addr, Duration::from_secs(1)).await {
                             Ok(c) => {
