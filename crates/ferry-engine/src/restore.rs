@@ -602,6 +602,13 @@ fn build<R: Read>(
     for ((p, h), (_, tids)) in live.iter().zip(live_tids.iter()) {
         signals::restore_pending(h, p, &thread_injectors)?;
         h.drop_ferry_pidfd()?;
+        for t in &p.threads[1..] {
+            let inj = thread_injectors.get(&t.tid).ok_or_else(|| Error::Restore {
+                pid: p.pid,
+                what: format!("thread {} was not created", t.tid),
+            })?;
+            process::restore_thread_creds(inj, p)?;
+        }
         process::restore_creds(h, p)?;
         process::restore_prctl(h, p)?;
         h.remove_trampoline()?;

@@ -194,7 +194,13 @@ fn set_mm_map(h: &Husk, p: &Process) -> Result<()> {
 /// Drops to the process's credentials. The last step of a restore: afterwards the process may
 /// no longer be allowed to do what the earlier steps needed.
 pub fn restore_creds(h: &Husk, p: &Process) -> Result<()> {
-    let inj = h.injector();
+    restore_thread_creds(h.injector(), p)
+}
+
+/// Drops one thread to the process's credentials. Credentials belong to each thread (glibc's
+/// setuid and friends change every thread's in turn): every thread of a rebuilt process, made
+/// by root, is dropped, not only the main one.
+pub fn restore_thread_creds(inj: &Injector, p: &Process) -> Result<()> {
     let c = &p.creds;
     for cap in 0..64u64 {
         if c.cap_bnd & (1 << cap) == 0 && cap <= last_cap() {
