@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
-/// A node's identity in the membership protocol. `bump` changes at each start, so a restarted
-/// node supersedes its previous incarnation.
+/// A node's identity in the membership protocol. `bump` is greater at each start (the node's
+/// incarnation, see [`incarnation`]), so a restarted node supersedes its previous identity.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct NodeId {
     pub name: String,

@@ -139,15 +139,14 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("restrict {}", sock_path.display()))?;
     }
+    // Greater at each start, even if the clock went back: a restarted node's identity
+    // supersedes its previous one, and its load records the previous ones.
+    let incarnation = crate::membership::incarnation(&config.data_dir)?;
     let me = NodeId {
         name: config.name.clone(),
         addr: config.listen,
-        bump: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
+        bump: incarnation,
     };
-    let incarnation = crate::membership::incarnation(&config.data_dir)?;
     let membership = Membership::start(me, incarnation, creds.clone(), config.peers.clone());
     let accepting = config.accept_guests;
     let fault = std::env::var("FERRY_FAULT").ok().and_then(|f| {

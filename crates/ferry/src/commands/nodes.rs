@@ -46,7 +46,14 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
             l.console_idle_secs
                 .map_or_else(|| "-".to_string(), |s| format!("{s}s")),
             l.guests,
-            if l.accepting { "yes" } else { "no" }
+            if l.stale {
+                // The node could not measure its load: these figures are old.
+                "stale"
+            } else if l.accepting {
+                "yes"
+            } else {
+                "no"
+            }
         );
     }
     Ok(())
