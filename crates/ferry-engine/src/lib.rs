@@ -29,6 +29,7 @@ pub mod objects;
 pub mod pidview;
 pub mod preflight;
 pub mod procfs;
+pub mod reopen;
 pub mod resources;
 pub mod restore;
 

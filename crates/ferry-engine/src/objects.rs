@@ -3,14 +3,22 @@
 
 use crate::error::{Context, Error, Result};
 use crate::procfs::MapEntry;
+use crate::reopen::{Match, Rights};
 use ferry_image::stream::ObjectRef;
-use ferry_image::{GhostFile, ImageWriter, ShmemKind, ShmemObject, Vma};
+use ferry_image::{
+    Backing, FileIdentity, FileKind, GhostFile, ImageWriter, Process, ShmemKind, ShmemObject, Tree,
+    Vma,
+};
+use ferry_sys::fsid::{self, with_fs_creds, FsCreds};
 use ferry_sys::PAGE_SIZE;
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
 
 #[derive(Default)]
 pub struct CaptureObjects {
@@ -224,11 +232,10 @@ impl CaptureObjects {
 pub struct RestoreObjects {
     shmem: HashMap<u32, File>,
     memfd_seals: Vec<(u32, u32)>,
-    ghosts: HashMap<u32, (File, String)>,
-    /// Files that stood where a deleted file has to be recreated: moved aside meanwhile,
-    /// (temporary name, real name).
-    displaced: Vec<(String, String)>,
+    ghosts: HashMap<u32, Ghost>,
     put_back: std::cell::Cell<bool>,
+    /// Whoever asked for the restore (`None`: Ferry itself, root).
+    caller: Option<FsCreds>,
     /// System V segments: recreated from inside the first process that attaches them (so that
     /// their creator PID is right); their contents wait here until then.
     sysv: HashMap<u32, SysvSegment>,
@@ -246,8 +253,12 @@ struct SysvSegment {
 }
 
 impl RestoreObjects {
-    pub fn create(shmem: &[ShmemObject], ghosts: &[GhostFile]) -> Result<Self> {
+    /// Recreates the tree's shared objects and deleted files. `caller`: whoever asked for the
+    /// restore (`None`: Ferry itself, root); see [`crate::reopen`].
+    pub fn create(tree: &Tree, caller: Option<&FsCreds>) -> Result<Self> {
+        let shmem = &tree.shmem;
         let mut me = RestoreObjects::default();
+        me.caller = caller.cloned();
         let own = std::process::id() as i32;
         for o in shmem {
             let file = match &o.kind {
@@ -282,35 +293,52 @@ impl RestoreObjects {
             };
             me.shmem.insert(o.id, file);
         }
-        for g in ghosts {
-            // The descriptor must show the old path once unlinked, so the file is recreated
-            // under that very name; a file that now has the name steps aside meanwhile.
-            if std::fs::symlink_metadata(&g.path).is_ok() {
-                let aside = format!("{}.ferry-aside-{}", g.path, std::process::id());
-                std::fs::rename(&g.path, &aside).ctx(own, || {
-                    format!(
-                        "move {} aside to recreate the deleted file of that name",
-                        g.path
-                    )
-                })?;
-                me.displaced.push((aside, g.path.clone()));
-            }
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&g.path)
-                .ctx(own, || format!("recreate deleted file {}", g.path))?;
-            let _ = std::fs::set_permissions(
-                &g.path,
-                std::os::unix::fs::PermissionsExt::from_mode(g.mode & 0o7777),
-            );
-            let _ = std::os::unix::fs::chown(&g.path, Some(g.uid), Some(g.gid));
-            file.set_len(g.size)
-                .ctx(own, || format!("size deleted file {}", g.path))?;
-            me.ghosts.insert(g.id, (file, g.path.clone()));
+        for g in &tree.ghosts {
+            let (holder, how) = ghost_holder(tree, g.id).ok_or_else(|| {
+                Error::BadImage(format!(
+                    "deleted file {} ({}) is held by no process",
+                    g.id, g.path
+                ))
+            })?;
+            let ghost = Ghost::recreate(g, holder.pid, &how, &me.rights(holder).process)?;
+            me.ghosts.insert(g.id, ghost);
         }
         Ok(me)
+    }
+
+    /// Whose rights a file operation for process `p` uses: its own, then (for the very file
+    /// captured) the caller's.
+    pub fn rights<'a>(&'a self, p: &Process) -> Rights<'a> {
+        Rights::of(p, self.caller.as_ref())
+    }
+
+    /// A new descriptor of the recreated deleted file `id`, opened with `flags` as `rights`
+    /// allow.
+    pub fn reopen_ghost(&self, id: u32, flags: i32, rights: &Rights<'_>) -> Result<OwnedFd> {
+        let g = self
+            .ghosts
+            .get(&id)
+            .ok_or_else(|| Error::BadImage(format!("unknown deleted file {id}")))?;
+        let through = format!("/proc/self/fd/{}", g.file.as_raw_fd());
+        let open = |creds: &FsCreds| {
+            with_fs_creds(creds, || {
+                ferry_sys::fdops::open_path(&through, flags | libc::O_CLOEXEC, 0)
+            })
+            .and_then(|r| r)
+        };
+        // Our own descriptor of the file we made: no other can stand in its place, so the
+        // caller's rights may open it when the process's are refused (it may have changed its
+        // mode since it opened it).
+        open(&rights.process)
+            .or_else(|e| match e.errno {
+                libc::EACCES | libc::EPERM => {
+                    open(&rights.caller.cloned().unwrap_or_else(FsCreds::root))
+                }
+                _ => Err(e),
+            })
+            .ctx(rights.pid, || {
+                format!("reopen recreated deleted file {}", g.path)
+            })
     }
 
     pub fn fill(&self, object: ObjectRef, offset: u64, data: &[u8]) -> Result<()> {
@@ -322,7 +350,7 @@ impl RestoreObjects {
         }
         let file = match object {
             ObjectRef::Shmem(id) => self.shmem.get(&id),
-            ObjectRef::Ghost(id) => self.ghosts.get(&id).map(|(f, _)| f),
+            ObjectRef::Ghost(id) => self.ghosts.get(&id).map(|g| &g.file),
         }
         .ok_or_else(|| Error::BadImage(format!("data for unknown object {object:?}")))?;
         file.write_all_at(data, offset)
@@ -335,28 +363,46 @@ impl RestoreObjects {
             .ok_or_else(|| Error::BadImage(format!("unknown shared memory object {id}")))
     }
 
-    pub fn ghost_path(&self, id: u32) -> Result<&str> {
-        self.ghosts
-            .get(&id)
-            .map(|(_, p)| p.as_str())
-            .ok_or_else(|| Error::BadImage(format!("unknown deleted file {id}")))
-    }
-
-    /// The file a file-backed mapping maps: the file at `path`, or a recreated deleted file.
-    pub fn mapping_file(&self, pid: i32, path: &str, ghost: Option<u32>, v: &Vma) -> Result<File> {
-        let path = match ghost {
-            Some(id) => self.ghost_path(id)?.to_string(),
-            None => path.to_string(),
+    /// The file a file-backed mapping of process `pid` maps: the file at `path` (opened as
+    /// `rights` allow, and only if it is still the file captured), or a recreated deleted file.
+    pub fn mapping_file(&self, rights: &Rights<'_>, backing: &Backing, v: &Vma) -> Result<File> {
+        let Backing::File {
+            path,
+            dev,
+            ino,
+            size,
+            ghost,
+        } = backing
+        else {
+            return Err(Error::BadImage(format!(
+                "PID {}: mapping {:x}-{:x} is not backed by a file",
+                rights.pid, v.start, v.end
+            )));
         };
         let write = v.shared && v.prot & libc::PROT_WRITE as u32 != 0;
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(write)
-            .open(&path)
-            .map_err(|e| Error::Restore {
-                pid,
-                what: format!("open {path} to map it at {:x}: {e}", v.start),
-            })
+        let flags = if write { libc::O_RDWR } else { libc::O_RDONLY };
+        let fd = match ghost {
+            Some(id) => self.reopen_ghost(*id, flags, rights)?,
+            None => {
+                let want = FileIdentity {
+                    dev: *dev,
+                    ino: *ino,
+                    mode: libc::S_IFREG,
+                    size: *size,
+                    ..Default::default()
+                };
+                crate::reopen::open(
+                    rights.pid,
+                    &format!("mapping {:x}-{:x}", v.start, v.end),
+                    path,
+                    flags,
+                    Some(&want),
+                    Match::Mapped,
+                    rights,
+                )?
+            }
+        };
+        Ok(File::from(fd))
     }
 
     /// Seals memfds and unlinks recreated deleted files, once every process holds them.
@@ -502,13 +548,155 @@ impl RestoreObjects {
         if self.put_back.replace(true) {
             return;
         }
-        for (_, path) in self.ghosts.values() {
-            let _ = std::fs::remove_file(path);
+        for g in self.ghosts.values() {
+            g.remove();
         }
-        for (aside, path) in &self.displaced {
-            if let Err(e) = std::fs::rename(aside, path) {
-                log::error!("could not move {aside} back to {path}: {e}");
+    }
+}
+
+/// The first process of the tree that holds deleted file `id`, and how (its descriptor or
+/// mapping, for messages).
+fn ghost_holder(tree: &Tree, id: u32) -> Option<(&Process, String)> {
+    tree.processes.iter().find_map(|p| {
+        let by_fd = p.fds.iter().find(|f| {
+            matches!(
+                tree.files.get(f.file as usize).map(|d| &d.kind),
+                Some(FileKind::Regular { ghost: Some(g), .. }) if *g == id
+            )
+        });
+        if let Some(f) = by_fd {
+            return Some((p, format!("fd {}", f.fd)));
+        }
+        p.vmas
+            .iter()
+            .find(|v| matches!(&v.backing, Backing::File { ghost: Some(g), .. } if *g == id))
+            .map(|v| (p, format!("mapping {:x}-{:x}", v.start, v.end)))
+    })
+}
+
+/// A deleted file recreated under its old name, so that the descriptors and mappings made from
+/// it show that name once it is unlinked again: made in its old directory, with the rights of
+/// a process that held it, never through a symbolic link.
+struct Ghost {
+    file: File,
+    path: String,
+    /// Its directory (O_PATH), opened without following any link.
+    dir: OwnedFd,
+    name: OsString,
+    /// What had the name before, moved aside meanwhile under this name.
+    aside: Option<OsString>,
+    creds: FsCreds,
+}
+
+impl Ghost {
+    fn recreate(g: &GhostFile, pid: i32, how: &str, creds: &FsCreds) -> Result<Ghost> {
+        let path = Path::new(&g.path);
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(Error::BadImage(format!(
+                "deleted file {} has no name in a directory: {}",
+                g.id, g.path
+            )));
+        };
+        if !path.is_absolute() {
+            return Err(Error::BadImage(format!(
+                "deleted file {} has a relative path: {}",
+                g.id, g.path
+            )));
+        }
+        let name = name.to_owned();
+        let aside_name = {
+            let mut a = name.clone();
+            a.push(format!(".ferry-aside-{}", std::process::id()));
+            a
+        };
+        let made = with_fs_creds(creds, || -> std::result::Result<Ghost, String> {
+            let dir = fsid::openat2(
+                libc::AT_FDCWD,
+                &parent.to_string_lossy(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                0,
+                libc::RESOLVE_NO_SYMLINKS,
+            )
+            .map_err(|e| match e.errno {
+                libc::ELOOP => format!(
+                    "its directory {}: a symbolic link is in that path now (it was not \
+                     when captured)",
+                    parent.display()
+                ),
+                _ => format!("open its directory {}: {e}", parent.display()),
+            })?;
+            let d = dir.as_raw_fd();
+            let aside = match fsid::rename_in(d, &name, &aside_name, true) {
+                Ok(()) => Some(aside_name.clone()),
+                Err(e) if e.errno == libc::ENOENT => None,
+                Err(e) => return Err(format!("move the file that now has its name aside: {e}")),
+            };
+            let undo = |what: String| {
+                if let Some(a) = &aside {
+                    let _ = fsid::rename_in(d, a, &name, false);
+                }
+                what
+            };
+            let fd = fsid::openat2(
+                d,
+                &name.to_string_lossy(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                g.mode & 0o7777,
+                libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
+            )
+            .map_err(|e| undo(format!("create it: {e}")))?;
+            let file = File::from(fd);
+            let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
+                g.mode & 0o7777,
+            ));
+            // Its owner, when those rights allow it (they do for the file's own owner).
+            let _ = std::os::unix::fs::fchown(&file, Some(g.uid), Some(g.gid));
+            let ghost = Ghost {
+                file,
+                path: g.path.clone(),
+                dir,
+                name: name.clone(),
+                aside,
+                creds: creds.clone(),
+            };
+            if let Err(e) = ghost.file.set_len(g.size) {
+                ghost.remove();
+                return Err(format!("size it to {}: {e}", g.size));
             }
+            Ok(ghost)
+        });
+        let fail = |why: String| Error::Restore {
+            pid,
+            what: format!(
+                "{how}: recreate deleted file {} (as {creds}): {why}",
+                g.path
+            ),
+        };
+        made.map_err(|e| fail(e.to_string()))?.map_err(fail)
+    }
+
+    /// Unlinks it again, and puts back what had its name.
+    fn remove(&self) {
+        let d = self.dir.as_raw_fd();
+        let r = with_fs_creds(&self.creds, || {
+            let mut errors = Vec::new();
+            if let Err(e) = fsid::unlink_in(d, &self.name) {
+                errors.push(format!("unlink {}: {e}", self.path));
+            }
+            if let Some(a) = &self.aside {
+                if let Err(e) = fsid::rename_in(d, a, &self.name, false) {
+                    errors.push(format!("move {a:?} back to {}: {e}", self.path));
+                }
+            }
+            errors
+        });
+        match r {
+            Ok(errors) => {
+                for e in errors {
+                    log::error!("{e}");
+                }
+            }
+            Err(e) => log::error!("recreated deleted file {}: {e}", self.path),
         }
     }
 }

@@ -196,6 +196,11 @@ pub struct RestoreOptions<'a> {
     /// Rebuild the tree inside these guest namespaces (its PIDs are then the guest's, and its
     /// clocks those of the guest time namespace) instead of in ours.
     pub guest: Option<&'a GuestNamespaces>,
+    /// Whoever asks for the restore: `None` for Ferry itself (root, as today's CLI and
+    /// daemon). Files are opened with each process's own rights; only when those are refused
+    /// are the caller's tried, and then only for the very file captured (`crate::reopen`).
+    /// A restore on behalf of a user passes that user's credentials here.
+    pub caller: Option<&'a ferry_sys::fsid::FsCreds>,
 }
 
 /// The PIDs and TIDs of an image.
@@ -409,7 +414,7 @@ pub fn restore_with<R: Read>(
     let t0 = Instant::now();
     check_pids_free(&img.tree, opts.guest)?;
     ferry_sys::fdops::raise_nofile();
-    let objects = RestoreObjects::create(&img.tree.shmem, &img.tree.ghosts)?;
+    let objects = RestoreObjects::create(&img.tree, opts.caller)?;
     let mut buf = vec![0u8; PIECE];
     // The contents of shared objects come before memory (since format version 2).
     loop {
@@ -556,7 +561,7 @@ fn build<R: Read>(
         .collect();
     let mut thread_injectors: HashMap<i32, ferry_inject::Injector> = HashMap::new();
     for (p, h) in &live {
-        memory::restore_mappings(h, &p.vmas, cx.objects)?;
+        memory::restore_mappings(h, p, cx.objects)?;
     }
     stream_memory(
         &mut cx.img.records,
@@ -571,7 +576,7 @@ fn build<R: Read>(
     let t2 = Instant::now();
     for (p, h) in &live {
         files::install(h, p, tree, cx.descs)?;
-        process::restore_environment(h, p)?;
+        process::restore_environment(h, p, &cx.objects.rights(p))?;
         signals::restore_actions(h, p)?;
         threads::restore_inside(h.injector(), &p.threads[0])?;
         threads::restore_sched(p.pid, h.injector(), &p.threads[0])?;

@@ -332,6 +332,28 @@ pub struct FileDesc {
     /// flock and OFD locks held through this description.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub locks: Vec<FileLock>,
+    /// For a description opened by path (a regular file that was not deleted, a directory, a
+    /// device, a FIFO, an O_PATH name): which file the path named when it was captured. A
+    /// restore opens the path again and refuses a file that is not this one. Absent in images
+    /// from before this field existed (then only the rights of the process are checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<FileIdentity>,
+}
+
+/// What makes a file the one that was captured: its inode, and for a regular file its size
+/// and last change. Read with stat(2) on the process's own descriptor while it was frozen.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct FileIdentity {
+    pub dev: u64,
+    pub ino: u64,
+    /// st_mode: the file type and permission bits.
+    pub mode: u32,
+    /// st_rdev of a device.
+    pub rdev: u64,
+    pub size: u64,
+    /// st_ctime: the last change of the inode or its contents.
+    pub ctime_sec: i64,
+    pub ctime_nsec: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

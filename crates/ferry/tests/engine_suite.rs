@@ -867,6 +867,7 @@ fn run_held(suite: &Suite, resume: bool) -> Result<(), Failed> {
         &mut image,
         &RestoreOptions {
             guest: Some(&guest),
+            caller: None,
         },
     )
     .map_err(|e| run.report(&format!("restore_with: {e}")))?;

@@ -9,6 +9,7 @@ use crate::error::{Context, Error, Result};
 use crate::husk::Husk;
 use crate::objects::{CaptureObjects, RestoreObjects};
 use crate::procfs;
+use crate::reopen::Match;
 use ferry_image::{Fd, FileDesc, FileKind, Pipe, Process, Tree};
 use ferry_sys::fdops;
 use std::collections::HashMap;
@@ -78,12 +79,25 @@ impl FdCapture {
                 None => {
                     let id = tree.files.len() as u32;
                     let kind = self.classify(pid, fd, &link, &md, &info, tree, objects)?;
+                    // Opened again by path at restore: which file that path names now.
+                    let by_path = match &kind {
+                        FileKind::Regular { ghost, .. } => ghost.is_none(),
+                        FileKind::Directory { .. }
+                        | FileKind::Device { .. }
+                        | FileKind::PathOnly { .. } => true,
+                        FileKind::Pipe { pipe } => tree
+                            .pipes
+                            .get(*pipe as usize)
+                            .is_some_and(|p| p.fifo_path.is_some()),
+                        _ => false,
+                    };
                     tree.files.push(FileDesc {
                         id,
                         flags: (flags & !(libc::O_CLOEXEC as i64)) as i32,
                         pos: decimal(&info, "pos"),
                         kind,
                         locks: desc_locks,
+                        identity: by_path.then(|| crate::reopen::identity_of(&md)),
                     });
                     id
                 }
@@ -261,6 +275,9 @@ const SETFL_MASK: i32 =
 /// Recreates every open file description of the tree in this process. `guest`: the guest
 /// namespaces the tree is rebuilt in, if it is (UNIX sockets are made there under the PIDs
 /// their peers' credentials name; ptys come from the guest's own devpts).
+///
+/// Whatever is opened by path is opened with the rights of a process that holds it (the first
+/// in the tree), and only if the path still names the file captured (`crate::reopen`).
 pub fn open_descriptions(
     tree: &Tree,
     objects: &RestoreObjects,
@@ -269,14 +286,46 @@ pub fn open_descriptions(
     let dev = guest.map_or_else(|| std::path::PathBuf::from("/dev"), |g| g.dev_dir());
     drop(super::locks::Deferred::take()); // anything an earlier, failed restore left
     let me = std::process::id() as i32;
+    // The first descriptor of each description: in whose name, and with whose rights, it is
+    // opened.
+    let mut holders: HashMap<u32, (&Process, i32)> = HashMap::new();
+    for p in &tree.processes {
+        for f in &p.fds {
+            holders.entry(f.file).or_insert((p, f.fd));
+        }
+    }
+    let by_path = |d: &FileDesc, path: &str, flags: i32, m: Match| -> Result<OwnedFd> {
+        let (p, fd) = holders.get(&d.id).ok_or_else(|| {
+            Error::BadImage(format!("file {} ({path}) is held by no process", d.id))
+        })?;
+        crate::reopen::open(
+            p.pid,
+            &format!("fd {fd}"),
+            path,
+            flags,
+            d.identity.as_ref(),
+            m,
+            &objects.rights(p),
+        )
+    };
+    let fifo_desc = |pipe: u32| {
+        tree.files
+            .iter()
+            .find(|d| d.kind == FileKind::Pipe { pipe })
+            .ok_or_else(|| Error::BadImage(format!("FIFO {pipe} is held by no descriptor")))
+    };
     let mut out = HashMap::new();
     let mut pipe_ends: HashMap<u32, PipeEnds> = HashMap::new();
     for p in &tree.pipes {
         if let Some(path) = &p.fifo_path {
             // Holding the FIFO open for both reading and writing lets the ends open without
             // blocking and keeps the buffered bytes alive until the processes hold it.
-            let keep = fdops::open_path(path, libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
-                .ctx(me, || format!("open FIFO {path}"))?;
+            let keep = by_path(
+                fifo_desc(p.id)?,
+                path,
+                libc::O_RDWR | libc::O_NONBLOCK,
+                Match::Inode,
+            )?;
             let there =
                 fdops::fionread(keep.as_raw_fd()).ctx(me, || format!("bytes in FIFO {path}"))?;
             if there == 0 {
@@ -320,35 +369,42 @@ pub fn open_descriptions(
     for d in &tree.files {
         let acc = d.flags & libc::O_ACCMODE;
         let fd: OwnedFd = match &d.kind {
-            FileKind::Regular { path, ghost, .. } => {
-                let path = match ghost {
-                    Some(g) => objects.ghost_path(*g)?.to_string(),
-                    None => path.clone(),
-                };
-                fdops::open_path(&path, keep_flags(d.flags), 0).map_err(|e| Error::Restore {
-                    pid: me,
-                    what: format!("reopen {path}: {e}"),
-                })?
+            FileKind::Regular {
+                path,
+                ghost: Some(g),
+                ..
+            } => {
+                // Recreated by us: opened through our own descriptor of it.
+                let (p, _) = holders.get(&d.id).ok_or_else(|| {
+                    Error::BadImage(format!("file {} ({path}) is held by no process", d.id))
+                })?;
+                objects.reopen_ghost(*g, keep_flags(d.flags), &objects.rights(p))?
             }
-            FileKind::Directory { path } => {
-                fdops::open_path(path, keep_flags(d.flags) | libc::O_DIRECTORY, 0).map_err(|e| {
-                    Error::Restore {
+            FileKind::Regular { path, .. } => {
+                by_path(d, path, keep_flags(d.flags), Match::Contents)?
+            }
+            FileKind::Directory { path } => by_path(
+                d,
+                path,
+                keep_flags(d.flags) | libc::O_DIRECTORY,
+                Match::Inode,
+            )?,
+            FileKind::PathOnly { path } => by_path(d, path, keep_flags(d.flags), Match::Inode)?,
+            FileKind::Device { path, rdev } => {
+                let fd = by_path(d, path, keep_flags(d.flags), Match::Device)?;
+                let now = std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                    .ctx(me, || format!("stat {path}"))?;
+                if now.rdev() != *rdev {
+                    return Err(Error::Restore {
                         pid: me,
-                        what: format!("reopen directory {path}: {e}"),
-                    }
-                })?
+                        what: format!(
+                            "{path} is device {:#x} now, {rdev:#x} when captured; refused",
+                            now.rdev()
+                        ),
+                    });
+                }
+                fd
             }
-            FileKind::PathOnly { path } => {
-                fdops::open_path(path, keep_flags(d.flags), 0).map_err(|e| Error::Restore {
-                    pid: me,
-                    what: format!("reopen {path} (O_PATH): {e}"),
-                })?
-            }
-            FileKind::Device { path, .. } => fdops::open_path(path, keep_flags(d.flags), 0)
-                .map_err(|e| Error::Restore {
-                    pid: me,
-                    what: format!("reopen {path}: {e}"),
-                })?,
             FileKind::Pipe { pipe } => {
                 let p = tree.pipes.get(*pipe as usize).ok_or_else(|| {
                     Error::BadImage(format!("file {} names unknown pipe {pipe}", d.id))
@@ -363,18 +419,18 @@ pub fn open_descriptions(
                     Some(fd) => fd,
                     None => {
                         // A second description of the same end, or a FIFO: open it anew.
-                        let src = match &p.fifo_path {
-                            Some(path) => path.clone(),
+                        match &p.fifo_path {
+                            Some(path) => by_path(d, path, acc | libc::O_NONBLOCK, Match::Inode)?,
                             None => {
                                 let any = ends.0.as_ref().or(ends.1.as_ref()).or(ends.2.as_ref());
                                 let any = any
                                     .or_else(|| out.values().next())
                                     .expect("pipe has an open end");
-                                format!("/proc/self/fd/{}", any.as_raw_fd())
+                                let src = format!("/proc/self/fd/{}", any.as_raw_fd());
+                                fdops::open_path(&src, acc | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
+                                    .ctx(me, || format!("reopen pipe {}", p.ino))?
                             }
-                        };
-                        fdops::open_path(&src, acc | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
-                            .ctx(me, || format!("reopen pipe {}", p.ino))?
+                        }
                     }
                 }
             }

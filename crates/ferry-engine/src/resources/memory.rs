@@ -6,7 +6,7 @@ use crate::husk::Husk;
 use crate::objects::{CaptureObjects, RestoreObjects};
 use crate::procfs::{self, MapEntry};
 use ferry_image::stream::SealedPages;
-use ferry_image::{Backing, ImageWriter, Vma};
+use ferry_image::{Backing, ImageWriter, Process, Vma};
 use ferry_sys::proc_mem::{vm_read, vm_write, ProcMem};
 use ferry_sys::PAGE_SIZE;
 use std::io::Write;
@@ -255,7 +255,9 @@ fn seal_nonzero(image_pid: i32, addr: u64, buf: &[u8]) -> Sealed {
 }
 
 /// Maps every mapping of the process into the husk, empty. Contents come afterwards.
-pub fn restore_mappings(h: &Husk, vmas: &[Vma], objects: &RestoreObjects) -> Result<()> {
+pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Result<()> {
+    let vmas = &p.vmas;
+    let rights = &objects.rights(p);
     let inj = h.injector();
     let pid = h.pid;
     // The vDSO and its data pages come first, at their old place, as one unit.
@@ -318,7 +320,7 @@ pub fn restore_mappings(h: &Husk, vmas: &[Vma], objects: &RestoreObjects) -> Res
                 }
                 None
             }
-            Backing::File { path, ghost, .. } => Some(objects.mapping_file(pid, path, *ghost, v)?),
+            Backing::File { .. } => Some(objects.mapping_file(rights, &v.backing, v)?),
             Backing::Shmem { object } if objects.is_sysv(*object) => {
                 objects.attach_sysv(h, *object, v)?;
                 continue;

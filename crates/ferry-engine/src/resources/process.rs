@@ -115,7 +115,11 @@ pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -
 
 /// Restores cwd, root, umask, personality, rlimits and the mm bookkeeping. Run after memory
 /// and descriptors are in place, before credentials are dropped.
-pub fn restore_environment(h: &Husk, p: &Process) -> Result<()> {
+pub fn restore_environment(
+    h: &Husk,
+    p: &Process,
+    rights: &crate::reopen::Rights<'_>,
+) -> Result<()> {
     let inj = h.injector();
     let pid = h.pid;
     let path = |s: &str| -> Result<u64> {
@@ -143,20 +147,41 @@ pub fn restore_environment(h: &Husk, p: &Process) -> Result<()> {
             format!("set rlimit {} to {}/{}", r.resource, r.cur, r.max)
         })?;
     }
-    set_mm_map(h, p)
+    set_mm_map(h, p, rights)
 }
 
-fn set_mm_map(h: &Husk, p: &Process) -> Result<()> {
+fn set_mm_map(h: &Husk, p: &Process, rights: &crate::reopen::Rights<'_>) -> Result<()> {
     let inj = h.injector();
     let mm = &p.mm;
     let auxv: Vec<u8> = mm.auxv.iter().flat_map(|w| w.to_ne_bytes()).collect();
     let auxv_addr = inj.write_scratch(1024, &auxv)?;
-    let exe = ferry_sys::fdops::open_path(
-        p.exe.strip_suffix(" (deleted)").unwrap_or(&p.exe),
-        libc::O_RDONLY | libc::O_CLOEXEC,
-        0,
-    )
-    .ctx(h.pid, || format!("open executable {}", p.exe))?;
+    // Opened as the process, and only if it is the file it maps as its executable.
+    let exe_path = p.exe.strip_suffix(" (deleted)").unwrap_or(&p.exe);
+    let want = p.vmas.iter().find_map(|v| match &v.backing {
+        ferry_image::Backing::File {
+            path,
+            dev,
+            ino,
+            size,
+            ghost: None,
+        } if path == exe_path => Some(ferry_image::FileIdentity {
+            dev: *dev,
+            ino: *ino,
+            mode: libc::S_IFREG,
+            size: *size,
+            ..Default::default()
+        }),
+        _ => None,
+    });
+    let exe = crate::reopen::open(
+        p.pid,
+        "executable",
+        exe_path,
+        libc::O_RDONLY,
+        want.as_ref(),
+        crate::reopen::Match::Mapped,
+        rights,
+    )?;
     let exe_fd = h.install_fd(&exe, None)?;
     let mut map: Vec<u8> = [
         mm.start_code,

@@ -3,15 +3,17 @@
 use anyhow::{Context, Result};
 use ferry_engine::checkpoint::{capture, CaptureReport};
 use ferry_engine::freeze::FrozenTree;
+use std::ffi::OsStr;
 use std::io::{BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The process to capture, with all its descendants.
     pub pid: i32,
-    /// Directory to write the image into (created if missing).
+    /// Directory to write the image into (created if missing, mode 0700; the image in it is
+    /// mode 0600).
     #[arg(long)]
     pub dir: PathBuf,
     /// Let the tree carry on after the checkpoint instead of killing it.
@@ -62,16 +64,104 @@ pub fn run(a: Args) -> Result<()> {
     }
 }
 
+/// The directory an image is written into, held open: every name in it is made and replaced
+/// relative to this descriptor, never through a symbolic link someone placed there.
+struct ImageDir {
+    fd: std::os::fd::OwnedFd,
+    path: PathBuf,
+}
+
+const PARTIAL: &str = "image.ferry.partial";
+
+impl ImageDir {
+    /// Opens `path`, creating it (mode 0700, its parents as usual) if it does not exist. A
+    /// directory that exists is left as it is.
+    fn open(path: &Path) -> Result<ImageDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        if !path.exists() {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("create directory {}", parent.display()))?;
+            }
+            match std::fs::DirBuilder::new().mode(0o700).create(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("create image directory {}", path.display()))
+                }
+            }
+        }
+        let fd = ferry_sys::fdops::open_path(
+            &path.to_string_lossy(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            0,
+        )
+        .map_err(|e| e.io())
+        .with_context(|| format!("open image directory {}", path.display()))?;
+        Ok(ImageDir {
+            fd,
+            path: path.to_owned(),
+        })
+    }
+
+    /// Creates the partial image, mode 0600: a new file, never one that a name in the
+    /// directory points to (a partial image a killed checkpoint left, or a symbolic link
+    /// someone put there, is removed first: the name, not what it points to).
+    fn create_partial(&self) -> Result<std::fs::File> {
+        use std::os::fd::AsRawFd;
+        let create = || {
+            ferry_sys::fsid::openat2(
+                self.fd.as_raw_fd(),
+                PARTIAL,
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600,
+                libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
+            )
+        };
+        let fd = match create() {
+            Err(e) if e.errno == libc::EEXIST => {
+                self.remove_partial();
+                create()
+            }
+            r => r,
+        }
+        .map_err(|e| e.io())
+        .with_context(|| format!("create {}", self.path.join(PARTIAL).display()))?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    fn remove_partial(&self) {
+        use std::os::fd::AsRawFd;
+        let _ = ferry_sys::fsid::unlink_in(self.fd.as_raw_fd(), OsStr::new(PARTIAL));
+    }
+
+    /// The partial image becomes the image (whatever had that name is replaced, not followed).
+    fn commit(&self) -> Result<PathBuf> {
+        use std::os::fd::AsRawFd;
+        let to = self.path.join(ferry_image::IMAGE_FILE);
+        ferry_sys::fsid::rename_in(
+            self.fd.as_raw_fd(),
+            OsStr::new(PARTIAL),
+            OsStr::new(ferry_image::IMAGE_FILE),
+            false,
+        )
+        .map_err(|e| e.io())
+        .with_context(|| format!("rename the image to {}", to.display()))?;
+        let dir = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(to)
+    }
+}
+
 fn work(a: Args) -> Result<()> {
     let t0 = Instant::now();
-    std::fs::create_dir_all(&a.dir)
-        .with_context(|| format!("create image directory {}", a.dir.display()))?;
-    let final_path = a.dir.join(ferry_image::IMAGE_FILE);
-    let tmp_path = a.dir.join(format!("{}.partial", ferry_image::IMAGE_FILE));
+    let dir = ImageDir::open(&a.dir)?;
     let frozen = FrozenTree::freeze(a.pid).with_context(|| format!("freeze PID {}", a.pid))?;
     let freeze_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let file = std::fs::File::create(&tmp_path)
-        .with_context(|| format!("create {}", tmp_path.display()))?;
+    let file = dir.create_partial()?;
     // A buffer smaller than the engine's runs of memory (4 MiB): BufWriter copies what fits
     // in its buffer and passes larger writes straight to the file, so the small writes (record
     // headers, short runs) are gathered and the large ones are not copied once more.
@@ -84,7 +174,7 @@ fn work(a: Args) -> Result<()> {
     let (out, capture_report) = match written {
         Ok(ok) => ok,
         Err(e) => {
-            let _ = std::fs::remove_file(&tmp_path);
+            dir.remove_partial();
             // Dropping `frozen` lets the tree carry on untouched.
             return Err(e).with_context(|| format!("checkpoint PID {}", a.pid));
         }
@@ -94,11 +184,7 @@ fn work(a: Args) -> Result<()> {
         .map_err(|e| e.into_error())
         .context("flush the image")?;
     file.sync_all().context("sync the image to disk")?;
-    std::fs::rename(&tmp_path, &final_path)
-        .with_context(|| format!("rename the image to {}", final_path.display()))?;
-    if let Ok(d) = std::fs::File::open(&a.dir) {
-        let _ = d.sync_all();
-    }
+    let final_path = dir.commit()?;
     // The image is complete and on disk: only now may the tree go.
     let frozen_ms;
     if a.leave_running {

@@ -48,6 +48,8 @@ pub fn run(a: Args) -> Result<()> {
     };
     let opts = RestoreOptions {
         guest: guest.as_ref(),
+        // The CLI is root's: files are opened as each process, then as Ferry itself.
+        caller: None,
     };
     let report = restore_with(&mut img, &opts)
         .and_then(|tree| tree.resume())

@@ -240,6 +240,8 @@ mod hold {
             img,
             &RestoreOptions {
                 guest: Some(&guest),
+                // The daemon's own restore (root): see RestoreOptions::caller.
+                caller: None,
             },
         ) {
             Ok(t) => t,

@@ -1,0 +1,272 @@
+//! Ferry acts as root on paths a user controls: each test here is such a user (uid 65534,
+//! nobody) trying to make a checkpoint or a restore reach a root-only file, and checks that
+//! Ferry refuses (naming the PID, the descriptor, the path and what differs) and that the root
+//! file is untouched. Also: images are private to root (0600, in a 0700 directory).
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{ferry, scratch};
+
+const NOBODY: u32 = 65534;
+
+/// A directory owned by nobody, mode 0755.
+fn user_dir(p: &Path) -> PathBuf {
+    std::fs::create_dir_all(p).unwrap();
+    std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::set_permissions(p, PermissionsExt::from_mode(0o755)).unwrap();
+    p.to_owned()
+}
+
+/// A root-only directory (0700) with a root-only file `name` (0600) holding `text`.
+fn root_secret(dir: &Path, name: &str, text: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::set_permissions(dir, PermissionsExt::from_mode(0o700)).unwrap();
+    let f = dir.join(name);
+    std::fs::write(&f, text).unwrap();
+    std::fs::set_permissions(&f, PermissionsExt::from_mode(0o600)).unwrap();
+    f
+}
+
+/// `sh -c SCRIPT` as nobody in `cwd`, which ends by exec'ing `sleep`; returns once the
+/// sleep runs. (The caller waits for it: `checkpoint` kills and reaps it.)
+#[allow(clippy::zombie_processes)]
+fn as_nobody(cwd: &Path, script: &str) -> Child {
+    let child = Command::new("/bin/sh")
+        .args(["-c", script])
+        .current_dir(cwd)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the user's process");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", child.id()));
+        if comm.is_ok_and(|c| c.trim() == "sleep") {
+            return child;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the user's process did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+use std::os::unix::process::CommandExt;
+
+/// Checkpoints `child` (killing it) into `img`.
+fn checkpoint(child: &mut Child, img: &Path) {
+    let (ok, _, err) = ferry(&[
+        "checkpoint",
+        &child.id().to_string(),
+        "--dir",
+        img.to_str().unwrap(),
+    ]);
+    assert!(ok, "checkpoint failed: {err}");
+    let _ = child.wait();
+}
+
+/// `ferry restore --dir img` must fail; returns its error. If it wrongly succeeded, the
+/// restored process is killed before the test fails.
+fn restore_refused(img: &Path, pid: u32) -> String {
+    let (ok, out, err) = ferry(&["restore", "--dir", img.to_str().unwrap()]);
+    if ok {
+        let _ = Command::new("kill")
+            .args(["-9", out.trim().lines().last().unwrap_or(&pid.to_string())])
+            .status();
+        panic!("the restore was not refused (it printed {out:?})");
+    }
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() != "sleep"),
+        "a refused restore left PID {pid} behind"
+    );
+    err
+}
+
+fn assert_mentions(err: &str, wants: &[&str]) {
+    for w in wants {
+        assert!(err.contains(w), "{w:?} not in the error: {err}");
+    }
+}
+
+/// The owner of a checkpointed process replaces a file it had open with a symbolic link to a
+/// root-only file: the restore must not open that file for it.
+#[test]
+fn restore_refuses_a_file_replaced_by_a_link_to_a_root_file() {
+    let d = scratch("security_files", "link-swap");
+    let home = user_dir(&d.join("home"));
+    let secret = root_secret(&d.join("root-only"), "secret", "root's secret\n");
+    let data = home.join("data");
+    std::fs::write(&data, "mine\n").unwrap();
+    std::os::unix::fs::chown(&data, Some(NOBODY), Some(NOBODY)).unwrap();
+    let mut child = as_nobody(&home, "exec 3<>data; exec sleep 1000");
+    let pid = child.id();
+    let img = d.join("img");
+    checkpoint(&mut child, &img);
+
+    std::fs::remove_file(&data).unwrap();
+    std::os::unix::fs::symlink(&secret, &data).unwrap();
+    let err = restore_refused(&img, pid);
+    assert_mentions(
+        &err,
+        &[
+            &format!("PID {pid}"),
+            "fd 3",
+            data.to_str().unwrap(),
+            "not the file that was captured",
+            "symbolic link",
+        ],
+    );
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's secret\n");
+    assert_eq!(secret.metadata().unwrap().mode() & 0o7777, 0o600);
+
+    // Their own file put in its place is not the file captured either (it may even have the
+    // old inode number: then its change time tells).
+    std::fs::remove_file(&data).unwrap();
+    std::fs::write(&data, "mine\n").unwrap();
+    std::os::unix::fs::chown(&data, Some(NOBODY), Some(NOBODY)).unwrap();
+    let err = restore_refused(&img, pid);
+    assert_mentions(
+        &err,
+        &[
+            &format!("PID {pid}"),
+            "fd 3",
+            "not the file that was captured",
+        ],
+    );
+}
+
+/// The owner of a process with a deleted file open replaces the file's directory with a link
+/// into a root-only directory: recreating the deleted file must not create anything there (nor
+/// move the root file of that name aside).
+#[test]
+fn restore_refuses_to_recreate_a_deleted_file_through_a_linked_directory() {
+    let d = scratch("security_files", "ghost-dir");
+    let home = user_dir(&d.join("home"));
+    let sub = user_dir(&home.join("sub"));
+    let root_dir = d.join("root-only");
+    let root_file = root_secret(&root_dir, "tmpfile", "root's file\n");
+    let mut child = as_nobody(
+        &home,
+        "exec 3<>sub/tmpfile; echo planted >&3; rm sub/tmpfile; exec sleep 1000",
+    );
+    let pid = child.id();
+    let img = d.join("img");
+    checkpoint(&mut child, &img);
+
+    std::fs::rename(&sub, home.join("sub.old")).unwrap();
+    std::os::unix::fs::symlink(&root_dir, &sub).unwrap();
+    let err = restore_refused(&img, pid);
+    assert_mentions(
+        &err,
+        &[
+            &format!("PID {pid}"),
+            "fd 3",
+            sub.join("tmpfile").to_str().unwrap(),
+            "symbolic link",
+        ],
+    );
+    let left: Vec<String> = std::fs::read_dir(&root_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["tmpfile"], "the root-only directory changed");
+    assert_eq!(
+        std::fs::read_to_string(&root_file).unwrap(),
+        "root's file\n"
+    );
+    let md = root_file.metadata().unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o7777), (0, 0o600));
+}
+
+/// A user who owns the image directory puts symbolic links to a root file under the names the
+/// checkpoint writes: the checkpoint must not write through them.
+#[test]
+fn checkpoint_does_not_write_through_links_in_the_image_directory() {
+    let d = scratch("security_files", "image-links");
+    let home = user_dir(&d.join("home"));
+    let img = user_dir(&d.join("img"));
+    let partial_target = root_secret(&d.join("root-only"), "partial", "root's partial\n");
+    let final_target = root_secret(&d.join("root-only"), "final", "root's final\n");
+    std::os::unix::fs::symlink(&partial_target, img.join("image.ferry.partial")).unwrap();
+    std::os::unix::fs::symlink(&final_target, img.join("image.ferry")).unwrap();
+    let mut child = as_nobody(&home, "exec sleep 1000");
+    checkpoint(&mut child, &img);
+    assert_eq!(
+        std::fs::read_to_string(&partial_target).unwrap(),
+        "root's partial\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&final_target).unwrap(),
+        "root's final\n"
+    );
+    let md = std::fs::symlink_metadata(img.join("image.ferry")).unwrap();
+    assert!(md.is_file(), "the image is not a file of its own");
+    assert_eq!((md.uid(), md.mode() & 0o777), (0, 0o600));
+    assert!(!img.join("image.ferry.partial").exists());
+}
+
+/// Images hold a process's memory: only root reads them.
+#[test]
+fn images_are_0600_in_a_0700_directory() {
+    let d = scratch("security_files", "modes");
+    let home = user_dir(&d.join("home"));
+    // A directory Ferry makes is 0700.
+    let mut child = as_nobody(&home, "exec sleep 1000");
+    let img = d.join("new").join("img");
+    checkpoint(&mut child, &img);
+    assert_eq!(img.metadata().unwrap().mode() & 0o777, 0o700);
+    assert_eq!(
+        img.join("image.ferry").metadata().unwrap().mode() & 0o777,
+        0o600
+    );
+    // A directory that exists is left as it is; the image in it is still 0600.
+    let mut child = as_nobody(&home, "exec sleep 1000");
+    let existing = d.join("existing");
+    std::fs::create_dir(&existing).unwrap();
+    std::fs::set_permissions(&existing, PermissionsExt::from_mode(0o755)).unwrap();
+    checkpoint(&mut child, &existing);
+    assert_eq!(existing.metadata().unwrap().mode() & 0o777, 0o755);
+    assert_eq!(
+        existing.join("image.ferry").metadata().unwrap().mode() & 0o777,
+        0o600
+    );
+}
+
+/// A restore that is not attacked works for the user's process: the file is opened with its
+/// rights and it carries on with it.
+#[test]
+fn a_users_process_is_restored_with_its_files() {
+    let d = scratch("security_files", "legit");
+    let home = user_dir(&d.join("home"));
+    let data = home.join("data");
+    std::fs::write(&data, "mine\n").unwrap();
+    std::os::unix::fs::chown(&data, Some(NOBODY), Some(NOBODY)).unwrap();
+    let mut child = as_nobody(&home, "exec 3>>data; exec sleep 1000");
+    let pid = child.id();
+    let img = d.join("img");
+    checkpoint(&mut child, &img);
+    let (ok, out, err) = ferry(&["restore", "--dir", img.to_str().unwrap()]);
+    assert!(ok, "restore failed: {err}");
+    assert_eq!(out.trim(), pid.to_string());
+    let link = std::fs::read_link(format!("/proc/{pid}/fd/3")).unwrap();
+    assert_eq!(link, data);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.contains("65534")),
+        "{status}"
+    );
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+}
