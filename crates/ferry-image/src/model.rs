@@ -97,6 +97,21 @@ pub struct Process {
     /// `wait*(WUNTRACED)`, so it must not be reported to it again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stop_collected: bool,
+    /// /proc/PID/oom_score_adj (absent in older images: left as the restorer's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_score_adj: Option<i32>,
+    /// The audit login uid (/proc/PID/loginuid; 4294967295 when unset), where the kernel
+    /// has audit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loginuid: Option<u32>,
+    /// membarrier(2) registrations of the address space: the MEMBARRIER_CMD_REGISTER_*
+    /// commands it issued (MEMBARRIER_CMD_GET_REGISTRATIONS).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub membarrier: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// Process attributes set with prctl(2).

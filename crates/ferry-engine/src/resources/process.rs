@@ -92,6 +92,18 @@ pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -
         });
     }
     p.prctl = capture_prctl(inj)?;
+    p.oom_score_adj = procfs::read(pid, "oom_score_adj")?.trim().parse().ok();
+    p.loginuid = procfs::read(pid, "loginuid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    // Linux 6.3+; older kernels cannot tell (EINVAL): nothing is kept then.
+    p.membarrier = inj
+        .syscall(
+            "membarrier(MEMBARRIER_CMD_GET_REGISTRATIONS)",
+            libc::SYS_membarrier,
+            &[MEMBARRIER_CMD_GET_REGISTRATIONS, 0, 0],
+        )
+        .unwrap_or(0) as u32;
     let auxv = procfs::read_bytes(pid, "auxv")?;
     p.mm = MmLayout {
         start_code: stat.start_code,
@@ -127,15 +139,32 @@ pub fn restore_environment(
         b.push(0);
         Ok(inj.write_scratch(0, &b)?)
     };
-    if p.root != "/" {
-        inj.syscall("chroot", libc::SYS_chroot, &[path(&p.root)?])?;
-    }
+    restore_audit_and_oom(h, p)?;
+    // Both paths are as we see them: the working directory is entered before the root
+    // changes (a chroot leaves it where it was), else it would be looked up under the new root.
     let cwd = p.cwd.strip_suffix(" (deleted)").unwrap_or(&p.cwd);
     inj.syscall("chdir", libc::SYS_chdir, &[path(cwd)?])
         .map_err(|e| crate::Error::Restore {
             pid,
             what: format!("cannot enter working directory {cwd}: {e}"),
         })?;
+    if p.root != "/" {
+        inj.syscall("chroot", libc::SYS_chroot, &[path(&p.root)?])
+            .map_err(|e| crate::Error::Restore {
+                pid,
+                what: format!("cannot change root to {}: {e}", p.root),
+            })?;
+    }
+    for bit in 0..32 {
+        let cmd = 1u64 << bit;
+        if p.membarrier as u64 & cmd != 0 {
+            inj.syscall("membarrier(register)", libc::SYS_membarrier, &[cmd, 0, 0])
+                .map_err(|e| crate::Error::Restore {
+                    pid,
+                    what: format!("register for membarrier command {cmd:#x}: {e}"),
+                })?;
+        }
+    }
     inj.syscall("umask", libc::SYS_umask, &[p.umask as u64])?;
     inj.syscall(
         "personality",
@@ -148,6 +177,55 @@ pub fn restore_environment(
         })?;
     }
     set_mm_map(h, p, rights)
+}
+
+const MEMBARRIER_CMD_GET_REGISTRATIONS: u64 = 1 << 9;
+
+/// oom_score_adj (written by us, root) and the audit login uid, which only the process itself
+/// may set (with CAP_AUDIT_CONTROL, which the husk still has): through /proc/self, so before
+/// any chroot.
+fn restore_audit_and_oom(h: &Husk, p: &Process) -> Result<()> {
+    if let Some(adj) = p.oom_score_adj {
+        std::fs::write(format!("/proc/{}/oom_score_adj", h.host), adj.to_string())
+            .ctx(h.pid, || format!("set oom_score_adj to {adj}"))?;
+    }
+    let Some(uid) = p.loginuid else {
+        return Ok(());
+    };
+    let now: Option<u32> = procfs::read(h.host, "loginuid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    if now == Some(uid) {
+        return Ok(());
+    }
+    let inj = h.injector();
+    let name = inj.write_scratch(0, b"/proc/self/loginuid\0")?;
+    let fd = inj
+        .syscall(
+            "open(/proc/self/loginuid)",
+            libc::SYS_open,
+            &[name, (libc::O_WRONLY | libc::O_CLOEXEC) as u64],
+        )
+        .map_err(|e| crate::Error::Restore {
+            pid: h.pid,
+            what: format!("open /proc/self/loginuid to set the login uid {uid}: {e}"),
+        })?;
+    let text = uid.to_string();
+    let buf = inj.write_scratch(64, text.as_bytes())?;
+    let wrote = inj.syscall(
+        "write(loginuid)",
+        libc::SYS_write,
+        &[fd, buf, text.len() as u64],
+    );
+    inj.syscall("close", libc::SYS_close, &[fd])?;
+    wrote.map_err(|e| crate::Error::Restore {
+        pid: h.pid,
+        what: format!(
+            "set the login uid to {uid} (from {}): {e}",
+            now.map(|n| n.to_string()).unwrap_or_else(|| "?".into())
+        ),
+    })?;
+    Ok(())
 }
 
 fn set_mm_map(h: &Husk, p: &Process, rights: &crate::reopen::Rights<'_>) -> Result<()> {
