@@ -100,14 +100,22 @@ impl BroadcastHandler<NodeId> for Items {
 
 /// A hostile node: a certificate of the cluster, a foca instance gossiping under identity `id`
 /// (whatever name it likes), and a listener at `id.addr` that records the first message of
-/// every connection that is not gossip (a `Run`, a `MigrateOffer`).
+/// every connection that is not gossip (a `Run`, a `MigrateOffer`). It can also gossip a
+/// custom broadcast of its making (`forge`), and updates claiming that other members have the
+/// identities `lies` (alive, with an incarnation that keeps growing so they keep spreading).
 struct Liar {
     rt: tokio::runtime::Runtime,
     got: Arc<Mutex<Vec<String>>>,
 }
 
 impl Liar {
-    fn start(creds: Credentials, id: NodeId, join: SocketAddr, forge: Option<Vec<u8>>) -> Liar {
+    fn start(
+        creds: Credentials,
+        id: NodeId,
+        join: SocketAddr,
+        forge: Option<Vec<u8>>,
+        lies: Vec<NodeId>,
+    ) -> Liar {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -171,6 +179,7 @@ impl Liar {
                 &mut runtime,
             );
             let mut tick = tokio::time::interval(Duration::from_millis(200));
+            let mut lie_incarnation: u16 = 0;
             loop {
                 tokio::select! {
                     Some(p) = rx.recv() => { let _ = foca.handle_data(&p, &mut runtime); }
@@ -179,6 +188,14 @@ impl Liar {
                         if let Some(f) = &forge {
                             let _ = foca.add_broadcast(f);
                         }
+                        lie_incarnation = lie_incarnation.wrapping_add(1);
+                        let _ = foca.apply_many(
+                            lies.iter().map(|l| {
+                                foca::Member::new(l.clone(), lie_incarnation, foca::State::Alive)
+                            }),
+                            true,
+                            &mut runtime,
+                        );
                         let _ = foca.gossip(&mut runtime);
                     }
                 }
@@ -273,6 +290,7 @@ fn a_node_cannot_take_another_name() {
         },
         addr(&c, "a"),
         None,
+        vec![],
     );
     // Time for a to hear it (several probe periods, announcements and feeds).
     std::thread::sleep(Duration::from_secs(4));
@@ -325,6 +343,53 @@ fn a_node_cannot_take_another_name() {
         c.log("a")
             .contains("peer says it is \"b\" but its certificate names \"z\"")
     });
+}
+
+/// A node cannot rewrite who another node is: its gossip claiming that b has a later start
+/// (which would supersede b's real identity), or that b's address belongs to another name, is
+/// not believed, and b stays reachable.
+#[test]
+fn a_node_cannot_rewrite_another_nodes_identity() {
+    let c = Cluster::up("trust-ident", 2);
+    let creds = issue(&c, "z", "127.0.0.64");
+    let b_addr = addr(&c, "b");
+    let _liar = Liar::start(
+        creds,
+        NodeId {
+            name: "z".into(),
+            addr: format!("127.0.0.64:{}", c.port).parse().unwrap(),
+            bump: now_ms(),
+        },
+        addr(&c, "a"),
+        None,
+        vec![
+            NodeId {
+                name: "b".into(),
+                addr: b_addr,
+                bump: u64::MAX,
+            },
+            NodeId {
+                name: "y".into(),
+                addr: b_addr,
+                bump: u64::MAX,
+            },
+        ],
+    );
+    wait_for("a sees z", Duration::from_secs(20), || {
+        nodes_json(&c, "a").iter().any(|n| n["name"] == "z")
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    let nodes = nodes_json(&c, "a");
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n["name"] == "b" && n["addr"] == b_addr.to_string()),
+        "a lost b: {nodes:?}"
+    );
+    assert!(!nodes.iter().any(|n| n["name"] == "y"), "{nodes:?}");
+    let run = c.run("a", &["run", "--on", "b", "--", "echo", "b-is-b"]);
+    assert!(run.status.success(), "{}", out_text(&run));
+    assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "b-is-b");
 }
 
 /// A node that answers at the address of node b (b having died) with a certificate that is
@@ -429,6 +494,7 @@ fn a_forged_load_record_is_ignored() {
         },
         addr(&c, "a"),
         Some(postcard::to_allocvec(&forged).unwrap()),
+        vec![],
     );
     // z is a member (its certificate is the cluster's), and has been gossiping its forgery to
     // everyone for a while.
