@@ -63,6 +63,39 @@ fn tcp_connections(pid: i32) -> HashMap<u64, TcpSock> {
     map
 }
 
+/// The addresses of the TCP listeners among `inodes`, from the network namespace of `pid`
+/// (see `table_addr`).
+fn tcp_listeners(pid: i32, inodes: &HashSet<u64>) -> Vec<String> {
+    let mut out = Vec::new();
+    for table in ["net/tcp", "net/tcp6"] {
+        let Ok(text) = procfs::read(pid, table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() > 9 && cols[3] == "0A" {
+                if let Ok(ino) = cols[9].parse::<u64>() {
+                    if inodes.contains(&ino) {
+                        out.push(table_addr(cols[1]));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether a listener on `listener` takes connections made to `to` (both as `table_addr`
+/// writes them).
+fn listener_reaches(listener: &str, to: &str) -> bool {
+    match (listener.rsplit_once(':'), to.rsplit_once(':')) {
+        (Some((lh, lp)), Some((_, tp))) => {
+            lp == tp && (listener == to || lh == "0.0.0.0" || lh == "[::]")
+        }
+        _ => false,
+    }
+}
+
 /// An address as /proc/net/tcp{,6} spells it ("0100007F:1F90"), for people, and to match the
 /// two ends of a connection: an IPv4-mapped IPv6 address (an IPv6 socket's end of an IPv4
 /// connection, in tcp6) is written as its IPv4 address, as the other end sees it (in tcp).
@@ -195,6 +228,8 @@ pub fn check(root: i32) -> Result<()> {
         return Ok(());
     };
     let tcp = tcp_connections(first);
+    let inodes: HashSet<u64> = tcp_fds.iter().map(|(_, _, _, ino)| *ino).collect();
+    let listeners = tcp_listeners(first, &inodes);
     let mut ends: HashMap<(&str, &str), u32> = HashMap::new();
     for (_, _, _, ino) in &tcp_fds {
         if let Some(t) = tcp.get(ino) {
@@ -219,7 +254,10 @@ pub fn check(root: i32) -> Result<()> {
                 "a TCP connection that is still being opened cannot be moved yet",
             ));
         }
-        if !ends.contains_key(&(t.remote.as_str(), t.local.as_str())) {
+        // A connection still waiting to be accepted by a listener of the tree: its other end
+        // has no descriptor yet (the capture checks that it carries nothing).
+        let waiting = || listeners.iter().any(|l| listener_reaches(l, &t.remote));
+        if !ends.contains_key(&(t.remote.as_str(), t.local.as_str())) && !waiting() {
             return Err(refuse(
                 *pid,
                 what,
@@ -234,6 +272,15 @@ pub fn check(root: i32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listeners_take_connections_to_their_port_and_address() {
+        assert!(listener_reaches("127.0.0.1:80", "127.0.0.1:80"));
+        assert!(listener_reaches("0.0.0.0:80", "127.0.0.2:80"));
+        assert!(listener_reaches("[::]:80", "127.0.0.1:80"));
+        assert!(!listener_reaches("127.0.0.1:80", "127.0.0.2:80"));
+        assert!(!listener_reaches("0.0.0.0:80", "127.0.0.1:81"));
+    }
 
     #[test]
     fn table_addresses_match_across_ipv4_mapped_addresses() {

@@ -39,17 +39,13 @@ impl Cap<'_> {
                 };
                 match info.first().copied().unwrap_or(0) {
                     TCP_LISTEN => {
+                        // tcpi_unacked: the connections waiting to be accepted; tcpi_sacked:
+                        // the backlog. Each waiting connection's client must be a socket of
+                        // the tree: `tcp_peers` finds them and fills `pending` in.
                         let (waiting, backlog) = (word(24), word(28));
-                        if waiting > 0 {
-                            return Err(self.refuse(format!(
-                                "the TCP listening socket on {local} has {waiting} connection(s) \
-                                 waiting to be accepted, which cannot be checkpointed yet \
-                                 (established TCP connections need TCP_REPAIR)"
-                            )));
-                        }
                         desc.state = SockState::Listening {
                             backlog,
-                            pending: Vec::new(),
+                            pending: vec![PendingConn::default(); waiting as usize],
                         };
                     }
                     7 => {}
@@ -165,6 +161,9 @@ impl<'a> Builder<'a> {
     /// listens later; a UDP socket is bound and connected later.
     pub(super) fn inet(&mut self, i: usize) -> Result<()> {
         let s = self.sock(i);
+        if let SockState::Pending { listener_ino } = s.state {
+            return self.tcp_waiting(i, listener_ino);
+        }
         let f = self.fd(i);
         apply_opts(f, &s.opts, false);
         if let Some(local) = &s.local {

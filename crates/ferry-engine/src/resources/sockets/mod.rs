@@ -629,6 +629,9 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
     let mut waiting: HashMap<u64, u64> = HashMap::new();
     for f in &tree.files {
         if let FileKind::Socket(s) = &f.kind {
+            if s.family != SockFamily::Unix {
+                continue; // TCP listeners' queues: see tcp_peers
+            }
             if let SockState::Listening { pending, .. } = &s.state {
                 for c in pending {
                     if c.client_ino != 0 {
@@ -721,6 +724,9 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
         let FileKind::Socket(s) = &f.kind else {
             continue;
         };
+        if s.family != SockFamily::Unix {
+            continue;
+        }
         let SockState::Listening { pending, .. } = &s.state else {
             continue;
         };
@@ -808,6 +814,9 @@ pub struct Deferred {
     /// UNIX sockets named (and listening, with their waiting connections made) only here: see
     /// [`DeferredName`].
     names: Vec<DeferredName>,
+    /// TCP clients whose connection waited in a listener's queue: connected afresh, once the
+    /// tree's listeners listen (see [`DeferredHandshake`]).
+    handshakes: Vec<DeferredHandshake>,
 }
 
 impl Deferred {
@@ -822,6 +831,7 @@ impl Deferred {
             && self.datagrams.is_empty()
             && self.repairs.is_empty()
             && self.names.is_empty()
+            && self.handshakes.is_empty()
     }
 
     /// Binds and connects the UDP sockets, makes the TCP listeners listen, makes the TCP
@@ -871,6 +881,12 @@ impl Deferred {
         for l in &self.listens {
             let fd = l.fd.as_raw_fd();
             retry(&|| sk::listen(fd, l.backlog)).map_err(|e| err(&l.what, e))?;
+        }
+        let mut handshakes: Vec<&DeferredHandshake> = self.handshakes.iter().collect();
+        handshakes.sort_by_key(|h| h.order);
+        for h in handshakes {
+            h.make(&retry, deadline)
+                .map_err(|(step, e)| err(&format!("{}: {step}", h.what), e))?;
         }
         // The connections, once the tree's listeners have their ports (a socket bound to the
         // port, even in repair mode, would keep a listener without SO_REUSEADDR from it).

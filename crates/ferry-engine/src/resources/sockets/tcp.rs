@@ -176,6 +176,25 @@ pub(super) fn tcp_peers(
             _ => None,
         })
         .collect();
+    let root = tree.processes.first().map(|p| p.pid).unwrap_or(0);
+    // The tree's TCP listeners with connections waiting to be accepted: (file index, address,
+    // how many wait).
+    let listeners: Vec<(usize, SockAddr, usize)> = tree
+        .files
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| match &f.kind {
+            FileKind::Socket(s) if s.family != SockFamily::Unix => match &s.state {
+                SockState::Listening { pending, .. } if !pending.is_empty() => {
+                    Some((i, s.local.clone()?, pending.len()))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    // Clients whose connection waits in one of those queues: (listener index, client index).
+    let mut waiting: Vec<(usize, usize)> = Vec::new();
     for (i, ino, local, peer) in &conns {
         let other = conns
             .iter()
@@ -189,8 +208,21 @@ pub(super) fn tcp_peers(
                 }
             }
             None => {
-                let root = tree.processes.first().map(|p| p.pid).unwrap_or(0);
-                let whose = match tcp_inode_of(root, peer, local) {
+                let child = tcp_table_entry(root, peer, local);
+                let listener = listeners
+                    .iter()
+                    .find(|(_, l, _)| listener_reaches(l, peer))
+                    .map(|(li, _, _)| *li);
+                if let (Some(li), Some(child)) = (listener, &child) {
+                    // The other end has no inode: it waits in the listener's queue, not
+                    // accepted yet.
+                    if child.ino == 0 {
+                        waiting_client(tree, refuse, *i, li, child)?;
+                        waiting.push((li, *i));
+                        continue;
+                    }
+                }
+                let whose = match child.map(|c| c.ino).filter(|&ino| ino != 0) {
                     Some(pi) => format!("socket:[{pi}]{}", outside_holders(pi, tree_pids)),
                     None => "not a socket of this machine's network namespace".into(),
                 };
@@ -210,12 +242,144 @@ pub(super) fn tcp_peers(
             }
         }
     }
+    // Each listener's queue, in the order its clients' sockets were made (inode order: the
+    // kernel does not tell the order of its queue), must be the tree's clients, all of them.
+    for (li, _, count) in &listeners {
+        let mut clients: Vec<(u64, usize)> = waiting
+            .iter()
+            .filter(|(l, _)| l == li)
+            .filter_map(|(_, c)| match &tree.files[*c].kind {
+                FileKind::Socket(s) => Some((s.ino, *c)),
+                _ => None,
+            })
+            .collect();
+        clients.sort_unstable();
+        let (id, FileKind::Socket(l)) = (tree.files[*li].id, &mut tree.files[*li].kind) else {
+            continue;
+        };
+        if clients.len() != *count {
+            return Err(refuse(
+                id,
+                l.ino,
+                format!(
+                    "{count} TCP connection(s) wait to be accepted by the listening socket on \
+                     {}, and only {} of their clients are sockets of the tree (a client outside \
+                     the tree, or one that is already closed, cannot be made again)",
+                    l.local.as_ref().map(describe).unwrap_or_default(),
+                    clients.len()
+                ),
+            ));
+        }
+        let listener_ino = l.ino;
+        if let SockState::Listening { pending, .. } = &mut l.state {
+            *pending = clients
+                .iter()
+                .map(|(ino, _)| PendingConn {
+                    client_ino: *ino,
+                    ..Default::default()
+                })
+                .collect();
+        }
+        for (_, c) in clients {
+            if let FileKind::Socket(s) = &mut tree.files[c].kind {
+                s.state = SockState::Pending { listener_ino };
+            }
+        }
+    }
     Ok(())
 }
 
-/// The inode of the TCP socket bound to `local` and connected to `peer`, from the network
-/// namespace of `pid` (/proc/PID/net/tcp and tcp6), if there is one.
-pub(super) fn tcp_inode_of(pid: i32, local: &SockAddr, peer: &SockAddr) -> Option<u64> {
+/// Whether a listener bound to `listener` accepts connections made to `to`.
+fn listener_reaches(listener: &SockAddr, to: &SockAddr) -> bool {
+    let (port, any) = match listener {
+        SockAddr::Inet { addr, port } => (*port, *addr == [0; 4]),
+        SockAddr::Inet6 { addr, port, .. } => (*port, *addr == [0; 16]),
+        _ => return false,
+    };
+    let to_port = match to {
+        SockAddr::Inet { port, .. } | SockAddr::Inet6 { port, .. } => *port,
+        _ => return false,
+    };
+    port == to_port && (any || same_inet(listener, to))
+}
+
+/// Checks that client `c` (file index), whose connection waits in the queue of listener `li`,
+/// can be made again by connecting it afresh at resume: nothing sent or received on it, and
+/// not shut down. Its connection state is dropped (see `Builder::tcp_waiting`).
+fn waiting_client(
+    tree: &mut Tree,
+    refuse: &dyn Fn(u32, u64, String) -> Error,
+    c: usize,
+    li: usize,
+    child: &TcpTableEntry,
+) -> Result<()> {
+    let listener = match &tree.files[li].kind {
+        FileKind::Socket(l) => l.local.as_ref().map(describe).unwrap_or_default(),
+        _ => String::new(),
+    };
+    let id = tree.files[c].id;
+    let FileKind::Socket(s) = &mut tree.files[c].kind else {
+        return Ok(());
+    };
+    let conn = format!(
+        "TCP connection {} -> {}",
+        s.local.as_ref().map(describe).unwrap_or_default(),
+        s.peer.as_ref().map(describe).unwrap_or_default()
+    );
+    let why = if child.rx_queue > 0 {
+        Some(format!(
+            "the {} bytes its client sent wait in the queue of the listening socket on \
+             {listener}, in a connection not accepted yet, which cannot be read without \
+             accepting it",
+            child.rx_queue
+        ))
+    } else if child.state != TCP_ESTABLISHED {
+        Some(format!(
+            "its other end waits in the queue of the listening socket on {listener} and is {}",
+            tcp_state_name(child.state)
+        ))
+    } else {
+        match s.tcp.as_deref() {
+            Some(t) if t.state != TCP_ESTABLISHED || t.fin_sent => Some(format!(
+                "it waits in the queue of the listening socket on {listener} and is {}",
+                tcp_state_name(t.state)
+            )),
+            Some(t) if !t.send_queue.is_empty() || !s.queue.is_empty() => Some(format!(
+                "it waits in the queue of the listening socket on {listener} with bytes in \
+                 flight"
+            )),
+            _ => None,
+        }
+    };
+    if let Some(why) = why {
+        return Err(refuse(
+            id,
+            s.ino,
+            format!("{conn}: {why}; only connections waiting to be accepted that carry nothing yet can be checkpointed"),
+        ));
+    }
+    s.tcp = None;
+    s.shutdown = Shutdown::default();
+    s.queue.clear();
+    Ok(())
+}
+
+/// A line of /proc/net/tcp or tcp6.
+pub(super) struct TcpTableEntry {
+    pub(super) ino: u64,
+    pub(super) state: u8,
+    /// Bytes received and not read (for a connection).
+    pub(super) rx_queue: u64,
+}
+
+/// The TCP socket bound to `local` and connected to `peer`, from the network namespace of
+/// `pid` (/proc/PID/net/tcp and tcp6), if there is one: its inode (0 for a connection waiting
+/// in a listener's queue, which no descriptor reaches yet), state and receive queue.
+pub(super) fn tcp_table_entry(
+    pid: i32,
+    local: &SockAddr,
+    peer: &SockAddr,
+) -> Option<TcpTableEntry> {
     // "0100007F:1F90": the address as the kernel's u32 words in hex, the port in hex.
     let parse = |field: &str| -> Option<SockAddr> {
         let (a, p) = field.split_once(':')?;
@@ -255,7 +419,16 @@ pub(super) fn tcp_inode_of(pid: i32, local: &SockAddr, peer: &SockAddr) -> Optio
                 continue;
             };
             if same_inet(&l, local) && same_inet(&r, peer) {
-                return cols[9].parse().ok().filter(|&ino| ino != 0);
+                // sl local rem st tx_queue:rx_queue tr:when retrnsmt uid timeout inode
+                let rx_queue = cols[4]
+                    .split_once(':')
+                    .and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok())
+                    .unwrap_or(0);
+                return Some(TcpTableEntry {
+                    ino: cols[9].parse().ok()?,
+                    state: u8::from_str_radix(cols[3], 16).ok()?,
+                    rx_queue,
+                });
             }
         }
     }
@@ -508,6 +681,56 @@ pub(super) fn send_stream(f: RawFd, data: &[u8]) -> ferry_sys::SysResult<()> {
     Ok(())
 }
 
+/// A TCP client whose connection waited in the queue of a listener of the tree, not accepted
+/// yet, and carried nothing: the connection is made afresh (a real handshake) when the tree is
+/// about to run, from the client's address, so that it waits in the rebuilt listener's queue.
+/// Its sequence numbers are new; nothing the program can see depends on them.
+pub(super) struct DeferredHandshake {
+    /// A copy of the client socket, with its options, neither bound nor connected.
+    pub(super) fd: OwnedFd,
+    pub(super) local: Vec<u8>,
+    pub(super) peer: Vec<u8>,
+    /// (the listener's inode, the place in its queue): the connections are made in this order.
+    pub(super) order: (u64, usize),
+    pub(super) what: String,
+}
+
+impl DeferredHandshake {
+    /// Binds (through `retry`, while the original still holds the address), connects and
+    /// waits, until `deadline`, for the handshake to finish. Errors name the step.
+    pub(super) fn make(
+        &self,
+        retry: &Retry,
+        deadline: std::time::Instant,
+    ) -> std::result::Result<(), (String, ferry_sys::SysError)> {
+        let f = self.fd.as_raw_fd();
+        retry(&|| sk::bind(f, &self.local)).map_err(|e| ("bind".to_string(), e))?;
+        match sk::connect(f, &self.peer) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.errno == libc::EINPROGRESS => {}
+            Err(e) => return Err(("connect".into(), e)),
+        }
+        loop {
+            let ev = sk::poll_now(f, libc::POLLOUT).map_err(|e| ("poll".to_string(), e))?;
+            if ev & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0 {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err((
+                    "connect (no answer from the listener)".into(),
+                    ferry_sys::SysError::new("connect", libc::ETIMEDOUT),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        match sk::getsockopt_int(f, SOL_SOCKET, libc::SO_ERROR) {
+            Ok(0) => Ok(()),
+            Ok(errno) => Err(("connect".into(), ferry_sys::SysError::new("connect", errno))),
+            Err(e) => Err(("read SO_ERROR".into(), e)),
+        }
+    }
+}
+
 pub(super) struct DeferredListen {
     pub(super) fd: OwnedFd,
     pub(super) backlog: i32,
@@ -515,6 +738,46 @@ pub(super) struct DeferredListen {
 }
 
 impl<'a> Builder<'a> {
+    /// A TCP client (socket `i`) whose connection waited in the queue of listener
+    /// `listener_ino`: its options now, its address and connection at resume
+    /// ([`DeferredHandshake`]).
+    pub(super) fn tcp_waiting(&mut self, i: usize, listener_ino: u64) -> Result<()> {
+        let s = self.sock(i);
+        let (Some(local), Some(peer)) = (s.local.as_ref(), s.peer.as_ref()) else {
+            return Err(self.err(i, "a waiting TCP connection without both addresses"));
+        };
+        let place = (0..self.socks.len())
+            .map(|j| self.sock(j))
+            .find(|l| l.ino == listener_ino && l.family != SockFamily::Unix)
+            .and_then(|l| match &l.state {
+                SockState::Listening { pending, .. } => {
+                    pending.iter().position(|c| c.client_ino == s.ino)
+                }
+                _ => None,
+            })
+            .ok_or_else(|| {
+                self.err(
+                    i,
+                    format!("it waits in the queue of socket:[{listener_ino}], not a TCP listener of the image"),
+                )
+            })?;
+        apply_opts(self.fd(i), &s.opts, false);
+        let fd = self.dup(i)?;
+        self.deferred.handshakes.push(DeferredHandshake {
+            fd,
+            local: encode_addr(local),
+            peer: encode_addr(peer),
+            order: (listener_ino, place),
+            what: format!(
+                "socket:[{}]: TCP connection {} -> {} (waiting to be accepted)",
+                s.ino,
+                describe(local),
+                describe(peer)
+            ),
+        });
+        Ok(())
+    }
+
     /// Makes the socket of an established TCP connection, with its options, in repair mode.
     /// Everything that needs the connection's addresses (its name, its sequence numbers,
     /// connect, the options negotiated, both queues and the window) waits for
