@@ -64,6 +64,10 @@ pub struct Process {
     pub cmdline: Vec<String>,
     pub exe: String,
     pub cwd: String,
+    /// Which directory `cwd` named when captured (absent in older images, and for a removed
+    /// one): a restore enters it only if the path still names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd_identity: Option<FileIdentity>,
     pub root: String,
     pub umask: u32,
     pub personality: u32,

@@ -163,6 +163,19 @@ pub fn mkdir_in(dirfd: RawFd, name: &std::ffi::OsStr, mode: u32) -> SysResult<()
     check("mkdirat", r as libc::c_long).map(drop)
 }
 
+/// Gives this thread a working directory of its own (unshare(CLONE_FS)) and moves it to `dir`
+/// (as this thread's credentials allow), for calls that take a path relative to it (bind of a
+/// relative UNIX socket name). Meant for a thread of [`with_fs_creds`], which ends afterwards.
+pub fn own_cwd(dir: &str) -> SysResult<()> {
+    // SAFETY: plain integer argument; CLONE_FS only unshares this thread's root, cwd and umask.
+    let r = unsafe { libc::unshare(libc::CLONE_FS) };
+    check("unshare(CLONE_FS)", r as libc::c_long)?;
+    let c = std::ffi::CString::new(dir).map_err(|_| SysError::new("chdir", libc::EINVAL))?;
+    // SAFETY: a valid NUL-terminated string.
+    let r = unsafe { libc::chdir(c.as_ptr()) };
+    check("chdir", r as libc::c_long).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

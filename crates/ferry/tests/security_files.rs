@@ -34,10 +34,15 @@ fn root_secret(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 /// `sh -c SCRIPT` as nobody in `cwd`, which ends by exec'ing `sleep`; returns once the
 /// sleep runs. (The caller waits for it: `checkpoint` kills and reaps it.)
-#[allow(clippy::zombie_processes)]
 fn as_nobody(cwd: &Path, script: &str) -> Child {
-    let child = Command::new("/bin/sh")
-        .args(["-c", script])
+    run_as_nobody(cwd, "/bin/sh", &["-c", script], "sleep")
+}
+
+/// `prog ARGS` as nobody in `cwd`; returns once its command name is `comm`.
+#[allow(clippy::zombie_processes)]
+fn run_as_nobody(cwd: &Path, prog: &str, args: &[&str], comm: &str) -> Child {
+    let child = Command::new(prog)
+        .args(args)
         .current_dir(cwd)
         .uid(NOBODY)
         .gid(NOBODY)
@@ -46,10 +51,11 @@ fn as_nobody(cwd: &Path, script: &str) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("start the user's process");
+    let want = comm;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let comm = std::fs::read_to_string(format!("/proc/{}/comm", child.id()));
-        if comm.is_ok_and(|c| c.trim() == "sleep") {
+        if comm.is_ok_and(|c| c.trim() == want) {
             return child;
         }
         assert!(
@@ -269,4 +275,75 @@ fn a_users_process_is_restored_with_its_files() {
         "{status}"
     );
     let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+}
+
+/// The owner of a process with a UNIX socket bound to a path replaces the socket's directory
+/// with a link into a root-only directory: the restore must not make the socket file there.
+#[test]
+fn restore_does_not_bind_a_socket_through_a_linked_directory() {
+    let d = scratch("security_files", "socket-dir");
+    let home = user_dir(&d.join("home"));
+    let sub = user_dir(&home.join("sub"));
+    let root_dir = d.join("root-only");
+    let root_file = root_secret(&root_dir, "secret", "root's secret\n");
+    let sock = sub.join("sock");
+    let script = format!(
+        "import socket, time\ns = socket.socket(socket.AF_UNIX)\ns.bind({:?})\ns.listen()\n\
+         open('ready', 'w').close()\ntime.sleep(1000)\n",
+        sock.to_str().unwrap()
+    );
+    let mut child = run_as_nobody(&home, "python3", &["-c", &script], "python3");
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !home.join("ready").exists() {
+        assert!(Instant::now() < deadline, "the user's server did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let img = d.join("img");
+    checkpoint(&mut child, &img);
+
+    std::fs::rename(&sub, home.join("sub.old")).unwrap();
+    std::os::unix::fs::symlink(&root_dir, &sub).unwrap();
+    let err = restore_refused(&img, pid);
+    assert_mentions(
+        &err,
+        &[&format!("PID {pid}"), sock.to_str().unwrap(), "uid 65534"],
+    );
+    let left: Vec<String> = std::fs::read_dir(&root_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["secret"], "the root-only directory changed");
+    assert_eq!(
+        std::fs::read_to_string(&root_file).unwrap(),
+        "root's secret\n"
+    );
+}
+
+/// The owner of a process replaces its working directory with a link into a root-only
+/// directory: the rebuilt process (which enters it while it still has root's rights) must not
+/// end up there.
+#[test]
+fn restore_does_not_enter_a_working_directory_through_a_link() {
+    let d = scratch("security_files", "cwd");
+    let home = user_dir(&d.join("home"));
+    let sub = user_dir(&home.join("sub"));
+    let root_dir = d.join("root-only");
+    root_secret(&root_dir, "secret", "root's secret\n");
+    let mut child = as_nobody(&home, "cd sub && exec sleep 1000");
+    let pid = child.id();
+    let img = d.join("img");
+    checkpoint(&mut child, &img);
+
+    std::fs::rename(&sub, home.join("sub.old")).unwrap();
+    std::os::unix::fs::symlink(&root_dir, &sub).unwrap();
+    let err = restore_refused(&img, pid);
+    assert_mentions(
+        &err,
+        &[
+            &format!("PID {pid}"),
+            "working directory",
+            sub.to_str().unwrap(),
+        ],
+    );
 }

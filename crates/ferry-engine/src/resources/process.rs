@@ -6,6 +6,7 @@ use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{Creds, MmLayout, PrctlState, Process, Rlimit};
 use ferry_inject::Injector;
+use std::os::unix::fs::MetadataExt;
 
 const PR_GET_SECUREBITS: u64 = 27;
 const PR_SET_SECUREBITS: u64 = 28;
@@ -47,6 +48,11 @@ pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -
         .collect();
     p.exe = procfs::readlink(pid, "exe")?;
     p.cwd = procfs::readlink(pid, "cwd")?;
+    if !p.cwd.ends_with(" (deleted)") {
+        p.cwd_identity = std::fs::metadata(format!("/proc/{pid}/cwd"))
+            .ok()
+            .map(|md| crate::reopen::identity_of(&md));
+    }
     p.root = procfs::readlink(pid, "root")?;
     p.umask = u32::from_str_radix(procfs::field(&status, "Umask"), 8).unwrap_or(0o022);
     p.no_new_privs = procfs::field(&status, "NoNewPrivs") == "1";
@@ -143,11 +149,46 @@ pub fn restore_environment(
     // Both paths are as we see them: the working directory is entered before the root
     // changes (a chroot leaves it where it was), else it would be looked up under the new root.
     let cwd = p.cwd.strip_suffix(" (deleted)").unwrap_or(&p.cwd);
+    if let Some(want) = &p.cwd_identity {
+        // Looked up by us as the process, without links, and only if it is the directory
+        // captured (the rebuilt process still has root's rights when it enters it).
+        crate::reopen::open(
+            pid,
+            "working directory",
+            cwd,
+            libc::O_PATH | libc::O_DIRECTORY,
+            Some(want),
+            crate::reopen::Match::Inode,
+            rights,
+        )?;
+    }
     inj.syscall("chdir", libc::SYS_chdir, &[path(cwd)?])
         .map_err(|e| crate::Error::Restore {
             pid,
             what: format!("cannot enter working directory {cwd}: {e}"),
         })?;
+    if let Some(want) = &p.cwd_identity {
+        // And it is the one it entered (the path may have changed meanwhile).
+        let now = std::fs::metadata(format!("/proc/{}/cwd", h.host)).map_err(|e| {
+            crate::Error::Restore {
+                pid,
+                what: format!("stat its working directory {cwd}: {e}"),
+            }
+        })?;
+        if (now.dev(), now.ino()) != (want.dev, want.ino) {
+            return Err(crate::Error::Restore {
+                pid,
+                what: format!(
+                    "working directory: {cwd}: not the directory that was captured (inode {} \
+                     on device {:#x} now, inode {} on device {:#x} captured); refused",
+                    now.ino(),
+                    now.dev(),
+                    want.ino,
+                    want.dev
+                ),
+            });
+        }
+    }
     if p.root != "/" {
         inj.syscall("chroot", libc::SYS_chroot, &[path(&p.root)?])
             .map_err(|e| crate::Error::Restore {

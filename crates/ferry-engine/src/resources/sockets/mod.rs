@@ -50,6 +50,7 @@ use ferry_image::{
     FileDesc, FileKind, PeerCred, PendingConn, Process, Shutdown, SockAddr, SockFamily, SockMsg,
     SockOpt, SockState, SockType, SocketDesc, SocketFile, TcpConn, TcpWindow, Tree,
 };
+use ferry_sys::fsid::{with_fs_creds, FsCreds};
 use ferry_sys::sockets::{self as sk, HelperCred, HelperOp};
 use ferry_sys::{fdops, pidfd};
 use inet::*;
@@ -1006,8 +1007,12 @@ struct Builder<'a> {
     made_peer: HashMap<usize, Option<usize>>,
     /// Stand-ins for closed peers: (the socket they are connected to, the stand-in).
     phantoms: Vec<(usize, OwnedFd)>,
-    /// Socket files to remove once every connection to them is made.
-    remove_later: Vec<PathBuf>,
+    /// Socket files to remove once every connection to them is made, and with whose rights.
+    remove_later: Vec<(PathBuf, FsCreds)>,
+    /// The file-system rights each socket's files are made and removed with (file id -> the
+    /// first live process holding it); `tree_creds` for sockets no process holds.
+    creds: HashMap<u32, FsCreds>,
+    tree_creds: FsCreds,
     /// A pidfd of the guest init when the tree is rebuilt in guest namespaces: sockets are then
     /// made by helpers in the guest PID namespace, under the tree's PIDs.
     guest: Option<RawFd>,
@@ -1043,6 +1048,21 @@ impl<'a> Builder<'a> {
             .map(|(i, (_, s))| (s.ino, i))
             .collect();
         let n = socks.len();
+        // A socket's files are the business of the process holding it: made, changed and
+        // removed with its rights, never root's (see crate::reopen).
+        let mut creds = HashMap::new();
+        for p in tree.processes.iter().filter(|p| p.zombie_status.is_none()) {
+            for f in &p.fds {
+                creds
+                    .entry(f.file)
+                    .or_insert_with(|| crate::reopen::creds_of(p));
+            }
+        }
+        let tree_creds = tree
+            .processes
+            .first()
+            .map(crate::reopen::creds_of)
+            .unwrap_or_default();
         Builder {
             me: std::process::id() as i32,
             socks,
@@ -1052,6 +1072,8 @@ impl<'a> Builder<'a> {
             made_peer: HashMap::new(),
             phantoms: Vec::new(),
             remove_later: Vec::new(),
+            creds,
+            tree_creds,
             guest,
             deferred: Deferred::default(),
             holders,
@@ -1061,9 +1083,7 @@ impl<'a> Builder<'a> {
 
     fn build(mut self) -> Result<(HashMap<u32, OwnedFd>, Deferred)> {
         let r = self.build_steps();
-        for p in std::mem::take(&mut self.remove_later) {
-            let _ = std::fs::remove_file(p);
-        }
+        self.remove_now();
         r?;
         let mut out = HashMap::new();
         for (i, fd) in self.fds.into_iter().enumerate() {
@@ -1077,14 +1097,27 @@ impl<'a> Builder<'a> {
         Ok((out, self.deferred))
     }
 
+    /// Removes the socket files that were to go, each with its socket's rights.
+    fn remove_now(&mut self) {
+        for (p, c) in std::mem::take(&mut self.remove_later) {
+            let _ = with_fs_creds(&c, || std::fs::remove_file(p));
+        }
+    }
+
+    /// The rights socket `i`'s files are handled with.
+    pub(super) fn creds(&self, i: usize) -> FsCreds {
+        self.creds
+            .get(&self.socks[i].0)
+            .cloned()
+            .unwrap_or_else(|| self.tree_creds.clone())
+    }
+
     fn build_steps(&mut self) -> Result<()> {
         self.pairs()?;
         self.create_rest()?;
         self.bind_and_listen()?;
         self.connect_dgrams()?;
-        for p in std::mem::take(&mut self.remove_later) {
-            let _ = std::fs::remove_file(p);
-        }
+        self.remove_now();
         self.fill_queues()?;
         self.finish();
         Ok(())
@@ -1096,9 +1129,14 @@ impl<'a> Builder<'a> {
 
     fn err(&self, i: usize, what: impl std::fmt::Display) -> Error {
         let (id, s) = self.socks[i];
+        // Named by the first process holding it, and its descriptor.
+        let (pid, fd) = match self.holders.get(&id).and_then(|h| h.first()) {
+            Some((pid, fd)) => (*pid, format!("fd {fd}: ")),
+            None => (self.me, String::new()),
+        };
         Error::Restore {
-            pid: self.me,
-            what: format!("socket of file {id} (socket:[{}]): {what}", s.ino),
+            pid,
+            what: format!("{fd}socket of file {id} (socket:[{}]): {what}", s.ino),
         }
     }
 

@@ -694,52 +694,51 @@ impl<'a> Builder<'a> {
         };
         let full = Self::full_path(p, file);
         self.clear_stale(i, &full)?;
-        match file
-            .and_then(|f| f.dir.as_ref())
-            .filter(|_| p.first() != Some(&b'/'))
-        {
-            Some(d) => {
-                // A relative name is bound from its directory, by a helper with its own cwd.
-                let mut cd = d.as_bytes().to_vec();
-                cd.push(0);
-                let ops = [
-                    HelperOp::Chdir { path: &cd },
-                    HelperOp::Bind { fd, addr: &raw },
-                ];
-                let res = sk::run_as(None, None, &ops)
-                    .map_err(|e| self.err(i, format!("bind helper: {e}")))?
-                    .unwrap_or_default();
-                if res.len() != 2 {
-                    return Err(self.err(i, "bind helper did not run"));
-                }
-                self.check(i, &format!("chdir to {d}"), &res[0])?;
-                self.check(i, &format!("bind to {}", full.display()), &res[1])?;
+        // The socket's file is made (and its mode and owner set) with the rights of the
+        // process holding the socket, never root's: its path is the process owner's to change,
+        // and a link they put on it leads only where they could go themselves.
+        let creds = self.creds(i);
+        let dir = file
+            .and_then(|f| f.dir.as_deref())
+            .filter(|_| p.first() != Some(&b'/'));
+        let attrs = file.filter(|f| !f.deleted).map(|f| (f.mode, f.uid, f.gid));
+        let made = with_fs_creds(&creds, || -> std::result::Result<(), String> {
+            if let Some(d) = dir {
+                // A relative name is bound from its directory: this thread's own cwd.
+                ferry_sys::fsid::own_cwd(d).map_err(|e| format!("chdir to {d}: {e}"))?;
             }
-            None => sk::bind(fd, &raw)
-                .map_err(|e| self.err(i, format!("bind to {}: {e}", full.display())))?,
+            sk::bind(fd, &raw).map_err(|e| format!("bind to {}: {e}", full.display()))?;
+            if let Some((mode, uid, gid)) = attrs {
+                let _ = std::fs::set_permissions(&full, std::fs::Permissions::from_mode(mode));
+                let _ = std::os::unix::fs::chown(&full, Some(uid), Some(gid));
+            }
+            Ok(())
+        });
+        match made {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(self.err(i, format!("{e} (as {creds})"))),
+            Err(e) => return Err(self.err(i, format!("take the rights of {creds}: {e}"))),
         }
-        match file {
-            Some(f) if !f.deleted => {
-                let _ = std::fs::set_permissions(&full, std::fs::Permissions::from_mode(f.mode));
-                let _ = std::os::unix::fs::chown(&full, Some(f.uid), Some(f.gid));
-            }
-            _ => self.remove_later.push(full),
+        if attrs.is_none() {
+            self.remove_later.push((full, creds));
         }
         Ok(())
     }
 
     /// Removes a socket file left at `path` by a socket that no longer exists.
+    /// Looked at and removed with the rights of the process holding socket `i`.
     pub(super) fn clear_stale(&mut self, i: usize, path: &Path) -> Result<()> {
-        let Ok(md) = std::fs::symlink_metadata(path) else {
+        let creds = self.creds(i);
+        let Ok(Ok(md)) = with_fs_creds(&creds, || std::fs::symlink_metadata(path)) else {
             return Ok(());
         };
         if !md.file_type().is_socket() {
             return Err(self.err(i, format!("{} exists and is not a socket", path.display())));
         }
-        if let Some(k) = self.remove_later.iter().position(|p| p == path) {
+        if let Some(k) = self.remove_later.iter().position(|(p, _)| p == path) {
             // The file of one of ours that was to go anyway.
-            let _ = std::fs::remove_file(path);
-            self.remove_later.remove(k);
+            let (_, c) = self.remove_later.remove(k);
+            let _ = with_fs_creds(&c, || std::fs::remove_file(path));
             return Ok(());
         }
         // Connected stream sockets (accepted ones) refer to their listener's file without
@@ -767,10 +766,16 @@ impl<'a> Builder<'a> {
                 format!("{} is in use by a running socket", path.display()),
             ));
         }
-        std::fs::remove_file(path).map_err(|e| {
+        let removed = with_fs_creds(&creds, || std::fs::remove_file(path))
+            .map_err(|e| e.io())
+            .and_then(|r| r);
+        removed.map_err(|e| {
             self.err(
                 i,
-                format!("remove stale socket file {}: {e}", path.display()),
+                format!(
+                    "remove stale socket file {} (as {creds}): {e}",
+                    path.display()
+                ),
             )
         })
     }
@@ -1252,10 +1257,13 @@ impl<'a> Builder<'a> {
             }
             Some(a @ SockAddr::UnixPath(p)) if p.first() == Some(&b'/') => {
                 let path = PathBuf::from(OsStr::from_bytes(p));
-                if std::fs::symlink_metadata(&path).is_err()
-                    && sk::bind(t.as_raw_fd(), &encode_addr(a)).is_ok()
-                {
-                    self.remove_later.push(path);
+                let creds = self.creds(r);
+                let bound = with_fs_creds(&creds, || {
+                    std::fs::symlink_metadata(&path).is_err()
+                        && sk::bind(t.as_raw_fd(), &encode_addr(a)).is_ok()
+                });
+                if bound == Ok(true) {
+                    self.remove_later.push((path, creds));
                 }
             }
             _ => {}
