@@ -107,6 +107,10 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     let revocations = match &config.revoked {
         Some(path) => {
             let list = RevocationList::load(path)?;
+            if list.contains(&creds.fingerprint) {
+                tracing::error!(event = "own-certificate-revoked", path = %path.display(),
+                    "this node's own certificate is revoked: every peer will refuse it");
+            }
             tracing::info!(event = "revocations", path = %path.display(), revoked = list.len());
             creds.set_revoked(list.clone());
             Some((path.clone(), list))
@@ -262,6 +266,10 @@ async fn watch_revocations(node: Arc<Node>, path: PathBuf, mut list: RevocationL
         match RevocationList::load(&path) {
             Ok(new) => {
                 if new != list || asked {
+                    if new.contains(&node.creds.fingerprint) {
+                        tracing::error!(event = "own-certificate-revoked", path = %path.display(),
+                            "this node's own certificate is revoked: every peer will refuse it");
+                    }
                     let dropped = node.creds.set_revoked(new.clone());
                     tracing::info!(event = "revocations-reloaded", path = %path.display(),
                         revoked = new.len(), dropped = dropped.len());

@@ -147,6 +147,8 @@ fn write_private(path: &Path, data: &[u8]) -> Result<()> {
 #[derive(Clone)]
 pub struct Credentials {
     pub node: String,
+    /// This node's own certificate, as a revocation list names it.
+    pub fingerprint: String,
     pub server: Arc<ServerConfig>,
     pub client: Arc<ClientConfig>,
     /// The address outgoing connections are made from (the node's listen address): on a machine
@@ -170,6 +172,7 @@ impl Credentials {
         };
         let node = cert_node_name(leaf)
             .with_context(|| format!("read the node name in {}", paths.cert.display()))?;
+        let fingerprint = crate::revocation::fingerprint(leaf);
         let key = PrivateKeyDer::from_pem_file(&paths.key)
             .with_context(|| format!("read {}", paths.key.display()))?;
         let mut roots = RootCertStore::empty();
@@ -192,6 +195,7 @@ impl Credentials {
             .context("use the node certificate as a client")?;
         Ok(Credentials {
             node,
+            fingerprint,
             server: Arc::new(server),
             client: Arc::new(client),
             local_ip: None,

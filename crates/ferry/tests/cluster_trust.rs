@@ -575,6 +575,11 @@ fn a_revoked_certificate_is_refused_and_dropped() {
     let b = c.run("b", &["run", "--on", "a", "--", "echo", "still-here"]);
     assert!(b.status.success(), "{}", out_text(&b));
     assert_eq!(String::from_utf8_lossy(&b.stdout).trim(), "still-here");
+    wait_for(
+        "c says its own certificate is revoked",
+        Duration::from_secs(10),
+        || c.log("c").contains("own-certificate-revoked"),
+    );
     wait_for("a no longer lists c", Duration::from_secs(20), || {
         !nodes_json(&c, "a").iter().any(|n| n["name"] == "c")
     });
