@@ -92,6 +92,7 @@ pub fn capture_then<W: Write>(
         }
         report.threads += fp.threads.len();
         p.stop_signal = fp.stop_signal;
+        p.files_shared_with_parent = shared_files(frozen, fp)?;
         p.stop_collected = stops_collected.contains(&fp.pid);
         let syscall_at = ferry_inject::find_syscall_insn(fp.pid)?;
         for t in &fp.threads {
@@ -164,6 +165,54 @@ pub fn capture_then<W: Write>(
     report.image_bytes = total;
     report.memory_ms = t1.elapsed().as_secs_f64() * 1e3;
     Ok((out, report))
+}
+
+/// Whether `fp` shares its parent's descriptor table (CLONE_FILES without CLONE_THREAD). A
+/// table shared with a process outside the tree, or with one of the tree other than the parent
+/// (the parent since unshared it, or a sibling made by the same clone), cannot be rebuilt: a
+/// process can only be made sharing the table of the process that makes it.
+fn shared_files(frozen: &FrozenTree, fp: &crate::freeze::FrozenProc) -> Result<bool> {
+    let shares = |other: i32| {
+        ferry_sys::fdops::kcmp_files(fp.pid, other).map_err(|source| crate::Error::Sys {
+            pid: fp.pid,
+            what: format!("compare its descriptor table with PID {other}'s (kcmp)"),
+            source,
+        })
+    };
+    let in_tree = frozen.procs.iter().any(|q| q.pid == fp.stat.ppid);
+    // (A parent that is gone or not ours to compare with shares nothing with us.)
+    let parent_shares = fp.stat.ppid > 0 && shares(fp.stat.ppid).unwrap_or(false);
+    if parent_shares && !in_tree {
+        return Err(crate::Error::Unsupported {
+            pid: fp.pid,
+            what: format!(
+                "its descriptor table is shared with its parent, PID {}, outside the tree",
+                fp.stat.ppid
+            ),
+            why: "a table shared with a process that stays behind cannot be moved".into(),
+        });
+    }
+    if !parent_shares {
+        // A table the parent does not share was made for this process (fork, or unshare):
+        // only its descendants, which come after it, can share it.
+        for q in frozen
+            .procs
+            .iter()
+            .take_while(|q| q.pid != fp.pid)
+            .filter(|q| !q.zombie)
+        {
+            if shares(q.pid)? {
+                return Err(crate::Error::Unsupported {
+                    pid: fp.pid,
+                    what: format!("its descriptor table is shared with PID {}", q.pid),
+                    why: "only a table shared with the parent (CLONE_FILES) is rebuilt: a \
+                          process is made sharing the table of the process that makes it"
+                        .into(),
+                });
+            }
+        }
+    }
+    Ok(parent_shares)
 }
 
 /// A session whose leader has left the tree (but still has members in it) cannot be

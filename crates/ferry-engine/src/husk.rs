@@ -243,8 +243,20 @@ impl Husk {
     /// Forks a child husk with PID `pid` (its address space: the trampoline only; its
     /// descriptors: the pidfd of ferry).
     pub fn fork_child(&self, pid: i32, exit_signal: i32) -> Result<Husk> {
+        self.fork_child_sharing(pid, exit_signal, false)
+    }
+
+    /// [`Husk::fork_child`], the child sharing this husk's descriptor table when
+    /// `share_files` (CLONE_FILES): its descriptors are then this husk's, installed by it.
+    pub fn fork_child_sharing(
+        &self,
+        pid: i32,
+        exit_signal: i32,
+        share_files: bool,
+    ) -> Result<Husk> {
         let tid_addr = self.inj.write_scratch(512, &pid.to_ne_bytes())?;
         let args = ferry_sys::clone3::CloneArgs {
+            flags: if share_files { CLONE_FILES } else { 0 },
             exit_signal: exit_signal as u64,
             set_tid: tid_addr,
             set_tid_size: 1,
@@ -362,6 +374,12 @@ impl Husk {
             self.inj.syscall("close", libc::SYS_close, &[tmp as u64])?;
         }
         Ok(n)
+    }
+
+    /// Forgets the husk's handle on ferry without closing it: for a husk that shares its
+    /// parent's descriptor table, where the parent closes it.
+    pub fn forget_ferry_pidfd(&self) {
+        self.ferry_pidfd.take();
     }
 
     /// Closes the husk's handle on ferry.

@@ -531,7 +531,7 @@ fn build<R: Read>(
             let parent = husks.iter().find(|h| h.pid == p.ppid).ok_or_else(|| {
                 Error::BadImage(format!("PID {}: parent {} missing", p.pid, p.ppid))
             })?;
-            let h = parent.fork_child(p.pid, p.exit_signal)?;
+            let h = parent.fork_child_sharing(p.pid, p.exit_signal, p.files_shared_with_parent)?;
             join_session(&h, p, tree, parent, husks, &mut stand_in_groups)?;
             h
         };
@@ -575,7 +575,10 @@ fn build<R: Read>(
     report.memory_ms = t1.elapsed().as_secs_f64() * 1e3;
     let t2 = Instant::now();
     for (p, h) in &live {
-        files::install(h, p, tree, cx.descs)?;
+        // A table shared with the parent is the parent's, installed by it already.
+        if !p.files_shared_with_parent {
+            files::install(h, p, tree, cx.descs)?;
+        }
         process::restore_environment(h, p, &cx.objects.rights(p))?;
         signals::restore_actions(h, p)?;
         threads::restore_inside(h.injector(), &p.threads[0])?;
@@ -606,7 +609,12 @@ fn build<R: Read>(
     // 4. The last injected calls: pending signals, credentials, then the trampoline goes.
     for ((p, h), (_, tids)) in live.iter().zip(live_tids.iter()) {
         signals::restore_pending(h, p, &thread_injectors)?;
-        h.drop_ferry_pidfd()?;
+        if p.files_shared_with_parent {
+            // Closed by the parent (earlier in this loop), in the table they share.
+            h.forget_ferry_pidfd();
+        } else {
+            h.drop_ferry_pidfd()?;
+        }
         for t in &p.threads[1..] {
             let inj = thread_injectors.get(&t.tid).ok_or_else(|| Error::Restore {
                 pid: p.pid,

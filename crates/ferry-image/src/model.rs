@@ -112,6 +112,10 @@ pub struct Process {
     /// commands it issued (MEMBARRIER_CMD_GET_REGISTRATIONS).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub membarrier: u32,
+    /// The process shares its parent's descriptor table (made with CLONE_FILES): its `fds`
+    /// are the parent's, and it is rebuilt sharing the parent's table again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub files_shared_with_parent: bool,
 }
 
 fn is_zero(v: &u32) -> bool {

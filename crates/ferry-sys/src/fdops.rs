@@ -22,6 +22,15 @@ pub fn kcmp_file(pid1: i32, pid2: i32, fd1: i32, fd2: i32) -> SysResult<bool> {
     Ok(check("kcmp(KCMP_FILE)", r)? == 0)
 }
 
+pub const KCMP_FILES: i32 = 2;
+
+/// Whether processes `pid1` and `pid2` share one descriptor table (CLONE_FILES).
+pub fn kcmp_files(pid1: i32, pid2: i32) -> SysResult<bool> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pid1, pid2, KCMP_FILES, 0u64, 0u64) };
+    Ok(check("kcmp(KCMP_FILES)", r)? == 0)
+}
+
 pub fn get_rlimit(pid: i32, resource: u32) -> SysResult<(u64, u64)> {
     let mut old = libc::rlimit64 {
         rlim_cur: 0,
