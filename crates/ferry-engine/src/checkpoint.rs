@@ -103,6 +103,7 @@ pub fn capture_then<W: Write>(
         let leader = &fp.threads[0];
         let inj = Injector::on_stack(fp.pid, leader.tid, leader.regs, syscall_at)?;
         process::capture(fp.pid, &fp.stat, &inj, &mut p)?;
+        crate::resources::cgroups::capture(fp.pid, &mut p)?;
         for child in frozen
             .procs
             .iter()

@@ -541,6 +541,8 @@ fn build<R: Read>(
             host_pid: h.host,
         });
         husks.push(h);
+        // Into its cgroups before its memory is charged and its CPU affinity set.
+        crate::resources::cgroups::restore(husks.last().expect("just pushed"), p)?;
         // A session leader takes its controlling terminal before it forks its session.
         crate::resources::tty::take_ctty(husks.last().expect("just pushed"), p)?;
     }

@@ -116,6 +116,19 @@ pub struct Process {
     /// are the parent's, and it is rebuilt sharing the parent's table again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub files_shared_with_parent: bool,
+    /// The cgroups the process was in, one per hierarchy (/proc/PID/cgroup).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<Cgroup>,
+}
+
+/// Membership of one cgroup hierarchy.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct Cgroup {
+    /// The hierarchy's controllers as /proc/PID/cgroup lists them ("cpu,cpuacct",
+    /// "name=systemd"); empty for the unified (v2) hierarchy.
+    pub controllers: String,
+    /// The cgroup's path in that hierarchy.
+    pub path: String,
 }
 
 fn is_zero(v: &u32) -> bool {

@@ -2,6 +2,7 @@
 //! from a frozen process into the image model, and `restore` into a process being rebuilt.
 
 pub mod anon_inodes;
+pub mod cgroups;
 pub mod files;
 pub mod jobctl;
 pub mod locks;
