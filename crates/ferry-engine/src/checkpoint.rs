@@ -73,6 +73,8 @@ pub fn capture_then<W: Write>(
     let mut report = CaptureReport::default();
     // Stopped children whose parent has already collected their stop (by our PIDs).
     let mut stops_collected = std::collections::HashSet::new();
+    // Children continued after a stop whose parent has not collected that (by our PIDs).
+    let mut continues_uncollected = std::collections::HashSet::new();
     for fp in &frozen.procs {
         crate::cancel::check(&format!("capturing PID {}", fp.pid))?;
         report.pids.push(fp.pid);
@@ -94,6 +96,7 @@ pub fn capture_then<W: Write>(
         p.stop_signal = fp.stop_signal;
         p.files_shared_with_parent = shared_files(frozen, fp)?;
         p.stop_collected = stops_collected.contains(&fp.pid);
+        p.continued_uncollected = continues_uncollected.contains(&fp.pid);
         let syscall_at = ferry_inject::find_syscall_insn(fp.pid)?;
         for t in &fp.threads {
             // Signals arriving from now on stay queued, to be captured as pending.
@@ -107,10 +110,14 @@ pub fn capture_then<W: Write>(
         for child in frozen
             .procs
             .iter()
-            .filter(|c| c.stat.ppid == fp.pid && c.stop_signal.is_some())
+            .filter(|c| c.stat.ppid == fp.pid && !c.zombie)
         {
-            if jobctl::stop_collected(&inj, view.of_pid(child.pid))? {
-                stops_collected.insert(child.pid);
+            if child.stop_signal.is_some() {
+                if jobctl::stop_collected(&inj, view.of_pid(child.pid))? {
+                    stops_collected.insert(child.pid);
+                }
+            } else if jobctl::continue_uncollected(&inj, view.of_pid(child.pid))? {
+                continues_uncollected.insert(child.pid);
             }
         }
         let tids: Vec<i32> = fp.threads.iter().map(|t| t.tid).collect();

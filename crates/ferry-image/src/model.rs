@@ -101,6 +101,10 @@ pub struct Process {
     /// `wait*(WUNTRACED)`, so it must not be reported to it again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stop_collected: bool,
+    /// The process was continued (SIGCONT after a stop) and its parent (in the tree) has not
+    /// yet collected that with `wait*(WCONTINUED)`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub continued_uncollected: bool,
     /// /proc/PID/oom_score_adj (absent in older images: left as the restorer's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_score_adj: Option<i32>,

@@ -25,6 +25,7 @@ use ferry_sys::wait::{wait_tid, WaitStatus};
 const P_PID: u64 = 1;
 const WNOHANG: u64 = 1;
 const WSTOPPED: u64 = 2;
+const WCONTINUED: u64 = 8;
 const WNOWAIT: u64 = 0x0100_0000;
 const WALL: u64 = 0x4000_0000;
 
@@ -78,6 +79,9 @@ fn wait_stop(pid: i32, tid: i32, what: &str) -> Result<WaitStatus> {
 /// PIDs of every process of the tree (for the orphaned-group rule). Each thread is left in the
 /// trap of the group stop, from which injected calls still run.
 pub fn make_stopped(h: &Husk, p: &Process, tids: &[i32], tree: &[i32]) -> Result<()> {
+    if p.continued_uncollected && p.stop_signal.is_none() {
+        return make_continued(h, p, tids);
+    }
     let Some(want) = p.stop_signal else {
         return Ok(());
     };
@@ -94,6 +98,11 @@ pub fn make_stopped(h: &Husk, p: &Process, tids: &[i32], tree: &[i32]) -> Result
     } else {
         want
     };
+    group_stop(h, p, tids, sig)
+}
+
+/// Makes the group stop of signal `sig` (see [`make_stopped`]).
+fn group_stop(h: &Husk, p: &Process, tids: &[i32], sig: i32) -> Result<()> {
     let leader = h.host;
     let bad = |what: String| Error::Restore { pid: p.pid, what };
     ptrace::set_sigmask(leader, !(1u64 << (sig - 1)))
@@ -125,6 +134,50 @@ pub fn make_stopped(h: &Husk, p: &Process, tids: &[i32], tree: &[i32]) -> Result
     }
     ptrace::set_sigmask(leader, u64::MAX).ctx(p.pid, || "block signals again".into())?;
     Ok(())
+}
+
+/// A process that was stopped and continued (SIGCONT) while its parent has not yet collected
+/// the continue (`wait*(WCONTINUED)`): stopped and continued again, which leaves the kernel's
+/// "continued" mark for the parent to collect. Each thread then owes us one trap (a seized
+/// tracee is told of the continue), taken here so that the next injected call does not meet it.
+fn make_continued(h: &Husk, p: &Process, tids: &[i32]) -> Result<()> {
+    group_stop(h, p, tids, libc::SIGSTOP)?;
+    ptrace::kill(h.host, libc::SIGCONT).ctx(p.pid, || "send SIGCONT".into())?;
+    for &tid in tids {
+        ptrace::cont(tid, 0).ctx(p.pid, || format!("resume thread {tid}"))?;
+        match wait_stop(p.pid, tid, "take the continue")? {
+            WaitStatus::Stopped {
+                event: ptrace::PTRACE_EVENT_STOP,
+                ..
+            } => {}
+            other => {
+                return Err(Error::Restore {
+                    pid: p.pid,
+                    what: format!("thread {tid} did not report the continue: {other:?}"),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether child `child` (its PID as the parent sees it) was continued (SIGCONT after a
+/// stop) and its parent, whose injector is `parent`, has not collected that yet.
+pub fn continue_uncollected(parent: &Injector, child: i32) -> Result<bool> {
+    let info = parent.write_scratch(0, &[0u8; 128])?;
+    parent.syscall(
+        "waitid(WCONTINUED|WNOWAIT)",
+        libc::SYS_waitid,
+        &[
+            P_PID,
+            child as u64,
+            info,
+            WCONTINUED | WNOWAIT | WNOHANG | WALL,
+            0,
+        ],
+    )?;
+    let b = parent.read_scratch(16, 4)?;
+    Ok(i32::from_ne_bytes(b.try_into().expect("4 bytes")) != 0)
 }
 
 /// Collects, in the rebuilt parent, the stop of child `child` (its PID in the tree) that the
