@@ -49,10 +49,14 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("read config {}", path.display()))?;
-        let c: Config =
-            toml::from_str(&text).with_context(|| format!("parse config {}", path.display()))?;
-        ferry_transport::credentials::check_node_name(&c.name)
-            .with_context(|| format!("config {}", path.display()))?;
+        Config::parse(&text).with_context(|| format!("config {}", path.display()))
+    }
+
+    /// The configuration in `text`, checked (the node's name must be one a certificate can
+    /// carry).
+    pub fn parse(text: &str) -> Result<Config> {
+        let c: Config = toml::from_str(text).context("parse")?;
+        ferry_transport::credentials::check_node_name(&c.name)?;
         Ok(c)
     }
 
