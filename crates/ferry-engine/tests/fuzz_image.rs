@@ -165,6 +165,7 @@ fn synthetic_image() -> Vec<u8> {
                 start: 0,
                 end: None,
             }],
+            identity: (i % 2 == 1).then(FileIdentity::default),
         })
         .collect();
     let fds = (0..files.len() as u32)

@@ -122,6 +122,7 @@ fn messages() -> Vec<Msg> {
                 console_idle_secs: Some(5),
                 guests: 1,
                 accepting: true,
+                stale: false,
             }),
         }]),
         Msg::ListProcesses,
