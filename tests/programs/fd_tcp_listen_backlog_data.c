@@ -3,8 +3,8 @@
  * already carries what its client sent (both ends in this process).
  *
  * Sets up listener L on 127.0.0.1 and client C connected, not accepted;
- * C sent "request".  (Refused today: the bytes wait in the server end of
- * the connection, which no descriptor reaches before accept; see PENDING.)
+ * C sent "request": the bytes wait in the server end of the connection,
+ * which no descriptor reaches before accept.
  * Verifies: L accepts the connection from C and reads "request"; the
  * connection works both ways.
  */

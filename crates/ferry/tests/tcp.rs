@@ -2,8 +2,9 @@
 //! processes and real sockets on loopback: both ends in the tree, with full queues both ways
 //! (bytes sent and not acknowledged, bytes never sent, bytes received and not read), through
 //! `--leave-running` (the connections must work on) and through kill and restore (they must
-//! close silently and come back); and a connection to a peer outside the tree, which is
-//! refused while the process and its connection carry on.
+//! close silently and come back); a connection to a peer outside the tree, which is
+//! refused while the process and its connection carry on; and connections waiting in a
+//! listener's queue with what their clients sent, through `--leave-running` and restore.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -296,4 +297,109 @@ fn a_connection_to_a_peer_outside_the_tree_is_refused_and_lives_on() {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Three clients wait in a listener's queue, not accepted: the first two already sent
+/// something (it waits in the server ends, which no descriptor reaches), the third nothing.
+/// Then, at `go`, the listener accepts them and must get them in that order, each with what
+/// it sent, and each must work both ways.
+const WAITING: &str = r#"
+import os, socket, sys, time
+d = sys.argv[1]
+l = socket.socket()
+l.bind(("127.0.0.1", 0)); l.listen(8)
+cs = []
+for what in (b"first", b"second", b""):
+    c = socket.create_connection(l.getsockname())
+    if what:
+        c.sendall(what)
+    cs.append((c, what))
+time.sleep(0.05)
+with open(d + "/ready.tmp", "w") as f:
+    f.write("%d %d\n" % (os.getpid(), cs[0][0].fileno()))
+os.rename(d + "/ready.tmp", d + "/ready")
+while not os.path.exists(d + "/go"):
+    time.sleep(0.005)
+def verdict(v):
+    with open(d + "/result.tmp", "w") as f:
+        f.write(v + "\n")
+    os.rename(d + "/result.tmp", d + "/result")
+    sys.exit(0)
+l.settimeout(5)
+for k, (c, what) in enumerate(cs):
+    s, peer = l.accept()
+    if peer != c.getsockname():
+        verdict("FAIL: accepted %r as connection %d, expected %r" % (peer, k, c.getsockname()))
+    s.settimeout(5); c.settimeout(5)
+    if what and s.recv(100) != what:
+        verdict("FAIL: connection %d lost what its client sent" % k)
+    s.sendall(b"reply %d" % k)
+    if c.recv(100) != b"reply %d" % k:
+        verdict("FAIL: connection %d: no reply" % k)
+verdict("PASS")
+"#;
+
+fn start_waiting(name: &str) -> (Child, PathBuf, i32) {
+    let dir = scratch("tcp", name);
+    let log = std::fs::File::create(dir.join("log")).unwrap();
+    let child = Command::new("python3")
+        .args(["-c", WAITING])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start python3");
+    let ready = dir.join("ready");
+    wait_for("the program to be ready", Duration::from_secs(20), || {
+        ready.exists()
+    });
+    let text = std::fs::read_to_string(&ready).unwrap();
+    let pid: i32 = text.split_whitespace().next().unwrap().parse().unwrap();
+    (child, dir, pid)
+}
+
+fn go_and_pass(dir: &std::path::Path) {
+    std::fs::write(dir.join("go"), b"").unwrap();
+    let result = dir.join("result");
+    wait_for("the verdict", Duration::from_secs(30), || result.exists());
+    let v = std::fs::read_to_string(&result).unwrap();
+    let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+    assert_eq!(v.trim(), "PASS", "log:\n{log}");
+}
+
+#[test]
+fn connections_waiting_to_be_accepted_with_data_work_on_after_leave_running_and_come_back() {
+    // --leave-running: the connections were accepted from a copy of the listener to be read,
+    // and made again in the running tree, in the same order, with the same bytes.
+    let (mut child, dir, pid) = start_waiting("waiting-leave-running");
+    let img = dir.join("img");
+    let (ok, _, err) = ferry(&[
+        "checkpoint",
+        &pid.to_string(),
+        "--dir",
+        img.to_str().unwrap(),
+        "--leave-running",
+    ]);
+    assert!(ok, "checkpoint --leave-running failed: {err}");
+    go_and_pass(&dir);
+    let _ = child.wait();
+
+    // Kill and restore: made again from the image.
+    let (mut child, dir, pid) = start_waiting("waiting-restore");
+    let img = dir.join("img");
+    let (ok, _, err) = ferry(&[
+        "checkpoint",
+        &pid.to_string(),
+        "--dir",
+        img.to_str().unwrap(),
+    ]);
+    assert!(ok, "checkpoint failed: {err}");
+    let _ = child.wait();
+    let (ok, out, err) = ferry(&["restore", "--dir", img.to_str().unwrap()]);
+    assert!(ok, "restore failed: {err}");
+    assert_eq!(out.trim().lines().last(), Some(pid.to_string().as_str()));
+    go_and_pass(&dir);
+    // SAFETY: a PID we restored; worst case ESRCH.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
 }

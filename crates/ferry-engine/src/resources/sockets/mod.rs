@@ -625,7 +625,7 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
             why,
         }
     };
-    tcp_peers(tree, &refuse, &tree_pids)?;
+    let carrying = tcp_peers(tree, &refuse, &tree_pids)?;
     // Clients waiting in the queues of the tree's listeners: client inode -> listener inode.
     let mut waiting: HashMap<u64, u64> = HashMap::new();
     for f in &tree.files {
@@ -751,6 +751,9 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
     }
     for i in to_accept {
         requeue(frozen, tree, &holders, &by_ino, i)?;
+    }
+    for i in carrying {
+        requeue_tcp(frozen, tree, &holders, i)?;
     }
     Ok(())
 }

@@ -160,11 +160,14 @@ impl Cap<'_> {
 /// network (firewall rules dropping the connection's packets) for that window, which Ferry
 /// does not do. Both ends in the tree are frozen, captured and killed together, and neither
 /// sends anything in between.
+///
+/// Returns the listeners (file indices) whose waiting connections already carry what their
+/// clients sent: [`requeue_tcp`] takes those.
 pub(super) fn tcp_peers(
     tree: &mut Tree,
     refuse: &dyn Fn(u32, u64, String) -> Error,
     tree_pids: &HashSet<i32>,
-) -> Result<()> {
+) -> Result<Vec<usize>> {
     let conns: Vec<(usize, u64, SockAddr, SockAddr)> = tree
         .files
         .iter()
@@ -195,6 +198,7 @@ pub(super) fn tcp_peers(
         .collect();
     // Clients whose connection waits in one of those queues: (listener index, client index).
     let mut waiting: Vec<(usize, usize)> = Vec::new();
+    let mut carrying: Vec<usize> = Vec::new();
     for (i, ino, local, peer) in &conns {
         let other = conns
             .iter()
@@ -219,6 +223,9 @@ pub(super) fn tcp_peers(
                     if child.ino == 0 {
                         waiting_client(tree, refuse, *i, li, child)?;
                         waiting.push((li, *i));
+                        if child.rx_queue > 0 && !carrying.contains(&li) {
+                            carrying.push(li);
+                        }
                         continue;
                     }
                 }
@@ -286,6 +293,205 @@ pub(super) fn tcp_peers(
             }
         }
     }
+    Ok(carrying)
+}
+
+/// Takes the connections waiting in the queue of TCP listener `tree.files[li]`, some of which
+/// carry what their clients sent (bytes that no descriptor reaches before accept), and makes
+/// them again in the running tree, in queue order, recording what each carries in the
+/// listener's `pending` (the restore sends it again: [`DeferredHandshake`]).
+///
+/// Each is accepted from a copy of the listener and read; its server end is put in repair mode
+/// and closed, and so is the client (our copy of it, once a new client socket, with its
+/// options and file flags, has taken its place in every process that held it): neither says
+/// anything to the other, and the connection's addresses are free. The new client binds the
+/// old one's address, connects and sends the same bytes: the connection waits in the queue
+/// again as it did. Refused before anything is touched where that cannot be done: a client
+/// watched by an epoll instance (its registration would not follow) or held outside the tree.
+pub(super) fn requeue_tcp(
+    frozen: &FrozenTree,
+    tree: &mut Tree,
+    holders: &HashMap<u32, Vec<(i32, i32, bool)>>,
+    li: usize,
+) -> Result<()> {
+    let lfile = tree.files[li].clone();
+    let FileKind::Socket(l) = &lfile.kind else {
+        return Ok(());
+    };
+    let SockState::Listening { pending, .. } = &l.state else {
+        return Ok(());
+    };
+    let (lpid, lfd, _) = holders
+        .get(&lfile.id)
+        .and_then(|h| h.first().copied())
+        .unwrap_or((tree.root_pid, -1, false));
+    let refuse = |why: String| Error::Unsupported {
+        pid: lpid,
+        what: format!("fd {lfd} (socket:[{}])", l.ino),
+        why: format!(
+            "TCP connections that already carry data wait in its queue, and {why}, so they \
+             cannot be captured"
+        ),
+    };
+    // The clients: (client's file index, its address).
+    let mut clients: Vec<(usize, SockAddr)> = Vec::new();
+    let tree_pids: HashSet<i32> = tree.processes.iter().map(|p| p.pid).collect();
+    let epoll_targets = epoll_watched_inodes(tree);
+    for c in pending {
+        let Some(ci) = tree.files.iter().position(|f| {
+            matches!(&f.kind, FileKind::Socket(s) if s.ino == c.client_ino && s.family != SockFamily::Unix)
+        }) else {
+            return Err(refuse(format!("client socket:[{}] is not in the tree", c.client_ino)));
+        };
+        let FileKind::Socket(cs) = &tree.files[ci].kind else {
+            continue;
+        };
+        if epoll_targets.contains(&c.client_ino) {
+            return Err(refuse(format!(
+                "client socket:[{}] is watched by an epoll instance",
+                c.client_ino
+            )));
+        }
+        let outside = outside_holders(c.client_ino, &tree_pids);
+        if !outside.is_empty() {
+            return Err(refuse(format!(
+                "client socket:[{}] is also{}, outside the tree",
+                c.client_ino,
+                outside.trim_start_matches(',')
+            )));
+        }
+        let Some(local) = cs.local.clone() else {
+            return Err(refuse(format!(
+                "client socket:[{}] has no address",
+                c.client_ino
+            )));
+        };
+        for (pid, _, _) in holders
+            .get(&tree.files[ci].id)
+            .map(|h| h.as_slice())
+            .unwrap_or(&[])
+        {
+            ferry_inject::find_syscall_insn(*pid)?;
+        }
+        clients.push((ci, local));
+    }
+    let pidfd = pidfd::pidfd_open(lpid).ctx(lpid, || "open a pidfd".into())?;
+    let lcopy = pidfd::pidfd_getfd(&pidfd, lfd)
+        .ctx(lpid, || format!("take a copy of listening fd {lfd}"))?;
+    // Accept them all, in queue order: from here on the connections must be made again.
+    let mut accepted: Vec<(usize, Vec<u8>)> = Vec::new();
+    for _ in pending {
+        let e = sk::accept(lcopy.as_raw_fd(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+            .ctx(lpid, || format!("accept a waiting connection on fd {lfd}"))?;
+        let from = sk::getpeername(e.as_raw_fd())
+            .ok()
+            .and_then(|raw| decode_addr(&raw));
+        let mut data = Vec::new();
+        while let Ok(m) = sk::recv(e.as_raw_fd(), PEEK_CHUNK, libc::MSG_DONTWAIT) {
+            if m.data.is_empty() {
+                break;
+            }
+            data.extend_from_slice(&m.data);
+        }
+        // Closed in repair mode: the client hears nothing.
+        let _ = sk::tcp_repair(e.as_raw_fd(), sk::TCP_REPAIR_ON);
+        drop(e);
+        let ci = from
+            .as_ref()
+            .and_then(|f| clients.iter().find(|(_, a)| same_inet(a, f)))
+            .map(|(ci, _)| *ci)
+            .ok_or_else(|| Error::Unsupported {
+                pid: lpid,
+                what: format!("fd {lfd} (socket:[{}])", l.ino),
+                why: format!(
+                    "a connection accepted from its queue ({}) has no client in the tree; it is \
+                     lost",
+                    from.as_ref().map(describe).unwrap_or_default()
+                ),
+            })?;
+        accepted.push((ci, data));
+    }
+    let mut chan: Option<Channel> = None;
+    let mut new_pending = Vec::new();
+    for (ci, data) in &accepted {
+        let cfile = tree.files[*ci].clone();
+        let FileKind::Socket(cs) = &cfile.kind else {
+            continue;
+        };
+        let hs = holders.get(&cfile.id).cloned().unwrap_or_default();
+        let Some(&(hpid, hfd, _)) = hs.first() else {
+            continue;
+        };
+        let what = || {
+            format!(
+                "fd {hfd} (socket:[{}]): make its waiting connection again",
+                cs.ino
+            )
+        };
+        let p = pidfd::pidfd_open(hpid).ctx(hpid, || "open a pidfd".into())?;
+        let old = pidfd::pidfd_getfd(&p, hfd).ctx(hpid, what)?;
+        let domain = match cs.family {
+            SockFamily::Inet6 => libc::AF_INET6,
+            _ => libc::AF_INET,
+        };
+        let new = sk::socket(domain, libc::SOCK_STREAM | NEW, libc::IPPROTO_TCP).ctx(hpid, what)?;
+        apply_opts(new.as_raw_fd(), &cs.opts, false);
+        let mask = libc::O_NONBLOCK | libc::O_ASYNC;
+        let fl = fdops::get_fl(new.as_raw_fd()).ctx(hpid, what)?;
+        fdops::set_fl(new.as_raw_fd(), (fl & !mask) | (cfile.flags & mask)).ctx(hpid, what)?;
+        sk::tcp_repair(old.as_raw_fd(), sk::TCP_REPAIR_ON).ctx(hpid, what)?;
+        for &(pid, fd, cloexec) in &hs {
+            let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+            if chan.is_none() {
+                chan = Some(Channel::new(lpid)?);
+            }
+            chan.as_ref()
+                .expect("made above")
+                .install(frozen, pid, &new, fd, flags as u64)?;
+        }
+        // The last reference to the old client: it goes without a word.
+        drop(old);
+        let local = cs.local.as_ref().map(encode_addr).unwrap_or_default();
+        let peer = cs.peer.as_ref().map(encode_addr).unwrap_or_default();
+        let h = DeferredHandshake {
+            fd: new,
+            local,
+            peer,
+            order: (l.ino, 0),
+            data: data.clone(),
+            what: what(),
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let retry = move |op: &dyn Fn() -> ferry_sys::SysResult<()>| loop {
+            match op() {
+                Err(e)
+                    if (e.errno == libc::EADDRINUSE || e.errno == libc::EADDRNOTAVAIL)
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1))
+                }
+                r => return r,
+            }
+        };
+        h.make(&retry, deadline)
+            .map_err(|(step, e)| Error::Restore {
+                pid: hpid,
+                what: format!("{}: {step}: {e}", h.what),
+            })?;
+        new_pending.push(PendingConn {
+            client_ino: cs.ino,
+            queue: vec![SockMsg {
+                data: data.clone(),
+                from: None,
+            }],
+            cred: None,
+        });
+    }
+    if let FileKind::Socket(s) = &mut tree.files[li].kind {
+        if let SockState::Listening { pending, .. } = &mut s.state {
+            *pending = new_pending;
+        }
+    }
     Ok(())
 }
 
@@ -326,14 +532,7 @@ fn waiting_client(
         s.local.as_ref().map(describe).unwrap_or_default(),
         s.peer.as_ref().map(describe).unwrap_or_default()
     );
-    let why = if child.rx_queue > 0 {
-        Some(format!(
-            "the {} bytes its client sent wait in the queue of the listening socket on \
-             {listener}, in a connection not accepted yet, which cannot be read without \
-             accepting it",
-            child.rx_queue
-        ))
-    } else if child.state != TCP_ESTABLISHED {
+    let why = if child.state != TCP_ESTABLISHED {
         Some(format!(
             "its other end waits in the queue of the listening socket on {listener} and is {}",
             tcp_state_name(child.state)
@@ -355,7 +554,10 @@ fn waiting_client(
         return Err(refuse(
             id,
             s.ino,
-            format!("{conn}: {why}; only connections waiting to be accepted that carry nothing yet can be checkpointed"),
+            format!(
+                "{conn}: {why}; only connections waiting to be accepted that are established \
+                 and not shut down can be checkpointed"
+            ),
         ));
     }
     s.tcp = None;
@@ -692,6 +894,8 @@ pub(super) struct DeferredHandshake {
     pub(super) peer: Vec<u8>,
     /// (the listener's inode, the place in its queue): the connections are made in this order.
     pub(super) order: (u64, usize),
+    /// What the client had sent, waiting in the server end: sent again once connected.
+    pub(super) data: Vec<u8>,
     pub(super) what: String,
 }
 
@@ -706,7 +910,7 @@ impl DeferredHandshake {
         let f = self.fd.as_raw_fd();
         retry(&|| sk::bind(f, &self.local)).map_err(|e| ("bind".to_string(), e))?;
         match sk::connect(f, &self.peer) {
-            Ok(()) => return Ok(()),
+            Ok(()) => return self.send_data(f, deadline),
             Err(e) if e.errno == libc::EINPROGRESS => {}
             Err(e) => return Err(("connect".into(), e)),
         }
@@ -724,9 +928,48 @@ impl DeferredHandshake {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         match sk::getsockopt_int(f, SOL_SOCKET, libc::SO_ERROR) {
-            Ok(0) => Ok(()),
-            Ok(errno) => Err(("connect".into(), ferry_sys::SysError::new("connect", errno))),
-            Err(e) => Err(("read SO_ERROR".into(), e)),
+            Ok(0) => {}
+            Ok(errno) => {
+                return Err(("connect".into(), ferry_sys::SysError::new("connect", errno)))
+            }
+            Err(e) => return Err(("read SO_ERROR".into(), e)),
+        }
+        self.send_data(f, deadline)
+    }
+
+    /// Sends `data` and waits, until `deadline`, for the server end to have it all (the queue
+    /// holds it, not this socket's send buffer).
+    fn send_data(
+        &self,
+        f: RawFd,
+        deadline: std::time::Instant,
+    ) -> std::result::Result<(), (String, ferry_sys::SysError)> {
+        if self.data.is_empty() {
+            return Ok(());
+        }
+        let what = || format!("send the {} bytes the client had sent", self.data.len());
+        let mut at = 0;
+        while at < self.data.len() {
+            match sk::send(f, &self.data[at..], None, &[], libc::MSG_DONTWAIT) {
+                Ok(n) => at += n,
+                Err(e) if e.errno == libc::EAGAIN && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(1))
+                }
+                Err(e) => return Err((what(), e)),
+            }
+        }
+        loop {
+            let outq = sk::ioctl_int(f, sk::SIOCOUTQ).map_err(|e| (what(), e))?;
+            if outq <= 0 {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err((
+                    what(),
+                    ferry_sys::SysError::new("wait for the acknowledgement", libc::ETIMEDOUT),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 }
@@ -750,9 +993,10 @@ impl<'a> Builder<'a> {
             .map(|j| self.sock(j))
             .find(|l| l.ino == listener_ino && l.family != SockFamily::Unix)
             .and_then(|l| match &l.state {
-                SockState::Listening { pending, .. } => {
-                    pending.iter().position(|c| c.client_ino == s.ino)
-                }
+                SockState::Listening { pending, .. } => pending
+                    .iter()
+                    .position(|c| c.client_ino == s.ino)
+                    .map(|k| (k, &pending[k].queue)),
                 _ => None,
             })
             .ok_or_else(|| {
@@ -761,6 +1005,7 @@ impl<'a> Builder<'a> {
                     format!("it waits in the queue of socket:[{listener_ino}], not a TCP listener of the image"),
                 )
             })?;
+        let (place, waiting) = place;
         apply_opts(self.fd(i), &s.opts, false);
         let fd = self.dup(i)?;
         self.deferred.handshakes.push(DeferredHandshake {
@@ -768,6 +1013,10 @@ impl<'a> Builder<'a> {
             local: encode_addr(local),
             peer: encode_addr(peer),
             order: (listener_ino, place),
+            data: waiting
+                .iter()
+                .flat_map(|m| m.data.iter().copied())
+                .collect(),
             what: format!(
                 "socket:[{}]: TCP connection {} -> {} (waiting to be accepted)",
                 s.ino,

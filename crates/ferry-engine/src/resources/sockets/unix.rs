@@ -470,7 +470,7 @@ pub(super) struct Channel {
 }
 
 impl Channel {
-    fn new(pid: i32) -> Result<Channel> {
+    pub(super) fn new(pid: i32) -> Result<Channel> {
         let listener = sk::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0)
             .ctx(pid, || "make a socket".into())?;
         let name = format!("ferry-{}-{:p}", std::process::id(), &listener);
@@ -481,7 +481,7 @@ impl Channel {
     }
 
     /// Installs `what` in frozen process `pid` as descriptor `fd` (with dup3 `flags`).
-    fn install(
+    pub(super) fn install(
         &self,
         frozen: &FrozenTree,
         pid: i32,
