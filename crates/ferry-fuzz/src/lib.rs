@@ -1,7 +1,7 @@
 //! What Ferry's fuzz targets share.
 //!
 //! The targets (`crates/ferry-engine/tests/fuzz_image.rs`, `crates/ferry-transport/tests/fuzz.rs`,
-//! `crates/ferry-daemon/tests/fuzz_config.rs`) run under `cargo test` on stable Rust with
+//! `crates/ferry-daemon/tests/fuzz_config.rs`, `crates/ferry-daemon/src/membership.rs`) run under `cargo test` on stable Rust with
 //! [bolero](https://docs.rs/bolero): `bolero::check!()` draws random inputs for a bounded time
 //! (a few seconds; `BOLERO_RANDOM_TEST_TIME_MS` sets it) and reports, and shrinks, any input
 //! that makes the target panic. The same targets run under a coverage-guided fuzzer with
