@@ -347,3 +347,46 @@ fn restore_does_not_enter_a_working_directory_through_a_link() {
         ],
     );
 }
+
+/// The owner of a process watching a directory with inotify replaces a directory on the
+/// watch's path with a link into a root-only directory: the restore must not watch root's
+/// directory for them (the events would tell them its file names).
+#[test]
+fn restore_does_not_watch_through_a_linked_directory() {
+    let d = scratch("security_files", "inotify");
+    let home = user_dir(&d.join("home"));
+    let sub = user_dir(&home.join("sub"));
+    let watched = user_dir(&sub.join("inner"));
+    let root_dir = d.join("root-only");
+    root_secret(&root_dir, "secret", "root's secret\n");
+    let root_inner = root_dir.join("inner");
+    std::fs::create_dir(&root_inner).unwrap();
+    std::fs::set_permissions(&root_inner, PermissionsExt::from_mode(0o700)).unwrap();
+    let script = format!(
+        "import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+         fd = libc.inotify_init1(0)\nassert fd >= 0\n\
+         assert libc.inotify_add_watch(fd, {:?}.encode(), 0x100) >= 0\n\
+         open('ready', 'w').close()\ntime.sleep(1000)\n",
+        watched.to_str().unwrap()
+    );
+    let mut child = run_as_nobody(&home, "python3", &["-c", &script], "python3");
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !home.join("ready").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the user's watcher did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let img = d.join("img");
+    checkpoint(&mut child, &img);
+
+    std::fs::rename(&sub, home.join("sub.old")).unwrap();
+    std::os::unix::fs::symlink(&root_dir, &sub).unwrap();
+    let err = restore_refused(&img, pid);
+    assert_mentions(
+        &err,
+        &["inotify watch", watched.to_str().unwrap(), "uid 65534"],
+    );
+}

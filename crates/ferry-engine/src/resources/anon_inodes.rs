@@ -47,7 +47,6 @@ const EPOLL_CTL_ADD: u64 = 1;
 const EPOLL_CTL_MOD: u64 = 3;
 /// struct epoll_event is packed on x86_64: u32 events, u64 data.
 const EPOLL_EVENT_SIZE: u64 = 12;
-const IN_DONT_FOLLOW: u32 = 0x0200_0000;
 const IN_ATTRIB: u32 = 0x4;
 /// How many watch descriptors may be skipped to give a watch its old number.
 const MAX_WD_SKIP: i32 = 1 << 20;
@@ -795,7 +794,11 @@ fn resolve_handle(
     }
 }
 
-fn open_inotify(d: &FileDesc, n: &InotifyDesc) -> Result<OwnedFd> {
+fn open_inotify(
+    d: &FileDesc,
+    n: &InotifyDesc,
+    creds: &ferry_sys::fsid::FsCreds,
+) -> Result<OwnedFd> {
     let me = std::process::id() as i32;
     let fd = anon_fds::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK)
         .ctx(me, || "create an inotify instance".into())?;
@@ -831,12 +834,44 @@ fn open_inotify(d: &FileDesc, n: &InotifyDesc) -> Result<OwnedFd> {
                 .ctx(me, || "remove a watch to skip watch descriptors".into())?;
             next = got + 1;
         }
-        let got =
-            anon_fds::inotify_add_watch(raw, &w.path, w.mask | IN_DONT_FOLLOW).map_err(|e| {
-                Error::Restore {
-                    pid: me,
-                    what: format!("re-add inotify watch {} on {}: {e}", w.wd, w.path),
+        // Added with the process's rights (the kernel checks read permission on the watched
+        // object as the caller), on the object captured, found without following links.
+        let added =
+            ferry_sys::fsid::with_fs_creds(creds, || -> std::result::Result<i32, String> {
+                let o = ferry_sys::fsid::openat2(
+                    libc::AT_FDCWD,
+                    &w.path,
+                    libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    0,
+                    libc::RESOLVE_NO_SYMLINKS,
+                )
+                .map_err(|e| match e.errno {
+                    libc::ELOOP => "a symbolic link is in its path now".to_string(),
+                    _ => e.to_string(),
+                })?;
+                let through = format!("/proc/self/fd/{}", o.as_raw_fd());
+                let md = std::fs::metadata(&through).map_err(|e| e.to_string())?;
+                if (md.dev(), md.ino()) != (w.dev, w.ino) {
+                    return Err(format!(
+                    "not the file that was captured (inode {} on device {:#x} now, inode {} on \
+                     device {:#x} captured); refused",
+                    md.ino(),
+                    md.dev(),
+                    w.ino,
+                    w.dev
+                ));
                 }
+                anon_fds::inotify_add_watch(raw, &through, w.mask).map_err(|e| e.to_string())
+            });
+        let got = added
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
+            .map_err(|e| Error::Restore {
+                pid: me,
+                what: format!(
+                    "re-add inotify watch {} on {} (as {creds}): {e}",
+                    w.wd, w.path
+                ),
             })?;
         if got != w.wd {
             return Err(Error::Restore {
@@ -862,8 +897,9 @@ fn open_inotify(d: &FileDesc, n: &InotifyDesc) -> Result<OwnedFd> {
 
 // ---------------------------------------------------------------------------------------------
 
-/// Recreates the open file description `d` in this (the restoring) process.
-pub fn open(d: &FileDesc) -> Result<OwnedFd> {
+/// Recreates the open file description `d` in this (the restoring) process; what it does by
+/// path (inotify watches) with the file-system rights `creds` of the process holding it.
+pub fn open(d: &FileDesc, creds: &ferry_sys::fsid::FsCreds) -> Result<OwnedFd> {
     let me = std::process::id() as i32;
     match &d.kind {
         FileKind::Epoll(e) => {
@@ -888,7 +924,7 @@ pub fn open(d: &FileDesc) -> Result<OwnedFd> {
         FileKind::Signalfd(s) => anon_fds::signalfd(s.sigmask, libc::SFD_CLOEXEC).ctx(me, || {
             format!("recreate signalfd {} (mask {:#x})", d.id, s.sigmask)
         }),
-        FileKind::Inotify(n) => open_inotify(d, n),
+        FileKind::Inotify(n) => open_inotify(d, n, creds),
         _ => Err(Error::BadImage(format!(
             "file {}: {:?} is not an anonymous-inode descriptor",
             d.id, d.kind

@@ -457,7 +457,13 @@ pub fn open_descriptions(
             FileKind::Epoll(_)
             | FileKind::Timerfd(_)
             | FileKind::Signalfd(_)
-            | FileKind::Inotify(_) => super::anon_inodes::open(d)?,
+            | FileKind::Inotify(_) => {
+                let creds = holders
+                    .get(&d.id)
+                    .map(|(p, _)| crate::reopen::creds_of(p))
+                    .unwrap_or_default();
+                super::anon_inodes::open(d, &creds)?
+            }
             FileKind::Socket(_) => super::sockets::open(d, tree, guest.map(|g| g.pidfd()))?,
             FileKind::Tty(_) => super::tty::open(d, tree, &dev)?,
             // Made in the process itself, once its target exists (see `install`).
