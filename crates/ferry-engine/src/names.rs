@@ -14,6 +14,7 @@ use crate::error::{Context, Result};
 use crate::freeze::FrozenTree;
 use crate::procfs;
 use crate::resources::sockets::same_dev;
+use ferry_sys::fsid::{with_fs_creds, FsCreds};
 use ferry_sys::sockets as sk;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -39,12 +40,29 @@ struct Moved {
     aside: OsString,
     /// The path as the tree names it, for messages.
     shown: PathBuf,
+    /// The file-system rights of the process that holds the socket: the file is looked at,
+    /// renamed and removed with them, never with root's.
+    creds: FsCreds,
 }
 
-impl Moved {
-    fn in_dir(&self, name: &OsStr) -> PathBuf {
-        Path::new(&format!("/proc/self/fd/{}", self.dir.as_raw_fd())).join(name)
-    }
+/// The file-system credentials process `pid` acts with now (it is frozen).
+fn holder_creds(pid: i32) -> Result<FsCreds> {
+    let status = procfs::status(pid)?;
+    let fs = |key: &str| {
+        procfs::field(&status, key)
+            .split_whitespace()
+            .nth(3)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok(FsCreds {
+        uid: fs("Uid"),
+        gid: fs("Gid"),
+        groups: procfs::field(&status, "Groups")
+            .split_whitespace()
+            .filter_map(|g| g.parse().ok())
+            .collect(),
+    })
 }
 
 impl SocketFilesAside {
@@ -107,49 +125,83 @@ impl SocketFilesAside {
     /// it is still that socket's file.
     fn move_one(&mut self, pid: i32, name: &[u8], ino: u32, dev: u32) -> Result<()> {
         let path = Path::new(OsStr::from_bytes(name));
-        let seen_from = if path.is_absolute() {
-            format!("/proc/{pid}/root")
+        let (base, resolve) = if path.is_absolute() {
+            // Resolved as the process resolves it: under its root, links and all.
+            (format!("/proc/{pid}/root"), libc::RESOLVE_IN_ROOT)
         } else {
-            format!("/proc/{pid}/cwd")
+            (format!("/proc/{pid}/cwd"), 0)
         };
         let (Some(parent), Some(file)) = (path.parent(), path.file_name()) else {
             return Ok(());
         };
         let parent = parent.strip_prefix("/").unwrap_or(parent);
-        let dir_path = Path::new(&seen_from).join(parent);
-        let dir = ferry_sys::fdops::open_path(
-            &dir_path.to_string_lossy(),
+        let parent = if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        };
+        let base = ferry_sys::fdops::open_path(
+            &base,
             libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
             0,
         )
         .ctx(pid, || {
             format!("open the directory of socket file {}", path.display())
         })?;
+        let creds = holder_creds(pid)?;
         let mut aside = b".".to_vec();
         aside.extend_from_slice(file.as_bytes());
         aside.extend_from_slice(format!(".ferry-moving-{pid}").as_bytes());
-        let m = Moved {
+        let aside = OsString::from_vec(aside);
+        let moved = with_fs_creds(
+            &creds,
+            || -> std::result::Result<Option<OwnedFd>, String> {
+                let dir = ferry_sys::fsid::openat2(
+                    base.as_raw_fd(),
+                    &parent.to_string_lossy(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                    0,
+                    resolve,
+                )
+                .map_err(|e| {
+                    format!("open the directory of socket file {}: {e}", path.display())
+                })?;
+                let here = Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())).join(file);
+                match std::fs::symlink_metadata(&here) {
+                    Ok(md)
+                        if md.file_type().is_socket()
+                            && md.ino() as u32 == ino
+                            && same_dev(dev, md.dev()) => {}
+                    // Removed or replaced since it was bound: nothing of ours to move.
+                    _ => return Ok(None),
+                }
+                ferry_sys::fsid::rename_in(dir.as_raw_fd(), file, &aside, true).map_err(|e| {
+                    format!(
+                        "move socket file {} aside while the tree moves: {e}",
+                        path.display()
+                    )
+                })?;
+                Ok(Some(dir))
+            },
+        );
+        let dir = match moved {
+            Ok(Ok(Some(dir))) => dir,
+            Ok(Ok(None)) => return Ok(()),
+            Ok(Err(e)) => {
+                return Err(crate::Error::Restore {
+                    pid,
+                    what: format!("{e} (as {creds})"),
+                })
+            }
+            Err(e) => return Err(e).ctx(pid, || format!("take the rights of {creds}")),
+        };
+        self.moved.push(Moved {
             dir,
             name: file.to_owned(),
-            aside: OsString::from_vec(aside),
+            aside,
             shown: path.to_owned(),
-        };
-        let here = m.in_dir(&m.name);
-        match std::fs::symlink_metadata(&here) {
-            Ok(md)
-                if md.file_type().is_socket()
-                    && md.ino() as u32 == ino
-                    && same_dev(dev, md.dev()) => {}
-            // Removed or replaced since it was bound: nothing of ours to move.
-            _ => return Ok(()),
-        }
-        std::fs::rename(&here, m.in_dir(&m.aside)).ctx(pid, || {
-            format!(
-                "move socket file {} aside while the tree moves",
-                path.display()
-            )
-        })?;
-        self.moved.push(m);
+            creds,
+        });
         Ok(())
     }
 
@@ -178,7 +230,10 @@ impl SocketFilesAside {
     /// The migration committed: the files set aside are the original's, which is gone.
     pub fn remove(mut self) {
         for m in std::mem::take(&mut self.moved) {
-            if let Err(e) = std::fs::remove_file(m.in_dir(&m.aside)) {
+            let removed = with_fs_creds(&m.creds, || {
+                ferry_sys::fsid::unlink_in(m.dir.as_raw_fd(), &m.aside)
+            });
+            if let Err(e) = removed.and_then(|r| r) {
                 log::warn!(
                     "remove the old socket file {:?} of {}: {e}",
                     m.aside,
@@ -193,9 +248,12 @@ fn put_back_all(moved: Vec<Moved>) -> std::result::Result<(), String> {
     let failed: Vec<String> = moved
         .into_iter()
         .filter_map(|m| {
-            std::fs::rename(m.in_dir(&m.aside), m.in_dir(&m.name))
-                .err()
-                .map(|e| format!("{} (left as {:?}): {e}", m.shown.display(), m.aside))
+            with_fs_creds(&m.creds, || {
+                ferry_sys::fsid::rename_in(m.dir.as_raw_fd(), &m.aside, &m.name, false)
+            })
+            .and_then(|r| r)
+            .err()
+            .map(|e| format!("{} (left as {:?}): {e}", m.shown.display(), m.aside))
         })
         .collect();
     if failed.is_empty() {
