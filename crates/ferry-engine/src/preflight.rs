@@ -63,6 +63,25 @@ fn tcp_connections(pid: i32) -> HashMap<u64, TcpSock> {
     map
 }
 
+/// The TCP sockets of the network namespace of `pid` that no descriptor holds any more and
+/// that linger in FIN_WAIT2 (their process closed them): (local, remote) as `table_addr`
+/// writes them.
+fn tcp_orphans(pid: i32) -> HashSet<(String, String)> {
+    let mut out = HashSet::new();
+    for table in ["net/tcp", "net/tcp6"] {
+        let Ok(text) = procfs::read(pid, table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() > 9 && cols[3] == "05" && cols[9] == "0" {
+                out.insert((table_addr(cols[1]), table_addr(cols[2])));
+            }
+        }
+    }
+    out
+}
+
 /// The addresses of the TCP listeners among `inodes`, from the network namespace of `pid`
 /// (see `table_addr`).
 fn tcp_listeners(pid: i32, inodes: &HashSet<u64>) -> Vec<String> {
@@ -230,6 +249,7 @@ pub fn check(root: i32) -> Result<()> {
     let tcp = tcp_connections(first);
     let inodes: HashSet<u64> = tcp_fds.iter().map(|(_, _, _, ino)| *ino).collect();
     let listeners = tcp_listeners(first, &inodes);
+    let orphans = tcp_orphans(first);
     let mut ends: HashMap<(&str, &str), u32> = HashMap::new();
     for (_, _, _, ino) in &tcp_fds {
         if let Some(t) = tcp.get(ino) {
@@ -257,7 +277,10 @@ pub fn check(root: i32) -> Result<()> {
         // A connection still waiting to be accepted by a listener of the tree: its other end
         // has no descriptor yet (the capture checks that it carries nothing).
         let waiting = || listeners.iter().any(|l| listener_reaches(l, &t.remote));
-        if !ends.contains_key(&(t.remote.as_str(), t.local.as_str())) && !waiting() {
+        // A connection in CLOSE_WAIT whose other end its process closed (the capture makes a
+        // stand-in for it).
+        let orphaned = || t.state == 8 && orphans.contains(&(t.remote.clone(), t.local.clone()));
+        if !ends.contains_key(&(t.remote.as_str(), t.local.as_str())) && !waiting() && !orphaned() {
             return Err(refuse(
                 *pid,
                 what,

@@ -75,6 +75,11 @@ pub struct TcpConn {
     /// CLOSING, LAST_ACK): the other end, a socket of the tree, sends it again at resume.
     #[serde(default)]
     pub fin_received: bool,
+    /// The other end had closed its descriptor: it lingered in FIN_WAIT2, held by no
+    /// process (this end is CLOSE_WAIT). A stand-in plays it at resume: it sends the FIN
+    /// again, and is closed, lingering as the original did.
+    #[serde(default)]
+    pub peer_closed: bool,
     /// The kernel's TCP state number when captured (1 ESTABLISHED, 4 FIN_WAIT1, 5 FIN_WAIT2,
     /// 8 CLOSE_WAIT, 9 LAST_ACK, 11 CLOSING), for people; 0 in images that did not record it.
     #[serde(default)]

@@ -467,6 +467,68 @@ pub fn unix_diag(ino: Option<u32>, show: u32) -> SysResult<Vec<UnixDiag>> {
     }
 }
 
+/// Closes, with a reset (SOCK_DESTROY, sock_diag(7); CONFIG_INET_DIAG_DESTROY, CAP_NET_ADMIN),
+/// the TCP socket of our network namespace bound to `local` and connected to `peer` (raw
+/// socket addresses, as bind(2) takes them, of one family): a connection no descriptor holds
+/// any more (an orphan, in FIN_WAIT2 after close) can be reached no other way.
+pub fn tcp_destroy(local: &[u8], peer: &[u8]) -> SysResult<()> {
+    const SOCK_DESTROY: u16 = 21;
+    const NLM_F_ACK: u16 = 4;
+    let einval = || SysError::new("tcp_destroy: not an IPv4 or IPv6 address", libc::EINVAL);
+    // (family, port in network order, address as four 32-bit words in network order)
+    let parse = |a: &[u8]| -> SysResult<(u16, [u8; 2], [u8; 16])> {
+        let family = u16_at(a, 0);
+        let port = [*a.get(2).ok_or_else(einval)?, *a.get(3).ok_or_else(einval)?];
+        let mut addr = [0u8; 16];
+        match i32::from(family) {
+            libc::AF_INET => addr[..4].copy_from_slice(a.get(4..8).ok_or_else(einval)?),
+            libc::AF_INET6 => addr.copy_from_slice(a.get(8..24).ok_or_else(einval)?),
+            _ => return Err(einval()),
+        }
+        Ok((family, port, addr))
+    };
+    let (family, sport, src) = parse(local)?;
+    let (pfamily, dport, dst) = parse(peer)?;
+    if family != pfamily {
+        return Err(einval());
+    }
+    let nl = socket(
+        libc::AF_NETLINK,
+        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+        NETLINK_SOCK_DIAG,
+    )?;
+    let mut req = Vec::with_capacity(72);
+    req.extend_from_slice(&72u32.to_ne_bytes());
+    req.extend_from_slice(&SOCK_DESTROY.to_ne_bytes());
+    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    req.extend_from_slice(&0u32.to_ne_bytes()); // port id
+                                                // struct inet_diag_req_v2
+    req.extend_from_slice(&[family as u8, libc::IPPROTO_TCP as u8, 0, 0]);
+    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // any state
+                                                    // struct inet_diag_sockid
+    req.extend_from_slice(&sport);
+    req.extend_from_slice(&dport);
+    req.extend_from_slice(&src);
+    req.extend_from_slice(&dst);
+    req.extend_from_slice(&0u32.to_ne_bytes()); // any interface
+    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // no cookie
+    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    send(nl.as_raw_fd(), &req, None, &[], 0)?;
+    let got = recv(nl.as_raw_fd(), 1 << 12, 0)?;
+    let b = &got.data;
+    if b.len() >= 20 && u16_at(b, 4) == NLMSG_ERROR {
+        return match -(u32_at(b, 16) as i32) {
+            0 => Ok(()),
+            e => Err(SysError::new("sock_diag SOCK_DESTROY", e)),
+        };
+    }
+    Err(SysError::new(
+        "sock_diag SOCK_DESTROY: no answer",
+        libc::EPROTO,
+    ))
+}
+
 // ---- helper processes ----
 
 /// Credentials for a helper process to take before it acts.

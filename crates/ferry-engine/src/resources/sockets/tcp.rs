@@ -144,6 +144,7 @@ impl Cap<'_> {
             },
             fin_sent,
             fin_received,
+            peer_closed: false,
             state,
         };
         Ok((tcp, queue))
@@ -217,6 +218,14 @@ pub(super) fn tcp_peers(
                     .iter()
                     .find(|(_, l, _)| listener_reaches(l, peer))
                     .map(|(li, _, _)| *li);
+                if let Some(c) = child
+                    .as_ref()
+                    .filter(|c| c.ino == 0 && c.state == TCP_FIN_WAIT2)
+                {
+                    if orphaned_peer(tree, refuse, *i, c)? {
+                        continue;
+                    }
+                }
                 if let (Some(li), Some(child)) = (listener, &child) {
                     // The other end has no inode: it waits in the listener's queue, not
                     // accepted yet.
@@ -495,6 +504,42 @@ pub(super) fn requeue_tcp(
     Ok(())
 }
 
+/// Connection `c` (file index), whose other end is `orphan`: no descriptor holds it, and it
+/// lingers in FIN_WAIT2 (its process closed it). If `c` is in CLOSE_WAIT with nothing to send
+/// (anything sent to the orphan would draw a reset), it can be made again with a stand-in for
+/// the orphan ([`Builder::tcp_conn`]): marks it so and says yes. Otherwise refuses.
+fn orphaned_peer(
+    tree: &mut Tree,
+    refuse: &dyn Fn(u32, u64, String) -> Error,
+    c: usize,
+    _orphan: &TcpTableEntry,
+) -> Result<bool> {
+    let id = tree.files[c].id;
+    let FileKind::Socket(s) = &mut tree.files[c].kind else {
+        return Ok(false);
+    };
+    let Some(t) = s.tcp.as_deref_mut() else {
+        return Ok(false);
+    };
+    if t.state == TCP_CLOSE_WAIT && t.send_queue.is_empty() {
+        t.peer_closed = true;
+        s.state = SockState::Connected { peer_ino: 0 };
+        return Ok(true);
+    }
+    Err(refuse(
+        id,
+        s.ino,
+        format!(
+            "TCP connection {} -> {} is {} and its other end was closed by its process (it \
+             lingers in FIN_WAIT2, held by no descriptor); such a connection moves only in \
+             CLOSE_WAIT with nothing left to send",
+            s.local.as_ref().map(describe).unwrap_or_default(),
+            s.peer.as_ref().map(describe).unwrap_or_default(),
+            tcp_state_name(t.state)
+        ),
+    ))
+}
+
 /// Whether a listener bound to `listener` accepts connections made to `to`.
 fn listener_reaches(listener: &SockAddr, to: &SockAddr) -> bool {
     let (port, any) = match listener {
@@ -684,7 +729,44 @@ pub fn silence_tcp_connections(pids: &[i32]) {
                      when the tree dies"
                 );
             }
+            if state == TCP_CLOSE_WAIT {
+                destroy_orphaned_peer(pid, s, &link);
+            }
         }
+    }
+}
+
+/// The other end of socket `s` (CLOSE_WAIT, held by PID `pid` as `link`), if no descriptor
+/// holds it (it lingers in FIN_WAIT2 after its process closed it), is closed at once: a
+/// restore makes a stand-in for it, which needs its four addresses.
+fn destroy_orphaned_peer(pid: i32, s: RawFd, link: &str) {
+    let (Ok(local), Ok(peer)) = (sk::getsockname(s), sk::getpeername(s)) else {
+        return;
+    };
+    let (Some(l), Some(p)) = (decode_addr(&local), decode_addr(&peer)) else {
+        return;
+    };
+    let orphan = tcp_table_entry(pid, &p, &l);
+    if !orphan.is_some_and(|o| o.ino == 0 && o.state == TCP_FIN_WAIT2) {
+        return;
+    }
+    // SOCK_DESTROY reaches our network namespace: only if it is the process's too.
+    let ours = std::fs::read_link("/proc/self/ns/net").ok();
+    let theirs = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+    if ours.is_none() || ours != theirs {
+        log::warn!(
+            "PID {pid}: {link}: the other end ({}, held by no process) lingers: it is in another \
+             network namespace than ferry's",
+            describe(&p)
+        );
+        return;
+    }
+    if let Err(e) = sk::tcp_destroy(&peer, &local) {
+        log::warn!(
+            "PID {pid}: {link}: close the other end ({}, held by no process): {e}; a restore \
+             waits for it to go (tcp_fin_timeout)",
+            describe(&p)
+        );
     }
 }
 
@@ -1077,6 +1159,75 @@ impl<'a> Builder<'a> {
             sndbuf: opt_int(s, SOL_SOCKET, libc::SO_SNDBUF),
             shut_rd: s.shutdown.read && !t.fin_received,
             what: format!("socket:[{}]: {conn}", s.ino),
+        });
+        if t.peer_closed {
+            self.stand_in(i, domain, local, peer, t)?;
+        }
+        Ok(())
+    }
+
+    /// A stand-in for the other end of connection `i` (CLOSE_WAIT), which its process had
+    /// closed (see `orphaned_peer`): made in repair mode as that end must have been, from
+    /// what this end knows (its sequence numbers, window and options, mirrored; no
+    /// timestamps: its clock is not known, and a segment without one is taken), it sends its
+    /// FIN again at resume, and is closed at the end of [`Deferred::complete`]: it lingers in
+    /// FIN_WAIT2, held by no process, as the original did.
+    fn stand_in(
+        &mut self,
+        i: usize,
+        domain: i32,
+        local: &SockAddr,
+        peer: &SockAddr,
+        t: &TcpConn,
+    ) -> Result<()> {
+        let s = self.sock(i);
+        let what = format!(
+            "socket:[{}]: a stand-in for {}, the closed other end of its TCP connection",
+            s.ino,
+            describe(peer)
+        );
+        let e =
+            |step: &str, err: ferry_sys::SysError| self.err(i, format!("{what}: {step}: {err}"));
+        let fd = sk::socket(domain, libc::SOCK_STREAM | NEW, libc::IPPROTO_TCP)
+            .map_err(|err| e("socket", err))?;
+        sk::tcp_repair(fd.as_raw_fd(), sk::TCP_REPAIR_ON)
+            .map_err(|err| e("enter repair mode", err))?;
+        let queued: usize = s.queue.iter().map(|m| m.data.len()).sum();
+        let rcv_nxt = t.recv_seq.wrapping_add(queued as u32);
+        let conn = TcpConn {
+            send_seq: rcv_nxt,
+            recv_seq: t.send_seq,
+            send_queue: Vec::new(),
+            unsent: 0,
+            mss_clamp: t.mss_clamp,
+            wscale: t.wscale.map(|(snd, rcv)| (rcv, snd)),
+            sack: t.sack,
+            timestamps: false,
+            timestamp: 0,
+            window: TcpWindow {
+                snd_wl1: t.send_seq,
+                snd_wnd: t.window.rcv_wnd,
+                max_window: t.window.rcv_wnd.max(t.window.snd_wnd),
+                rcv_wnd: t.window.snd_wnd,
+                rcv_wup: t.send_seq,
+            },
+            fin_sent: true,
+            fin_received: false,
+            peer_closed: false,
+            state: TCP_FIN_WAIT2,
+        };
+        self.deferred.repairs.push(DeferredRepair {
+            fd,
+            local: encode_addr(peer),
+            peer: encode_addr(local),
+            conn,
+            recv: Vec::new(),
+            sent: 0,
+            opts: Vec::new(),
+            reuseaddr: 0,
+            sndbuf: None,
+            shut_rd: false,
+            what,
         });
         Ok(())
     }
