@@ -4,8 +4,9 @@
  *
  * Sets up: child L starts thread W and ends its main thread with
  * pthread_exit(); W goes on counting.
- * Verifies: L's leader is still a zombie (state Z) while W runs (state of
- * W not Z, its tid the same); W sees go, and L exits with 9 (W's exit()).
+ * Verifies: L's leader is still a zombie (state Z) while W runs with the
+ * same tid; W sees go, and L exits with 9 (W's exit(): 8 if W found the
+ * leader not a zombie, 7 if its tid changed).
  */
 #include "ferry_test.h"
 #include <sys/wait.h>
@@ -23,6 +24,8 @@ static void *worker(void *arg)
 	snprintf(path, sizeof path, "/proc/%d/stat", (int)getpid());
 	ferry_read_file(path, buf, sizeof buf);
 	char *p = strrchr(buf, ')');
+	if (ferry_gettid() != shared[0])
+		exit(7);
 	exit(p && p[2] == 'Z' ? 9 : 8);
 }
 

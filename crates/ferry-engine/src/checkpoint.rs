@@ -97,16 +97,36 @@ pub fn capture_then<W: Write>(
         p.files_shared_with_parent = shared_files(frozen, fp)?;
         p.stop_collected = stops_collected.contains(&fp.pid);
         p.continued_uncollected = continues_uncollected.contains(&fp.pid);
-        let syscall_at = ferry_inject::find_syscall_insn(fp.pid)?;
+        // The thread the process is read through (a live one when its main thread exited).
+        let host = fp.host();
+        p.leader_exited = fp.leader_exited;
+        if fp.leader_exited && fp.stop_signal.is_some() {
+            return Err(crate::Error::Unsupported {
+                pid: fp.pid,
+                what: "stopped, with its main thread exited".into(),
+                why: "the stop is remade through the main thread; not written yet".into(),
+            });
+        }
+        let syscall_at = ferry_inject::find_syscall_insn(host)?;
         for t in &fp.threads {
             // Signals arriving from now on stay queued, to be captured as pending.
             ptrace::set_sigmask(t.tid, u64::MAX)
                 .ctx(fp.pid, || format!("block signals of thread {}", t.tid))?;
         }
         let leader = &fp.threads[0];
-        let inj = Injector::on_stack(fp.pid, leader.tid, leader.regs, syscall_at)?;
-        process::capture(fp.pid, &fp.stat, &inj, &mut p)?;
-        crate::resources::cgroups::capture(fp.pid, &mut p)?;
+        let inj = Injector::on_stack(host, leader.tid, leader.regs, syscall_at)?;
+        // A main thread that has exited no longer shows its address space in its stat.
+        let stat = if fp.leader_exited {
+            let mut st = procfs::task_stat(fp.pid, host)?;
+            st.comm = fp.stat.comm.clone();
+            st.exit_signal = fp.stat.exit_signal;
+            st
+        } else {
+            fp.stat.clone()
+        };
+        process::capture(host, &stat, &inj, &mut p)?;
+        p.pid = fp.pid;
+        crate::resources::cgroups::capture(host, &mut p)?;
         for child in frozen
             .procs
             .iter()
@@ -121,18 +141,18 @@ pub fn capture_then<W: Write>(
             }
         }
         let tids: Vec<i32> = fp.threads.iter().map(|t| t.tid).collect();
-        crate::resources::seccomp::capture(fp.pid, &tids, &mut p)?;
-        signals::capture(fp.pid, &inj, &mut p)?;
-        p.threads.push(threads::capture(fp.pid, leader, &inj)?);
+        crate::resources::seccomp::capture(host, &tids, &mut p)?;
+        signals::capture(host, &inj, &mut p)?;
+        p.threads.push(threads::capture(host, leader, &inj)?);
         inj.finish()?;
         for t in &fp.threads[1..] {
             crate::cancel::check(&format!("capturing thread {}", t.tid))?;
-            let inj = Injector::on_stack(fp.pid, t.tid, t.regs, syscall_at)?;
-            p.threads.push(threads::capture(fp.pid, t, &inj)?);
+            let inj = Injector::on_stack(host, t.tid, t.regs, syscall_at)?;
+            p.threads.push(threads::capture(host, t, &inj)?);
             inj.finish()?;
         }
-        p.vmas = memory::capture(fp.pid, &procfs::smaps(fp.pid)?, &mut objects)?;
-        p.fds = fdcap.capture(fp.pid, &mut tree, &mut objects)?;
+        p.vmas = memory::capture(host, &procfs::smaps(host)?, &mut objects)?;
+        p.fds = fdcap.capture(host, &mut tree, &mut objects)?;
         tree.processes.push(p);
     }
     refuse_orphaned_groups(&tree)?;
@@ -140,7 +160,7 @@ pub fn capture_then<W: Write>(
     tree.shmem = objects.shmem.clone();
     tree.ghosts = objects.ghosts.clone();
     // Everything was captured with our PIDs; the image holds the tree's own.
-    let hosts: Vec<i32> = tree.processes.iter().map(|p| p.pid).collect();
+    let hosts: Vec<i32> = frozen.procs.iter().map(|p| p.host()).collect();
     view.translate(&mut tree, frozen)?;
     report.tree_pids = tree.processes.iter().map(|p| p.pid).collect();
     report.tree_root_pid = tree.root_pid;

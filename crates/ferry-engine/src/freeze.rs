@@ -51,6 +51,21 @@ pub struct FrozenProc {
     /// Set when the process is stopped by job control (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU):
     /// the stop signal. Thawing it leaves it stopped, as it was.
     pub stop_signal: Option<i32>,
+    /// Its main thread has exited (a zombie thread) while other threads run on: `threads`
+    /// holds those, and the first stands for the process wherever a live thread is needed.
+    pub leader_exited: bool,
+}
+
+impl FrozenProc {
+    /// The thread through which the process is read (/proc, ptrace, process_vm_readv,
+    /// pidfd_getfd): its PID, or a live thread when its main thread has exited.
+    pub fn host(&self) -> i32 {
+        if self.leader_exited {
+            self.threads.first().map(|t| t.tid).unwrap_or(self.pid)
+        } else {
+            self.pid
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -194,23 +209,17 @@ impl FrozenTree {
         if stat.flags & procfs::PF_KTHREAD != 0 {
             return Err(Error::KernelThread { pid });
         }
-        if stat.state == 'Z' && procfs::tids(pid).is_ok_and(|t| t.len() > 1) {
-            // The leader thread exited (pthread_exit in main) and the others run on.
-            return Err(Error::Unsupported {
-                pid,
-                what: "its main thread has exited while other threads run on".into(),
-                why: "a rebuilt process is driven through its main thread, which would have to \
-                      exit last, after every other thread is made; not written yet"
-                    .into(),
-            });
-        }
-        if stat.state == 'Z' {
+        // The leader thread exited (pthread_exit in main) while the others run on: the
+        // process lives, driven through another thread.
+        let leader_exited = stat.state == 'Z' && procfs::tids(pid).is_ok_and(|t| t.len() > 1);
+        if stat.state == 'Z' && !leader_exited {
             return Ok(FrozenProc {
                 pid,
                 stat,
                 threads: Vec::new(),
                 zombie: true,
                 stop_signal: None,
+                leader_exited: false,
             });
         }
         refuse_traced(pid)?;
@@ -220,12 +229,13 @@ impl FrozenTree {
             threads: Vec::new(),
             zombie: false,
             stop_signal: None,
+            leader_exited,
         };
         // Threads may be created while we attach; repeat until a pass finds none new.
         loop {
             let mut new = 0;
             for tid in procfs::tids(pid)? {
-                if proc.threads.iter().any(|t| t.tid == tid) {
+                if (leader_exited && tid == pid) || proc.threads.iter().any(|t| t.tid == tid) {
                     continue;
                 }
                 match stop_thread(pid, tid) {

@@ -98,6 +98,8 @@ impl PidView {
                 ));
             }
             if !fp.zombie {
+                // (Read through a live thread: a main thread that has exited has none.)
+                let pid = fp.host();
                 let here = ns_link(pid, "pid");
                 if here.as_deref() != Some(ns.as_str()) {
                     return Err(refuse(

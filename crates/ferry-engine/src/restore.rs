@@ -299,6 +299,9 @@ pub struct RestoredTree {
     husks: Vec<Husk>,
     /// Per live process: its PID (the tree's) and the host TIDs of its threads, leader first.
     live: Vec<(i32, Vec<i32>)>,
+    /// Main threads (host TIDs) that had exited in the image while their process ran on: each
+    /// is made to exit as it is let go.
+    exiting_leaders: Vec<i32>,
     report: RestoreReport,
     /// Socket addresses another socket held while the tree was rebuilt.
     deferred: Deferred,
@@ -338,6 +341,12 @@ impl RestoredTree {
         {
             self.kill_all();
             return Err(e);
+        }
+        for &leader in &self.exiting_leaders {
+            if let Err(e) = exit_on_release(leader) {
+                self.kill_all();
+                return Err(e);
+            }
         }
         for (pid, tids) in &self.live {
             for tid in tids {
@@ -384,6 +393,21 @@ impl RestoredTree {
             }
         }
     }
+}
+
+/// Points a main thread whose original had exited at an exit(0) system call (at a `syscall`
+/// instruction of its process, the vDSO's), so that it exits as soon as it is let go, its
+/// signals all blocked: it becomes the zombie main thread it was, its process running on.
+fn exit_on_release(host: i32) -> Result<()> {
+    let at = ferry_inject::find_syscall_insn(host)?;
+    let mut regs =
+        ptrace::get_regs(host).ctx(host, || "read the main thread's registers".into())?;
+    regs.rip = at;
+    regs.rax = libc::SYS_exit as u64;
+    regs.orig_rax = u64::MAX;
+    regs.rdi = 0;
+    ptrace::set_regs(host, &regs).ctx(host, || "set the main thread to exit".into())?;
+    ptrace::set_sigmask(host, u64::MAX).ctx(host, || "block the main thread's signals".into())
 }
 
 impl Drop for RestoredTree {
@@ -468,12 +492,14 @@ pub fn restore_with<R: Read>(
         place,
         ferry_pidfd: &ferry_pidfd,
     };
-    match build(&mut cx, &mut husks, &mut live, t0) {
+    let mut exiting_leaders = Vec::new();
+    match build(&mut cx, &mut husks, &mut live, &mut exiting_leaders, t0) {
         Ok((mut report, finish_started)) => {
             report.guest_init_host_pid = opts.guest.map(|g| g.init_host_pid());
             Ok(RestoredTree {
                 husks,
                 live,
+                exiting_leaders,
                 report,
                 deferred,
                 // Left by the descriptions' locks and by the processes' POSIX locks.
@@ -511,6 +537,7 @@ fn build<R: Read>(
     cx: &mut BuildContext<'_, R>,
     husks: &mut Vec<Husk>,
     live_tids: &mut Vec<(i32, Vec<i32>)>,
+    exiting_leaders: &mut Vec<i32>,
     t0: Instant,
 ) -> Result<(RestoreReport, Instant)> {
     let tree = &cx.img.tree;
@@ -583,10 +610,18 @@ fn build<R: Read>(
         }
         process::restore_environment(h, p, &cx.objects.rights(p))?;
         signals::restore_actions(h, p)?;
-        threads::restore_inside(h.injector(), &p.threads[0])?;
-        threads::restore_sched(p.pid, h.injector(), &p.threads[0])?;
+        // The main thread is the husk itself; one that had exited is made to exit again at
+        // resume, and every thread of the image is made beside it.
+        let others = if p.leader_exited {
+            exiting_leaders.push(h.host);
+            &p.threads[..]
+        } else {
+            threads::restore_inside(h.injector(), &p.threads[0])?;
+            threads::restore_sched(p.pid, h.injector(), &p.threads[0])?;
+            &p.threads[1..]
+        };
         let mut tids = vec![h.host];
-        for t in &p.threads[1..] {
+        for t in others {
             let (host, inj) = h.create_thread(t.tid)?;
             tids.push(host);
             threads::restore_inside(&inj, t)?;
@@ -617,7 +652,7 @@ fn build<R: Read>(
         } else {
             h.drop_ferry_pidfd()?;
         }
-        for t in &p.threads[1..] {
+        for t in p.threads.iter().filter(|t| t.tid != p.pid) {
             let inj = thread_injectors.get(&t.tid).ok_or_else(|| Error::Restore {
                 pid: p.pid,
                 what: format!("thread {} was not created", t.tid),
@@ -627,7 +662,12 @@ fn build<R: Read>(
         process::restore_creds(h, p)?;
         process::restore_prctl(h, p)?;
         h.remove_trampoline()?;
-        for (t, host) in p.threads.iter().zip(tids) {
+        let thread_hosts = if p.leader_exited {
+            &tids[1..]
+        } else {
+            &tids[..]
+        };
+        for (t, host) in p.threads.iter().zip(thread_hosts) {
             threads::restore_registers(p.pid, *host, t)?;
         }
         // Last, in the complete process (suspended while we trace it, they act once it runs).

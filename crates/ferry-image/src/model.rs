@@ -123,6 +123,10 @@ pub struct Process {
     /// The cgroups the process was in, one per hierarchy (/proc/PID/cgroup).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cgroups: Vec<Cgroup>,
+    /// The main thread had exited (its thread a zombie) while the others ran on: `threads`
+    /// holds only those, and the main thread is made to exit again when the tree resumes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leader_exited: bool,
 }
 
 /// Membership of one cgroup hierarchy.

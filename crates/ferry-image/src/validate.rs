@@ -62,7 +62,14 @@ pub fn validate(t: &Tree) -> Result<(), String> {
         if p.zombie_status.is_some() {
             continue;
         }
-        if p.threads.first().map(|t| t.tid) != Some(p.pid) {
+        if p.leader_exited {
+            if p.threads.is_empty() || p.threads.iter().any(|t| t.tid == p.pid) {
+                return Err(format!(
+                    "PID {}: its main thread exited, yet it has no other thread or lists it",
+                    p.pid
+                ));
+            }
+        } else if p.threads.first().map(|t| t.tid) != Some(p.pid) {
             return Err(format!("PID {}: the first thread is not the leader", p.pid));
         }
         for th in &p.threads {

@@ -5,7 +5,13 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
     // SAFETY: plain integer arguments.
-    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let mut r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // Not a thread-group leader: a thread of a process whose main thread has exited,
+        // standing for it (PIDFD_THREAD, Linux 6.9+; pidfd_getfd then reads its table).
+        // SAFETY: plain integer arguments.
+        r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, libc::O_EXCL) };
+    }
     let fd = check("pidfd_open", r)?;
     // SAFETY: the kernel just returned this new descriptor; we are its only owner.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
