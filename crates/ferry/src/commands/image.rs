@@ -70,9 +70,29 @@ pub fn run(c: Command) -> Result<()> {
             p.sid,
             p.comm,
             if p.zombie_status.is_some() {
-                "zombie"
+                "zombie".to_string()
             } else {
-                ""
+                let mut notes = Vec::new();
+                if let Some(sig) = p.stop_signal {
+                    notes.push(format!(
+                        "stopped by signal {sig}{}",
+                        if p.stop_collected {
+                            " (collected by its parent)"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+                if p.continued_uncollected {
+                    notes.push("continued (not yet collected by its parent)".into());
+                }
+                if p.leader_exited {
+                    notes.push("main thread exited".into());
+                }
+                if p.files_shared_with_parent {
+                    notes.push("descriptor table shared with its parent".into());
+                }
+                notes.join(", ")
             }
         );
         if p.zombie_status.is_some() {
