@@ -4,7 +4,8 @@
  * Sets up, with a SIGCHLD handler (SA_SIGINFO, no SA_NOCLDSTOP) that counts
  * CLD_STOPPED and CLD_CONTINUED per child:
  *   A  stopped by SIGSTOP; the parent already collected the stop with
- *      waitpid(WUNTRACED);
+ *      waitpid(WUNTRACED); then sent SIGUSR1, which A handles: it waits,
+ *      pending, until A is continued;
  *   B  in a process group of its own, stopped by SIGTSTP sent to the group
  *      (a job stopped with ^Z); the parent has NOT collected the stop;
  *   C  in a group of its own, three threads counting in shared memory,
@@ -13,8 +14,8 @@
  * (state T) and C's counters do not move; the handler saw no new SIGCHLD;
  * waitpid(WUNTRACED|WNOHANG) reports B stopped by SIGTSTP and nothing for A
  * and C; after SIGCONT each child is reported by waitpid(WCONTINUED), the
- * handler sees one CLD_CONTINUED each, C's threads count again, and every
- * child exits with its code.
+ * handler sees one CLD_CONTINUED each, A's SIGUSR1 handler runs then (once),
+ * C's threads count again, and every child exits with its code.
  */
 #include "ferry_test.h"
 #include <sys/wait.h>
@@ -22,7 +23,13 @@
 #define NCHILD 3
 static pid_t kids[NCHILD];
 static volatile int stopped_seen[NCHILD], continued_seen[NCHILD], other_seen;
-static volatile uint64_t *counters; /* C's threads, shared with the parent */
+static volatile uint64_t *counters; /* C's threads, shared with the parent; [3]: A's SIGUSR1 */
+
+static void on_usr1(int sig)
+{
+	(void)sig;
+	counters[3]++;
+}
 
 static void on_chld(int sig, siginfo_t *si, void *ctx)
 {
@@ -109,6 +116,12 @@ int main(void)
 	sigprocmask(SIG_BLOCK, &chld, &old);
 	kids[0] = FERRY_SYS(fork());
 	if (kids[0] == 0) {
+		signal(SIGUSR1, on_usr1);
+		sigset_t usr1;
+		sigemptyset(&usr1);
+		sigaddset(&usr1, SIGUSR1);
+		sigprocmask(SIG_UNBLOCK, &usr1, NULL);
+		counters[4] = 1; /* handler installed */
 		child_wait_loop();
 		_exit(10);
 	}
@@ -133,6 +146,8 @@ int main(void)
 	int n;
 	if (!FERRY_WAIT_UNTIL(all_threads(kids[2], 'S', &n) && n == 3, 5000))
 		ferry_die("C did not start its threads");
+	if (!FERRY_WAIT_UNTIL(counters[4] == 1, 5000))
+		ferry_die("A did not install its handler");
 	/* One at a time: SIGCHLDs that arrive together merge into one. */
 	FERRY_SYS(kill(kids[0], SIGSTOP));
 	if (!FERRY_WAIT_UNTIL(stopped_seen[0], 5000))
@@ -146,6 +161,7 @@ int main(void)
 	int st;
 	FERRY_CHECK_EQ("waitpid(A, WUNTRACED)", kids[0], waitpid(kids[0], &st, WUNTRACED));
 	FERRY_CHECK(WIFSTOPPED(st) && WSTOPSIG(st) == SIGSTOP, "A: status %#x", st);
+	FERRY_SYS(kill(kids[0], SIGUSR1));
 	FERRY_CHECK_EQ("waitpid(C, WUNTRACED)", kids[2], waitpid(kids[2], &st, WUNTRACED));
 	FERRY_CHECK(WIFSTOPPED(st) && WSTOPSIG(st) == SIGTTIN, "C: status %#x", st);
 	if (!FERRY_WAIT_UNTIL(all_threads(kids[1], 'T', &n), 5000))
@@ -171,6 +187,7 @@ int main(void)
 		FERRY_CHECK_EQ("CLD_CONTINUED seen", 0, continued_seen[i]);
 	}
 	FERRY_CHECK_EQ("SIGCHLD from others", 0, other_seen);
+	FERRY_CHECK_EQ("A's SIGUSR1 handled while stopped", 0, counters[3]);
 	FERRY_CHECK_EQ("waitpid(A, WUNTRACED|WNOHANG)", 0, waitpid(kids[0], &st, WUNTRACED | WNOHANG));
 	FERRY_CHECK_EQ("waitpid(C, WUNTRACED|WNOHANG)", 0, waitpid(kids[2], &st, WUNTRACED | WNOHANG));
 	st = 0;
@@ -190,6 +207,8 @@ int main(void)
 	FERRY_CHECK(FERRY_WAIT_UNTIL(counters[0] > before[0] && counters[1] > before[1] &&
 					     counters[2] > before[2], 5000),
 		    "C's threads do not count after SIGCONT");
+	FERRY_CHECK(FERRY_WAIT_UNTIL(counters[3] == 1, 5000), "A's SIGUSR1 handler ran %d times after SIGCONT",
+		    (int)counters[3]);
 	char rel[PATH_MAX];
 	FERRY_SYS(ferry_write_file(ferry_path(rel, sizeof rel, "release"), "1\n"));
 	kill(kids[2], SIGKILL);
