@@ -238,8 +238,12 @@ pub(super) fn tcp_peers(
                         continue;
                     }
                 }
-                let whose = match child.map(|c| c.ino).filter(|&ino| ino != 0) {
-                    Some(pi) => format!("socket:[{pi}]{}", outside_holders(pi, tree_pids)),
+                let whose = match child.map(|c| (c.ino, c.state)) {
+                    Some((0, TCP_ESTABLISHED)) => {
+                        "waiting to be accepted by a listening socket outside the tree".into()
+                    }
+                    Some((0, st)) => format!("held by no process, {}", tcp_state_name(st)),
+                    Some((pi, _)) => format!("socket:[{pi}]{}", outside_holders(pi, tree_pids)),
                     None => "not a socket of this machine's network namespace".into(),
                 };
                 return Err(refuse(
