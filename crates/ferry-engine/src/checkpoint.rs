@@ -200,11 +200,22 @@ pub fn capture_then<W: Write>(
 /// (the parent since unshared it, or a sibling made by the same clone), cannot be rebuilt: a
 /// process can only be made sharing the table of the process that makes it.
 fn shared_files(frozen: &FrozenTree, fp: &crate::freeze::FrozenProc) -> Result<bool> {
+    // Compared through live threads: a main thread that has exited holds no table.
+    let host_of = |pid: i32| {
+        frozen
+            .procs
+            .iter()
+            .find(|q| q.pid == pid)
+            .map(|q| q.host())
+            .unwrap_or(pid)
+    };
     let shares = |other: i32| {
-        ferry_sys::fdops::kcmp_files(fp.pid, other).map_err(|source| crate::Error::Sys {
-            pid: fp.pid,
-            what: format!("compare its descriptor table with PID {other}'s (kcmp)"),
-            source,
+        ferry_sys::fdops::kcmp_files(fp.host(), host_of(other)).map_err(|source| {
+            crate::Error::Sys {
+                pid: fp.pid,
+                what: format!("compare its descriptor table with PID {other}'s (kcmp)"),
+                source,
+            }
         })
     };
     let in_tree = frozen.procs.iter().any(|q| q.pid == fp.stat.ppid);
