@@ -596,3 +596,49 @@ int main(void) {
         "System V segment {shmid} left behind by the failed restore"
     );
 }
+
+/// A restore puts each process back into its cgroups; one that no longer exists fails the
+/// restore, naming it (no cgroup is made up). (Fails without cgroup capture: the restore
+/// succeeds.)
+#[test]
+fn a_cgroup_missing_here_fails_the_restore_naming_it() {
+    let root = Path::new("/sys/fs/cgroup/pids");
+    assert!(
+        root.join("cgroup.procs").exists(),
+        "this test needs the v1 pids hierarchy"
+    );
+    let v = Victim::start();
+    let orig = std::fs::read_to_string(format!("/proc/{}/cgroup", v.pid))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.split_once(":pids:").map(|(_, p)| p.to_string()))
+        .expect("the victim's pids cgroup");
+    let name = format!("ferry-cli-missing-{}", std::process::id());
+    let dir = root.join(orig.trim_start_matches('/')).join(&name);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("cgroup.procs"), v.pid.to_string()).unwrap();
+    let d = scratch("cli", "cgroup-missing");
+    let img = d.join("img");
+    let (ok, _, err) = ferry(&[
+        "checkpoint",
+        &v.pid.to_string(),
+        "--dir",
+        img.to_str().unwrap(),
+        "--leave-running",
+    ]);
+    // Back where it was, and the cgroup gone, before the restore.
+    std::fs::write(
+        root.join(orig.trim_start_matches('/')).join("cgroup.procs"),
+        v.pid.to_string(),
+    )
+    .unwrap();
+    std::fs::remove_dir(&dir).unwrap();
+    assert!(ok, "{err}");
+    let (ok, _, err) = ferry(&["restore", "--dir", img.to_str().unwrap(), "--pid-namespace"]);
+    assert!(!ok, "restored into a cgroup that does not exist");
+    assert!(
+        err.contains("cgroup pids:") && err.contains(&name) && err.contains("does not exist"),
+        "{err}"
+    );
+    v.assert_unharmed();
+}
