@@ -7,9 +7,10 @@ use crate::error::{Error, Result};
 use crate::procfs;
 use std::collections::{HashMap, HashSet};
 
-/// TCP states a connection can be moved in (tcp_states.h): ESTABLISHED, FIN_WAIT1, FIN_WAIT2,
-/// CLOSE_WAIT, LAST_ACK, CLOSING; not SYN_SENT or SYN_RECV (still opening).
-const TCP_MOVABLE: [u8; 6] = [1, 4, 5, 8, 9, 11];
+/// TCP states a connection can be moved in (tcp_states.h): ESTABLISHED, SYN_SENT (opened
+/// again), FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT, LAST_ACK, CLOSING; not SYN_RECV.
+const TCP_MOVABLE: [u8; 7] = [1, 2, 4, 5, 8, 9, 11];
+const TCP_SYN_SENT: u8 = 2;
 
 /// The tree rooted at `root`: every process, parents first.
 fn tree(root: i32) -> Result<Vec<i32>> {
@@ -271,7 +272,8 @@ pub fn check(root: i32) -> Result<()> {
             return Err(refuse(
                 *pid,
                 what,
-                "a TCP connection that is still being opened cannot be moved yet",
+                "a TCP connection accepted while still being opened (SYN_RECV, TCP Fast Open) cannot \
+                 be moved yet",
             ));
         }
         // A connection still waiting to be accepted by a listener of the tree: its other end
@@ -280,7 +282,13 @@ pub fn check(root: i32) -> Result<()> {
         // A connection in CLOSE_WAIT whose other end its process closed (the capture makes a
         // stand-in for it).
         let orphaned = || t.state == 8 && orphans.contains(&(t.remote.clone(), t.local.clone()));
-        if !ends.contains_key(&(t.remote.as_str(), t.local.as_str())) && !waiting() && !orphaned() {
+        // A connection being opened has no other end yet: it is opened again.
+        let opening = t.state == TCP_SYN_SENT;
+        if !ends.contains_key(&(t.remote.as_str(), t.local.as_str()))
+            && !waiting()
+            && !orphaned()
+            && !opening
+        {
             return Err(refuse(
                 *pid,
                 what,

@@ -148,8 +148,9 @@ pub enum SockState {
     /// For an established TCP connection it is the inode of the other end, a socket of the
     /// tree (`SocketDesc::tcp` holds the connection's state).
     Connected { peer_ino: u64 },
-    /// A UNIX client whose connection waits in the queue of the listening socket `listener_ino`
-    /// (which lists it in its `pending`).
+    /// A client whose connection waits in the queue of the listening socket `listener_ino`
+    /// (which lists it in its `pending`). For TCP, `listener_ino` 0 is a connection still
+    /// being opened (SYN_SENT) to `SocketDesc::peer`.
     Pending { listener_ino: u64 },
 }
 

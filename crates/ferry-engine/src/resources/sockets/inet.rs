@@ -49,6 +49,19 @@ impl Cap<'_> {
                         };
                     }
                     7 => {}
+                    TCP_SYN_SENT => {
+                        // Being opened: made again at resume by connecting afresh (the
+                        // handshake has nothing to keep yet).
+                        desc.peer = tcp_remote_of(self.pid, self.ino);
+                        if desc.local.is_none() || desc.peer.is_none() {
+                            return Err(self.refuse(format!(
+                                "the TCP connection from {local} being opened (SYN_SENT) has \
+                                 no address to connect to in /proc/{}/net/tcp",
+                                self.pid
+                            )));
+                        }
+                        desc.state = SockState::Pending { listener_ino: 0 };
+                    }
                     st @ (TCP_ESTABLISHED | TCP_FIN_WAIT1 | TCP_FIN_WAIT2 | TCP_CLOSE_WAIT
                     | TCP_LAST_ACK | TCP_CLOSING) => {
                         desc.peer = self.name(true)?;
@@ -86,8 +99,8 @@ impl Cap<'_> {
                             .unwrap_or_else(|| "?".into());
                         return Err(self.refuse(format!(
                             "TCP connection {local} -> {peer} is {}; only established, \
-                             half-closed and closing TCP connections can be checkpointed, not \
-                             ones still being opened",
+                             half-closed and closing TCP connections, and ones being opened by \
+                             connect() (SYN_SENT), can be checkpointed",
                             tcp_state_name(s)
                         )));
                     }

@@ -3,6 +3,7 @@
 
 use super::*;
 
+pub(super) const TCP_SYN_SENT: u8 = 2;
 pub(super) const TCP_FIN_WAIT1: u8 = 4;
 pub(super) const TCP_FIN_WAIT2: u8 = 5;
 pub(super) const TCP_CLOSE_WAIT: u8 = 8;
@@ -472,6 +473,7 @@ pub(super) fn requeue_tcp(
             peer,
             order: (l.ino, 0),
             data: data.clone(),
+            connecting: false,
             what: what(),
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
@@ -631,6 +633,21 @@ pub(super) fn tcp_table_entry(
     local: &SockAddr,
     peer: &SockAddr,
 ) -> Option<TcpTableEntry> {
+    tcp_table_find(pid, &|l, r, _| same_inet(l, local) && same_inet(r, peer)).map(|(_, e)| e)
+}
+
+/// The remote address of the TCP socket with inode `ino`, from the network namespace of `pid`
+/// (getpeername(2) does not tell it while the connection is being opened).
+pub(super) fn tcp_remote_of(pid: i32, ino: u64) -> Option<SockAddr> {
+    tcp_table_find(pid, &|_, _, i| i == ino).map(|(r, _)| r)
+}
+
+/// The first line of /proc/PID/net/tcp or tcp6 for which `pick(local, remote, inode)` holds:
+/// its remote address and what it says.
+fn tcp_table_find(
+    pid: i32,
+    pick: &dyn Fn(&SockAddr, &SockAddr, u64) -> bool,
+) -> Option<(SockAddr, TcpTableEntry)> {
     // "0100007F:1F90": the address as the kernel's u32 words in hex, the port in hex.
     let parse = |field: &str| -> Option<SockAddr> {
         let (a, p) = field.split_once(':')?;
@@ -669,17 +686,21 @@ pub(super) fn tcp_table_entry(
             let (Some(l), Some(r)) = (parse(cols[1]), parse(cols[2])) else {
                 continue;
             };
-            if same_inet(&l, local) && same_inet(&r, peer) {
+            let Ok(ino) = cols[9].parse::<u64>() else {
+                continue;
+            };
+            if pick(&l, &r, ino) {
                 // sl local rem st tx_queue:rx_queue tr:when retrnsmt uid timeout inode
                 let rx_queue = cols[4]
                     .split_once(':')
                     .and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok())
                     .unwrap_or(0);
-                return Some(TcpTableEntry {
-                    ino: cols[9].parse().ok()?,
+                let e = TcpTableEntry {
+                    ino,
                     state: u8::from_str_radix(cols[3], 16).ok()?,
                     rx_queue,
-                });
+                };
+                return Some((r, e));
             }
         }
     }
@@ -982,6 +1003,9 @@ pub(super) struct DeferredHandshake {
     pub(super) order: (u64, usize),
     /// What the client had sent, waiting in the server end: sent again once connected.
     pub(super) data: Vec<u8>,
+    /// The connection was still being opened (SYN_SENT): it is opened again, and not waited
+    /// for (the other end may still be unable to take it, as it was).
+    pub(super) connecting: bool,
     pub(super) what: String,
 }
 
@@ -997,6 +1021,7 @@ impl DeferredHandshake {
         retry(&|| sk::bind(f, &self.local)).map_err(|e| ("bind".to_string(), e))?;
         match sk::connect(f, &self.peer) {
             Ok(()) => return self.send_data(f, deadline),
+            Err(e) if e.errno == libc::EINPROGRESS && self.connecting => return Ok(()),
             Err(e) if e.errno == libc::EINPROGRESS => {}
             Err(e) => return Err(("connect".into(), e)),
         }
@@ -1075,6 +1100,27 @@ impl<'a> Builder<'a> {
         let (Some(local), Some(peer)) = (s.local.as_ref(), s.peer.as_ref()) else {
             return Err(self.err(i, "a waiting TCP connection without both addresses"));
         };
+        if listener_ino == 0 {
+            // Still being opened (SYN_SENT): opened again once the connections waiting in
+            // the tree's listeners are there again (they come first in the queues).
+            apply_opts(self.fd(i), &s.opts, false);
+            let fd = self.dup(i)?;
+            self.deferred.handshakes.push(DeferredHandshake {
+                fd,
+                local: encode_addr(local),
+                peer: encode_addr(peer),
+                order: (u64::MAX, i),
+                data: Vec::new(),
+                connecting: true,
+                what: format!(
+                    "socket:[{}]: TCP connection {} -> {} (being opened)",
+                    s.ino,
+                    describe(local),
+                    describe(peer)
+                ),
+            });
+            return Ok(());
+        }
         let place = (0..self.socks.len())
             .map(|j| self.sock(j))
             .find(|l| l.ino == listener_ino && l.family != SockFamily::Unix)
@@ -1103,6 +1149,7 @@ impl<'a> Builder<'a> {
                 .iter()
                 .flat_map(|m| m.data.iter().copied())
                 .collect(),
+            connecting: false,
             what: format!(
                 "socket:[{}]: TCP connection {} -> {} (waiting to be accepted)",
                 s.ino,
