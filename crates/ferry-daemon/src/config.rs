@@ -6,6 +6,7 @@
 //! data_dir = "/var/lib/ferry"
 //! accept_guests = true
 //! peers = ["127.0.0.2:7070"]
+//! shared = "/srv/shared"
 //! [credentials]
 //! ca_cert = "/etc/ferry/ca.pem"
 //! cert = "/etc/ferry/a.pem"
@@ -38,6 +39,11 @@ pub struct Config {
     /// refuses. Reloaded when it changes and on SIGHUP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked: Option<PathBuf>,
+    /// The directory tree that is the same on every node of the cluster (a network file
+    /// system; on a local cluster, one directory bound at the same path into every node).
+    /// Everything else on a node is its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<PathBuf>,
     pub credentials: CredentialPaths,
 }
 

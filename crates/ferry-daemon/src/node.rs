@@ -102,6 +102,14 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("create data directory {}", config.data_dir.display()))?;
     ferry_sys::fdops::set_child_subreaper().context("become the subreaper of our guests")?;
+    if let Some(shared) = &config.shared {
+        if !shared.is_dir() {
+            bail!(
+                "the shared tree {} (`shared` in the config) is not a directory on this node",
+                shared.display()
+            );
+        }
+    }
     let mut creds = Credentials::load(&config.credentials).context("load cluster credentials")?;
     creds.local_ip = Some(config.listen.ip());
     let revocations = match &config.revoked {
@@ -170,7 +178,8 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         exe,
     });
     tracing::info!(event = "started", node = %node.name(), listen = %node.config.listen,
-        control = %sock_path.display(), peers = ?node.config.peers);
+        control = %sock_path.display(), peers = ?node.config.peers,
+        shared = ?node.config.shared, hostname = %hostname());
 
     tokio::spawn(publish_load(node.clone()));
     tokio::spawn(reap(node.clone()));
@@ -195,6 +204,13 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     let _ = std::fs::remove_file(&sock_path);
     tracing::info!(event = "stopped", node = %node.name());
     Ok(())
+}
+
+/// This node's host name (that of its UTS namespace).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Measures and publishes this node's load every second. A measure that fails is never

@@ -244,3 +244,10 @@ pub fn shm_remove(shmid: i32) -> SysResult<()> {
     let r = unsafe { libc::shmctl(shmid, libc::IPC_RMID, std::ptr::null_mut()) };
     check("shmctl(IPC_RMID)", r as libc::c_long).map(drop)
 }
+
+/// Makes `new` a copy of `old` (dup2).
+pub fn dup2(old: RawFd, new: RawFd) -> SysResult<()> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::dup2(old, new) };
+    check("dup2", r as libc::c_long).map(drop)
+}

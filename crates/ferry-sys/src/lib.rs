@@ -7,6 +7,7 @@ pub mod anon_fds;
 pub mod clone3;
 pub mod fdops;
 pub mod fsid;
+pub mod mounts;
 pub mod ns;
 pub mod pidfd;
 pub mod proc_mem;

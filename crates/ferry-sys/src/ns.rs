@@ -1,5 +1,7 @@
 //! Namespaces for guests: new PID, time, mount and IPC namespaces whose PID 1 is an exec'd init
 //! (with a /proc and a devpts instance of their own), and the small helpers that init needs.
+//! The emulated nodes of a local cluster are made the same way, with a network and a UTS
+//! namespace of their own instead of a time namespace (`spawn_node_init`).
 //!
 //! The time namespace's offsets can only be written before any process has entered it, so the
 //! namespaces are made by `unshare` in a short-lived intermediate child, which writes the offsets
@@ -35,17 +37,17 @@ const REPORT_PID: i32 = 1;
 const REPORT_FAILED: i32 = 2;
 const STEPS: [&str; 12] = [
     "",
-    "unshare(CLONE_NEWPID|CLONE_NEWTIME|CLONE_NEWNS|CLONE_NEWIPC)",
+    "unshare (the new namespaces)",
     "mount(/, MS_REC|MS_SLAVE)",
     "open /proc/self/timens_offsets",
     "write /proc/self/timens_offsets",
-    "fork (guest init)",
-    "mount proc on /proc (guest init)",
-    "redirect stdio to /dev/null, close the rest (guest init)",
-    "setsid (guest init)",
-    "execv (guest init)",
-    "mount a new devpts instance on /dev/pts (guest init)",
-    "bind /dev/pts/ptmx on /dev/ptmx (guest init)",
+    "fork (init)",
+    "mount proc on /proc (init)",
+    "redirect stdio to /dev/null, close the rest (init)",
+    "setsid (init)",
+    "execv (init)",
+    "mount a new devpts instance on /dev/pts (init)",
+    "bind /dev/pts/ptmx on /dev/ptmx (init)",
 ];
 
 /// The namespaces a guest lives in, besides the host's network and user namespaces: the
@@ -53,9 +55,19 @@ const STEPS: [&str; 12] = [
 pub const GUEST_NAMESPACES: i32 =
     libc::CLONE_NEWPID | CLONE_NEWTIME | libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
 
+/// The namespaces of an emulated node (a local cluster's node other than the first): all of a
+/// machine's that one kernel can give, but its clocks and its users.
+pub const NODE_NAMESPACES: i32 = libc::CLONE_NEWPID
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWUTS;
+
 /// Everything the children use, made before the fork: after it they only make raw system
 /// calls on this memory.
 struct Prepared {
+    /// What `unshare` makes.
+    flags: i32,
     exe: CString,
     /// Owns the strings `argv_ptrs` points into.
     _argv: Vec<CString>,
@@ -73,19 +85,6 @@ fn cstr(s: &[u8]) -> SysResult<CString> {
 /// namespace. The init is not our child: the intermediate process exits at once, so the init is
 /// adopted by our nearest subreaper (or init), like a restored tree.
 pub fn spawn_guest_init(spec: &GuestInitSpec) -> SysResult<i32> {
-    if spec.keep_fd < 3 {
-        return Err(SysError::new(
-            "guest init: kept descriptor below 3",
-            libc::EINVAL,
-        ));
-    }
-    let exe = cstr(spec.exe.as_os_str().as_bytes())?;
-    let mut argv = vec![exe.clone()];
-    for a in spec.args {
-        argv.push(cstr(a.as_bytes())?);
-    }
-    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    argv_ptrs.push(std::ptr::null());
     let split = |ns: u64| (ns / 1_000_000_000, ns % 1_000_000_000);
     let (ms, mn) = split(spec.monotonic_offset_ns);
     let (bs, bn) = split(spec.boottime_offset_ns);
@@ -99,14 +98,44 @@ pub fn spawn_guest_init(spec: &GuestInitSpec) -> SysResult<i32> {
         )
         .into_bytes()
     };
+    spawn_init(GUEST_NAMESPACES, offsets, spec.exe, spec.args, spec.keep_fd)
+}
+
+/// Starts the init of an emulated node: new PID, mount, IPC, network and UTS namespaces
+/// ([`NODE_NAMESPACES`]), whose PID 1 (with a /proc and a devpts instance of its own, its stdio
+/// on /dev/null, in a session of its own) execs `exe` with `args`, keeping `keep_fd` open
+/// under its number. Returns the init's PID in our namespace; like a guest init, it is not our
+/// child. The new mount namespace is a slave of ours: nothing mounted in it comes back.
+pub fn spawn_node_init(exe: &std::path::Path, args: &[String], keep_fd: RawFd) -> SysResult<i32> {
+    spawn_init(NODE_NAMESPACES, Vec::new(), exe, args, keep_fd)
+}
+
+fn spawn_init(
+    flags: i32,
+    offsets: Vec<u8>,
+    exe: &std::path::Path,
+    args: &[String],
+    keep_fd: RawFd,
+) -> SysResult<i32> {
+    if keep_fd < 3 {
+        return Err(SysError::new("init: kept descriptor below 3", libc::EINVAL));
+    }
+    let exe = cstr(exe.as_os_str().as_bytes())?;
+    let mut argv = vec![exe.clone()];
+    for a in args {
+        argv.push(cstr(a.as_bytes())?);
+    }
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
     let (status_r, status_w) = crate::fdops::pipe2(libc::O_CLOEXEC)?;
     let prep = Prepared {
+        flags,
         exe,
         _argv: argv,
         argv_ptrs,
         offsets,
         status_w: status_w.as_raw_fd(),
-        keep_fd: spec.keep_fd,
+        keep_fd,
     };
     // SAFETY: fork in a program that may have other threads: the child runs `intermediate`,
     // which only makes raw, async-signal-safe system calls on memory prepared above.
@@ -142,13 +171,13 @@ pub fn spawn_guest_init(spec: &GuestInitSpec) -> SysResult<i32> {
         match w(0) {
             REPORT_PID => pid = Some(w(2)),
             REPORT_FAILED => {
-                let step = STEPS.get(w(1) as usize).copied().unwrap_or("guest init");
+                let step = STEPS.get(w(1) as usize).copied().unwrap_or("init");
                 return Err(SysError::new(step, w(2)));
             }
             _ => {}
         }
     }
-    pid.ok_or_else(|| SysError::new("guest init: no report from the new namespaces", libc::EIO))
+    pid.ok_or_else(|| SysError::new("init: no report from the new namespaces", libc::EIO))
 }
 
 /// Writes one report to the status pipe (a 12-byte write is atomic on a pipe).
@@ -179,7 +208,8 @@ unsafe fn fail(fd: RawFd, step: i32) -> ! {
     }
 }
 
-/// The intermediate child: makes the namespaces, sets the clock offsets, forks the init.
+/// The intermediate child: makes the namespaces, sets the clock offsets (if any), forks the
+/// init.
 ///
 /// # Safety
 /// Runs in a freshly forked child of a possibly multi-threaded process: only raw system calls on
@@ -189,7 +219,7 @@ unsafe fn intermediate(p: &Prepared) -> ! {
     // SAFETY: for the whole block: raw system calls with constant C strings or buffers in `p`, which
     // outlive every call; this process ends in _exit without returning to Rust code.
     unsafe {
-        if libc::unshare(GUEST_NAMESPACES) != 0 {
+        if libc::unshare(p.flags) != 0 {
             fail(w, 1);
         }
         // Mounts made in the new mount namespace (its /proc) must not propagate back to ours.
@@ -455,4 +485,11 @@ impl Drop for IpcNamespaceVisit {
             unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWIPC) };
         }
     }
+}
+
+/// Sets the host name of the caller's UTS namespace.
+pub fn sethostname(name: &str) -> SysResult<()> {
+    // SAFETY: the pointer and length describe the bytes of `name`, which outlive the call.
+    let r = unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) };
+    check("sethostname", r as libc::c_long).map(drop)
 }

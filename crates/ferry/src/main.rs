@@ -54,6 +54,8 @@ enum Command {
     RestoreWorker,
     #[command(name = "__guest-init", hide = true)]
     GuestInit(commands::guest_init::Args),
+    #[command(name = "__node-init", hide = true)]
+    NodeInit(commands::node_init::Args),
 }
 
 fn main() {
@@ -78,6 +80,7 @@ fn main() {
         Command::Restore(a) => commands::restore::run(a),
         Command::Image(c) => commands::image::run(c),
         Command::GuestInit(a) => commands::guest_init::run(a),
+        Command::NodeInit(a) => commands::node_init::run(a),
         Command::Migrate(a) => commands::migrate::run(a, node),
         Command::Run(a) => commands::run::run(a, node),
         Command::Nodes(a) => commands::nodes::run(a, node),

@@ -1,8 +1,19 @@
-//! `ferry cluster up [--nodes N]` / `ferry cluster down`: a local cluster of daemons on loopback
-//! addresses (127.0.0.11, .12, ...), each with its own certificate from a fresh cluster CA, all
-//! state under one directory. The embedded default behind README's first command.
+//! `ferry cluster up [--nodes N]` / `ferry cluster down`: a local cluster of daemons, each with
+//! its own certificate from a fresh cluster CA, all state under one directory. The embedded
+//! default behind README's first command.
+//!
+//! Two kinds of cluster (`--isolation`):
+//! - `shared`: every daemon in this machine's namespaces, on loopback addresses (127.0.0.11,
+//!   .12, ...): the nodes share one network stack, host name, /tmp and PID space.
+//! - `separate`: the first node is this machine itself (its daemon in the root namespaces, so a
+//!   program started from a shell here is at home on it); every other node is as separate as
+//!   one kernel allows: network, UTS, mount, IPC and PID namespaces of its own
+//!   (`ferry __node-init` is its PID 1, see `node_init.rs`), its own address on a bridge of the
+//!   cluster's (`cluster_net.rs`), its host name, its own /tmp, /run and /dev/shm. One
+//!   directory tree, `--shared`, stands for a network file system: the same on every node.
 
 use super::client::{self, cluster_dir, local_nodes};
+use super::cluster_net::Net;
 use anyhow::{bail, Context, Result};
 use ferry_daemon::Config;
 use ferry_transport::{ClusterCa, Msg};
@@ -51,10 +62,36 @@ pub struct UpArgs {
     /// TCP port every node listens on (each on its own loopback address).
     #[arg(long, default_value_t = 7070)]
     pub port: u16,
-    /// First loopback address; node i gets this plus i.
+    /// First loopback address; node i gets this plus i (`--isolation shared` only).
     #[arg(long, default_value = "127.0.0.11")]
     pub first_addr: Ipv4Addr,
+    /// How separate the nodes are: `separate` (every node but the first in namespaces of its
+    /// own, like a machine) or `shared` (all daemons in this machine's namespaces).
+    #[arg(long, value_enum, default_value_t = Isolation::Shared)]
+    pub isolation: Isolation,
+    /// The directory tree that is the same on every node (a network file system's stand-in)
+    /// [default with `--isolation separate`: DIR/shared].
+    #[arg(long)]
+    pub shared: Option<PathBuf>,
 }
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    Shared,
+    Separate,
+}
+
+/// What `cluster down` needs besides the nodes' directories: `DIR/cluster.json`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct State {
+    isolation: Isolation,
+    net: Option<Net>,
+}
+
+const STATE: &str = "cluster.json";
 
 #[derive(clap::Args)]
 pub struct DirArg {
@@ -155,16 +192,41 @@ fn up(a: UpArgs) -> Result<()> {
         bail!("--nodes must be between 1 and 200");
     }
     let dir = cluster_dir(a.dir.as_deref());
-    if local_nodes(&dir)
-        .iter()
-        .any(|n| running_pid(&dir.join(n)).is_some())
-    {
+    if local_nodes(&dir).iter().any(|n| {
+        running_pid(&dir.join(n))
+            .or_else(|| running_init(&dir.join(n)))
+            .is_some()
+    }) {
         bail!(
             "a local cluster is already running in {} (stop it with `ferry cluster down`)",
             dir.display()
         );
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    // Half a cluster is taken down again: nothing of it stays behind.
+    let started = start(&a, &dir);
+    if started.is_err() {
+        let _ = stop(&dir);
+    }
+    started
+}
+
+fn start(a: &UpArgs, dir: &Path) -> Result<()> {
+    let shared = match (&a.shared, a.isolation) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Isolation::Separate) => Some(dir.join("shared")),
+        (None, Isolation::Shared) => None,
+    };
+    let shared = match shared {
+        Some(p) => {
+            std::fs::create_dir_all(&p).with_context(|| format!("create {}", p.display()))?;
+            Some(
+                p.canonicalize()
+                    .with_context(|| format!("find {}", p.display()))?,
+            )
+        }
+        None => None,
+    };
     let certs = dir.join("certs");
     std::fs::create_dir_all(&certs)?;
     let ca = ClusterCa::generate(&dir.display().to_string())?;
@@ -173,7 +235,20 @@ fn up(a: UpArgs) -> Result<()> {
     std::fs::write(&revoked, REVOKED_HEADER)
         .with_context(|| format!("write {}", revoked.display()))?;
     let names: Vec<String> = (0..a.nodes).map(node_name).collect();
+    let net = match a.isolation {
+        Isolation::Separate => Some(Net::create()?),
+        Isolation::Shared => None,
+    };
+    let state = State {
+        isolation: a.isolation,
+        net,
+    };
+    std::fs::write(dir.join(STATE), serde_json::to_vec_pretty(&state)?)
+        .with_context(|| format!("write {}", dir.join(STATE).display()))?;
     let addr = |i: usize| -> Result<SocketAddr> {
+        if let Some(net) = &net {
+            return Ok(SocketAddr::from((net.addr(i), a.port)));
+        }
         let base = u32::from(a.first_addr);
         let ip = Ipv4Addr::from(base + i as u32);
         if ip.octets()[0] != 127 {
@@ -185,6 +260,9 @@ fn up(a: UpArgs) -> Result<()> {
     for (i, name) in names.iter().enumerate() {
         let data_dir = dir.join(name);
         std::fs::create_dir_all(&data_dir)?;
+        for stale in ["daemon.pid", "init.pid"] {
+            let _ = std::fs::remove_file(data_dir.join(stale));
+        }
         let config = Config {
             name: name.clone(),
             listen: addr(i)?,
@@ -202,12 +280,16 @@ fn up(a: UpArgs) -> Result<()> {
                 vec![addr(0)?]
             },
             revoked: Some(revoked.clone()),
+            shared: shared.clone(),
             credentials: ca.issue_node_files(name, &certs)?,
         };
         let cfg_path = data_dir.join("ferry.toml");
         std::fs::write(&cfg_path, config.to_toml()?)
             .with_context(|| format!("write {}", cfg_path.display()))?;
-        start_daemon(&exe, &cfg_path, &data_dir)?;
+        match &net {
+            Some(net) if i > 0 => start_node(&exe, &cfg_path, &data_dir, name, net, i)?,
+            _ => start_daemon(&exe, &cfg_path, &data_dir)?,
+        }
     }
     // Ready when every daemon answers and sees all the others.
     let rt = client::runtime()?;
@@ -242,9 +324,17 @@ fn up(a: UpArgs) -> Result<()> {
         }
     }
     println!(
-        "local cluster of {} nodes up in {}",
+        "local cluster of {} nodes up in {} ({} nodes{})",
         names.len(),
-        dir.display()
+        dir.display(),
+        match a.isolation {
+            Isolation::Shared => "shared",
+            Isolation::Separate => "separate",
+        },
+        shared
+            .as_ref()
+            .map(|s| format!(", shared tree {}", s.display()))
+            .unwrap_or_default()
     );
     for (i, name) in names.iter().enumerate() {
         println!(
@@ -254,6 +344,86 @@ fn up(a: UpArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Starts node `name` (the `i`th) in namespaces of its own: its init first, then its link on
+/// the bridge, then the go that lets the init configure the link and start the daemon.
+fn start_node(
+    exe: &Path,
+    cfg: &Path,
+    data_dir: &Path,
+    name: &str,
+    net: &Net,
+    i: usize,
+) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let (go_r, go_w) = ferry_sys::fdops::pipe2(libc::O_CLOEXEC).context("make the go pipe")?;
+    let go_r = ferry_sys::ns::dup_at_least(go_r, 3).context("make the go pipe")?;
+    let args: Vec<String> = vec![
+        "__node-init".into(),
+        "--config".into(),
+        cfg.display().to_string(),
+        "--hostname".into(),
+        name.into(),
+        "--address".into(),
+        format!("{}/24", net.addr(i)),
+        "--go-fd".into(),
+        go_r.as_raw_fd().to_string(),
+    ];
+    let init = ferry_sys::ns::spawn_node_init(exe, &args, go_r.as_raw_fd())
+        .with_context(|| format!("make the namespaces of node {name}"))?;
+    drop(go_r);
+    std::fs::write(data_dir.join("init.pid"), init.to_string())?;
+    net.attach(name, init)
+        .with_context(|| format!("link node {name} to bridge {}", net.bridge()))?;
+    ferry_sys::fdops::write_fd(go_w.as_raw_fd(), b"1").context("tell the node init to go")?;
+    drop(go_w);
+    // The daemon is the init's child; its PID here is what `daemon.pid` holds.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(pid) = children_of(init)
+            .into_iter()
+            .find(|p| cmdline_has(*p, b"daemon"))
+        {
+            std::fs::write(data_dir.join("daemon.pid"), pid.to_string())?;
+            return Ok(());
+        }
+        if running_init(data_dir).is_none() || Instant::now() > deadline {
+            bail!(
+                "node {name} did not start its daemon; its log: {}",
+                data_dir.join("daemon.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<i32>()
+                        .ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+fn cmdline_has(pid: i32, arg: &[u8]) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == arg))
 }
 
 fn start_daemon(exe: &Path, cfg: &Path, data_dir: &Path) -> Result<()> {
@@ -278,19 +448,30 @@ fn start_daemon(exe: &Path, cfg: &Path, data_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn running_pid(data_dir: &Path) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(data_dir.join("daemon.pid"))
+/// The PID in `data_dir/file` if it is a live (not zombie) process whose command line has
+/// `arg`.
+fn live_pid(data_dir: &Path, file: &str, arg: &[u8]) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(data_dir.join(file))
         .ok()?
         .trim()
         .parse()
         .ok()?;
-    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let zombie = stat
         .rsplit(')')
         .next()
         .is_some_and(|s| s.trim_start().starts_with('Z'));
-    (!zombie && cmd.split(|b| *b == 0).any(|a| a == b"daemon")).then_some(pid)
+    (!zombie && cmdline_has(pid, arg)).then_some(pid)
+}
+
+/// The daemon of the node whose data directory this is, if it runs.
+fn running_pid(data_dir: &Path) -> Option<i32> {
+    live_pid(data_dir, "daemon.pid", b"daemon")
+}
+
+/// The init of a separate node, if it runs.
+fn running_init(data_dir: &Path) -> Option<i32> {
+    live_pid(data_dir, "init.pid", b"__node-init")
 }
 
 fn down(dir: &Path) -> Result<()> {
@@ -298,16 +479,29 @@ fn down(dir: &Path) -> Result<()> {
     if names.is_empty() {
         bail!("no local cluster in {}", dir.display());
     }
+    let (stopped, total) = stop(dir)?;
+    println!("stopped {stopped} of {total} nodes in {}", dir.display());
+    Ok(())
+}
+
+/// Stops every node: the first's daemon (its guests keep running: they are this machine's),
+/// and each separate node as a machine is shut down (its init passes SIGTERM to its daemon,
+/// then exits, and whatever still ran on the node ends with it); then removes the cluster's
+/// links. Returns how many nodes were running, and how many there are.
+fn stop(dir: &Path) -> Result<(usize, usize)> {
+    let names = local_nodes(dir);
     let mut stopping = Vec::new();
     for n in &names {
-        if let Some(pid) = running_pid(&dir.join(n)) {
+        let d = dir.join(n);
+        if let Some(pid) = running_init(&d).or_else(|| running_pid(&d)) {
             ferry_sys::ptrace::kill(pid, libc::SIGTERM).ok();
             stopping.push((n.clone(), pid));
         }
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     for (n, pid) in &stopping {
-        while running_pid(&dir.join(n)).is_some() {
+        let d = dir.join(n);
+        while running_init(&d).or_else(|| running_pid(&d)) == Some(*pid) {
             if Instant::now() > deadline {
                 eprintln!("ferry: node {n} (PID {pid}) ignored SIGTERM; killing it");
                 ferry_sys::ptrace::kill(*pid, libc::SIGKILL).ok();
@@ -315,13 +509,19 @@ fn down(dir: &Path) -> Result<()> {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = std::fs::remove_file(dir.join(n).join("daemon.pid"));
     }
-    println!(
-        "stopped {} of {} nodes in {}",
-        stopping.len(),
-        names.len(),
-        dir.display()
-    );
-    Ok(())
+    for n in &names {
+        for f in ["daemon.pid", "init.pid"] {
+            let _ = std::fs::remove_file(dir.join(n).join(f));
+        }
+    }
+    let state: Option<State> = std::fs::read(dir.join(STATE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    if let Some(net) = state.and_then(|s| s.net) {
+        net.remove(&names)
+            .with_context(|| format!("remove the links of the cluster in {}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(dir.join(STATE));
+    Ok((stopping.len(), names.len()))
 }

@@ -1,15 +1,47 @@
-//! A real local cluster for tests: `ferry cluster up` on loopback addresses and a port of the
-//! test's own (so several test binaries, or engineers, never collide), torn down on drop.
+//! A real local cluster for tests: `ferry cluster up` with a port of the test's own (so several
+//! test binaries, or engineers, never collide), torn down on drop.
+//!
+//! Its nodes are `shared` (all daemons in this machine's namespaces, on loopback) or
+//! `separate` (every node but the first in namespaces of its own, on a bridge of the
+//! cluster's); `FERRY_TEST_ISOLATION` chooses for the tests that do not ask for one. The shared
+//! tree of a test cluster is the target's temporary directory, where the tests keep the files
+//! of the programs they move.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isolation {
+    Shared,
+    Separate,
+}
+
+impl Isolation {
+    /// What the tests that do not ask get: `FERRY_TEST_ISOLATION` (shared or separate), or
+    /// shared.
+    pub fn default_for_tests() -> Isolation {
+        match std::env::var("FERRY_TEST_ISOLATION").as_deref() {
+            Ok("separate") => Isolation::Separate,
+            Ok("shared") | Err(_) => Isolation::Shared,
+            Ok(other) => panic!("FERRY_TEST_ISOLATION={other:?}: shared or separate"),
+        }
+    }
+
+    fn arg(self) -> &'static str {
+        match self {
+            Isolation::Shared => "shared",
+            Isolation::Separate => "separate",
+        }
+    }
+}
+
 pub struct Cluster {
     pub dir: PathBuf,
     pub port: u16,
     pub nodes: Vec<String>,
+    pub isolation: Isolation,
 }
 
 impl Cluster {
@@ -20,6 +52,20 @@ impl Cluster {
 
     /// Like `up`, with extra environment for the daemons (FERRY_FAULT, FERRY_LOG).
     pub fn up_with(tag: &str, n: usize, env: &[(&str, &str)]) -> Cluster {
+        Self::up_as(tag, n, env, Isolation::default_for_tests())
+    }
+
+    /// Like `up`, with nodes as separate as `isolation` says, whatever the default.
+    pub fn up_isolated(tag: &str, n: usize, isolation: Isolation) -> Cluster {
+        Self::up_as(tag, n, &[], isolation)
+    }
+
+    /// The shared tree of test clusters.
+    pub fn shared_tree() -> &'static Path {
+        Path::new(env!("CARGO_TARGET_TMPDIR"))
+    }
+
+    pub fn up_as(tag: &str, n: usize, env: &[(&str, &str)], isolation: Isolation) -> Cluster {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join("clusters")
             .join(format!("{tag}-{}", std::process::id()));
@@ -40,9 +86,13 @@ impl Cluster {
                 &n.to_string(),
                 "--port",
                 &port.to_string(),
+                "--isolation",
+                isolation.arg(),
             ])
             .arg("--dir")
             .arg(&dir)
+            .arg("--shared")
+            .arg(Self::shared_tree())
             .output()
             .unwrap();
         assert!(
@@ -57,7 +107,24 @@ impl Cluster {
             nodes: (0..n)
                 .map(|i| ((b'a' + i as u8) as char).to_string())
                 .collect(),
+            isolation,
         }
+    }
+
+    /// The X of a separate cluster's subnet 169.254.X.0/24 (and of its bridge, `ferryX`).
+    pub fn net_slot(&self) -> Option<u8> {
+        let state = std::fs::read(self.dir.join("cluster.json")).ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&state).ok()?;
+        v["net"]["slot"].as_u64().map(|s| s as u8)
+    }
+
+    /// PID of the init of separate node `node` (none for the first node, or shared ones).
+    pub fn init_pid(&self, node: &str) -> Option<i32> {
+        std::fs::read_to_string(self.dir.join(node).join("init.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// Like `up`, for a harness that is a child subreaper (it adopts what its trials leave
