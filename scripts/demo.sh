@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The demo: builds Ferry, starts a local cluster of three node daemons on loopback (127.0.0.11-13,
-# mutual TLS between them), starts a small program that counts, and moves it live from node a to
-# b, to c and home to a, while you watch its output carry on: same PID in its own eyes, same
-# count, never a gap it could notice.
+# The demo: builds Ferry, starts a local cluster of three node daemons (mutual TLS between them):
+# node a is this machine, b and c are as separate as one kernel allows (a network, host name,
+# /tmp, /run and PIDs of their own, on a bridge of the cluster's), and all three share the demo's
+# directory, as machines share a network file system. It starts a small program that counts,
+# and moves it live from node a to b, to c and home to a, while you watch its output carry on:
+# same PID in its own eyes, same count, never a gap it could notice; only the host name it sees
+# changes, with the node it runs on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -15,7 +18,9 @@ work=$(mktemp -d /tmp/ferry-demo.XXXXXX)
 export FERRY_CLUSTER_DIR=$work/cluster
 pid=
 cleanup() {
-  [ -n "$pid" ] && "$ferry" ps --json 2>/dev/null | grep -o '"pid": [0-9]*' | awk '{print $2}' | xargs -r kill -9 2>/dev/null || true
+  # The program's copy on node a (this machine): PIDs of other nodes are theirs, not ours, and
+  # what runs there ends with `cluster down`.
+  [ -n "$pid" ] && "$ferry" ps 2>/dev/null | awk '$3 == "a" {print $4}' | xargs -r kill -9 2>/dev/null || true
   [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
   "$ferry" cluster down >/dev/null 2>&1 || true
   rm -rf "$work"
@@ -29,13 +34,15 @@ cat > "$work/counter.c" <<'C'
 #include <time.h>
 #include <unistd.h>
 int main(void) {
+    char host[64];
     size_t len = 64 << 20;                 /* 64 MiB of state to carry along */
     char *state = malloc(len);
     memset(state, 7, len);
     for (long i = 0;; i++) {
         long sum = 0;
         for (size_t j = 0; j < len; j += 4096) sum += state[j];
-        printf("I am PID %d, count %ld, my 64 MiB are %s\n", getpid(), i,
+        gethostname(host, sizeof host);
+        printf("I am PID %d on %s, count %ld, my 64 MiB are %s\n", getpid(), host, i,
                sum == 7L * (long)(len / 4096) ? "intact" : "DAMAGED");
         fflush(stdout);
         struct timespec ts = {0, 400 * 1000 * 1000};
@@ -45,8 +52,8 @@ int main(void) {
 C
 gcc -O1 -o "$work/counter" "$work/counter.c"
 
-echo "--- ferry cluster up --nodes 3"
-"$ferry" cluster up --nodes 3
+echo "--- ferry cluster up --nodes 3 --shared $work"
+"$ferry" cluster up --nodes 3 --shared "$work"
 echo "--- ferry nodes"
 "$ferry" nodes
 

@@ -178,6 +178,9 @@ impl Cluster {
         };
         let o = Command::new(ferry)
             .args(["cluster", "up", "--nodes", "2", "--port", &port.to_string()])
+            // One network stack and file system for both nodes, as when docs/benchmarks.md
+            // was measured (and the benchmark's files may lie in /tmp).
+            .args(["--isolation", "shared"])
             .arg("--dir")
             .arg(dir)
             .stdin(Stdio::null())

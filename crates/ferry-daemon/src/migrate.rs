@@ -176,9 +176,13 @@ async fn transfer(
             }
             Frame::Data(d) => {
                 report.wire_bytes += d.len() as u64 + 5;
-                write_data(&mut conn.stream, &d)
-                    .await
-                    .with_context(|| format!("stream the image to node {to}"))?;
+                if let Err(e) = write_data(&mut conn.stream, &d).await {
+                    // The destination may have given up, and said why, before it closed.
+                    if let Some(reason) = reason_given(conn).await {
+                        bail!("node {to} could not rebuild the tree: {reason}");
+                    }
+                    return Err(e).with_context(|| format!("stream the image to node {to}"));
+                }
                 if last_progress.elapsed() > Duration::from_millis(200) {
                     progress(cli, "transfer", report.wire_bytes).await;
                     last_progress = Instant::now();
@@ -217,6 +221,15 @@ async fn transfer(
     report.dest_load_ms = rebuilt.load_ms;
     report.dest_rebuild_ms = rebuilt.restore_ms;
     Ok((frozen_at, rebuilt))
+}
+
+/// After a write to the destination failed: the reason it gave up, if it sent one (an `Abort`
+/// it wrote before closing is still there to be read).
+async fn reason_given(conn: &mut Conn) -> Option<String> {
+    match tokio::time::timeout(Duration::from_secs(1), read_msg(&mut conn.stream)).await {
+        Ok(Ok(Msg::Abort { reason } | Msg::Refused { reason })) => Some(reason),
+        _ => None,
+    }
 }
 
 async fn thaw(worker: &mut Worker) -> Result<()> {

@@ -43,7 +43,7 @@ enum Command {
     Accept(commands::accept::Args),
     /// Run the node daemon in the foreground.
     Daemon(commands::daemon::Args),
-    /// Start or stop a local cluster of daemons on loopback addresses.
+    /// Start or stop a local cluster of daemons on this machine.
     #[command(subcommand)]
     Cluster(commands::cluster::Command),
     /// Engine worker of a daemon: capture and stream a tree (internal).

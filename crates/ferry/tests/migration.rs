@@ -190,6 +190,14 @@ fn kill_host_pid(pid: i64) {
     let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
 }
 
+/// Kills the process that node `node` calls `pid` (on a separate node, a PID of its own
+/// namespace).
+fn kill_on(c: &Cluster, node: &str, pid: i64) {
+    if let Some(p) = c.host_pid(node, pid as i32) {
+        kill_host_pid(p as i64);
+    }
+}
+
 fn migrate_around() -> Result<(), Failed> {
     let c = Cluster::up("around", 3);
     let dir = scratch("migration", "around");
@@ -205,7 +213,10 @@ fn migrate_around() -> Result<(), Failed> {
         let g = guest(&c, "a", home).ok_or(format!("ps does not list {home} after {to}"))?;
         assert_eq!(g["node"], to, "{g}");
         assert_eq!(g["home_node"], "a", "{g}");
-        host_pid = g["pid"].as_i64().unwrap() as i32;
+        let there = g["pid"].as_i64().unwrap() as i32;
+        host_pid = c
+            .host_pid(to, there)
+            .ok_or(format!("no process of node {to} is its PID {there}"))?;
         assert_ne!(host_pid, home, "a guest runs under its own host PID");
         t.assert_alive(&format!("after {from} -> {to}"));
     }
@@ -322,7 +333,7 @@ fn source_dies_after_commit() -> Result<(), Failed> {
     };
     assert_eq!(g["node"], "b");
     t.assert_alive("on b after the source died");
-    kill_host_pid(g["pid"].as_i64().unwrap());
+    kill_on(&c, "b", g["pid"].as_i64().unwrap());
     Ok(())
 }
 
@@ -426,7 +437,9 @@ fn socket_file_after_abort() -> Result<(), Failed> {
         Some(pid),
         "the copy does not serve the name"
     );
-    kill_host_pid(
+    kill_on(
+        &c,
+        "c",
         r["dest_pid"]
             .as_i64()
             .ok_or(format!("no dest_pid in {r}"))?,
@@ -523,7 +536,9 @@ fn tcp_connection_after_abort() -> Result<(), Failed> {
     let r = migrate(&c, "a", pid, "c").map_err(|e| format!("a -> c: {e}"))?;
     drop(server); // the original, killed at the commit: reaped
     tcp_pair_goes_on(&dir, pid, 10, "in the copy")?;
-    kill_host_pid(
+    kill_on(
+        &c,
+        "c",
         r["dest_pid"]
             .as_i64()
             .ok_or(format!("no dest_pid in {r}"))?,
@@ -566,7 +581,7 @@ fn openssl_send(addr: &str, ca: &Path, cert: Option<(&Path, &Path)>, payload: &[
 fn hostile_peers() -> Result<(), Failed> {
     let c = Cluster::up("hostile", 2);
     let other = Cluster::up("foreign", 1);
-    let b_addr = format!("127.0.0.12:{}", c.port);
+    let b_addr = c.listen_addr("b");
     let certs = c.dir.join("certs");
     let foreign = other.dir.join("certs");
 
@@ -614,7 +629,7 @@ fn hostile_peers() -> Result<(), Failed> {
     let t = Ticker::start(&dir, 4);
     let r = migrate(&c, "a", t.pid(), "b").map_err(|e| format!("after hostile peers: {e}"))?;
     t.assert_alive("after hostile peers");
-    kill_host_pid(r["dest_pid"].as_i64().unwrap());
+    kill_on(&c, "b", r["dest_pid"].as_i64().unwrap());
     Ok(())
 }
 

@@ -32,9 +32,10 @@
 //! Each also has a `migrate::` trial: instead of checkpoint and restore, the
 //! program is moved live around a local cluster of three nodes, `ferry
 //! --node a migrate PID --to b`, b -> c, c -> a, and must get further after
-//! each hop; redis-server's listening socket comes along (its port is still
-//! held by the frozen original while the copy is rebuilt on the same machine:
-//! see docs/limitations.md).  After the first hop the root is no longer our
+//! each hop; redis-server's listening socket comes along (between nodes that
+//! share a network stack its port is still held by the frozen original while
+//! the copy is rebuilt: see docs/limitations.md), and is reached by a client
+//! on the node where it runs (in its network namespace).  After the first hop the root is no longer our
 //! child (each daemon is the subreaper of its guests): the harness follows it
 //! by the host PID each migration reports, and instead of its exit status
 //! requires it, and every guest namespace it lived in, to be gone after the
@@ -511,7 +512,8 @@ struct Redis {
 }
 
 impl Redis {
-    /// `redis-cli -h 127.0.0.1 -p PORT ARGS` with `input` on stdin.
+    /// `redis-cli -h 127.0.0.1 -p PORT ARGS` with `input` on stdin, on the node where
+    /// redis-server runs now: in its network namespace (a separate node's is not ours).
     fn cli(
         &self,
         run: &mut Run,
@@ -519,8 +521,11 @@ impl Redis {
         args: &[&str],
         input: Option<&[u8]>,
     ) -> Result<CmdOutput, Failed> {
-        let mut cmd = Command::new(&self.cli);
-        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/proc/{}/ns/net", run.host))
+            .arg("--")
+            .arg(&self.cli)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args(args);
         run.command(label, cmd, input, TOOL_TIMEOUT)
     }

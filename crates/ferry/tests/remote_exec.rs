@@ -761,9 +761,12 @@ fn signals(c: &Cluster) -> Result<(), Failed> {
     // in state D for a child that the same signal stopped before it could exec.)
     let (mut child, lines) = spawn_reading(&mut sh_on_b(c, "echo ready; exec sleep 100"));
     next_line(&lines, "ready")?;
-    let remote = guest(c, "a", child.id()).ok_or("not in ferry ps")?["pid"]
+    let there = guest(c, "a", child.id()).ok_or("not in ferry ps")?["pid"]
         .as_i64()
         .unwrap();
+    let remote = c
+        .host_pid("b", there as i32)
+        .ok_or(format!("no process of b is its PID {there}"))? as i64;
     kill(child.id(), "TSTP");
     let stopped = wait_until(Duration::from_secs(5), || {
         state(remote) == Some('T') && state(child.id() as i64) == Some('T')
@@ -1029,7 +1032,11 @@ fn caller_vanishes(c: &Cluster) -> Result<(), Failed> {
         ),
     ] {
         let (mut child, lines) = spawn_reading(&mut sh_on_b(c, script));
-        let pid: i64 = next_line(&lines, "the remote PID")?.trim().parse().unwrap();
+        let there: i32 = next_line(&lines, "the remote PID")?.trim().parse().unwrap();
+        // (On a separate node b, that is a PID of b's namespace: find ours.)
+        let pid = c
+            .host_pid("b", there)
+            .ok_or(format!("no process of b is its PID {there}"))? as i64;
         let sid_members = || {
             common::all_procs()
                 .into_iter()

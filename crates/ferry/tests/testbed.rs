@@ -318,3 +318,45 @@ fn two_separate_clusters_at_once() {
     let o = run_on(&two, "b", &dir, "hostname");
     assert_eq!(String::from_utf8_lossy(&o.stdout), "b\n", "{}", text(&o));
 }
+
+#[test]
+fn a_file_only_here_keeps_the_process_here() {
+    let c = Cluster::up_isolated("tb-private", 2, Isolation::Separate);
+    // Its stdout is a file in this node's /tmp, which b does not have; and it has enough
+    // memory that the image is still on its way when b finds out.
+    let out = format!("/tmp/ferry-testbed-private-{}", std::process::id());
+    let script = "import time\nx = b'\\1' * (128 << 20)\ntime.sleep(1000)";
+    let child = Command::new("setsid")
+        .args(["sh", "-c", &format!("exec python3 -c \"{script}\" > {out}")])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = Killed(child);
+    let pid = child.0.id() as i32;
+    wait_until("python to start", Duration::from_secs(10), || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .is_ok_and(|s| s.contains("State:\tS") && s.contains("python"))
+            && std::fs::read_link(format!("/proc/{pid}/fd/1")).is_ok_and(|l| l == Path::new(&out))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let o = c.run("a", &["migrate", &pid.to_string(), "--to", "b"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{}", text(&o));
+    // The reason is b's, and names the file.
+    assert!(e.contains("keeps running on a"), "{}", text(&o));
+    assert!(e.contains(&out), "{}", text(&o));
+    assert_eq!(common::proc_state(pid).map(|s| s != 'Z'), Some(true));
+    drop(child);
+    let _ = std::fs::remove_file(&out);
+}
+
+/// A child killed (and reaped) when the test ends, passed or not.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

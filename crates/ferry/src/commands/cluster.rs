@@ -23,9 +23,10 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Subcommand)]
 pub enum Command {
-    /// Start a local cluster of N daemons on loopback addresses.
+    /// Start a local cluster of N daemons: a here, the others as separate as one kernel allows.
     Up(UpArgs),
-    /// Stop the local cluster's daemons (guests they host keep running).
+    /// Stop the local cluster: node a's daemon (its guests keep running), and the separate
+    /// nodes as machines shut down (whatever runs on them ends); remove their links.
     Down(DirArg),
     /// Make a new cluster CA (ca.pem, ca.key) in DIR, for a cluster of real machines.
     Ca(CaArgs),
@@ -59,7 +60,7 @@ pub struct UpArgs {
     /// Where the cluster keeps its state [default: $FERRY_CLUSTER_DIR or /run/ferry/cluster].
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// TCP port every node listens on (each on its own loopback address).
+    /// TCP port every node listens on (each on its own address).
     #[arg(long, default_value_t = 7070)]
     pub port: u16,
     /// First loopback address; node i gets this plus i (`--isolation shared` only).
@@ -67,7 +68,7 @@ pub struct UpArgs {
     pub first_addr: Ipv4Addr,
     /// How separate the nodes are: `separate` (every node but the first in namespaces of its
     /// own, like a machine) or `shared` (all daemons in this machine's namespaces).
-    #[arg(long, value_enum, default_value_t = Isolation::Shared)]
+    #[arg(long, value_enum, default_value_t = Isolation::Separate)]
     pub isolation: Isolation,
     /// The directory tree that is the same on every node (a network file system's stand-in)
     /// [default with `--isolation separate`: DIR/shared].

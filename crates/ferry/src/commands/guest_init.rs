@@ -19,7 +19,7 @@ pub struct Args {
 }
 
 /// Whether this init is the only process of its PID namespace (its /proc is the namespace's).
-pub(crate) fn alone() -> bool {
+fn alone() -> bool {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return false;
     };

@@ -11,7 +11,8 @@
 //! stderr), reaps every orphan of the node, and on SIGTERM or SIGINT passes SIGTERM to the
 //! daemon and, once the daemon is gone, exits: the kernel then ends whatever still runs on the
 //! node, as a machine's shutdown would. If the daemon ends on its own (killed, crashed), the
-//! node stays up while anything else runs on it.
+//! node stays up, as a machine whose daemon crashed does: its sockets close as they would
+//! there (peers get their resets), and whatever else runs on it carries on.
 
 use super::cluster_net::ip;
 use anyhow::{bail, Context, Result};
@@ -94,14 +95,13 @@ pub fn run(a: Args) -> Result<()> {
                 daemon_alive = false;
                 if !stopping {
                     println!(
-                        "node init: the daemon ended ({}); the node stays up while anything \
-                         runs on it",
+                        "node init: the daemon ended ({}); the node stays up",
                         ferry_daemon::node::describe_status(status)
                     );
                 }
             }
         }
-        if !daemon_alive && (stopping || super::guest_init::alone()) {
+        if !daemon_alive && stopping {
             println!("node init: {} shuts down", a.hostname);
             return Ok(());
         }

@@ -20,11 +20,11 @@ pub enum Isolation {
 
 impl Isolation {
     /// What the tests that do not ask get: `FERRY_TEST_ISOLATION` (shared or separate), or
-    /// shared.
+    /// separate, as `ferry cluster up` does.
     pub fn default_for_tests() -> Isolation {
         match std::env::var("FERRY_TEST_ISOLATION").as_deref() {
-            Ok("separate") => Isolation::Separate,
-            Ok("shared") | Err(_) => Isolation::Shared,
+            Ok("separate") | Err(_) => Isolation::Separate,
+            Ok("shared") => Isolation::Shared,
             Ok(other) => panic!("FERRY_TEST_ISOLATION={other:?}: shared or separate"),
         }
     }
@@ -120,11 +120,21 @@ impl Cluster {
 
     /// PID of the init of separate node `node` (none for the first node, or shared ones).
     pub fn init_pid(&self, node: &str) -> Option<i32> {
-        std::fs::read_to_string(self.dir.join(node).join("init.pid"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        init_pid(&self.dir, node)
+    }
+
+    /// Where node `node` listens for its peers (`listen` in its config), as ADDR:PORT.
+    pub fn listen_addr(&self, node: &str) -> String {
+        let cfg = std::fs::read_to_string(self.dir.join(node).join("ferry.toml")).unwrap();
+        cfg.lines()
+            .find_map(|l| l.strip_prefix("listen = "))
+            .map(|v| v.trim().trim_matches('"').to_string())
+            .unwrap_or_else(|| panic!("no listen address in the config of {node}"))
+    }
+
+    /// This machine's PID of the process node `node` calls `pid` (see [`host_pid`]).
+    pub fn host_pid(&self, node: &str, pid: i32) -> Option<i32> {
+        host_pid(&self.dir, node, pid)
     }
 
     /// Like `up`, for a harness that is a child subreaper (it adopts what its trials leave
@@ -195,6 +205,58 @@ impl Drop for Cluster {
             .arg(&self.dir)
             .output();
     }
+}
+
+/// PID of the init of separate node `node` of the cluster in `dir`.
+pub fn init_pid(dir: &Path, node: &str) -> Option<i32> {
+    std::fs::read_to_string(dir.join(node).join("init.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// This machine's PID of the process that node `node` of the cluster in `dir` calls `pid`.
+/// The PIDs `ferry ps` and a migration's report give are the node's own: on a separate node,
+/// those of its PID namespace, which is not ours. None if no such process runs.
+pub fn host_pid(dir: &Path, node: &str, pid: i32) -> Option<i32> {
+    let Some(init) = init_pid(dir, node) else {
+        return Some(pid);
+    };
+    let ppid = |p: i32| -> Option<i32> {
+        let s = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        s.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let on_node = |mut p: i32| {
+        for _ in 0..64 {
+            if p == init {
+                return true;
+            }
+            match ppid(p) {
+                Some(q) if q > 1 => p = q,
+                _ => return false,
+            }
+        }
+        false
+    };
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|&p| {
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            let nspid: Vec<&str> = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .map(|l| l.split_whitespace().collect())
+                .unwrap_or_default();
+            nspid.get(1) == Some(&pid.to_string().as_str()) && on_node(p)
+        })
 }
 
 /// The last lines of the daemons' logs of `nodes`, for failure messages.

@@ -717,6 +717,13 @@ impl Run {
         else {
             return Err(hop.fail(self, "the report has no dest_pid"));
         };
+        // (On a separate node, that is a PID of the node's namespace: find ours.)
+        let Some(dest) = cluster::host_pid(&hop.cluster_dir, hop.to, dest) else {
+            return Err(hop.fail(
+                self,
+                &format!("no process of node {} is its PID {dest}", hop.to),
+            ));
+        };
         // The copy it came from is gone (on the first hop, our child: reaped here).
         let old = self.host;
         self.poll_child();
@@ -730,13 +737,18 @@ impl Run {
         self.exited = None;
         self.host = dest;
         self.in_ns = true;
+        // Ours first, the tree's own last (a separate node's in between).
         let nspid = status_field(dest, "NSpid");
-        let want = [dest.to_string(), self.root.to_string()];
-        if nspid.split_whitespace().collect::<Vec<_>>() != want {
+        let levels: Vec<&str> = nspid.split_whitespace().collect();
+        let (ours, theirs) = (dest.to_string(), self.root.to_string());
+        if levels.len() < 2
+            || levels.first() != Some(&ours.as_str())
+            || levels.last() != Some(&theirs.as_str())
+        {
             return Err(hop.fail(
                 self,
                 &format!(
-                    "the root (PID {dest} here) has NSpid {nspid:?}, expected \"{dest} {}\"",
+                    "the root (PID {dest} here) has NSpid {nspid:?}, expected \"{dest} ... {}\"",
                     self.root
                 ),
             ));
