@@ -4,10 +4,14 @@
 //! and foca speaking the daemons' gossip), which lies about its name, forges another node's
 //! load, or answers at another node's address. Also: a revoked certificate, a flood of idle
 //! connections, and a daemon restarted with `kill`.
+//!
+//! These clusters share one network stack (`--isolation shared`): the hostile node, here, must
+//! reach every node and be reached at its own loopback address, and a killed daemon is
+//! restarted from here.
 
 mod common;
 
-use common::cluster::{Cluster, FERRY};
+use common::cluster::{Cluster, Isolation, FERRY};
 use ferry_daemon::membership::NodeId;
 use ferry_transport::{read_msg, tls, write_msg, Credentials, Msg};
 use foca::{BroadcastHandler, Foca, Invalidates, PostcardCodec};
@@ -278,7 +282,7 @@ fn wait_for(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
 /// name its certificate does not carry is refused before it says anything else.
 #[test]
 fn a_node_cannot_take_another_name() {
-    let c = Cluster::up("trust-name", 1);
+    let c = Cluster::up_isolated("trust-name", 1, Isolation::Shared);
     let creds = issue(&c, "z", "127.0.0.61");
     let liar_addr: SocketAddr = format!("127.0.0.61:{}", c.port).parse().unwrap();
     let liar = Liar::start(
@@ -350,7 +354,7 @@ fn a_node_cannot_take_another_name() {
 /// not believed, and b stays reachable.
 #[test]
 fn a_node_cannot_rewrite_another_nodes_identity() {
-    let c = Cluster::up("trust-ident", 2);
+    let c = Cluster::up_isolated("trust-ident", 2, Isolation::Shared);
     let creds = issue(&c, "z", "127.0.0.64");
     let b_addr = addr(&c, "b");
     let _liar = Liar::start(
@@ -396,7 +400,7 @@ fn a_node_cannot_rewrite_another_nodes_identity() {
 /// not b's is refused by the node dialling b: nothing is sent to it.
 #[test]
 fn a_dialler_refuses_an_impostor_at_the_address_it_dials() {
-    let c = Cluster::up("trust-dial", 2);
+    let c = Cluster::up_isolated("trust-dial", 2, Isolation::Shared);
     let creds = issue(&c, "z", "127.0.0.62");
     let b_addr = addr(&c, "b");
     assert!(Command::new("kill")
@@ -466,7 +470,7 @@ fn a_dialler_refuses_an_impostor_at_the_address_it_dials() {
 /// b's) is ignored: c keeps seeing b's own load.
 #[test]
 fn a_forged_load_record_is_ignored() {
-    let c = Cluster::up("trust-load", 3);
+    let c = Cluster::up_isolated("trust-load", 3, Isolation::Shared);
     let creds = issue(&c, "z", "127.0.0.63");
     let forged = ForgedItem {
         key: ForgedKey {
@@ -522,7 +526,7 @@ fn a_forged_load_record_is_ignored() {
 /// remote program c started on a loses its caller) and refuse c from then on; b is unharmed.
 #[test]
 fn a_revoked_certificate_is_refused_and_dropped() {
-    let c = Cluster::up("trust-revoke", 3);
+    let c = Cluster::up_isolated("trust-revoke", 3, Isolation::Shared);
     let mut run = c
         .ferry("c")
         .args(["run", "--on", "a", "--", "sleep", "120"])
@@ -595,7 +599,7 @@ fn fd_count(pid: i32) -> usize {
 /// bounded and `ferry run --on a` from b still works.
 #[test]
 fn idle_connections_cannot_exhaust_a_daemon() {
-    let c = Cluster::up("trust-flood", 2);
+    let c = Cluster::up_isolated("trust-flood", 2, Isolation::Shared);
     let pid = c.daemon_pid("a");
     let before = fd_count(pid);
     let mut lim = libc::rlimit {
@@ -636,7 +640,7 @@ fn idle_connections_cannot_exhaust_a_daemon() {
 /// over below the one its previous life reached).
 #[test]
 fn a_restarted_daemon_is_heard_at_once() {
-    let c = Cluster::up("trust-restart", 3);
+    let c = Cluster::up_isolated("trust-restart", 3, Isolation::Shared);
     // Let b publish a few dozen records first.
     std::thread::sleep(Duration::from_secs(30));
     assert!(Command::new("kill")
