@@ -1,7 +1,8 @@
 //! Descriptors backed by sockets: UNIX (stream, datagram, seqpacket; pairs and named; listening
 //! with the connections waiting in their queues, and connected, with queued data), TCP
-//! listening and unconnected sockets, TCP connections (established, half-closed or closing)
-//! whose both ends are in the tree, and UDP sockets.
+//! listening sockets (with the connections waiting in their queues) and unconnected ones, TCP
+//! connections (being opened, established, half-closed or closing) whose both ends are in the
+//! tree, and UDP sockets.
 //!
 //! A TCP connection is read in TCP repair mode (tcp(7)): its sequence numbers,
 //! both queues (peeked), the options negotiated and the window; repair mode is taken off again

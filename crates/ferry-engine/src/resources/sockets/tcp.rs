@@ -1,5 +1,9 @@
 //! TCP connections in repair mode (tcp(7)): their capture, the check that both ends are in the
-//! tree, their silencing before the kill, and their rebuild at resume ([`DeferredRepair`]).
+//! tree, their silencing before the kill, and their rebuild at resume ([`DeferredRepair`]),
+//! with their FINs sent again ([`replay_shutdowns`]) and a stand-in for an end its process had
+//! closed. Connections that wait in a listener's queue, or are still being opened, are made
+//! afresh at resume ([`DeferredHandshake`]); those that carry bytes are taken out of the queue
+//! at capture and put back ([`requeue_tcp`]).
 
 use super::*;
 
