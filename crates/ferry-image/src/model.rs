@@ -69,6 +69,10 @@ pub struct Process {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd_identity: Option<FileIdentity>,
     pub root: String,
+    /// Which directory `root` named when captured, for a chrooted process (absent in older
+    /// images and when the root is `/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_identity: Option<FileIdentity>,
     pub umask: u32,
     pub personality: u32,
     pub no_new_privs: bool,

@@ -390,3 +390,46 @@ fn restore_does_not_watch_through_a_linked_directory() {
         &["inotify watch", watched.to_str().unwrap(), "uid 65534"],
     );
 }
+
+/// A chrooted process of nobody's: its owner replaces the directory it is chrooted in with a
+/// link into a root-only directory. The rebuilt process (which changes its root while it still
+/// has root's rights) must not end up with root's directory as its root.
+#[test]
+fn restore_does_not_chroot_through_a_link() {
+    let d = scratch("security_files", "chroot");
+    let home = user_dir(&d.join("home"));
+    let jail = user_dir(&home.join("jail"));
+    let root_dir = d.join("root-only");
+    root_secret(&root_dir, "secret", "root's secret\n");
+    // Chrooted by root, then nobody (python is loaded by then and needs no file to sleep); its
+    // working directory stays outside, as chroot leaves it.
+    let script = format!(
+        "import os, time\nos.chroot({:?})\nos.setgroups([])\n\
+         os.setgid(65534)\nos.setuid(65534)\nopen('/ready', 'w').close()\ntime.sleep(1000)\n",
+        jail.to_str().unwrap()
+    );
+    let mut child = Command::new("python3")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the chrooted process");
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !jail.join("ready").exists() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the chrooted process did not start");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let img = d.join("img");
+    checkpoint(&mut child, &img);
+
+    std::fs::rename(&jail, home.join("jail.old")).unwrap();
+    std::os::unix::fs::symlink(&root_dir, &jail).unwrap();
+    let err = restore_refused(&img, pid);
+    assert_mentions(&err, &[&format!("PID {pid}"), jail.to_str().unwrap()]);
+}

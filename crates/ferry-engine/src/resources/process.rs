@@ -6,6 +6,7 @@ use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{Creds, MmLayout, PrctlState, Process, Rlimit};
 use ferry_inject::Injector;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 
 const PR_GET_SECUREBITS: u64 = 27;
@@ -54,6 +55,11 @@ pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -
             .map(|md| crate::reopen::identity_of(&md));
     }
     p.root = procfs::readlink(pid, "root")?;
+    if p.root != "/" {
+        p.root_identity = std::fs::metadata(format!("/proc/{pid}/root"))
+            .ok()
+            .map(|md| crate::reopen::identity_of(&md));
+    }
     p.umask = u32::from_str_radix(procfs::field(&status, "Umask"), 8).unwrap_or(0o022);
     p.no_new_privs = procfs::field(&status, "NoNewPrivs") == "1";
     p.personality = u32::from_str_radix(procfs::read(pid, "personality")?.trim(), 16).unwrap_or(0);
@@ -190,11 +196,36 @@ pub fn restore_environment(
         }
     }
     if p.root != "/" {
+        // As for the working directory: looked up as the process, without links, the
+        // directory captured, and checked again once entered.
+        let dir = crate::reopen::open(
+            pid,
+            "root directory",
+            &p.root,
+            libc::O_PATH | libc::O_DIRECTORY,
+            p.root_identity.as_ref(),
+            crate::reopen::Match::Inode,
+            rights,
+        )?;
+        let want = std::fs::metadata(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+            .ctx(pid, || format!("stat root directory {}", p.root))?;
         inj.syscall("chroot", libc::SYS_chroot, &[path(&p.root)?])
             .map_err(|e| crate::Error::Restore {
                 pid,
                 what: format!("cannot change root to {}: {e}", p.root),
             })?;
+        let now = std::fs::metadata(format!("/proc/{}/root", h.host))
+            .ctx(pid, || format!("stat its root directory {}", p.root))?;
+        if (now.dev(), now.ino()) != (want.dev(), want.ino()) {
+            return Err(crate::Error::Restore {
+                pid,
+                what: format!(
+                    "root directory: {}: not the directory that was looked up (it changed \
+                     meanwhile); refused",
+                    p.root
+                ),
+            });
+        }
     }
     for bit in 0..32 {
         let cmd = 1u64 << bit;
