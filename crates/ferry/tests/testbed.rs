@@ -360,3 +360,45 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+#[test]
+fn a_killed_tests_cluster_is_stopped_by_the_next() {
+    // A cluster left by a test process that is gone (as if it had been killed mid-test), in a
+    // directory of clusters of its own (the other tests here clear the usual one).
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let root = shared_scratch("stale");
+    let dir = root.join(format!("tb-stale-{dead}"));
+    let o = Command::new(common::cluster::FERRY)
+        .args(["cluster", "up", "--nodes", "2", "--port", "7079", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();
+    let bridge = format!("/sys/class/net/ferry{}/ifindex", state["net"]["slot"]);
+    let ifindex = std::fs::read_to_string(&bridge).unwrap();
+    let init = common::cluster::init_pid(&dir, "b").unwrap();
+    let daemon: i32 = std::fs::read_to_string(dir.join("a").join("daemon.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // What the next test's cluster does first.
+    common::cluster::stop_stale_clusters(&root);
+    // (Another cluster may have the bridge's name by now, not its index.)
+    assert_ne!(
+        std::fs::read_to_string(&bridge).ok(),
+        Some(ifindex),
+        "bridge left"
+    );
+    for p in [init, daemon] {
+        assert!(
+            common::proc_state(p).is_none_or(|s| s == 'Z'),
+            "PID {p} left"
+        );
+    }
+    assert!(!dir.exists());
+}

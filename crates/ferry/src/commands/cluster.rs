@@ -18,6 +18,7 @@ use anyhow::{bail, Context, Result};
 use ferry_daemon::Config;
 use ferry_transport::{ClusterCa, Msg};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -103,7 +104,7 @@ pub struct DirArg {
 pub fn run(c: Command) -> Result<()> {
     match c {
         Command::Up(a) => up(a),
-        Command::Down(a) => down(&cluster_dir(a.dir.as_deref())),
+        Command::Down(a) => down(&absolute(cluster_dir(a.dir.as_deref()))),
         Command::Ca(a) => {
             if a.dir.join("ca.key").exists() {
                 bail!(
@@ -192,7 +193,7 @@ fn up(a: UpArgs) -> Result<()> {
     if a.nodes == 0 || a.nodes > 200 {
         bail!("--nodes must be between 1 and 200");
     }
-    let dir = cluster_dir(a.dir.as_deref());
+    let dir = absolute(cluster_dir(a.dir.as_deref()));
     if local_nodes(&dir).iter().any(|n| {
         running_pid(&dir.join(n))
             .or_else(|| running_init(&dir.join(n)))
@@ -449,8 +450,14 @@ fn start_daemon(exe: &Path, cfg: &Path, data_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `dir` made absolute (not resolved): the daemons' command lines name their configs by it.
+fn absolute(dir: PathBuf) -> PathBuf {
+    std::path::absolute(&dir).unwrap_or(dir)
+}
+
 /// The PID in `data_dir/file` if it is a live (not zombie) process whose command line has
-/// `arg`.
+/// `arg` and this node's config (a PID reused by anything else, another cluster's daemon
+/// included, is not ours to stop).
 fn live_pid(data_dir: &Path, file: &str, arg: &[u8]) -> Option<i32> {
     let pid: i32 = std::fs::read_to_string(data_dir.join(file))
         .ok()?
@@ -462,7 +469,9 @@ fn live_pid(data_dir: &Path, file: &str, arg: &[u8]) -> Option<i32> {
         .rsplit(')')
         .next()
         .is_some_and(|s| s.trim_start().starts_with('Z'));
-    (!zombie && cmdline_has(pid, arg)).then_some(pid)
+    let config = data_dir.join("ferry.toml");
+    (!zombie && cmdline_has(pid, arg) && cmdline_has(pid, config.as_os_str().as_bytes()))
+        .then_some(pid)
 }
 
 /// The daemon of the node whose data directory this is, if it runs.

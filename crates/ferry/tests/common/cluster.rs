@@ -60,15 +60,20 @@ impl Cluster {
         Self::up_as(tag, n, &[], isolation)
     }
 
+    /// Where test clusters live, each in `TAG-PID` (PID: the test process's).
+    pub fn clusters_dir() -> PathBuf {
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("clusters")
+    }
+
     /// The shared tree of test clusters.
     pub fn shared_tree() -> &'static Path {
         Path::new(env!("CARGO_TARGET_TMPDIR"))
     }
 
     pub fn up_as(tag: &str, n: usize, env: &[(&str, &str)], isolation: Isolation) -> Cluster {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join("clusters")
-            .join(format!("{tag}-{}", std::process::id()));
+        let root = Self::clusters_dir();
+        stop_stale_clusters(&root);
+        let dir = root.join(format!("{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         // A port per test process and tag: clusters of parallel binaries and tests never meet.
@@ -204,6 +209,32 @@ impl Drop for Cluster {
             .args(["cluster", "down", "--dir"])
             .arg(&self.dir)
             .output();
+    }
+}
+
+/// Stops the clusters under `root` whose test process is gone (killed before its clusters were
+/// dropped): their daemons, separate nodes and bridges would otherwise stay for good.
+pub fn stop_stale_clusters(root: &Path) {
+    let Ok(rd) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.rsplit_once('-'))
+            .and_then(|(_, p)| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let _ = Command::new(FERRY)
+            .args(["cluster", "down", "--dir"])
+            .arg(e.path())
+            .output();
+        let _ = std::fs::remove_dir_all(e.path());
     }
 }
 
