@@ -1,6 +1,6 @@
 //! Capture: walks a frozen tree through every resource kind and streams the image.
 
-use crate::error::{Context, Result};
+use crate::error::Result;
 use crate::freeze::FrozenTree;
 use crate::objects::CaptureObjects;
 use crate::pidview::PidView;
@@ -8,7 +8,6 @@ use crate::procfs;
 use crate::resources::{files::FdCapture, jobctl, memory, process, signals, threads};
 use ferry_image::{ImageWriter, Process, Source, Tree};
 use ferry_inject::Injector;
-use ferry_sys::ptrace;
 use std::io::Write;
 use std::time::Instant;
 
@@ -107,12 +106,9 @@ pub fn capture_then<W: Write>(
                 why: "the stop is remade through the main thread; not written yet".into(),
             });
         }
+        // Signals arriving while the tree is frozen stay queued, to be captured as pending: a
+        // thread in a ptrace stop takes none, and one running injected calls has them blocked.
         let syscall_at = ferry_inject::find_syscall_insn(host)?;
-        for t in &fp.threads {
-            // Signals arriving from now on stay queued, to be captured as pending.
-            ptrace::set_sigmask(t.tid, u64::MAX)
-                .ctx(fp.pid, || format!("block signals of thread {}", t.tid))?;
-        }
         let leader = &fp.threads[0];
         let inj = Injector::on_stack(host, leader.tid, leader.regs, syscall_at)?;
         // A main thread that has exited no longer shows its address space in its stat.

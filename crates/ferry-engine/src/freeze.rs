@@ -36,8 +36,6 @@ pub struct FrozenThread {
     /// The registers to resume with (after rewinding a call that would see a spurious EINTR).
     pub regs: GpRegs,
     pub sigmask: u64,
-    /// Signals that were on their way to the thread when it stopped, as raw siginfo.
-    pub intercepted: Vec<[u8; 128]>,
     /// The stop signal of the group stop (job control) the thread was in, if any.
     pub group_stop: Option<i32>,
 }
@@ -75,9 +73,10 @@ pub struct FrozenTree {
     released: bool,
 }
 
-/// The ptrace options every frozen thread is seized with: only its seccomp filters suspended
-/// (the calls injected to capture it must not be refused, or kill it); no event is traced.
-const FREEZE_OPTIONS: u64 = ptrace::PTRACE_O_SUSPEND_SECCOMP;
+/// The ptrace options every frozen thread is seized with: its seccomp filters suspended (the
+/// calls injected to capture it must not be refused, or kill it), and system call stops told
+/// apart from SIGTRAP (injected calls run between them); no event is traced.
+const FREEZE_OPTIONS: u64 = ptrace::PTRACE_O_SUSPEND_SECCOMP | ptrace::PTRACE_O_TRACESYSGOOD;
 
 /// Seizes one thread and waits until it is in an interrupt stop. Returns `None` if the thread
 /// exited meanwhile.
@@ -94,7 +93,6 @@ fn stop_thread(pid: i32, tid: i32) -> Result<Option<FrozenThread>> {
     if !trapped {
         ptrace::interrupt(tid).ctx(pid, || format!("interrupt thread {tid}"))?;
     }
-    let mut intercepted = Vec::new();
     let group_stop;
     loop {
         match wait_tid(tid, false).ctx(pid, || format!("wait for thread {tid} to stop"))? {
@@ -107,13 +105,11 @@ fn stop_thread(pid: i32, tid: i32) -> Result<Option<FrozenThread>> {
                 break;
             }
             WaitStatus::Stopped { sig, event: 0 } => {
-                // A signal was being delivered as we stopped the thread: hold it back and
-                // queue it again later so it is neither lost nor delivered twice.
-                let mut info = ptrace::get_siginfo(tid).unwrap_or([0u8; 128]);
-                info[0..4].copy_from_slice(&sig.to_ne_bytes());
-                intercepted.push(info);
-                ptrace::cont(tid, 0)
-                    .ctx(pid, || format!("resume thread {tid} past signal {sig}"))?;
+                // A signal was being delivered as we stopped the thread: let it be delivered
+                // (the interrupt stop follows, in its handler if it has one). Held back, it
+                // would be lost if the tree ran on, and lost too if ferry died meanwhile.
+                ptrace::cont(tid, sig)
+                    .ctx(pid, || format!("resume thread {tid} with signal {sig}"))?;
             }
             WaitStatus::Stopped { .. } => {
                 ptrace::cont(tid, 0).ctx(pid, || format!("resume thread {tid}"))?;
@@ -138,7 +134,6 @@ fn stop_thread(pid: i32, tid: i32) -> Result<Option<FrozenThread>> {
         tid,
         regs,
         sigmask,
-        intercepted,
         group_stop,
     }))
 }

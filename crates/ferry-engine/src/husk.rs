@@ -123,7 +123,8 @@ impl Husk {
             let opts = ptrace::PTRACE_O_TRACECLONE
                 | ptrace::PTRACE_O_TRACEFORK
                 | ptrace::PTRACE_O_EXITKILL
-                | ptrace::PTRACE_O_SUSPEND_SECCOMP;
+                | ptrace::PTRACE_O_SUSPEND_SECCOMP
+                | ptrace::PTRACE_O_TRACESYSGOOD;
             ptrace::seize(host, opts).ctx(pid, || {
                 format!("attach to the new process (host PID {host})")
             })?;

@@ -1,19 +1,30 @@
 //! Running system calls inside a stopped tracee.
 //!
-//! Ferry never writes code into a process it checkpoints: it points a stopped thread at a
-//! `syscall` instruction that already exists in the process (the vDSO has one), sets the
-//! argument registers, single-steps it, reads the result and puts every register back. While it
-//! does so the thread's signal mask blocks everything, so no signal is delivered or lost between
-//! steps. Data the call reads or writes goes through a scratch area just below the thread's red
-//! zone, whose bytes are saved first and put back afterwards.
+//! Ferry never writes code into a process it checkpoints. An injected call runs at a `syscall`
+//! instruction the process already has, between the two stops `PTRACE_SYSCALL` gives (entry
+//! and exit), so that nothing of it outlives the tracer: a single step would leave the trap
+//! flag set, and the thread would die of SIGTRAP if the tracer died (the kernel clears the
+//! syscall-trace flag when the tracer goes, not the trap flag). Data the call reads or writes
+//! goes through a scratch area below the thread's red zone, whose bytes are saved first and put
+//! back afterwards.
+//!
+//! An injector made with [`Injector::on_stack`] (a thread of a live process) also keeps the
+//! thread safe from its tracer's death at every instant: see [`rescue`]. Its signals are
+//! blocked while calls run (an injected call must not take a signal meant for the process),
+//! and the frame that `rt_sigreturn` would read holds its own mask. [`Injector::finish`]
+//! puts the mask, the registers and the stack bytes back, in that order, from an interrupt
+//! stop, where the kernel's own restart logic sees the thread's registers when it runs on.
 
 #![forbid(unsafe_code)]
+
+pub mod rescue;
 
 use ferry_sys::proc_mem::ProcMem;
 use ferry_sys::ptrace;
 use ferry_sys::regs::GpRegs;
 use ferry_sys::wait::{wait_tid, WaitStatus};
 use ferry_sys::SysError;
+use std::cell::Cell;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InjectError {
@@ -46,6 +57,28 @@ pub enum InjectError {
 
 pub type Result<T> = std::result::Result<T, InjectError>;
 
+/// Test-only fault injection: with `FERRY_INJECT_FAULT=POINT:N` in its environment, the tracer
+/// kills itself with SIGKILL the Nth time it reaches POINT, one of the instants at which a
+/// thread holds something of an injection: `parked` (registers and frame set, mask not yet
+/// blocked), `entry` (at the entry stop, before the call is set up), `call` (the call set up at
+/// the entry stop), `exit` (at the exit stop), `back` (at the interrupt stop, before the mask
+/// is put back), `mask` (the mask put back, not yet the registers).
+fn fault(point: &str) {
+    static FAULT: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
+    static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let Some((at, n)) = FAULT.get_or_init(|| {
+        let v = std::env::var("FERRY_INJECT_FAULT").ok()?;
+        let (p, n) = v.split_once(':')?;
+        Some((p.to_string(), n.parse().ok()?))
+    }) else {
+        return;
+    };
+    if at == point && SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == *n {
+        log::warn!("FERRY_INJECT_FAULT: killing the tracer at {point}");
+        ferry_sys::process::kill_self();
+    }
+}
+
 /// The red zone below the stack pointer the x86_64 ABI lets leaf functions use; never touched.
 const RED_ZONE: u64 = 128;
 const STACK_SCRATCH: u64 = 1024;
@@ -58,20 +91,36 @@ pub struct Site {
     pub scratch_len: u64,
 }
 
+/// What an injector on a live thread must put back.
+struct Owned {
+    /// The thread's own signal mask (PTRACE_GETSIGMASK), blocked entirely meanwhile.
+    mask: u64,
+    /// The stack bytes under the scratch area (and the signal frame), from this address.
+    saved_at: u64,
+    saved: Vec<u8>,
+    /// The `rt_sigreturn` sequence and the frame's ucontext the thread is parked on, if the
+    /// process has such a sequence.
+    parked: Option<GpRegs>,
+}
+
 /// A stopped thread in which system calls can be run.
 pub struct Injector {
     pub tid: i32,
     site: Site,
     base: GpRegs,
     mem: ProcMem,
-    saved_scratch: Option<Vec<u8>>,
+    owned: Option<Owned>,
+    /// Whether the thread is in a syscall stop (rather than a signal or interrupt stop).
+    at_syscall_stop: Cell<bool>,
+    finished: Cell<bool>,
     /// The process or thread the last injected fork/clone made, as our PID namespace numbers it
     /// (PTRACE_GETEVENTMSG): the call's own result is the number in the tracee's namespace.
-    new_child: std::cell::Cell<Option<i32>>,
+    new_child: Cell<Option<i32>>,
 }
 
 impl Injector {
-    /// Prepares a thread whose registers are `base` (the thread must be in a ptrace stop).
+    /// Prepares a thread whose registers are `base` (the thread must be in a ptrace stop), for
+    /// calls at `site`. Nothing is saved or put back: for husks that Ferry itself builds.
     pub fn new(pid: i32, tid: i32, base: GpRegs, site: Site) -> Result<Self> {
         let mem = ProcMem::open(pid).map_err(|source| InjectError::Sys { tid, source })?;
         Ok(Injector {
@@ -79,30 +128,68 @@ impl Injector {
             site,
             base,
             mem,
-            saved_scratch: None,
-            new_child: std::cell::Cell::new(None),
+            owned: None,
+            at_syscall_stop: Cell::new(false),
+            finished: Cell::new(false),
+            new_child: Cell::new(None),
         })
     }
 
-    /// Uses the memory just below the thread's red zone as scratch, saving its bytes so that
-    /// [`Injector::finish`] can put them back.
+    /// Prepares thread `tid` of a live process `pid`, stopped with registers `base`: scratch
+    /// memory below its red zone, its bytes saved; its signals blocked; and, if the process
+    /// has an `rt_sigreturn` sequence, the thread parked on it (see [`rescue`]), so that if
+    /// ferry dies at any point from here on the thread puts itself back as it was.
+    /// [`Injector::finish`] (or dropping the injector) undoes all of it.
     pub fn on_stack(pid: i32, tid: i32, base: GpRegs, syscall_at: u64) -> Result<Self> {
-        let scratch = (base.rsp - RED_ZONE - STACK_SCRATCH) & !15;
         let mut inj = Self::new(
             pid,
             tid,
             base,
             Site {
                 syscall_at,
-                scratch,
+                scratch: 0,
                 scratch_len: STACK_SCRATCH,
             },
         )?;
-        let mut saved = vec![0u8; STACK_SCRATCH as usize];
+        let mask = ptrace::get_sigmask(tid).map_err(|e| inj.sys(e))?;
+        let top = (base.rsp - RED_ZONE) & !63;
+        let sigreturn_at = rescue::find_sigreturn(pid, &inj.mem);
+        let (scratch, frame) = match sigreturn_at {
+            Some(_) => {
+                let xstate = ptrace::get_xstate(tid).map_err(|e| inj.sys(e))?;
+                let fp = (top - xstate.len() as u64 - 4) & !63;
+                let uc = (fp - rescue::UCONTEXT_LEN) & !15;
+                // 8 bytes for the return address a signal frame starts with (never read).
+                let scratch = (uc - 8 - STACK_SCRATCH) & !15;
+                (
+                    scratch,
+                    Some((uc, rescue::frame(&base, mask, &xstate, uc, fp))),
+                )
+            }
+            None => ((top - STACK_SCRATCH) & !15, None),
+        };
+        inj.site.scratch = scratch;
+        let mut saved = vec![0u8; (top - scratch) as usize];
         inj.mem
             .read_exact(scratch, &mut saved)
-            .map_err(|source| InjectError::Sys { tid, source })?;
-        inj.saved_scratch = Some(saved);
+            .map_err(|e| inj.sys(e))?;
+        let mut owned = Owned {
+            mask,
+            saved_at: scratch,
+            saved,
+            parked: None,
+        };
+        if let (Some(at), Some((uc, bytes))) = (sigreturn_at, frame) {
+            inj.mem.write_all(uc, &bytes).map_err(|e| inj.sys(e))?;
+            let parked = rescue::parked(&base, at, uc);
+            // From here on, a thread let go runs rt_sigreturn and is as it was ...
+            ptrace::set_regs(tid, &parked).map_err(|e| inj.sys(e))?;
+            owned.parked = Some(parked);
+            fault("parked");
+        }
+        // ... mask included, since the frame holds its own.
+        inj.owned = Some(owned);
+        ptrace::set_sigmask(tid, u64::MAX).map_err(|e| inj.sys(e))?;
         Ok(inj)
     }
 
@@ -113,7 +200,6 @@ impl Injector {
     /// Moves injected calls to another `syscall` instruction and scratch area.
     pub fn set_site(&mut self, site: Site) {
         self.site = site;
-        self.saved_scratch = None;
     }
 
     pub fn base_regs(&self) -> &GpRegs {
@@ -131,38 +217,27 @@ impl Injector {
         }
     }
 
-    /// Runs one system call and returns the raw kernel result (negative errno on failure).
-    pub fn syscall_raw(&self, call: &'static str, nr: i64, args: &[u64]) -> Result<i64> {
-        self.new_child.set(None);
-        let mut r = self.base;
-        r.rax = nr as u64;
-        // -1 tells the kernel's syscall-restart logic that no system call is in progress.
-        r.orig_rax = u64::MAX;
-        r.rip = self.site.syscall_at;
-        let slots = [
-            &mut r.rdi, &mut r.rsi, &mut r.rdx, &mut r.r10, &mut r.r8, &mut r.r9,
-        ];
-        for (slot, value) in slots
-            .into_iter()
-            .zip(args.iter().copied().chain(std::iter::repeat(0)))
-        {
-            *slot = value;
-        }
-        ptrace::set_regs(self.tid, &r).map_err(|e| self.sys(e))?;
-        ptrace::singlestep(self.tid, 0).map_err(|e| self.sys(e))?;
+    /// Resumes the thread up to its next syscall stop (entry or exit), following the fork and
+    /// clone events of an injected clone on the way.
+    fn to_syscall_stop(&self, call: &'static str) -> Result<()> {
+        ptrace::syscall(self.tid, 0).map_err(|e| self.sys(e))?;
+        self.at_syscall_stop.set(false);
         loop {
             let status = wait_tid(self.tid, false).map_err(|e| self.sys(e))?;
             match status {
-                WaitStatus::Stopped { sig, event: 0 } if sig == libc::SIGTRAP => break,
-                // fork/clone events of an injected clone3: step on to the end of the call.
+                WaitStatus::Stopped { sig, event: 0 }
+                    if sig == ptrace::SYSCALL_STOP_SIG || sig == libc::SIGTRAP =>
+                {
+                    self.at_syscall_stop.set(true);
+                    return Ok(());
+                }
+                // fork/clone events of an injected clone3: on to the end of the call.
                 WaitStatus::Stopped { event, .. } if (1..=3).contains(&event) => {
                     let child = ptrace::get_event_msg(self.tid).map_err(|e| self.sys(e))?;
                     self.new_child.set(Some(child as i32));
-                    ptrace::singlestep(self.tid, 0).map_err(|e| self.sys(e))?;
+                    ptrace::syscall(self.tid, 0).map_err(|e| self.sys(e))?;
                 }
-                // A signal the mask could not hold back (SIGCHLD to a traced parent is reported
-                // even when blocked): suppress it and keep stepping.
-                // A fault caused by the call itself: stepping again would fault again.
+                // A fault caused by the call itself: going on would fault again.
                 WaitStatus::Stopped { sig, event: 0 }
                     if [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE].contains(&sig) =>
                 {
@@ -172,13 +247,11 @@ impl Injector {
                         status,
                     });
                 }
+                // A signal the mask could not hold back (SIGCHLD to a traced parent is reported
+                // even when blocked): suppress it and go on.
                 WaitStatus::Stopped { sig, event: 0 } if sig != libc::SIGKILL => {
-                    log::debug!(
-                        "thread {}: {} stopped by signal {sig} during {call}",
-                        self.tid,
-                        call
-                    );
-                    ptrace::singlestep(self.tid, 0).map_err(|e| self.sys(e))?;
+                    log::debug!("thread {}: stopped by signal {sig} during {call}", self.tid);
+                    ptrace::syscall(self.tid, 0).map_err(|e| self.sys(e))?;
                 }
                 other => {
                     return Err(InjectError::UnexpectedStop {
@@ -189,6 +262,42 @@ impl Injector {
                 }
             }
         }
+    }
+
+    /// Runs one system call and returns the raw kernel result (negative errno on failure).
+    pub fn syscall_raw(&self, call: &'static str, nr: i64, args: &[u64]) -> Result<i64> {
+        self.new_child.set(None);
+        let parked = self.owned.as_ref().and_then(|o| o.parked);
+        let mut r = parked.unwrap_or(self.base);
+        if parked.is_some() {
+            // Up to the entry of the thread's rt_sigreturn, which becomes this call; the call
+            // returns to the same sequence.
+            self.to_syscall_stop(call)?;
+            fault("entry");
+            r.orig_rax = nr as u64;
+        } else {
+            r.rax = nr as u64;
+            // -1 tells the kernel's syscall-restart logic that no system call is in progress.
+            r.orig_rax = u64::MAX;
+            r.rip = self.site.syscall_at;
+        }
+        let slots = [
+            &mut r.rdi, &mut r.rsi, &mut r.rdx, &mut r.r10, &mut r.r8, &mut r.r9,
+        ];
+        for (slot, value) in slots
+            .into_iter()
+            .zip(args.iter().copied().chain(std::iter::repeat(0)))
+        {
+            *slot = value;
+        }
+        ptrace::set_regs(self.tid, &r).map_err(|e| self.sys(e))?;
+        if parked.is_none() {
+            self.to_syscall_stop(call)?;
+        }
+        fault("call");
+        // The call runs between its entry and exit stops.
+        self.to_syscall_stop(call)?;
+        fault("exit");
         let out = ptrace::get_regs(self.tid).map_err(|e| self.sys(e))?;
         Ok(out.rax as i64)
     }
@@ -254,14 +363,79 @@ impl Injector {
         Ok(buf)
     }
 
-    /// Puts back the scratch bytes and the registers the thread had.
-    pub fn finish(self) -> Result<()> {
-        if let Some(saved) = &self.saved_scratch {
-            self.mem
-                .write_all(self.site.scratch, saved)
-                .map_err(|e| self.sys(e))?;
+    /// Brings a thread in a syscall stop to an interrupt stop: from there, when it runs on, the
+    /// kernel's restart logic sees the registers it is given (on the way out of a syscall stop
+    /// it would not run, and a call the thread was interrupted in would return -ERESTART...).
+    fn to_interrupt_stop(&self) -> Result<()> {
+        if !self.at_syscall_stop.get() {
+            return Ok(());
         }
-        ptrace::set_regs(self.tid, &self.base).map_err(|e| self.sys(e))
+        ptrace::interrupt(self.tid).map_err(|e| self.sys(e))?;
+        ptrace::cont(self.tid, 0).map_err(|e| self.sys(e))?;
+        self.at_syscall_stop.set(false);
+        loop {
+            match wait_tid(self.tid, false).map_err(|e| self.sys(e))? {
+                WaitStatus::Stopped {
+                    event: ptrace::PTRACE_EVENT_STOP,
+                    ..
+                } => return Ok(()),
+                WaitStatus::Stopped { sig, event: 0 } if sig != libc::SIGKILL => {
+                    log::debug!(
+                        "thread {}: stopped by signal {sig} on its way back",
+                        self.tid
+                    );
+                    ptrace::cont(self.tid, 0).map_err(|e| self.sys(e))?;
+                }
+                WaitStatus::Stopped { .. } => {
+                    ptrace::cont(self.tid, 0).map_err(|e| self.sys(e))?;
+                }
+                status => {
+                    return Err(InjectError::UnexpectedStop {
+                        tid: self.tid,
+                        call: "the way back to an interrupt stop",
+                        status,
+                    })
+                }
+            }
+        }
+    }
+
+    fn put_back(&self) -> Result<()> {
+        if self.finished.replace(true) {
+            return Ok(());
+        }
+        let Some(owned) = &self.owned else {
+            return ptrace::set_regs(self.tid, &self.base).map_err(|e| self.sys(e));
+        };
+        self.to_interrupt_stop()?;
+        fault("back");
+        // The mask first: until the registers are back, a thread let go still runs
+        // rt_sigreturn, which puts them back.
+        ptrace::set_sigmask(self.tid, owned.mask).map_err(|e| self.sys(e))?;
+        fault("mask");
+        ptrace::set_regs(self.tid, &self.base).map_err(|e| self.sys(e))?;
+        self.mem
+            .write_all(owned.saved_at, &owned.saved)
+            .map_err(|e| self.sys(e))
+    }
+
+    /// Puts back the signal mask, the registers and the stack bytes the thread had.
+    pub fn finish(self) -> Result<()> {
+        self.put_back()
+    }
+}
+
+impl Drop for Injector {
+    /// An injector dropped on an error path still puts its thread back.
+    fn drop(&mut self) {
+        if self.owned.is_some() && !self.finished.get() {
+            if let Err(e) = self.put_back() {
+                log::warn!(
+                    "thread {}: putting it back after injected calls: {e}",
+                    self.tid
+                );
+            }
+        }
     }
 }
 

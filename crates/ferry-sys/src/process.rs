@@ -49,3 +49,10 @@ pub fn default_sigpipe() {
     // SAFETY: installing the default disposition for one signal; no handler code involved.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
+
+/// Kills this process outright (SIGKILL), as if someone else had: for fault injection in tests.
+pub fn kill_self() -> ! {
+    // SAFETY: plain integer arguments; SIGKILL cannot be caught, so nothing of ours runs after.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    unreachable!("SIGKILL did not kill this process")
+}

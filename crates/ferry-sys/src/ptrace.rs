@@ -1,9 +1,11 @@
-//! ptrace(2): seize, interrupt, step, registers, signal masks and queues of a stopped thread.
+//! ptrace(2): seize, interrupt, resume to system calls, registers, signal masks and queues of a stopped thread.
 
 use crate::regs::GpRegs;
 use crate::{check, SysError, SysResult};
 
+/// System call stops report SIGTRAP | 0x80, told apart from a real SIGTRAP.
 pub const PTRACE_O_TRACESYSGOOD: u64 = 1;
+pub const SYSCALL_STOP_SIG: i32 = libc::SIGTRAP | 0x80;
 pub const PTRACE_O_TRACEFORK: u64 = 2;
 pub const PTRACE_O_TRACECLONE: u64 = 8;
 pub const PTRACE_O_EXITKILL: u64 = 0x100000;
@@ -85,10 +87,13 @@ pub fn cont(tid: i32, sig: i32) -> SysResult<()> {
     .map(drop)
 }
 
-pub fn singlestep(tid: i32, sig: i32) -> SysResult<()> {
+/// PTRACE_SYSCALL: resumes a stopped tracee until its next system call entry or exit. Unlike
+/// a single step, nothing of it outlives the tracer: the kernel clears the syscall-trace flag
+/// when the tracer detaches or dies.
+pub fn syscall(tid: i32, sig: i32) -> SysResult<()> {
     ptrace(
-        "ptrace(PTRACE_SINGLESTEP)",
-        libc::PTRACE_SINGLESTEP,
+        "ptrace(PTRACE_SYSCALL)",
+        libc::PTRACE_SYSCALL,
         tid,
         0,
         sig as usize,

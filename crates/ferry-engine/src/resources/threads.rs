@@ -33,12 +33,11 @@ pub fn capture(pid: i32, ft: &FrozenThread, inj: &Injector) -> Result<Thread> {
         &[PR_GET_TID_ADDRESS, inj.scratch(32)],
     )?;
     let clear_child_tid = word(&inj.read_scratch(32, 8)?, 0);
-    let mut pending: Vec<SigInfo> = ptrace::peek_siginfo(tid, false)
+    let pending: Vec<SigInfo> = ptrace::peek_siginfo(tid, false)
         .ctx(pid, || what("read pending signals"))?
         .into_iter()
         .map(|b| SigInfo(b.to_vec()))
         .collect();
-    pending.extend(ft.intercepted.iter().map(|b| SigInfo(b.to_vec())));
     let sched = capture_sched(pid, tid, inj)?;
     let r = &ft.regs;
     let in_syscall = r.orig_rax as i64 >= 0
