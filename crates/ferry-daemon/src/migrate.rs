@@ -96,7 +96,15 @@ pub async fn send(
     }
 
     // From here until the commit point, any failure must thaw the original.
-    let outcome = transfer(cli, &mut worker, &mut conn, &mut report).await;
+    let mut worker_gave_up = false;
+    let outcome = transfer(
+        cli,
+        &mut worker,
+        &mut conn,
+        &mut report,
+        &mut worker_gave_up,
+    )
+    .await;
     let (frozen_at, rebuilt) = match outcome {
         Ok(x) => x,
         Err(e) => {
@@ -107,12 +115,34 @@ pub async fn send(
                 },
             )
             .await;
-            let thawed = thaw(&mut worker).await;
+            // A worker that reports an error has already let the tree go, and exits.
+            let thawed = if worker_gave_up {
+                Ok(())
+            } else {
+                thaw(&mut worker).await
+            };
             if let Some(g) = &guest {
                 node.guests.set_state(g.pid, "running");
             }
+            // A worker that died let go of the tree as it died (its pipes close a moment
+            // before the kernel detaches it).
+            let let_go = thawed.is_err() && {
+                let mut free = running_free(host_pid);
+                for _ in 0..20 {
+                    if free {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    free = running_free(host_pid);
+                }
+                free
+            };
             return Err(match thawed {
                 Ok(()) => e.context(format!("PID {pid} keeps running on {}", node.name())),
+                Err(t) if let_go => e.context(format!(
+                    "{t:#}; PID {pid} was let go and keeps running on {}",
+                    node.name()
+                )),
                 Err(t) => e.context(format!("and thawing PID {pid} failed too: {t:#}")),
             });
         }
@@ -158,6 +188,7 @@ async fn transfer(
     worker: &mut Worker,
     conn: &mut Conn,
     report: &mut MigrateReport,
+    worker_gave_up: &mut bool,
 ) -> Result<(Instant, Rebuilt)> {
     let t2 = Instant::now();
     write_msg(&mut worker.tx, &Msg::Go).await?;
@@ -198,7 +229,10 @@ async fn transfer(
                 report.image_bytes = image_bytes;
                 break;
             }
-            Frame::Msg(Msg::Error { message }) => bail!("{message}"),
+            Frame::Msg(Msg::Error { message }) => {
+                *worker_gave_up = true;
+                bail!("{message}")
+            }
             Frame::Msg(other) => bail!("capture worker said {}", kind(&other)),
         }
     }
@@ -264,6 +298,12 @@ async fn progress(cli: &mut UnixStream, phase: &str, bytes: u64) {
         },
     )
     .await;
+}
+
+/// Whether `pid` exists, is not a zombie, and nothing traces it any more.
+fn running_free(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .is_ok_and(|s| !s.contains("State:\tZ") && s.lines().any(|l| l == "TracerPid:\t0"))
 }
 
 fn ms(since: Instant) -> f64 {
