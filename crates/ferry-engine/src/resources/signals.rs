@@ -145,6 +145,12 @@ pub fn restore_timers(h: &Husk, p: &Process) -> Result<()> {
             continue;
         }
         let mut t = t.clone();
+        if t.value_us == 0 {
+            // Expired while the tree was frozen, its signal pending (captured as such): the
+            // kernel would have armed it again when the signal was taken. A zero value would
+            // disarm it; it fires again an interval from now.
+            t.value_us = t.interval_us;
+        }
         if t.which != libc::ITIMER_REAL && t.value_us > slack {
             t.value_us -= slack;
         }
