@@ -6,6 +6,7 @@
 //! - [`migrate`]: moving a live tree, source and destination sides, with the commit protocol.
 //! - [`exec`]: running a command on another node for a caller at home.
 //! - [`workers`]: the single-threaded `ferry` processes that run the engine for the daemon.
+//! - [`state`], [`outcomes`]: what a daemon records durably and takes up again at start.
 //! - [`guests`], [`load`], [`reaper`]: bookkeeping.
 
 pub mod config;
@@ -15,7 +16,9 @@ pub mod load;
 pub mod membership;
 pub mod migrate;
 pub mod node;
+pub mod outcomes;
 pub mod reaper;
+pub mod state;
 pub mod workers;
 
 pub use config::Config;

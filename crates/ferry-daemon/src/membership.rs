@@ -176,10 +176,14 @@ pub struct Member {
     pub load: Option<NodeLoad>,
 }
 
+type DownSet = Arc<Mutex<std::collections::HashSet<String>>>;
+
 #[derive(Clone)]
 pub struct Membership {
     input: mpsc::UnboundedSender<Input>,
     members: Arc<Mutex<Vec<NodeId>>>,
+    /// Names of the members the membership has declared down (and not seen up again since).
+    down: DownSet,
     /// The identity each name last spoke to us under, first-hand (its own packet, on a
     /// connection with its certificate).
     heard: Arc<Mutex<HashMap<String, NodeId>>>,
@@ -197,12 +201,14 @@ impl Membership {
     ) -> Membership {
         let (input, mut rx) = mpsc::unbounded_channel::<Input>();
         let members = Arc::new(Mutex::new(Vec::new()));
+        let down: DownSet = Arc::default();
         let heard: Arc<Mutex<HashMap<String, NodeId>>> = Arc::default();
         let loads: Loads = Arc::default();
         let links = Links::new(creds);
         let this = Membership {
             input: input.clone(),
             members: members.clone(),
+            down: down.clone(),
             heard: heard.clone(),
             loads: loads.clone(),
             me: me.clone(),
@@ -277,7 +283,7 @@ impl Membership {
                     }
                     Input::Leave(done) => {
                         let r = foca.leave_cluster(&mut runtime);
-                        drain(&mut runtime, &links, &timers, &members, &foca);
+                        drain(&mut runtime, &links, &timers, (&members, &down), &foca);
                         links.flush(Duration::from_millis(300)).await;
                         let _ = done.send(());
                         r.map(|_| ())
@@ -286,7 +292,7 @@ impl Membership {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "membership");
                 }
-                drain(&mut runtime, &links, &timers, &members, &foca);
+                drain(&mut runtime, &links, &timers, (&members, &down), &foca);
             }
         });
         for s in seeds {
@@ -348,6 +354,23 @@ impl Membership {
     pub fn own_load(&self) -> Option<NodeLoad> {
         let loads = self.loads.lock().expect("loads lock");
         loads.get(&self.me.name).map(|(_, l)| l.clone())
+    }
+
+    /// Whether the membership has declared `name` down (SWIM: suspected, then not refuted in
+    /// time) and not seen it up again since. A node merely not heard of yet is not down.
+    pub fn is_down(&self, name: &str) -> bool {
+        self.down.lock().expect("down lock").contains(name)
+    }
+
+    /// Whether the membership knows of `name` at all (alive, suspect or declared down).
+    pub fn is_known(&self, name: &str) -> bool {
+        self.is_down(name)
+            || self
+                .members
+                .lock()
+                .expect("members lock")
+                .iter()
+                .any(|id| id.name == name)
     }
 
     pub fn find(&self, name: &str) -> Option<Member> {
@@ -472,7 +495,7 @@ fn drain(
     runtime: &mut foca::AccumulatingRuntime<NodeId>,
     links: &Arc<Links>,
     timers: &mpsc::UnboundedSender<Input>,
-    members: &Arc<Mutex<Vec<NodeId>>>,
+    (members, down): (&Arc<Mutex<Vec<NodeId>>>, &DownSet),
     foca: &OurFoca,
 ) {
     while let Some((to, data)) = runtime.to_send() {
@@ -490,10 +513,12 @@ fn drain(
         match n {
             OwnedNotification::MemberUp(id) => {
                 tracing::info!(event = "member-up", node = %id.name, addr = %id.addr);
+                down.lock().expect("down lock").remove(&id.name);
                 changed = true;
             }
             OwnedNotification::MemberDown(id) => {
                 tracing::warn!(event = "member-down", node = %id.name, addr = %id.addr);
+                down.lock().expect("down lock").insert(id.name.clone());
                 changed = true;
             }
             OwnedNotification::Rename(old, new) => {

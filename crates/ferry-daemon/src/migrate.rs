@@ -9,12 +9,15 @@
 //! the commit point thaws the original where it was.
 
 use crate::node::Node;
+use crate::outcomes::{Outcome, Outcomes};
+use crate::state;
 use crate::workers::Worker;
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_transport::message::{kind, MigrateOffer, MigrateReport, ProcInfo, Rebuilt};
 use ferry_transport::{
     read_frame, read_msg, tls, write_data, write_end, write_msg, Conn, Frame, FrameError, Msg,
 };
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -81,6 +84,9 @@ pub async fn send(
         memory_bytes,
         since_unix_ms: guest.as_ref().map_or_else(now_unix_ms, |g| g.since_unix_ms),
     };
+    // Until it is decided, a question from the destination decides it: not committed.
+    node.outcomes.begin(id, to);
+    let _pending = Pending(&node.outcomes, id);
     let mut conn = node.dial(to).await?;
     write_msg(&mut conn.stream, &Msg::MigrateOffer(offer.clone())).await?;
     match read_msg(&mut conn.stream).await {
@@ -148,12 +154,42 @@ pub async fn send(
         }
     };
 
-    // The commit point: the destination holds a complete, rebuilt copy.
+    // The commit point: the destination holds a complete, rebuilt copy. The decision is
+    // recorded durably before anything acts on it; a destination that asked first (it lost us)
+    // has decided it already: not committed.
     let t4 = Instant::now();
-    node.outcomes
-        .lock()
-        .expect("outcomes lock")
-        .insert(id, true);
+    node.fault("exit-before-outcome");
+    let decided = node.outcomes.decide(
+        id,
+        Outcome {
+            committed: true,
+            to: to.to_string(),
+            root: crate::state::start_time(host_pid).map(|s| (host_pid, s)),
+        },
+    );
+    let refusal = match decided {
+        Ok(o) if o.committed => None,
+        Ok(_) => Some(anyhow!("node {to} gave up waiting for the commit")),
+        Err(e) => Some(e.context("record the commit")),
+    };
+    if let Some(e) = refusal {
+        let _ = write_msg(
+            &mut conn.stream,
+            &Msg::Abort {
+                reason: format!("{e:#}"),
+            },
+        )
+        .await;
+        let thawed = thaw(&mut worker).await;
+        if let Some(g) = &guest {
+            node.guests.set_state(g.pid, "running");
+        }
+        return Err(match thawed {
+            Ok(()) => e.context(format!("PID {pid} keeps running on {}", node.name())),
+            Err(t) => e.context(format!("and thawing PID {pid} failed too: {t:#}")),
+        });
+    }
+    node.fault("exit-after-outcome");
     write_msg(&mut worker.tx, &Msg::Kill).await?;
     match worker_msg(&mut worker).await {
         Ok(Msg::Killed) => {}
@@ -163,15 +199,18 @@ pub async fn send(
     if let Some(g) = &guest {
         node.guests.remove(g.pid);
     }
-    write_msg(&mut conn.stream, &Msg::Commit)
-        .await
-        .with_context(|| format!("after commit, tell node {to} to resume PID {pid}"))?;
-    node.fault("exit-after-commit");
-    match tokio::time::timeout(COMMIT_TIMEOUT, read_msg(&mut conn.stream)).await {
-        Ok(Ok(Msg::Resumed)) => {}
-        Ok(Ok(other)) => bail!("after commit, node {to} said {}", kind(&other)),
-        Ok(Err(e)) => bail!("after commit, lost node {to}: {e}"),
-        Err(_) => bail!("after commit, node {to} did not confirm the resume"),
+    node.fault("exit-after-kill");
+    // Past the commit point the migration has happened, whatever the link does now: a
+    // destination that misses our `Commit` asks (or, if we are declared dead, runs its copy).
+    let confirmed = if node.fault_at("cut-link-after-kill") {
+        Err(anyhow!("fault injected: cut-link-after-kill"))
+    } else {
+        confirm(&mut conn, to, &node).await
+    };
+    match confirmed {
+        Ok(()) => node.outcomes.settle(id),
+        Err(e) => tracing::warn!(event = "commit-unconfirmed", id, pid, to = %to,
+            error = %format!("{e:#}"), "the copy runs once its node learns the outcome"),
     }
     report.commit_ms = ms(t4);
     report.freeze_ms = ms(frozen_at);
@@ -180,6 +219,29 @@ pub async fn send(
     tracing::info!(event = "migrated", id, pid, to = %to, dest_pid = rebuilt.pid,
         freeze_ms = report.freeze_ms, wire_bytes = report.wire_bytes);
     Ok(report)
+}
+
+/// Removes a migration from those under way however `send` ends.
+struct Pending<'a>(&'a Outcomes, u64);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.end(self.1);
+    }
+}
+
+/// Says `Commit` and waits for the destination's `Resumed`.
+async fn confirm(conn: &mut Conn, to: &str, node: &Node) -> Result<()> {
+    write_msg(&mut conn.stream, &Msg::Commit)
+        .await
+        .with_context(|| format!("tell node {to} to resume the tree"))?;
+    node.fault("exit-after-commit");
+    match tokio::time::timeout(COMMIT_TIMEOUT, read_msg(&mut conn.stream)).await {
+        Ok(Ok(Msg::Resumed)) => Ok(()),
+        Ok(Ok(other)) => bail!("node {to} said {}", kind(&other)),
+        Ok(Err(e)) => bail!("lost node {to}: {e}"),
+        Err(_) => bail!("node {to} did not confirm the resume"),
+    }
 }
 
 /// Freeze, stream, and wait for the destination's `Rebuilt`. Returns when the tree froze.
@@ -356,41 +418,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         write_msg(&mut conn.stream, &Msg::Abort { reason }).await?;
         return Ok(());
     }
-    write_msg(&mut conn.stream, &Msg::Rebuilt(rebuilt.clone())).await?;
-    node.fault("exit-after-rebuilt");
-
-    let decision = tokio::time::timeout(COMMIT_TIMEOUT, read_msg(&mut conn.stream)).await;
-    let commit = match decision {
-        Ok(Ok(Msg::Commit)) => true,
-        Ok(Ok(Msg::Abort { reason })) => {
-            tracing::info!(event = "migrate-aborted", from = %from, reason = %reason);
-            false
-        }
-        other => {
-            tracing::warn!(event = "source-lost", from = %from, id = offer.id,
-                detail = %match other { Ok(Ok(m)) => kind(&m), Ok(Err(e)) => e.to_string(), Err(_) => "timeout".into() });
-            ask_outcome(&node, &from, offer.id).await
-        }
-    };
-    if !commit {
-        let _ = write_msg(
-            &mut worker.tx,
-            &Msg::Abort {
-                reason: "the source did not commit".into(),
-            },
-        )
-        .await;
-        let _ = worker_msg(&mut worker).await;
-        return Ok(());
-    }
-    write_msg(&mut worker.tx, &Msg::Resume).await?;
-    match worker_msg(&mut worker).await {
-        Ok(Msg::Resumed) => {}
-        Ok(Msg::Error { message }) => bail!("resume PID {}: {message}", offer.home_pid),
-        Ok(other) => bail!("restore worker said {}", kind(&other)),
-        Err(e) => return Err(e),
-    }
-    node.guests.add(ProcInfo {
+    let info = ProcInfo {
         home_node: offer.home_node.clone(),
         node: node.name().to_string(),
         home_pid: offer.home_pid,
@@ -400,12 +428,178 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         state: "running".into(),
         kind: "migrated".into(),
         since_unix_ms: offer.since_unix_ms,
-    });
-    let _ = write_msg(&mut conn.stream, &Msg::Resumed).await;
-    let _ = conn.stream.shutdown().await;
-    tracing::info!(event = "guest-running", home = %offer.home_node, home_pid = offer.home_pid,
-        pid = rebuilt.pid);
+    };
+    // The copy is recorded before anyone may act on it: a restarted daemon finds it (its worker
+    // resumes it should this daemon die now) and asks the source what became of it.
+    let key = offer.id.to_string();
+    let held = Held {
+        id: offer.id,
+        from: from.clone(),
+        start_time: state::start_time(rebuilt.pid).unwrap_or(0),
+        info: info.clone(),
+    };
+    if let Err(e) = node.store.put(state::HELD, &key, &held) {
+        let reason = format!("record the rebuilt copy: {e:#}");
+        let _ = write_msg(
+            &mut worker.tx,
+            &Msg::Abort {
+                reason: reason.clone(),
+            },
+        )
+        .await;
+        let _ = worker_msg(&mut worker).await;
+        write_msg(&mut conn.stream, &Msg::Abort { reason }).await?;
+        return Err(e);
+    }
+    write_msg(&mut conn.stream, &Msg::Rebuilt(rebuilt.clone())).await?;
+    node.fault("exit-after-rebuilt");
+
+    let decision = if node.fault_at("cut-link-after-rebuilt") {
+        // As if the link were cut: nothing more from the source on this connection.
+        let _ = conn.stream.shutdown().await;
+        None
+    } else {
+        Some(tokio::time::timeout(COMMIT_TIMEOUT, read_msg(&mut conn.stream)).await)
+    };
+    let decision = match decision {
+        Some(d) => d,
+        None => {
+            let commit = await_outcome(&node, &from, offer.id).await;
+            return finish_held(&node, worker, commit, &key, info, None).await;
+        }
+    };
+    let commit = match decision {
+        Ok(Ok(Msg::Commit)) => true,
+        Ok(Ok(Msg::Abort { reason })) => {
+            tracing::info!(event = "migrate-aborted", from = %from, reason = %reason);
+            false
+        }
+        other => {
+            tracing::warn!(event = "source-lost", from = %from, id = offer.id,
+                detail = %match other { Ok(Ok(m)) => kind(&m), Ok(Err(e)) => e.to_string(), Err(_) => "timeout".into() });
+            await_outcome(&node, &from, offer.id).await
+        }
+    };
+    finish_held(&node, worker, commit, &key, info, Some(&mut conn)).await
+}
+
+/// A copy rebuilt here and held until its source decides (crate::state::HELD).
+#[derive(Serialize, Deserialize)]
+struct Held {
+    id: u64,
+    from: String,
+    /// The copy's root here (`info.pid`) and its start time.
+    start_time: u64,
+    info: ProcInfo,
+}
+
+/// Lets the held copy run (`commit`) or throws it away, then forgets its record.
+async fn finish_held(
+    node: &Node,
+    mut worker: Worker,
+    commit: bool,
+    key: &str,
+    info: ProcInfo,
+    conn: Option<&mut Conn>,
+) -> Result<()> {
+    if !commit {
+        let _ = write_msg(
+            &mut worker.tx,
+            &Msg::Abort {
+                reason: "the source did not commit".into(),
+            },
+        )
+        .await;
+        let _ = worker_msg(&mut worker).await;
+        node.store.remove_or_log(state::HELD, key);
+        return Ok(());
+    }
+    node.fault("exit-before-resume");
+    write_msg(&mut worker.tx, &Msg::Resume).await?;
+    match worker_msg(&mut worker).await {
+        Ok(Msg::Resumed) => {}
+        Ok(Msg::Error { message }) => bail!("resume PID {}: {message}", info.home_pid),
+        Ok(other) => bail!("restore worker said {}", kind(&other)),
+        Err(e) => return Err(e),
+    }
+    tracing::info!(event = "guest-running", home = %info.home_node, home_pid = info.home_pid,
+        pid = info.pid);
+    node.guests.add(info);
+    node.store.remove_or_log(state::HELD, key);
+    if let Some(conn) = conn {
+        let _ = write_msg(&mut conn.stream, &Msg::Resumed).await;
+        let _ = conn.stream.shutdown().await;
+    }
     Ok(())
+}
+
+/// Takes up what the last run of this daemon left undone; called at start, before any peer
+/// can ask anything.
+/// - Source side: an original that a committed outcome condemned, but that its worker thawed
+///   when the daemon died before killing it, is killed now.
+/// - Destination side: a copy held for its source's decision (its worker resumed it when the
+///   daemon died) is listed as a guest at once, and the source is asked; a copy the source did
+///   not commit is killed.
+pub fn recover(node: &Arc<Node>) {
+    for (id, pid) in node.outcomes.originals_alive() {
+        tracing::warn!(
+            event = "original-killed-after-restart",
+            id,
+            pid,
+            "the migration was committed before the daemon died"
+        );
+        kill_tree(pid);
+    }
+    for (key, h) in node.store.load::<Held>(state::HELD) {
+        if state::start_time(h.info.pid) != Some(h.start_time) {
+            tracing::warn!(event = "held-copy-gone", id = h.id, pid = h.info.pid,
+                home = %h.info.home_node, home_pid = h.info.home_pid);
+            node.store.remove_or_log(state::HELD, &key);
+            continue;
+        }
+        tracing::info!(event = "held-copy-recovered", id = h.id, pid = h.info.pid,
+            from = %h.from, home = %h.info.home_node, home_pid = h.info.home_pid);
+        node.guests.add(h.info.clone());
+        let node = node.clone();
+        tokio::spawn(async move {
+            if !await_outcome(&node, &h.from, h.id).await {
+                tracing::warn!(event = "held-copy-discarded", id = h.id, pid = h.info.pid);
+                kill_tree(h.info.pid);
+                node.guests.remove(h.info.pid);
+            }
+            node.store.remove_or_log(state::HELD, &key);
+        });
+    }
+}
+
+/// SIGKILLs process `pid` and every descendant it has now (children first listed, then
+/// killed, so none escapes by being reparented in between).
+fn kill_tree(pid: i32) {
+    let mut all = vec![pid];
+    let mut i = 0;
+    while i < all.len() {
+        let p = all[i];
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                all.extend(
+                    kids.split_whitespace()
+                        .filter_map(|k| k.parse::<i32>().ok()),
+                );
+            }
+        }
+        i += 1;
+    }
+    for p in all {
+        match ferry_sys::pidfd::pidfd_open(p) {
+            Ok(fd) => {
+                if let Err(e) = ferry_sys::pidfd::pidfd_send_signal(&fd, libc::SIGKILL) {
+                    tracing::warn!(event = "kill-failed", pid = p, error = %e);
+                }
+            }
+            Err(e) => tracing::debug!(event = "kill-skipped", pid = p, error = %e),
+        }
+    }
 }
 
 async fn receive_image(conn: &mut Conn, worker: &mut Worker) -> Result<Rebuilt> {
@@ -452,12 +646,19 @@ async fn fed_badly(worker: &mut Worker, e: impl std::fmt::Display) -> anyhow::Er
     }
 }
 
-/// After losing the source between `Rebuilt` and `Commit`: ask it how the migration ended.
-/// An unreachable source is taken as not committed: its original thaws when its worker loses
-/// the daemon, so running our copy could make two.
-async fn ask_outcome(node: &Node, from: &str, id: u64) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
+/// How long a source that the membership has never shown us (this daemon restarted since)
+/// may stay unheard of before it counts as dead.
+const UNKNOWN_SOURCE_GRACE: Duration = Duration::from_secs(30);
+
+/// After losing the source between `Rebuilt` and `Commit`: ask it how the migration ended,
+/// for as long as it takes. The copy is never thrown away because the source cannot be
+/// reached (it may have killed its original already): only its answer, or the membership
+/// declaring it dead (a dead node runs no original), decides; a dead source means the copy
+/// runs.
+async fn await_outcome(node: &Node, from: &str, id: u64) -> bool {
+    let since = Instant::now();
+    let mut said = false;
+    loop {
         if let Some(m) = node.membership.find(from) {
             let ask = async {
                 let mut c =
@@ -469,11 +670,25 @@ async fn ask_outcome(node: &Node, from: &str, id: u64) -> bool {
                     other => Err(anyhow!("unexpected {}", kind(&other))),
                 }
             };
-            if let Ok(committed) = ask.await {
-                return committed;
+            match ask.await {
+                Ok(committed) => {
+                    tracing::info!(event = "outcome-heard", id, from = %from, committed);
+                    return committed;
+                }
+                Err(e) => tracing::debug!(event = "outcome-unheard", id, from = %from,
+                    error = %format!("{e:#}")),
             }
+        } else if node.membership.is_down(from)
+            || (since.elapsed() > UNKNOWN_SOURCE_GRACE && !node.membership.is_known(from))
+        {
+            tracing::warn!(event = "source-declared-dead", id, from = %from,
+                "its original cannot run: the copy runs");
+            return true;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if !said {
+            tracing::warn!(event = "awaiting-outcome", id, from = %from);
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    false
 }

@@ -14,7 +14,7 @@ use ferry_transport::{
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
@@ -26,10 +26,11 @@ pub struct Node {
     pub membership: Membership,
     pub reaper: Reaper,
     pub guests: Guests,
-    /// How each migration this node sent ended (true: committed), for destinations that lost
-    /// us between `Rebuilt` and `Commit`.
-    pub outcomes: Mutex<HashMap<u64, bool>>,
-    next_id: AtomicU64,
+    /// This daemon's durable records (crate::state).
+    pub store: Arc<crate::state::Store>,
+    /// How each migration this node sent ended, for destinations that lost us between
+    /// `Rebuilt` and `Commit` (durable).
+    pub outcomes: crate::outcomes::Outcomes,
     /// Starts as the config's `accept_guests`; `ferry accept` changes it.
     pub accepting: AtomicBool,
     /// Test-only fault injection (FERRY_FAULT=node:point), see [`Node::fault`].
@@ -43,8 +44,10 @@ impl Node {
         &self.config.name
     }
 
+    /// A migration id: random, so that ids never repeat across restarts (outcomes are kept
+    /// by id, durably).
     pub fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+        rand::random()
     }
 
     /// Connects to the live member called `name`.
@@ -72,8 +75,11 @@ impl Node {
 
     /// Fault injection for the test suite: when FERRY_FAULT is `NAME:POINT` for this node and
     /// `point` is reached, the daemon dies on the spot, as if the machine had crashed there.
-    /// Points: `exit-after-commit` (source, after sending Commit), `exit-after-rebuilt`
-    /// (destination, after sending Rebuilt).
+    /// Points, source: `exit-before-outcome` (the destination has rebuilt, nothing decided),
+    /// `exit-after-outcome` (committed durably, the original not yet killed), `exit-after-kill`
+    /// (the original killed or deputized, `Commit` not sent), `exit-after-commit` (after
+    /// sending Commit); destination: `exit-after-rebuilt` (after sending Rebuilt),
+    /// `exit-before-resume` (the decision heard, the copy not yet resumed).
     pub fn fault(&self, point: &str) {
         if self.fault_at(point) {
             std::process::exit(137);
@@ -83,7 +89,10 @@ impl Node {
     /// Whether FERRY_FAULT names `point` for this node (logged when it does): for points where
     /// the daemon does something other than die. `abort-after-rebuilt` (destination): the
     /// tree is rebuilt, then thrown away, and the migration aborted, as if the destination had
-    /// run out of something at the last moment.
+    /// run out of something at the last moment. `cut-link-after-rebuilt` (destination): after
+    /// sending Rebuilt it shuts the migration's connection and reads nothing more from it, as
+    /// if the link were cut there (gossip goes on); `cut-link-after-kill` (source): after the
+    /// kill, it neither sends `Commit` nor waits for `Resumed`.
     pub fn fault_at(&self, point: &str) -> bool {
         let hit = self.fault.as_deref() == Some(point);
         if hit {
@@ -165,14 +174,15 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         let (node, point) = f.split_once(':')?;
         (node == config.name).then(|| point.to_string())
     });
+    let store = Arc::new(crate::state::Store::open(&config.data_dir)?);
     let node = Arc::new(Node {
         creds,
         membership,
         config,
         reaper: Reaper::default(),
-        guests: Guests::default(),
-        outcomes: Mutex::default(),
-        next_id: AtomicU64::new(1),
+        guests: Guests::recover(store.clone()),
+        outcomes: crate::outcomes::Outcomes::recover(store.clone()),
+        store,
         accepting: AtomicBool::new(accepting),
         fault,
         exe,
@@ -181,6 +191,8 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         control = %sock_path.display(), peers = ?node.config.peers,
         shared = ?node.config.shared, hostname = %hostname());
 
+    // What the last run of this daemon left undone, before any peer can ask.
+    crate::migrate::recover(&node);
     tokio::spawn(publish_load(node.clone()));
     tokio::spawn(reap(node.clone()));
     tokio::spawn(rejoin(node.clone()));
@@ -482,13 +494,14 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
         Msg::MigrateOffer(offer) => migrate::receive(node.clone(), conn, offer).await,
         Msg::Run(spec) => exec::serve(node.clone(), conn, spec).await,
         Msg::OutcomeQuery { id } => {
-            let committed = node
-                .outcomes
-                .lock()
-                .expect("outcomes lock")
-                .get(&id)
-                .copied()
-                .unwrap_or(false);
+            // Unanswered (the connection closes) if the answer cannot be recorded: the
+            // destination asks again.
+            let committed = node.outcomes.answer(id, &conn.peer).with_context(|| {
+                format!(
+                    "record the outcome of migration {id} asked by {}",
+                    conn.peer
+                )
+            })?;
             write_msg(&mut conn.stream, &Msg::Outcome { id, committed }).await?;
             Ok(())
         }

@@ -342,8 +342,9 @@ fn destination_dies_after_rebuild() -> Result<(), Failed> {
     let dir = scratch("migration", "rebuilt");
     let t = Ticker::start(&dir, 8);
     let pid = t.pid();
-    let e = migrate(&c, "a", pid, "b").expect_err("the destination daemon dies");
-    assert!(e.contains("after commit"), "{e}");
+    // Committed on `Rebuilt`: the migration succeeded, though b never confirmed the resume
+    // (commit_protocol.rs restarts b and finds the copy listed).
+    migrate(&c, "a", pid, "b").expect("committed on Rebuilt");
     // Past the commit point the copy must run, even without its daemon.
     assert!(!pid_alive(pid), "the original survived its commit");
     t.assert_alive("on b after its daemon died");
