@@ -65,6 +65,17 @@ fn ticker_binary() -> PathBuf {
         .clone()
 }
 
+/// A victim's stdout and stderr: files beside it, which every node has. (Inherited, they would
+/// be the test's own, which may be a file only this node has, such as /tmp/log: a moved victim
+/// reopens its files on the destination.)
+fn victim_output(dir: &Path, name: &str) -> (Stdio, Stdio) {
+    let file = |ext: &str| {
+        let p = dir.join(format!("{name}.{ext}"));
+        Stdio::from(std::fs::File::create(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+    };
+    (file("out"), file("err"))
+}
+
 /// A ticking victim and the status line it keeps rewriting.
 struct Ticker {
     child: Child,
@@ -82,10 +93,13 @@ struct Status {
 impl Ticker {
     fn start(dir: &Path, mib: u32) -> Ticker {
         let status = dir.join("ticker.status");
+        let (out, err) = victim_output(dir, "ticker");
         let child = Command::new(ticker_binary())
             .arg(mib.to_string())
             .arg(&status)
             .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
             .spawn()
             .unwrap();
         let t = Ticker { child, status };
@@ -373,10 +387,14 @@ impl Drop for UnixServer {
 fn unix_server(path: &Path) -> UnixServer {
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/victims/unix_pid_server.py");
+    // (Beside the socket's directory, whose names the tests check.)
+    let (out, err) = victim_output(path.parent().and_then(Path::parent).unwrap(), "server");
     let child = Command::new("python3")
         .arg(script)
         .arg(path)
         .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
         .spawn()
         .expect("start python3");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -519,10 +537,13 @@ fn tcp_pair_goes_on(dir: &Path, pid: i32, more: u64, when: &str) -> Result<(), F
 fn tcp_connection_after_abort() -> Result<(), Failed> {
     let c = Cluster::up_with("tcp", 3, &[("FERRY_FAULT", "b:abort-after-rebuilt")]);
     let dir = scratch("migration", "tcp");
+    let (out, err) = victim_output(&dir, "tcp-pair");
     let child = Command::new("python3")
         .args(["-c", TCP_PAIR])
         .current_dir(&dir)
         .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
         .spawn()
         .expect("start python3");
     let server = UnixServer(child);
