@@ -78,6 +78,8 @@ impl Victim {
         let child = Command::new(victim_binary())
             .arg(&status)
             .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let v = Victim { child, status };
