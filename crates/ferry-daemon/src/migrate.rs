@@ -200,6 +200,10 @@ pub async fn send(
         node.guests.remove(g.pid);
     }
     node.fault("exit-after-kill");
+    if node.fault_at("pause-after-kill") {
+        // Time for a test to cut the link before `Commit` leaves.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
     // Past the commit point the migration has happened, whatever the link does now: a
     // destination that misses our `Commit` asks (or, if we are declared dead, runs its copy).
     let confirmed = if node.fault_at("cut-link-after-kill") {

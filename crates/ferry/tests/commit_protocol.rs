@@ -31,6 +31,10 @@ fn main() {
         ),
         Trial::test("link_cut_after_rebuilt", link_cut_after_rebuilt),
         Trial::test(
+            "link_cut_by_dropping_packets_after_the_kill",
+            packets_dropped_after_kill,
+        ),
+        Trial::test(
             "guests_survive_a_daemon_restart_and_move_on",
             guests_survive_restart,
         ),
@@ -70,6 +74,8 @@ impl Ticker {
             .arg("8")
             .arg(&status)
             .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let t = Ticker { child, status };
@@ -170,8 +176,6 @@ fn ps(c: &Cluster, on: &str) -> Vec<serde_json::Value> {
 }
 
 /// Two nodes sharing this machine's namespaces: a daemon restarted from here is where it was.
-/// (A link cut by dropping packets between separate nodes is not tested yet: the cut here is
-/// the `cut-link-after-rebuilt` fault.)
 fn shared(tag: &str, env: &[(&str, &str)]) -> Cluster {
     Cluster::up_as(tag, 2, env, Isolation::Shared)
 }
@@ -250,7 +254,7 @@ fn exactly_one(
             }
             let listed = ps(c, ask).into_iter().find(|g| {
                 g["home_pid"].as_i64() == Some(t.pid() as i64)
-                    && g["pid"].as_i64() == Some(p as i64)
+                    && g["pid"].as_i64().and_then(|q| c.host_pid(away, q as i32)) == Some(p)
             });
             match listed {
                 Some(g) if g["home_node"] == home && g["node"] == away => {
@@ -328,6 +332,53 @@ fn link_cut_after_rebuilt() -> Result<(), Failed> {
     let t = Ticker::start(&dir);
     let _ = migrate(&c, "a", t.pid(), "b");
     exactly_one(&c, &t, "a", "a", "b", Duration::from_secs(40))?;
+    Ok(())
+}
+
+/// Separate nodes; a kills the original, then the link between a and b drops every packet
+/// (b's end of it on the bridge is set down) before `Commit` leaves. b waits for `Commit`
+/// (30 s), cannot ask a, and runs its copy once the membership declares a down: it must not
+/// kill the only copy.
+fn packets_dropped_after_kill() -> Result<(), Failed> {
+    let c = Cluster::up_as(
+        "cp-drop",
+        2,
+        &[("FERRY_FAULT", "a:pause-after-kill")],
+        Isolation::Separate,
+    );
+    let slot = c.net_slot().ok_or("no network for separate nodes")?;
+    let veth = format!("ferry{slot}-b");
+    let dir = scratch("commit_protocol", "drop");
+    let t = Ticker::start(&dir);
+    let mut cli = c
+        .ferry("a")
+        .args(["migrate", &t.pid().to_string(), "--to", "b"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c.log("a").contains("pause-after-kill") {
+        if Instant::now() > deadline {
+            let _ = cli.kill();
+            let _ = cli.wait();
+            return Err("the migration never reached the kill".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let link = |state: &str| {
+        let st = Command::new("ip")
+            .args(["link", "set", &veth, state])
+            .status()
+            .unwrap();
+        assert!(st.success(), "ip link set {veth} {state}");
+    };
+    link("down");
+    let r = exactly_one(&c, &t, "b", "a", "b", Duration::from_secs(60));
+    link("up");
+    let _ = cli.wait();
+    let p = r?;
+    assert_ne!(p, t.pid(), "the original survived its kill");
     Ok(())
 }
 
