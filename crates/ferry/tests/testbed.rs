@@ -148,6 +148,8 @@ fn a_program_on_b_sees_b() {
         text(&o)
     );
     let _ = std::fs::remove_file(&marker);
+    // (The run on a wrote its file into our /tmp.)
+    let _ = std::fs::remove_file(format!("/tmp/ferry-testbed-b-{me}"));
     drop(service);
 }
 
