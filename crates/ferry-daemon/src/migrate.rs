@@ -85,7 +85,9 @@ pub async fn send(
         since_unix_ms: guest.as_ref().map_or_else(now_unix_ms, |g| g.since_unix_ms),
     };
     // Until it is decided, a question from the destination decides it: not committed.
-    node.outcomes.begin(id, to);
+    node.outcomes
+        .begin(id, to, state::start_time(host_pid).map(|s| (host_pid, s)))
+        .context("record the migration")?;
     let _pending = Pending(&node.outcomes, id);
     let mut conn = node.dial(to).await?;
     write_msg(&mut conn.stream, &Msg::MigrateOffer(offer.clone())).await?;
@@ -519,6 +521,8 @@ async fn finish_held(
         return Ok(());
     }
     node.fault("exit-before-resume");
+    // Should the source restart undecided, it asks whether we ran the copy.
+    node.store.put_or_log(state::RAN, key, &from_of(node, key));
     write_msg(&mut worker.tx, &Msg::Resume).await?;
     match worker_msg(&mut worker).await {
         Ok(Msg::Resumed) => {}
@@ -545,6 +549,10 @@ async fn finish_held(
 ///   daemon died) is listed as a guest at once, and the source is asked; a copy the source did
 ///   not commit is killed.
 pub fn recover(node: &Arc<Node>) {
+    for (id, o) in node.outcomes.take_undecided() {
+        let node = node.clone();
+        tokio::spawn(settle_undecided(node, id, o));
+    }
     for (id, pid) in node.outcomes.originals_alive() {
         tracing::warn!(
             event = "original-killed-after-restart",
@@ -574,6 +582,83 @@ pub fn recover(node: &Arc<Node>) {
             node.store.remove_or_log(state::HELD, &key);
         });
     }
+}
+
+/// The source of held copy `key` (from its record).
+fn from_of(node: &Node, key: &str) -> String {
+    node.store
+        .get::<Held>(state::HELD, key)
+        .map(|h| h.from)
+        .unwrap_or_default()
+}
+
+/// Source side, after a restart: migration `id` was under way and undecided when the daemon
+/// died, and its worker thawed the original. Its destination may have run its copy meanwhile
+/// (it took us for dead): it is asked. If it ran the copy the outcome is "committed" and the
+/// original is killed; otherwise "not committed" (the destination, asking us, learns the
+/// same). A destination declared dead has no copy to run.
+async fn settle_undecided(node: Arc<Node>, id: u64, o: Outcome) {
+    let since = Instant::now();
+    let ran = loop {
+        if let Some(m) = node.membership.find(&o.to) {
+            let ask = async {
+                let mut c =
+                    tls::connect(&node.creds, Some(&o.to), m.id.addr, Duration::from_secs(1))
+                        .await?;
+                write_msg(&mut c.stream, &Msg::OutcomeQuery { id }).await?;
+                match read_msg(&mut c.stream).await? {
+                    Msg::Outcome { committed, .. } => Ok(committed),
+                    other => Err(anyhow!("unexpected {}", kind(&other))),
+                }
+            };
+            if let Ok(ran) = ask.await {
+                break ran;
+            }
+        } else if node.membership.is_down(&o.to)
+            || (since.elapsed() > UNKNOWN_SOURCE_GRACE && !node.membership.is_known(&o.to))
+        {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    match node.outcomes.decide(
+        id,
+        Outcome {
+            committed: ran,
+            ..o.clone()
+        },
+    ) {
+        Ok(d) => {
+            tracing::warn!(event = "undecided-settled", id, to = %o.to, committed = d.committed);
+            if d.committed {
+                if let Some((pid, start)) = o.root {
+                    if state::start_time(pid) == Some(start) {
+                        kill_tree(pid);
+                    }
+                }
+            }
+        }
+        Err(e) => tracing::error!(event = "undecided-unsettled", id, error = %format!("{e:#}")),
+    }
+}
+
+/// Destination side: what a copy's source asks about migration `id`, if this node holds or ran
+/// its copy: whether it ran it. A question from the source about a copy still held means the
+/// source is alive: its decision is awaited from then on, whatever the membership says.
+pub fn copy_state(node: &Node, id: u64, peer: &str) -> Option<bool> {
+    let key = id.to_string();
+    if let Some(from) = node.store.get::<String>(state::RAN, &key) {
+        if from == peer {
+            node.store.remove_or_log(state::RAN, &key);
+            return Some(true);
+        }
+    }
+    let held = node.store.get::<Held>(state::HELD, &key)?;
+    if held.from != peer {
+        return None;
+    }
+    node.outcomes.source_spoke(id);
+    Some(false)
 }
 
 /// SIGKILLs process `pid` and every descendant it has now (children first listed, then
@@ -682,8 +767,9 @@ async fn await_outcome(node: &Node, from: &str, id: u64) -> bool {
                 Err(e) => tracing::debug!(event = "outcome-unheard", id, from = %from,
                     error = %format!("{e:#}")),
             }
-        } else if node.membership.is_down(from)
-            || (since.elapsed() > UNKNOWN_SOURCE_GRACE && !node.membership.is_known(from))
+        } else if !node.outcomes.has_source_spoken(id)
+            && (node.membership.is_down(from)
+                || (since.elapsed() > UNKNOWN_SOURCE_GRACE && !node.membership.is_known(from)))
         {
             tracing::warn!(event = "source-declared-dead", id, from = %from,
                 "its original cannot run: the copy runs");

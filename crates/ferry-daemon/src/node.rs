@@ -497,12 +497,17 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
         Msg::OutcomeQuery { id } => {
             // Unanswered (the connection closes) if the answer cannot be recorded: the
             // destination asks again.
-            let committed = node.outcomes.answer(id, &conn.peer).with_context(|| {
-                format!(
-                    "record the outcome of migration {id} asked by {}",
-                    conn.peer
-                )
-            })?;
+            // Asked by the source of a copy held or run here: whether it ran (the source
+            // restarted before deciding).
+            let committed = match crate::migrate::copy_state(node, id, &conn.peer) {
+                Some(ran) => ran,
+                None => node.outcomes.answer(id, &conn.peer).with_context(|| {
+                    format!(
+                        "record the outcome of migration {id} asked by {}",
+                        conn.peer
+                    )
+                })?,
+            };
             write_msg(&mut conn.stream, &Msg::Outcome { id, committed }).await?;
             Ok(())
         }

@@ -25,6 +25,11 @@ pub struct Outcomes {
     map: Mutex<HashMap<u64, Outcome>>,
     /// Migrations under way, not decided yet: their destinations.
     pending: Mutex<HashMap<u64, String>>,
+    /// Migrations a restarted daemon found under way and undecided (crate::state::SENDING).
+    undecided: Mutex<Vec<(u64, Outcome)>>,
+    /// Destination side: copies held here whose source has spoken since it lost us (so it
+    /// is alive, whatever the membership says, and its answer must be waited for).
+    sources_spoke: Mutex<std::collections::HashSet<u64>>,
     store: Arc<Store>,
 }
 
@@ -34,10 +39,19 @@ impl Outcomes {
             .load::<Outcome>(state::OUTCOME)
             .into_iter()
             .filter_map(|(k, o)| Some((k.parse().ok()?, o)))
-            .collect();
+            .collect::<HashMap<u64, Outcome>>();
+        let mut undecided = Vec::new();
+        for (k, o) in store.load::<Outcome>(state::SENDING) {
+            match k.parse::<u64>() {
+                Ok(id) if !map.contains_key(&id) => undecided.push((id, o)),
+                _ => store.remove_or_log(state::SENDING, &k),
+            }
+        }
         Outcomes {
             map: Mutex::new(map),
             pending: Mutex::default(),
+            undecided: Mutex::new(undecided),
+            sources_spoke: Mutex::default(),
             store,
         }
     }
@@ -52,18 +66,46 @@ impl Outcomes {
         self.store.put(state::OUTCOME, &id.to_string(), &want)?;
         m.insert(id, want.clone());
         self.pending.lock().expect("outcomes lock").remove(&id);
+        self.store.remove_or_log(state::SENDING, &id.to_string());
         Ok(want)
     }
 
-    /// Migration `id` to `to` is under way.
-    pub fn begin(&self, id: u64, to: &str) {
+    /// Migration `id` of the tree rooted at `root` to `to` is under way: recorded durably, so
+    /// that a restart can settle it (see `undecided`).
+    pub fn begin(&self, id: u64, to: &str, root: Option<(i32, u64)>) -> Result<()> {
+        let o = Outcome {
+            committed: false,
+            to: to.to_string(),
+            root,
+        };
+        self.store.put(state::SENDING, &id.to_string(), &o)?;
         let mut p = self.pending.lock().expect("outcomes lock");
         p.insert(id, to.to_string());
+        Ok(())
     }
 
-    /// Migration `id` failed before its commit point (nothing to record: not committed).
+    /// Migration `id` ended (decided, or failed before its commit point and thawed here).
     pub fn end(&self, id: u64) {
         self.pending.lock().expect("outcomes lock").remove(&id);
+        self.store.remove_or_log(state::SENDING, &id.to_string());
+    }
+
+    /// The migrations a restarted daemon found under way: the daemon died before deciding
+    /// them, and their worker thawed the original. Taken once.
+    pub fn take_undecided(&self) -> Vec<(u64, Outcome)> {
+        std::mem::take(&mut *self.undecided.lock().expect("outcomes lock"))
+    }
+
+    /// Destination side: the source of held copy `id` has spoken.
+    pub fn source_spoke(&self, id: u64) {
+        self.sources_spoke.lock().expect("outcomes lock").insert(id);
+    }
+
+    pub fn has_source_spoken(&self, id: u64) -> bool {
+        self.sources_spoke
+            .lock()
+            .expect("outcomes lock")
+            .contains(&id)
     }
 
     /// Node `peer` asks how migration `id` ended. Only its destination learns that it was

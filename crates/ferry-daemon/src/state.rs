@@ -18,6 +18,8 @@ pub const BODY: &str = "body";
 pub const DEPUTY: &str = "deputy";
 pub const OUTCOME: &str = "outcome";
 pub const HELD: &str = "held";
+pub const SENDING: &str = "sending";
+pub const RAN: &str = "ran";
 
 pub struct Store {
     dir: PathBuf,
@@ -67,6 +69,12 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e).with_context(|| format!("remove {}", path.display())),
         }
+    }
+
+    /// Record `kind`/`key`, if there is one that parses.
+    pub fn get<T: DeserializeOwned>(&self, kind: &str, key: &str) -> Option<T> {
+        let b = std::fs::read(self.path(kind, key)).ok()?;
+        serde_json::from_slice(&b).ok()
     }
 
     /// Every record of `kind`, by key.

@@ -26,6 +26,10 @@ fn main() {
             source_dies_after_outcome,
         ),
         Trial::test(
+            "source_daemon_dies_undecided_is_declared_dead_and_restarts",
+            source_dies_undecided,
+        ),
+        Trial::test(
             "source_daemon_dies_after_the_kill_and_stays_dead",
             source_dies_after_kill,
         ),
@@ -307,6 +311,32 @@ fn source_dies_after_outcome() -> Result<(), Failed> {
     restart(&c, "a");
     let p = exactly_one(&c, &t, "b", "a", "b", Duration::from_secs(40))?;
     assert_ne!(p, t.pid(), "the original survived a committed outcome");
+    Ok(())
+}
+
+/// a dies on `Rebuilt` before deciding: its worker thaws the original; b, unable to ask,
+/// runs its copy once a is declared dead: two copies, for now. Restarted, a finds the migration
+/// undecided, asks b, hears that b ran the copy, decides "committed" and kills the original.
+fn source_dies_undecided() -> Result<(), Failed> {
+    let c = shared("cp-undecided", &[("FERRY_FAULT", "a:exit-before-outcome")]);
+    let dir = scratch("commit_protocol", "undecided");
+    let t = Ticker::start(&dir);
+    let _ = migrate(&c, "a", t.pid(), "b").expect_err("the source daemon dies");
+    wait_daemon_gone(&c, "a");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c.log("b").contains("source-declared-dead") {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "b never took a for dead\n{}",
+                common::cluster::daemon_logs(&c.dir, &["a", "b"])
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    restart(&c, "a");
+    let p = exactly_one(&c, &t, "a", "a", "b", Duration::from_secs(30))?;
+    assert_ne!(p, t.pid(), "the original runs beside the copy b ran");
     Ok(())
 }
 
