@@ -161,12 +161,13 @@ pub async fn send(
     // has decided it already: not committed.
     let t4 = Instant::now();
     node.fault("exit-before-outcome");
+    let root = state::start_time(host_pid).map(|s| (host_pid, s));
     let decided = node.outcomes.decide(
         id,
         Outcome {
             committed: true,
             to: to.to_string(),
-            root: crate::state::start_time(host_pid).map(|s| (host_pid, s)),
+            root,
         },
     );
     let refusal = match decided {
@@ -192,11 +193,27 @@ pub async fn send(
         });
     }
     node.fault("exit-after-outcome");
-    write_msg(&mut worker.tx, &Msg::Kill).await?;
-    match worker_msg(&mut worker).await {
-        Ok(Msg::Killed) => {}
-        Ok(other) => tracing::error!(event = "kill-failed", pid, reply = %kind(&other)),
-        Err(e) => tracing::error!(event = "kill-failed", pid, error = %format!("{e:#}")),
+    if node.fault_at("pause-after-outcome") {
+        // Time for a test to kill the capture worker here.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    let killed = match write_msg(&mut worker.tx, &Msg::Kill).await {
+        Err(e) => Err(anyhow!("tell the capture worker to kill: {e}")),
+        Ok(()) => match worker_msg(&mut worker).await {
+            Ok(Msg::Killed) => Ok(()),
+            Ok(other) => Err(anyhow!("the capture worker said {}", kind(&other))),
+            Err(e) => Err(e),
+        },
+    };
+    if let Err(e) = killed {
+        // A worker that died let the original go (thawed): the outcome stands, so it is
+        // killed here, if it is still the same process.
+        tracing::error!(event = "kill-failed", pid, error = %format!("{e:#}"));
+        if let Some((root, start)) = root {
+            if state::start_time(root) == Some(start) {
+                kill_tree(root);
+            }
+        }
     }
     if let Some(g) = &guest {
         node.guests.remove(g.pid);

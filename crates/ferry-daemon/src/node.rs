@@ -92,8 +92,9 @@ impl Node {
     /// run out of something at the last moment. `cut-link-after-rebuilt` (destination): after
     /// sending Rebuilt it shuts the migration's connection and reads nothing more from it, as
     /// if the link were cut there (gossip goes on); `cut-link-after-kill` (source): after the
-    /// kill, it neither sends `Commit` nor waits for `Resumed`; `pause-after-kill` (source): 3 s
-    /// between the kill and `Commit`, for a test to cut the link there.
+    /// kill, it neither sends `Commit` nor waits for `Resumed`; `pause-after-outcome` and `pause-after-kill` (source): 3 s
+    /// after the outcome is recorded, or between the kill and `Commit`, for a test to kill the
+    /// worker or cut the link there.
     pub fn fault_at(&self, point: &str) -> bool {
         let hit = self.fault.as_deref() == Some(point);
         if hit {

@@ -39,6 +39,11 @@ fn main() {
             packets_dropped_after_kill,
         ),
         Trial::test(
+            "capture_worker_killed_after_the_outcome",
+            worker_killed_after_outcome,
+        ),
+        Trial::test("cli_killed_at_any_step", cli_killed),
+        Trial::test(
             "guests_survive_a_daemon_restart_and_move_on",
             guests_survive_restart,
         ),
@@ -409,6 +414,71 @@ fn packets_dropped_after_kill() -> Result<(), Failed> {
     let _ = cli.wait();
     let p = r?;
     assert_ne!(p, t.pid(), "the original survived its kill");
+    Ok(())
+}
+
+/// The capture worker is killed outright after a recorded "committed" and before the kill:
+/// its death lets the original go, and the daemon kills it itself (the outcome stands).
+fn worker_killed_after_outcome() -> Result<(), Failed> {
+    let c = shared("cp-worker", &[("FERRY_FAULT", "a:pause-after-outcome")]);
+    let dir = scratch("commit_protocol", "worker");
+    let t = Ticker::start(&dir);
+    let mut cli = c
+        .ferry("a")
+        .args(["migrate", &t.pid().to_string(), "--to", "b"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c.log("a").contains("pause-after-outcome") {
+        if Instant::now() > deadline {
+            let _ = cli.kill();
+            let _ = cli.wait();
+            return Err("the migration never reached its outcome".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let workers = Command::new("pgrep")
+        .args(["-f", &format!("__capture-worker {}", t.pid())])
+        .output()
+        .unwrap();
+    let workers = String::from_utf8_lossy(&workers.stdout).to_string();
+    assert!(!workers.trim().is_empty(), "no capture worker found");
+    for w in workers.split_whitespace() {
+        let _ = Command::new("kill").args(["-9", w]).status();
+    }
+    let _ = cli.wait();
+    let p = exactly_one(&c, &t, "a", "a", "b", Duration::from_secs(30))?;
+    assert_ne!(p, t.pid(), "the original survived a committed outcome");
+    Ok(())
+}
+
+/// `ferry migrate` killed at several moments of a migration: the daemons carry on without it,
+/// and exactly one copy runs, listed if it moved.
+fn cli_killed() -> Result<(), Failed> {
+    let c = shared("cp-cli", &[]);
+    for (i, after_ms) in [0u64, 60, 150, 300, 600].into_iter().enumerate() {
+        let dir = scratch("commit_protocol", &format!("cli-{i}"));
+        let t = Ticker::start(&dir);
+        let mut cli = c
+            .ferry("a")
+            .args(["migrate", &t.pid().to_string(), "--to", "b"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(after_ms));
+        let _ = cli.kill();
+        let _ = cli.wait();
+        std::thread::sleep(Duration::from_secs(1));
+        exactly_one(&c, &t, "a", "a", "b", Duration::from_secs(30)).map_err(|e| {
+            format!(
+                "CLI killed after {after_ms} ms: {}",
+                e.message().unwrap_or_default()
+            )
+        })?;
+    }
     Ok(())
 }
 
