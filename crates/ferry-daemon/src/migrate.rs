@@ -538,8 +538,6 @@ async fn finish_held(
         return Ok(());
     }
     node.fault("exit-before-resume");
-    // Should the source restart undecided, it asks whether we ran the copy.
-    node.store.put_or_log(state::RAN, key, &from_of(node, key));
     write_msg(&mut worker.tx, &Msg::Resume).await?;
     match worker_msg(&mut worker).await {
         Ok(Msg::Resumed) => {}
@@ -599,14 +597,6 @@ pub fn recover(node: &Arc<Node>) {
             node.store.remove_or_log(state::HELD, &key);
         });
     }
-}
-
-/// The source of held copy `key` (from its record).
-fn from_of(node: &Node, key: &str) -> String {
-    node.store
-        .get::<Held>(state::HELD, key)
-        .map(|h| h.from)
-        .unwrap_or_default()
 }
 
 /// Source side, after a restart: migration `id` was under way and undecided when the daemon
@@ -790,6 +780,10 @@ async fn await_outcome(node: &Node, from: &str, id: u64) -> bool {
         {
             tracing::warn!(event = "source-declared-dead", id, from = %from,
                 "its original cannot run: the copy runs");
+            // Run without the source's word: should it restart undecided, it asks whether we
+            // ran the copy (crate::state::RAN; kept until it asks).
+            node.store
+                .put_or_log(state::RAN, &id.to_string(), &from.to_string());
             return true;
         }
         if !said {
