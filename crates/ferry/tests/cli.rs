@@ -349,6 +349,75 @@ fn image_show_refuses_crafted_trees_as_restore_does() {
     }
 }
 
+/// `ferry image show` tells the signal state a restore rebuilds: queued signals (the process's
+/// and each thread's), armed interval timers, one expired with its signal not yet taken (as a
+/// tree frozen past the expiry is captured), and POSIX timers.
+#[test]
+fn image_show_names_timers_and_pending_signals() {
+    use ferry_image::*;
+    let pid = 2_000_000_001;
+    let siginfo = |sig: i32| {
+        let mut b = vec![0u8; 128];
+        b[..4].copy_from_slice(&sig.to_ne_bytes());
+        SigInfo(b)
+    };
+    let tree = Tree {
+        root_pid: pid,
+        processes: vec![Process {
+            pid,
+            threads: vec![Thread {
+                tid: pid,
+                gp_regs: vec![0; validate::GP_REGS_WORDS],
+                pending: vec![siginfo(libc::SIGUSR1)],
+                ..Default::default()
+            }],
+            shared_pending: vec![siginfo(libc::SIGALRM), siginfo(libc::SIGRTMIN() + 1)],
+            itimers: vec![
+                ITimer {
+                    which: libc::ITIMER_REAL,
+                    interval_us: 100_000,
+                    value_us: 0,
+                },
+                ITimer {
+                    which: libc::ITIMER_VIRTUAL,
+                    interval_us: 0,
+                    value_us: 0,
+                },
+                ITimer {
+                    which: libc::ITIMER_PROF,
+                    interval_us: 0,
+                    value_us: 2_000_000,
+                },
+            ],
+            posix_timers: vec![PosixTimer {
+                id: 3,
+                signo: libc::SIGUSR2,
+                interval_ns: 5_000_000,
+                value_ns: 1_000,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let d = crafted_image("timers", &tree, false, 1);
+    let (ok, out, err) = ferry(&["image", "show", d.to_str().unwrap()]);
+    assert!(ok, "image show failed: {err}");
+    for want in [
+        "pending: SIGUSR1",
+        "pending: SIGALRM signal 35",
+        "ITIMER_REAL: expired, its signal not yet taken, every 100000 us",
+        "ITIMER_PROF: 2000000 us left, once",
+        "POSIX timer 3 clock 0 signal 12 notify 0x0: 1000 ns left, every 5000000 ns",
+    ] {
+        assert!(out.contains(want), "expected {want:?} in:\n{out}");
+    }
+    assert!(
+        !out.contains("ITIMER_VIRTUAL"),
+        "a disarmed timer shown:\n{out}"
+    );
+}
+
 /// Copies the image in `from` to `to`, its tree changed by `change`, every record after it as
 /// it was (checksums recomputed: the image is well formed, only what it says is hostile).
 fn rewrite_tree(from: &Path, to: &Path, change: impl FnOnce(&mut ferry_image::Tree)) {

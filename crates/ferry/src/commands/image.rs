@@ -107,12 +107,30 @@ pub fn run(c: Command) -> Result<()> {
         );
         for t in &p.threads {
             println!(
-                "  thread {} {:?} rip={:#x} sigmask={:#x} {:?}",
+                "  thread {} {:?} rip={:#x} sigmask={:#x} {:?}{}",
                 t.tid,
                 t.comm,
                 t.gp_regs.get(GP_REG_RIP).copied().unwrap_or_default(),
                 t.sigmask,
-                t.syscall
+                t.syscall,
+                pending_note(&t.pending)
+            );
+        }
+        if !p.shared_pending.is_empty() {
+            println!("  pending{}", pending_note(&p.shared_pending));
+        }
+        for t in p
+            .itimers
+            .iter()
+            .filter(|t| t.value_us != 0 || t.interval_us != 0)
+        {
+            println!("  {}", itimer_line(t));
+        }
+        for t in &p.posix_timers {
+            println!(
+                "  POSIX timer {} clock {} signal {} notify {:#x}: {} ns left, every {} ns, \
+                 overrun {}",
+                t.id, t.clock, t.signo, t.notify, t.value_ns, t.interval_ns, t.overrun
             );
         }
         for v in &p.vmas {
@@ -181,4 +199,77 @@ pub fn run(c: Command) -> Result<()> {
         tree.ghosts.len()
     );
     Ok(())
+}
+
+/// Signal names for `image show` (standard signals; real-time ones by number).
+fn signal_name(sig: i32) -> String {
+    const NAMES: [&str; 31] = [
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+    ];
+    usize::try_from(sig)
+        .ok()
+        .and_then(|s| s.checked_sub(1))
+        .and_then(|i| NAMES.get(i))
+        .map_or_else(|| format!("signal {sig}"), |n| n.to_string())
+}
+
+/// " pending: SIGALRM SIGUSR1" (queued signals, in order), or nothing.
+fn pending_note(queue: &[ferry_image::SigInfo]) -> String {
+    if queue.is_empty() {
+        return String::new();
+    }
+    let names: Vec<String> = queue.iter().map(|s| signal_name(s.signo())).collect();
+    format!(" pending: {}", names.join(" "))
+}
+
+/// One armed interval timer (setitimer). A timer with an interval and nothing left has expired
+/// while its signal could not be taken (the tree frozen, or the signal blocked): the kernel arms
+/// it again when the signal is taken, and a restore arms it an interval from the resume.
+fn itimer_line(t: &ferry_image::ITimer) -> String {
+    let which = match t.which {
+        0 => "ITIMER_REAL".to_string(),
+        1 => "ITIMER_VIRTUAL".to_string(),
+        2 => "ITIMER_PROF".to_string(),
+        n => format!("interval timer {n}"),
+    };
+    let every = if t.interval_us == 0 {
+        "once".to_string()
+    } else {
+        format!("every {} us", t.interval_us)
+    };
+    if t.value_us == 0 {
+        format!("{which}: expired, its signal not yet taken, {every}")
+    } else {
+        format!("{which}: {} us left, {every}", t.value_us)
+    }
 }
