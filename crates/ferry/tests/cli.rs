@@ -404,14 +404,21 @@ fn image_show_names_timers_and_pending_signals() {
     let (ok, out, err) = ferry(&["image", "show", d.to_str().unwrap()]);
     assert!(ok, "image show failed: {err}");
     for want in [
-        "pending: SIGUSR1",
-        "pending: SIGALRM signal 35",
+        "  process-wide pending: SIGALRM signal 35",
         "ITIMER_REAL: expired, its signal not yet taken, every 100000 us",
         "ITIMER_PROF: 2000000 us left, once",
         "POSIX timer 3 clock 0 signal 12 notify 0x0: 1000 ns left, every 5000000 ns",
     ] {
         assert!(out.contains(want), "expected {want:?} in:\n{out}");
     }
+    let thread = out
+        .lines()
+        .find(|l| l.starts_with("  thread "))
+        .unwrap_or("");
+    assert!(
+        thread.ends_with(" pending: SIGUSR1"),
+        "the thread's pending signal, in:\n{out}"
+    );
     assert!(
         !out.contains("ITIMER_VIRTUAL"),
         "a disarmed timer shown:\n{out}"

@@ -117,7 +117,7 @@ pub fn run(c: Command) -> Result<()> {
             );
         }
         if !p.shared_pending.is_empty() {
-            println!("  pending{}", pending_note(&p.shared_pending));
+            println!("  process-wide{}", pending_note(&p.shared_pending));
         }
         for t in p
             .itimers
