@@ -8,6 +8,11 @@ if [ "$(id -u)" != 0 ]; then
   echo "scripts/test.sh: the engine's tests checkpoint real processes and need root" >&2
   exit 1
 fi
+# Descriptors this script inherited (a CI runner's pipes) are closed: processes the tests move
+# must not share a pipe with something outside the test.
+for fd in $(ls /proc/$$/fd); do
+  if [ "$fd" -gt 2 ] && [ "$fd" != 255 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+done
 bash scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 

@@ -252,6 +252,9 @@ fn sleeper() -> std::process::Child {
     Command::new("sleep")
         .arg("600")
         .process_group(0)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap()
 }

@@ -120,6 +120,7 @@ impl Mode {
 type TrialFn = fn(&Suite, Mode) -> Result<(), Failed>;
 
 fn main() {
+    common::seal_inherited_fds();
     let args = Harness::args();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let root = root.canonicalize().unwrap_or(root);

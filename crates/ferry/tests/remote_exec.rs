@@ -26,6 +26,7 @@ const FORGE: &str = "FERRY_TEST_FORGE_SOCKET";
 const FORGE_RLIMIT: &str = "FERRY_TEST_FORGE_RLIMIT";
 
 fn main() {
+    common::seal_inherited_fds();
     if let Some(sock) = std::env::var_os(FORGE) {
         forge(Path::new(&sock));
         return;

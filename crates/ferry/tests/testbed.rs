@@ -166,6 +166,8 @@ fn moved_a_to_b_and_back_keeps_its_shared_files() {
         .args(["sh", "-c", COUNTER])
         .current_dir(&dir)
         .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let pid = child.id() as i32;
@@ -219,6 +221,8 @@ fn cluster_down_leaves_nothing_behind() {
         .args(["sleep", "1000"])
         .current_dir(&dir)
         .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let o = c.run("a", &["migrate", &child.id().to_string(), "--to", "b"]);
@@ -331,6 +335,7 @@ fn a_file_only_here_keeps_the_process_here() {
     let child = Command::new("setsid")
         .args(["sh", "-c", &format!("exec python3 -c \"{script}\" > {out}")])
         .stdin(Stdio::null())
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();

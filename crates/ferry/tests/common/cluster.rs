@@ -71,6 +71,8 @@ impl Cluster {
     }
 
     pub fn up_as(tag: &str, n: usize, env: &[(&str, &str)], isolation: Isolation) -> Cluster {
+        // Whatever the processes of a test inherit from it is theirs to move.
+        super::seal_inherited_fds();
         let root = Self::clusters_dir();
         stop_stale_clusters(&root);
         let dir = root.join(format!("{tag}-{}", std::process::id()));

@@ -198,3 +198,22 @@ pub fn is_guest_init(pid: i32) -> bool {
     matches!(proc_state(pid), Some(s) if s != 'Z' && s != 'X')
         && cmd.split(|b| *b == 0).any(|a| a == b"__guest-init")
 }
+
+/// Marks every descriptor this test binary inherited beyond stdio close-on-exec, so that the
+/// processes the tests start (and move) hold only what the tests give them. A pipe inherited
+/// from whatever ran `cargo test` would be shared with a process outside any moved tree, which
+/// a migration rightly refuses.
+pub fn seal_inherited_fds() {
+    let Ok(dir) = fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: fcntl on a descriptor number; at worst EBADF (the directory's own fd).
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+}
