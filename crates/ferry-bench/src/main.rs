@@ -9,6 +9,7 @@
 //! See docs/benchmarks.md.
 
 mod common;
+mod deputy;
 mod engine;
 mod floor;
 mod hold;
@@ -36,6 +37,10 @@ enum Command {
     /// Time `ferry run` against a local fork/exec/wait of the same command, on a local
     /// cluster of two nodes started for the purpose.
     RemoteExec(remote_exec::Args),
+    /// What a moved process's home costs its parent: a signal sent at home until the parent's
+    /// `wait` sees the death, and the body's exit until the parent's `wait` sees it, against
+    /// the same for a child that never moved.
+    Deputy(deputy::Args),
     /// (Internal) the process being checkpointed: fills MIB MiB of memory
     /// with non-zero pseudo-random data, writes `ready` in its cwd, waits
     /// for `go`, checks its memory and writes `result`.
@@ -54,6 +59,7 @@ fn main() {
         Command::Engine(a) => engine::run(a),
         Command::Migrate(a) => migrate::run(a),
         Command::RemoteExec(a) => remote_exec::run(a),
+        Command::Deputy(a) => deputy::run(a),
         Command::Hold { mib, dir } => hold::run(mib, &dir),
     };
     if let Err(e) = result {

@@ -41,13 +41,13 @@ pub struct Args {
 }
 
 /// The local cluster, stopped however the benchmark ends.
-struct Cluster<'a> {
+pub(crate) struct Cluster<'a> {
     ferry: &'a Path,
     dir: PathBuf,
 }
 
 impl<'a> Cluster<'a> {
-    fn up(ferry: &'a Path, port: u16) -> Result<Cluster<'a>> {
+    pub(crate) fn up(ferry: &'a Path, port: u16) -> Result<Cluster<'a>> {
         let dir = std::env::temp_dir().join(format!("ferry-bench-remote.{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let c = Cluster { ferry, dir };
@@ -71,7 +71,7 @@ impl<'a> Cluster<'a> {
         Ok(c)
     }
 
-    fn ferry(&self, args: &[&str]) -> Command {
+    pub(crate) fn ferry(&self, args: &[&str]) -> Command {
         let mut c = Command::new(self.ferry);
         c.env("FERRY_CLUSTER_DIR", &self.dir)
             .env("FERRY_NODE", "a")
@@ -129,14 +129,14 @@ fn stream(mut cmd: Command, mib: u64, what: &str) -> Result<f64> {
     Ok(mib as f64 / secs)
 }
 
-struct Stats {
-    mean: f64,
-    median: f64,
-    min: f64,
-    p90: f64,
+pub(crate) struct Stats {
+    pub(crate) mean: f64,
+    pub(crate) median: f64,
+    pub(crate) min: f64,
+    pub(crate) p90: f64,
 }
 
-fn stats(v: &[f64]) -> Stats {
+pub(crate) fn stats(v: &[f64]) -> Stats {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     let at = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
