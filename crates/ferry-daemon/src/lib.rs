@@ -4,12 +4,14 @@
 //! - [`node`]: startup, the peer and CLI doors, shutdown.
 //! - [`membership`]: who is in the cluster and how loaded (foca SWIM over mutual TLS).
 //! - [`migrate`]: moving a live tree, source and destination sides, with the commit protocol.
+//! - [`deputies`]: what ties a moved tree to its home: deputies at home, bodies elsewhere.
 //! - [`exec`]: running a command on another node for a caller at home.
 //! - [`workers`]: the single-threaded `ferry` processes that run the engine for the daemon.
 //! - [`state`], [`outcomes`]: what a daemon records durably and takes up again at start.
 //! - [`guests`], [`load`], [`reaper`]: bookkeeping.
 
 pub mod config;
+pub mod deputies;
 pub mod exec;
 pub mod guests;
 pub mod load;

@@ -197,10 +197,23 @@ pub async fn send(
         // Time for a test to kill the capture worker here.
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
-    let killed = match write_msg(&mut worker.tx, &Msg::Kill).await {
+    // A tree leaving its home leaves its originals there as deputies (crate::deputies); a
+    // guest moving on is destroyed here (its deputies stay at its home).
+    let deputize = guest.is_none();
+    if let Some(g) = &guest {
+        // Its end is no news for its home: the body lives on at the destination.
+        node.bodies.forget(g.pid);
+    }
+    let order = if deputize { &Msg::Deputize } else { &Msg::Kill };
+    let mut deputies = None;
+    let killed = match write_msg(&mut worker.tx, order).await {
         Err(e) => Err(anyhow!("tell the capture worker to kill: {e}")),
         Ok(()) => match worker_msg(&mut worker).await {
             Ok(Msg::Killed) => Ok(()),
+            Ok(Msg::Deputized { pids }) => {
+                deputies = Some(pids);
+                Ok(())
+            }
             Ok(other) => Err(anyhow!("the capture worker said {}", kind(&other))),
             Err(e) => Err(e),
         },
@@ -217,6 +230,25 @@ pub async fn send(
     }
     if let Some(g) = &guest {
         node.guests.remove(g.pid);
+    }
+    if let Some(pids) = deputies {
+        crate::deputies::adopt(node.clone(), worker, pid, pids, to.to_string());
+    } else if let Some(g) = &guest {
+        // Its home learns where the body went (only the node it left may say so).
+        let moved = Msg::BodyMoved {
+            pid: g.home_pid,
+            node: to.to_string(),
+        };
+        let home = g.home_node.clone();
+        let r = if home == node.name() {
+            node.deputies.body_moved(node.name(), g.home_pid, to)
+        } else {
+            crate::deputies::ask(&node, &home, moved).await
+        };
+        if let Err(e) = r {
+            tracing::warn!(event = "body-moved-unheard", home = %home, pid = g.home_pid,
+                error = %format!("{e:#}"));
+        }
     }
     node.fault("exit-after-kill");
     if node.fault_at("pause-after-kill") {
@@ -406,7 +438,13 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         write_msg(&mut conn.stream, &Msg::Refused { reason }).await?;
         return Ok(());
     }
-    let mut worker = match Worker::spawn(&node.exe, &["__restore-worker".into()]) {
+    let reports = node.config.data_dir.join(crate::deputies::REPORT_SOCKET);
+    let worker_args = [
+        "__restore-worker".to_string(),
+        "--reports".to_string(),
+        reports.to_string_lossy().into_owned(),
+    ];
+    let mut worker = match Worker::spawn(&node.exe, &worker_args) {
         Ok(w) => w,
         Err(e) => {
             let reason = format!("{e:#}");
@@ -547,6 +585,7 @@ async fn finish_held(
     }
     tracing::info!(event = "guest-running", home = %info.home_node, home_pid = info.home_pid,
         pid = info.pid);
+    node.bodies.add(info.pid, &info.home_node, info.home_pid);
     node.guests.add(info);
     node.store.remove_or_log(state::HELD, key);
     if let Some(conn) = conn {

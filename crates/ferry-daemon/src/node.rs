@@ -31,6 +31,10 @@ pub struct Node {
     /// How each migration this node sent ended, for destinations that lost us between
     /// `Rebuilt` and `Commit` (durable).
     pub outcomes: crate::outcomes::Outcomes,
+    /// Trees that left this home, kept here as deputies.
+    pub deputies: crate::deputies::Deputies,
+    /// Trees running here whose home is elsewhere.
+    pub bodies: crate::deputies::Bodies,
     /// Starts as the config's `accept_guests`; `ferry accept` changes it.
     pub accepting: AtomicBool,
     /// Test-only fault injection (FERRY_FAULT=node:point), see [`Node::fault`].
@@ -185,6 +189,8 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         guests: Guests::recover(store.clone()),
         outcomes: crate::outcomes::Outcomes::recover(store.clone()),
         store,
+        deputies: Default::default(),
+        bodies: Default::default(),
         accepting: AtomicBool::new(accepting),
         fault,
         exe,
@@ -195,6 +201,17 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
 
     // What the last run of this daemon left undone, before any peer can ask.
     crate::migrate::recover(&node);
+    // Guest inits report here the end of every child they reap (see crate::deputies).
+    let reports_path = node.config.data_dir.join(crate::deputies::REPORT_SOCKET);
+    let _ = std::fs::remove_file(&reports_path);
+    let reports = tokio::net::UnixDatagram::bind(&reports_path)
+        .with_context(|| format!("bind {}", reports_path.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&reports_path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("restrict {}", reports_path.display()))?;
+    }
+    tokio::spawn(crate::deputies::serve_reports(node.clone(), reports));
     tokio::spawn(publish_load(node.clone()));
     tokio::spawn(reap(node.clone()));
     tokio::spawn(rejoin(node.clone()));
@@ -510,6 +527,12 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
                 })?,
             };
             write_msg(&mut conn.stream, &Msg::Outcome { id, committed }).await?;
+            Ok(())
+        }
+        m @ (Msg::SignalBody { .. } | Msg::BodyStatus { .. } | Msg::BodyMoved { .. }) => {
+            let peer = conn.peer.clone();
+            let reply = crate::deputies::serve_peer(node, &peer, m).await;
+            write_msg(&mut conn.stream, &reply).await?;
             Ok(())
         }
         Msg::LocalProcesses => {

@@ -275,6 +275,16 @@ impl FrozenTree {
         Ok(())
     }
 
+    /// Hands the frozen processes over, still traced and stopped, to a caller that keeps them
+    /// (the deputies a migration leaves at home): this tree no longer thaws or kills them.
+    pub fn into_procs(mut self) -> Vec<FrozenProc> {
+        self.released = true;
+        std::mem::take(&mut self.procs)
+    }
+
+    /// The ptrace options every frozen thread carries.
+    pub const OPTIONS: u64 = FREEZE_OPTIONS;
+
     /// Puts every thread back as it was and detaches. Errors are logged, not returned: each
     /// thread is let go even if another could not be.
     pub fn thaw(mut self) {

@@ -58,7 +58,13 @@ impl GuestNamespaces {
     /// them (`Tree::clocks`). Each clock of the time namespace is offset by
     /// `max(0, seen - now)`, so that it continues from where the tree left it and never runs
     /// backwards (it runs on from the later of the two). Without it, the offsets are 0.
-    pub fn create(init_exe: &Path, clocks_seen: Option<Clocks>) -> Result<GuestNamespaces> {
+    ///
+    /// `reports`: a datagram socket the init tells of every child it reaps (its daemon's).
+    pub fn create(
+        init_exe: &Path,
+        clocks_seen: Option<Clocks>,
+        reports: Option<&Path>,
+    ) -> Result<GuestNamespaces> {
         let me = ferry_sys::ns::getpid();
         let now = |clock: i32| {
             ferry_sys::anon_fds::clock_now_ns(clock).ctx(me, || format!("read clock {clock}"))
@@ -73,11 +79,15 @@ impl GuestNamespaces {
         let (r, w) = ferry_sys::fdops::pipe2(libc::O_CLOEXEC)
             .ctx(me, || "make the guest init's hold pipe".into())?;
         let r = dup_at_least(r, 3).ctx(me, || "move the hold pipe above stdio".into())?;
-        let args = vec![
+        let mut args = vec![
             GUEST_INIT_COMMAND.to_string(),
             "--hold-fd".to_string(),
             r.as_raw_fd().to_string(),
         ];
+        if let Some(p) = reports {
+            args.push("--report".to_string());
+            args.push(p.to_string_lossy().into_owned());
+        }
         let init = spawn_guest_init(&GuestInitSpec {
             exe: init_exe,
             args: &args,

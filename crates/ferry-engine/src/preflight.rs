@@ -210,11 +210,53 @@ fn check_process(pid: i32, status: &[(String, String)], pids: &[i32], root_sid: 
     Ok(())
 }
 
+/// A pipe the tree shares with a process that stays behind (a shell pipeline of which only one
+/// stage moves) cannot move: the copy would hold a pipe of its own, and both ends would see the
+/// other gone (end of file on one side, EPIPE on the other): a wrong result with no error. The
+/// deputy will forward such pipes; until then they are refused.
+fn check_pipes(pids: &[i32], pipes: &HashMap<String, (i32, i32)>) -> Result<()> {
+    if pipes.is_empty() {
+        return Ok(());
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Ok(());
+    };
+    for other in dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| !pids.contains(p))
+    {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{other}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(link) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let link = link.to_string_lossy();
+            if let Some(&(pid, tfd)) = pipes.get(link.as_ref()) {
+                let comm = procfs::stat(other).map(|s| s.comm).unwrap_or_default();
+                return Err(refuse(
+                    pid,
+                    format!("fd {tfd} ({link})"),
+                    &format!(
+                        "the other end of this pipe is held by PID {other} ({comm}), which is \
+                         not in the tree: a pipe shared with a process that stays behind cannot \
+                         be moved yet"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks the tree rooted at `root` for state the engine refuses, without stopping it.
 pub fn check(root: i32) -> Result<()> {
     let pids = tree(root)?;
     let root_sid = procfs::stat(root)?.sid;
     let mut tcp_fds: Vec<(i32, i32, String, u64)> = Vec::new();
+    let mut pipes: HashMap<String, (i32, i32)> = HashMap::new();
     for &pid in &pids {
         let status = procfs::status(pid)?;
         check_process(pid, &status, &pids, root_sid)?;
@@ -236,11 +278,15 @@ pub fn check(root: i32) -> Result<()> {
                     ));
                 }
             }
+            if link.starts_with("pipe:[") {
+                pipes.entry(link.clone()).or_insert((pid, fd));
+            }
             if let Some(ino) = socket_ino(&link) {
                 tcp_fds.push((pid, fd, link, ino));
             }
         }
     }
+    check_pipes(&pids, &pipes)?;
     // A connection (established, half-closed or closing) moves when both its ends are in the
     // tree (the copy makes it again, silently, once the original is gone, and sends its FINs
     // again); the capture checks it again, exactly.

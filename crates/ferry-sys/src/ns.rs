@@ -371,8 +371,18 @@ pub fn take_inherited_fd(fd: RawFd) -> SysResult<OwnedFd> {
 /// Waits for any child (blocking unless `nohang`): `Ok(None)` when there is nothing to reap
 /// right now (WNOHANG) ; ECHILD when there are no children at all.
 pub fn wait_any(nohang: bool) -> SysResult<Option<(i32, i32)>> {
+    wait_any_with(if nohang { libc::WNOHANG } else { 0 })
+}
+
+/// Like [`wait_any`], also reporting children that stopped or continued (WUNTRACED,
+/// WCONTINUED): their raw status says which.
+pub fn wait_any_changes() -> SysResult<Option<(i32, i32)>> {
+    wait_any_with(libc::WNOHANG | libc::WUNTRACED | libc::WCONTINUED)
+}
+
+fn wait_any_with(extra: i32) -> SysResult<Option<(i32, i32)>> {
     let mut status = 0;
-    let flags = libc::__WALL | if nohang { libc::WNOHANG } else { 0 };
+    let flags = libc::__WALL | extra;
     loop {
         // SAFETY: status is a valid out-pointer.
         let r = unsafe { libc::waitpid(-1, &mut status, flags) };

@@ -87,6 +87,12 @@ pub fn cont(tid: i32, sig: i32) -> SysResult<()> {
     .map(drop)
 }
 
+/// PTRACE_LISTEN: lets a tracee in group-stop wait for SIGCONT (or a kill) while still stopped;
+/// the tracer hears of what wakes it with a new PTRACE_EVENT_STOP.
+pub fn listen(tid: i32) -> SysResult<()> {
+    ptrace("ptrace(PTRACE_LISTEN)", 0x4208, tid, 0, 0).map(drop)
+}
+
 /// PTRACE_SYSCALL: resumes a stopped tracee until its next system call entry or exit. Unlike
 /// a single step, nothing of it outlives the tracer: the kernel clears the syscall-trace flag
 /// when the tracer detaches or dies.

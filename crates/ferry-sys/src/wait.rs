@@ -63,3 +63,20 @@ pub fn reap_any() -> Option<(i32, i32)> {
         return (r > 0).then_some((r, status));
     }
 }
+
+/// Waits for one specific thread (`__WALL`), blocking, and returns its raw wait status.
+pub fn wait_raw(tid: i32) -> SysResult<i32> {
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: status is a valid out-pointer.
+        let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL) };
+        if r < 0 {
+            let e = SysError::last("waitpid");
+            if e.errno == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(status);
+    }
+}

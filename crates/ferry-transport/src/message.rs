@@ -123,6 +123,44 @@ pub enum Msg {
     Thawed,
     /// Daemon to restore worker after the commit: let the rebuilt tree run.
     Resume,
+
+    // ---- The deputy: a moved tree's home <-> its body's node, a daemon <-> its deputies --
+    /// Daemon to capture worker at the commit point of a tree leaving its home, instead of
+    /// `Kill`: keep the originals as deputies (ferry_deputy::home), and stay their tracer.
+    Deputize,
+    /// Capture worker: the originals are deputies now, these PIDs.
+    Deputized {
+        pids: Vec<i32>,
+    },
+    /// Deputies' worker to its daemon: signal `sig` was sent to deputy `pid` (held back there).
+    DeputySignal {
+        pid: i32,
+        sig: i32,
+    },
+    /// Deputies' worker to its daemon: deputy `pid` ended with wait status `status`, as its
+    /// body did (`mirrored`) or killed at home.
+    DeputyEnded {
+        pid: i32,
+        status: i32,
+        mirrored: bool,
+    },
+    /// Home to the body's node: deliver `sig` to the body of home PID `pid`.
+    SignalBody {
+        pid: i32,
+        sig: i32,
+    },
+    /// Body's node to home, and a daemon to its deputies' worker: the body of home PID `pid`
+    /// ended, stopped or continued: `status` is the raw wait status its parent there saw.
+    BodyStatus {
+        pid: i32,
+        status: i32,
+    },
+    /// The node a guest left to its home, after the commit: the body of home PID `pid` runs on
+    /// `node` now.
+    BodyMoved {
+        pid: i32,
+        node: String,
+    },
 }
 
 impl Msg {

@@ -51,7 +51,11 @@ enum Command {
     CaptureWorker { pid: i32 },
     /// Engine worker of a daemon: receive and rebuild a tree (internal).
     #[command(name = "__restore-worker", hide = true)]
-    RestoreWorker,
+    RestoreWorker {
+        /// The datagram socket the guest init reports the end of the tree's processes to.
+        #[arg(long)]
+        reports: Option<std::path::PathBuf>,
+    },
     #[command(name = "__guest-init", hide = true)]
     GuestInit(commands::guest_init::Args),
     #[command(name = "__node-init", hide = true)]
@@ -64,7 +68,7 @@ fn main() {
     // EPIPE on a peer that went away, and back out properly (Rust ignores SIGPIPE by default).
     if !matches!(
         cli.command,
-        Command::Daemon(_) | Command::CaptureWorker { .. } | Command::RestoreWorker
+        Command::Daemon(_) | Command::CaptureWorker { .. } | Command::RestoreWorker { .. }
     ) {
         ferry_sys::process::default_sigpipe();
     }
@@ -89,7 +93,7 @@ fn main() {
         Command::Accept(a) => commands::accept::run(a, node),
         Command::Cluster(c) => commands::cluster::run(c),
         Command::CaptureWorker { pid } => commands::worker::capture_worker(pid),
-        Command::RestoreWorker => commands::worker::restore_worker(),
+        Command::RestoreWorker { reports } => commands::worker::restore_worker(reports),
     };
     if let Err(e) = result {
         eprintln!("ferry: {e:#}");

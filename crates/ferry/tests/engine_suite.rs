@@ -97,6 +97,7 @@ struct Suite {
 type ExtraTrial = fn(&Suite) -> Result<(), Failed>;
 
 fn main() {
+    common::seal_inherited_fds();
     let args = Harness::args();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let root = root.canonicalize().unwrap_or(root);
@@ -860,7 +861,7 @@ fn run_held(suite: &Suite, resume: bool) -> Result<(), Failed> {
         .map_err(|e| run.report(&format!("open the image: {e}")))?;
     let mut image =
         open(io::BufReader::new(file)).map_err(|e| run.report(&format!("open: {e}")))?;
-    let guest = GuestNamespaces::create(&suite.harness.ferry, image.tree.clocks)
+    let guest = GuestNamespaces::create(&suite.harness.ferry, image.tree.clocks, None)
         .map_err(|e| run.report(&format!("GuestNamespaces::create: {e}")))?;
     let init = guest.init_host_pid();
     let held = restore_with(

@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn main() {
+    common::seal_inherited_fds();
     let args = Arguments::from_args();
     let tests = vec![
         Trial::test("migrate_a_to_b_to_c_to_a", migrate_around),
@@ -42,6 +43,18 @@ fn main() {
             unmovable_refused,
         ),
         Trial::test("daemon_stops_cleanly_on_sigterm", daemon_sigterm),
+        Trial::test(
+            "a_shell_waits_for_its_moved_child_as_if_it_never_left",
+            shell_waits_for_moved_child,
+        ),
+        Trial::test(
+            "a_parent_sees_its_moved_child_stop_continue_and_exit",
+            parent_sees_stop_continue_exit,
+        ),
+        Trial::test(
+            "a_pipeline_stage_is_refused_not_broken",
+            pipeline_stage_refused,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -113,6 +126,20 @@ impl Ticker {
 
     fn pid(&self) -> i32 {
         self.child.id() as i32
+    }
+
+    /// How the ticker ended, as its parent (this test) sees it, waiting up to `limit`.
+    fn wait_end(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn status(&self) -> Option<Status> {
@@ -188,6 +215,11 @@ fn guest(c: &Cluster, on: &str, home_pid: i32) -> Option<serde_json::Value> {
         .find(|p| p["home_pid"].as_i64() == Some(home_pid as i64))
 }
 
+fn proc_state_of(pid: i32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit(')').next()?.trim_start().chars().next()
+}
+
 fn pid_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
@@ -198,6 +230,18 @@ fn pid_alive(pid: i32) -> bool {
                 .starts_with('Z')
         })
         .unwrap_or(false)
+}
+
+/// The PID tracing `pid` (0 if none): a deputy is traced by its home's engine worker.
+fn tracer(pid: i32) -> i32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("TracerPid:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 fn kill_host_pid(pid: i64) {
@@ -215,7 +259,7 @@ fn kill_on(c: &Cluster, node: &str, pid: i64) {
 fn migrate_around() -> Result<(), Failed> {
     let c = Cluster::up("around", 3);
     let dir = scratch("migration", "around");
-    let t = Ticker::start(&dir, 32);
+    let mut t = Ticker::start(&dir, 32);
     let home = t.pid();
     let mut host_pid = home;
     for (from, to) in [("a", "b"), ("b", "c"), ("c", "a")] {
@@ -223,7 +267,25 @@ fn migrate_around() -> Result<(), Failed> {
         assert_eq!(r["to"], to);
         assert!(r["freeze_ms"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["wire_bytes"].as_u64().unwrap() > 1 << 20, "{r}");
-        assert!(!pid_alive(host_pid), "the copy on {from} still runs");
+        if host_pid == home {
+            // Leaving home, the original stays there as the body's deputy: alive (to its
+            // parent, this test), traced, holding no memory.
+            assert!(pid_alive(home), "no deputy of {home} at home");
+            assert_ne!(tracer(home), 0, "PID {home} at home is not a deputy");
+            let rss = std::fs::read_to_string(format!("/proc/{home}/status")).unwrap();
+            let rss_kb: u64 = rss
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(u64::MAX);
+            assert!(rss_kb < 4096, "the deputy still holds {rss_kb} kB");
+        } else {
+            assert!(!pid_alive(host_pid), "the copy on {from} still runs");
+            assert!(
+                pid_alive(home),
+                "the deputy at home died when its body moved on"
+            );
+        }
         let g = guest(&c, "a", home).ok_or(format!("ps does not list {home} after {to}"))?;
         assert_eq!(g["node"], to, "{g}");
         assert_eq!(g["home_node"], "a", "{g}");
@@ -234,7 +296,33 @@ fn migrate_around() -> Result<(), Failed> {
         assert_ne!(host_pid, home, "a guest runs under its own host PID");
         t.assert_alive(&format!("after {from} -> {to}"));
     }
+    // A signal sent to the PID at home reaches the body, wherever it runs now.
+    let st = Command::new("kill")
+        .args(["-STOP", &home.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while proc_state_of(host_pid) != Some('T') {
+        assert!(
+            Instant::now() < deadline,
+            "SIGSTOP to {home} at home did not stop its body ({host_pid})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = Command::new("kill")
+        .args(["-CONT", &home.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    t.assert_alive("after SIGSTOP and SIGCONT at home");
     kill_host_pid(host_pid as i64);
+    // Its parent at home sees it end as the body did.
+    let st = t
+        .wait_end(Duration::from_secs(10))
+        .ok_or("the deputy at home did not end with its body")?;
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
     // A guest that ends leaves `ferry ps` (its root is its namespace init's child, not the
     // daemon's: the daemon sees it gone from /proc).
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -333,8 +421,16 @@ fn source_dies_after_commit() -> Result<(), Failed> {
         e.contains("stopped answering") || e.contains("connection"),
         "{e}"
     );
-    assert!(!pid_alive(pid), "the original survived its commit");
-    // The CLI heard nothing more once the source died; b resumes the tree on its `Commit`.
+    // The source's daemon is gone, and with it the deputies' worker: the deputy dies (by
+    // SIGKILL, seen by its parent), while b resumes the copy on its `Commit`.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pid_alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the original survived its commit and its home daemon"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let deadline = Instant::now() + Duration::from_secs(5);
     let g = loop {
         if let Some(g) = guest(&c, "b", pid) {
@@ -359,8 +455,12 @@ fn destination_dies_after_rebuild() -> Result<(), Failed> {
     // Committed on `Rebuilt`: the migration succeeded, though b never confirmed the resume
     // (commit_protocol.rs restarts b and finds the copy listed).
     migrate(&c, "a", pid, "b").expect("committed on Rebuilt");
-    // Past the commit point the copy must run, even without its daemon.
-    assert!(!pid_alive(pid), "the original survived its commit");
+    // Past the commit point the copy must run, even without its daemon; the original stays
+    // at home as its deputy.
+    assert!(
+        pid_alive(pid) && tracer(pid) != 0,
+        "the original is not its copy's deputy"
+    );
     t.assert_alive("on b after its daemon died");
     // Find and stop the copy: the ticker that writes our status file.
     let out = Command::new("pgrep")
@@ -448,7 +548,7 @@ fn socket_file_after_abort() -> Result<(), Failed> {
     );
 
     let r = migrate(&c, "a", pid, "c").map_err(|e| format!("a -> c: {e}"))?;
-    drop(server); // the original, killed at the commit: reaped
+    // The original stays as the copy's deputy (it holds no descriptor: not the listener).
     assert_eq!(names_in(&sock_dir), vec!["srv.sock".to_string()]);
     // The copy serves the name, and sees its own PID as before.
     assert_eq!(
@@ -556,15 +656,23 @@ fn tcp_connection_after_abort() -> Result<(), Failed> {
     tcp_pair_goes_on(&dir, pid, 10, "after the abort")?;
 
     let r = migrate(&c, "a", pid, "c").map_err(|e| format!("a -> c: {e}"))?;
-    drop(server); // the original, killed at the commit: reaped
     tcp_pair_goes_on(&dir, pid, 10, "in the copy")?;
-    kill_on(
-        &c,
-        "c",
-        r["dest_pid"]
-            .as_i64()
-            .ok_or(format!("no dest_pid in {r}"))?,
-    );
+    // The original is the copy's deputy at home: killing it there kills the copy.
+    let dest = r["dest_pid"]
+        .as_i64()
+        .ok_or(format!("no dest_pid in {r}"))? as i32;
+    let dest = c
+        .host_pid("c", dest)
+        .ok_or(format!("no process of node c is its PID {dest}"))?;
+    drop(server);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pid_alive(dest) {
+        assert!(
+            Instant::now() < deadline,
+            "SIGKILL to the deputy at home left its body {dest} running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     Ok(())
 }
 
@@ -687,6 +795,9 @@ fn unmovable_refused() -> Result<(), Failed> {
             .arg(&kmsg)
             .arg(&port)
             .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let pid = child.id() as i32;
@@ -760,3 +871,254 @@ fn daemon_sigterm() -> Result<(), Failed> {
     }
     Ok(())
 }
+
+/// A shell's background job, moved to another node while it runs: the shell's `wait` gets its
+/// exact exit code (the deputy at home ends as the body did), and a signal sent to its PID at
+/// home reaches it over there, with the shell seeing the death by that signal. The shell, its
+/// job table and `wait` are bash's own, untouched.
+fn shell_waits_for_moved_child() -> Result<(), Failed> {
+    let c = Cluster::up("shell", 2);
+    let dir = scratch("migration", "shell");
+    // Each job writes its PID, then counts in a file; on `go` it exits with 7.
+    let job = "import os,sys,time\n\
+        d=sys.argv[1]\n\
+        open(d+'/pid.tmp','w').write(str(os.getpid())); os.rename(d+'/pid.tmp', d+'/pid')\n\
+        n=0\n\
+        while not os.path.exists(d+'/go'):\n\
+        \x20   n+=1; open(d+'/count','w').write(str(n)); time.sleep(0.02)\n\
+        sys.exit(7)\n";
+    let script = "for k in exit signal; do mkdir -p \"$1/$k\"; python3 -c \"$2\" \"$1/$k\" & \
+         wait $!; echo \"$k $?\" >> \"$1/statuses\"; done";
+    let mut shell = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "shell"])
+            .arg(&dir)
+            .arg(job)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let job_pid = |k: &str| -> Result<i32, Failed> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(p) = std::fs::read_to_string(dir.join(k).join("pid"))
+                .ok()
+                .and_then(|s| s.parse().ok())
+            {
+                return Ok(p);
+            }
+            if Instant::now() > deadline {
+                return Err(format!("job {k} did not start").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let counting = |k: &str, what: &str| -> Result<(), Failed> {
+        let count = || -> u64 {
+            std::fs::read_to_string(dir.join(k).join("count"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let start = count();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count() < start + 5 {
+            if Instant::now() > deadline {
+                return Err(format!("{what}: job {k} stopped counting").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    };
+
+    // 1. Moved, then told to finish: the shell sees its exit code, 7.
+    let pid = job_pid("exit")?;
+    let r = migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let body = r["dest_pid"].as_i64().ok_or("no dest_pid")? as i32;
+    let body = c.host_pid("b", body).ok_or("the body is not on b")?;
+    assert_ne!(tracer(pid), 0, "PID {pid} at home is not a deputy");
+    counting("exit", "after the move")?;
+    let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap()
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u32>()
+        .unwrap();
+    assert_eq!(
+        ppid,
+        shell.0.id(),
+        "the deputy is no longer the shell's child"
+    );
+    std::fs::write(dir.join("exit").join("go"), "").unwrap();
+
+    // 2. Moved, then signalled at home: the shell sees the job killed by SIGTERM (143). (Not
+    // SIGINT: a non-interactive shell starts its background jobs with SIGINT ignored.)
+    let pid = job_pid("signal")?;
+    let r = migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let body2 = r["dest_pid"].as_i64().ok_or("no dest_pid")? as i32;
+    let body2 = c.host_pid("b", body2).ok_or("the body is not on b")?;
+    counting("signal", "after the move")?;
+    let st = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(st) = shell.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the shell never saw its jobs end: {:?}",
+                std::fs::read_to_string(dir.join("statuses"))
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let statuses = std::fs::read_to_string(dir.join("statuses")).unwrap();
+    assert_eq!(statuses, "exit 7\nsignal 143\n", "what the shell saw");
+    assert!(
+        !pid_alive(body) && !pid_alive(body2),
+        "a body outlived its job"
+    );
+    Ok(())
+}
+
+/// The last stage of a pipeline whose writer stays home: refused before anything is frozen,
+/// naming the pipe and the process holding its other end; the pipeline carries on intact.
+fn pipeline_stage_refused() -> Result<(), Failed> {
+    let c = Cluster::up("pipeline", 2);
+    let dir = scratch("migration", "pipeline");
+    let reader = "import sys,os\n\
+        n=0\n\
+        open(sys.argv[1]+'/pid','w').write(str(os.getpid()))\n\
+        for l in sys.stdin:\n\
+        \x20   n+=1\n\
+        \x20   assert int(l)==n, (l, n)\n\
+        open(sys.argv[1]+'/lines','w').write(str(n))\n";
+    let script = "for i in $(seq 1 200); do echo $i; sleep 0.01; done | python3 -c \"$2\" \"$1\"";
+    let mut sh = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "pipeline"])
+            .arg(&dir)
+            .arg(reader)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid: i32 = loop {
+        if let Some(p) = std::fs::read_to_string(dir.join("pid"))
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "the reader did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let e = migrate(&c, "a", pid, "b").expect_err("a pipeline stage must be refused");
+    assert!(e.contains("pipe:["), "{e}");
+    assert!(e.contains("not in the tree"), "{e}");
+    assert!(e.contains("refused before freezing"), "{e}");
+    let st = sh.0.wait().unwrap();
+    assert!(st.success(), "the pipeline broke: {st:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("lines")).unwrap(),
+        "200",
+        "the reader did not read every line"
+    );
+    Ok(())
+}
+
+/// A parent that waits with WUNTRACED and WCONTINUED for a child that has moved: SIGTSTP and
+/// SIGCONT sent to the child's PID at home stop and continue its body over there, and the
+/// parent sees the stop (by SIGTSTP), the continue and the exit code, in that order, as if the
+/// child had never left.
+fn parent_sees_stop_continue_exit() -> Result<(), Failed> {
+    let c = Cluster::up("jobctl", 2);
+    let dir = scratch("migration", "jobctl");
+    let mut p = UnixServer(
+        Command::new("python3")
+            .args(["-c", JOBCTL_PARENT])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid: i32 = loop {
+        if let Some(v) = std::fs::read_to_string(dir.join("pid"))
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the child did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let r = migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let body = r["dest_pid"].as_i64().ok_or("no dest_pid")? as i32;
+    let body = c.host_pid("b", body).ok_or("the body is not on b")?;
+    let events = || std::fs::read_to_string(dir.join("events")).unwrap_or_default();
+    let wait_events = |want: &str, what: &str| -> Result<(), Failed> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while events() != want {
+            if Instant::now() > deadline {
+                return Err(format!("{what}: the parent saw {:?}, not {want:?}", events()).into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    };
+    let kill = |sig: &str| {
+        assert!(Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success())
+    };
+    kill("-TSTP");
+    wait_events("stopped 20\n", "after SIGTSTP at home")?;
+    assert_eq!(proc_state_of(body), Some('T'), "the body did not stop");
+    kill("-CONT");
+    wait_events("stopped 20\ncontinued\n", "after SIGCONT at home")?;
+    std::fs::write(dir.join("go"), "").unwrap();
+    wait_events("stopped 20\ncontinued\nexited 3\n", "after the end")?;
+    let st = p.0.wait().unwrap();
+    assert!(st.success(), "the parent failed: {st:?}");
+    Ok(())
+}
+
+/// A parent (argv[1]: a directory) that forks a child waiting for `DIR/go` to exit with 3,
+/// writes its PID in `DIR/pid`, and appends every change `waitpid(WUNTRACED | WCONTINUED)`
+/// reports to `DIR/events`.
+const JOBCTL_PARENT: &str = r#"import os,sys
+d=sys.argv[1]
+pid=os.fork()
+if pid==0:
+    os.execvp('python3',['python3','-c','import os,sys,time\nwhile not os.path.exists(sys.argv[1]+"/go"): time.sleep(0.02)\nsys.exit(3)',d])
+open(d+'/pid.tmp','w').write(str(pid)); os.rename(d+'/pid.tmp',d+'/pid')
+while True:
+    p,st=os.waitpid(pid,os.WUNTRACED|os.WCONTINUED)
+    if os.WIFSTOPPED(st): ev='stopped %d'%os.WSTOPSIG(st)
+    elif os.WIFCONTINUED(st): ev='continued'
+    elif os.WIFEXITED(st): ev='exited %d'%os.WEXITSTATUS(st)
+    else: ev='signaled %d'%os.WTERMSIG(st)
+    open(d+'/events','a').write(ev+'\n')
+    if not (os.WIFSTOPPED(st) or os.WIFCONTINUED(st)): break
+"#;

@@ -16,6 +16,11 @@ pub struct Args {
     /// The read end of the hold pipe: while its writer holds it open, stay even when alone.
     #[arg(long)]
     pub hold_fd: i32,
+    /// A datagram socket (the daemon's) told of every child that ends, stops or continues: "NS
+    /// PID STATUS", where NS names this PID namespace as /proc/self/ns/pid does and STATUS is the
+    /// raw wait status.
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
 }
 
 /// Whether this init is the only process of its PID namespace (its /proc is the namespace's).
@@ -31,9 +36,14 @@ fn alone() -> bool {
     })
 }
 
-/// Reaps every child that has ended.
-fn reap() {
-    while let Ok(Some(_)) = ferry_sys::ns::wait_any(true) {}
+/// Reaps every child that has ended, and reports each end, stop and continue to `report` (best
+/// effort: a daemon that is gone misses them).
+fn reap(report: Option<&(std::os::unix::net::UnixDatagram, String)>) {
+    while let Ok(Some((pid, status))) = ferry_sys::ns::wait_any_changes() {
+        if let Some((sock, ns)) = report {
+            let _ = sock.send(format!("{ns} {pid} {status}\n").as_bytes());
+        }
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -49,9 +59,19 @@ pub fn run(a: Args) -> Result<()> {
         libc::SFD_CLOEXEC | libc::SFD_NONBLOCK,
     )
     .context("make a signalfd for SIGCHLD")?;
+    // Connected before anything is reaped; a report socket that cannot be reached is logged
+    // and done without.
+    let report = a.report.as_ref().and_then(|path| {
+        let sock = std::os::unix::net::UnixDatagram::unbound()
+            .and_then(|s| s.connect(path).map(|()| s))
+            .map_err(|e| log::warn!("guest init: report socket {}: {e}", path.display()))
+            .ok()?;
+        let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+        Some((sock, ns.to_string_lossy().into_owned()))
+    });
     let mut hold = Some(hold);
     loop {
-        reap();
+        reap(report.as_ref());
         if hold.is_none() && alone() {
             return Ok(());
         }

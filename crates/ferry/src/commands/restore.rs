@@ -42,7 +42,10 @@ pub fn run(a: Args) -> Result<()> {
     let read_ms = t0.elapsed().as_secs_f64() * 1e3;
     let guest = if a.pid_namespace {
         let exe = std::env::current_exe().context("find the ferry executable")?;
-        Some(GuestNamespaces::create(&exe, img.tree.clocks).context("make the guest namespaces")?)
+        Some(
+            GuestNamespaces::create(&exe, img.tree.clocks, None)
+                .context("make the guest namespaces")?,
+        )
     } else {
         None
     };

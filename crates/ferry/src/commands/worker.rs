@@ -154,6 +154,23 @@ pub fn capture_worker(pid: i32) -> Result<()> {
             aside.remove();
             write_msg(&mut out, &Msg::Killed)?;
         }
+        Some(Msg::Deputize) => {
+            let deputies = ferry_deputy::home::Deputies::from_frozen(frozen);
+            aside.remove();
+            match deputies {
+                Ok(d) => {
+                    write_msg(&mut out, &Msg::Deputized { pids: d.pids() })?;
+                    out.flush()?;
+                    drop(input);
+                    return serve_deputies(d, out);
+                }
+                Err(e) => {
+                    // The originals are dead (as with `Kill`): the copy is the one that runs.
+                    log::error!("PID {pid}: {e}");
+                    write_msg(&mut out, &Msg::Killed)?;
+                }
+            }
+        }
         _ => {
             // The original gets its socket files back before it runs again.
             if let Err(e) = aside.put_back() {
@@ -166,9 +183,96 @@ pub fn capture_worker(pid: i32) -> Result<()> {
     Ok(())
 }
 
+/// The capture worker after the commit point of a tree leaving home: the tracer of its
+/// deputies until the last one ends. It tells the daemon of every signal sent to a deputy and of
+/// every deputy's end, and makes a deputy end as its body did when the daemon says so
+/// (`BodyStatus`). If the daemon goes away, the deputies are killed (their parents see SIGKILL).
+fn serve_deputies(mut deputies: ferry_deputy::home::Deputies, mut out: impl Write) -> Result<()> {
+    use ferry_deputy::home::Event;
+    use std::os::fd::{AsFd, AsRawFd};
+    ferry_sys::ns::block_signal(libc::SIGCHLD).context("block SIGCHLD")?;
+    let sigchld = ferry_sys::anon_fds::signalfd(
+        1 << (libc::SIGCHLD - 1),
+        libc::SFD_CLOEXEC | libc::SFD_NONBLOCK,
+    )
+    .context("make a signalfd for SIGCHLD")?;
+    // Read unbuffered, frame by frame, so that what poll says is all there is.
+    let mut stdin = std::fs::File::from(
+        std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .context("take stdin")?,
+    );
+    let cancel = ferry_engine::cancel::flag();
+    loop {
+        for ev in deputies.poll() {
+            let msg = match ev {
+                Event::Signal { pid, sig } => Msg::DeputySignal { pid, sig },
+                Event::Ended {
+                    pid,
+                    status,
+                    mirrored,
+                } => Msg::DeputyEnded {
+                    pid,
+                    status,
+                    mirrored,
+                },
+            };
+            write_msg(&mut out, &msg)?;
+        }
+        out.flush()?;
+        if deputies.is_empty() {
+            return Ok(());
+        }
+        if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+            deputies.kill_all();
+            return Ok(());
+        }
+        let ready = ferry_sys::ns::poll_in(&[stdin.as_raw_fd(), sigchld.as_raw_fd()], 500)
+            .context("wait for the daemon and the deputies")?;
+        if ready[1] {
+            let mut buf = [0u8; 128];
+            while matches!(ferry_sys::fdops::read_fd(sigchld.as_raw_fd(), &mut buf), Ok(n) if n > 0)
+            {
+            }
+        }
+        if ready[0] {
+            match next_command(&mut stdin) {
+                Some(Msg::BodyStatus { pid, status }) => {
+                    if let Err(e) = deputies.mirror(pid, status) {
+                        log::error!("{e}");
+                    }
+                }
+                Some(Msg::Kill) | None => {
+                    // Told to, or the daemon is gone: the home gives the tree up.
+                    deputies.kill_all();
+                    for ev in deputies.poll() {
+                        if let Event::Ended { pid, status, .. } = ev {
+                            let _ = write_msg(
+                                &mut out,
+                                &Msg::DeputyEnded {
+                                    pid,
+                                    status,
+                                    mirrored: false,
+                                },
+                            );
+                        }
+                    }
+                    let _ = out.flush();
+                    return Ok(());
+                }
+                Some(other) => log::warn!(
+                    "deputies: unexpected {}",
+                    ferry_transport::message::kind(&other)
+                ),
+            }
+        }
+    }
+}
+
 /// `ferry __restore-worker`: the image arrives on stdin as data frames, and the tree is rebuilt
 /// as it streams in.
-pub fn restore_worker() -> Result<()> {
+pub fn restore_worker(reports: Option<std::path::PathBuf>) -> Result<()> {
     let mut out = BufWriter::new(std::io::stdout().lock());
     let t0 = Instant::now();
     let mut img = match ferry_engine::restore::open(DataReader::new(std::io::stdin().lock()))
@@ -178,7 +282,7 @@ pub fn restore_worker() -> Result<()> {
         Err(e) => return fail(&mut out, &e),
     };
     let open_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let held = match hold::rebuild(&mut img) {
+    let held = match hold::rebuild(&mut img, reports.as_deref()) {
         Ok(h) => h,
         Err(e) => return fail(&mut out, &e),
     };
@@ -226,15 +330,16 @@ mod hold {
         restore_with, OpenImage, RestoreOptions, RestoreReport, RestoredTree,
     };
     use std::io::Read;
+    use std::path::Path;
 
     pub struct Held {
         guest: GuestNamespaces,
         tree: RestoredTree,
     }
 
-    pub fn rebuild<R: Read>(img: &mut OpenImage<R>) -> Result<Held> {
+    pub fn rebuild<R: Read>(img: &mut OpenImage<R>, reports: Option<&Path>) -> Result<Held> {
         let exe = std::env::current_exe().context("find the ferry binary")?;
-        let guest = GuestNamespaces::create(&exe, img.tree.clocks)
+        let guest = GuestNamespaces::create(&exe, img.tree.clocks, reports)
             .context("make namespaces for the guest")?;
         let tree = match restore_with(
             img,

@@ -233,6 +233,8 @@ pub struct Run {
     /// Host PIDs of the guest inits of the namespaces a migrated tree has lived in.
     pub inits: Vec<i32>,
     pub child: Option<Child>,
+    /// The original, left at home as its body's deputy by a migration (our child still).
+    pub deputy: Option<Child>,
     /// exit status of the root, once seen
     pub exited: Option<ExitStatus>,
     /// commands run so far (ferry, redis-cli...) with their outputs
@@ -308,6 +310,7 @@ impl Run {
             inits: Vec::new(),
             child: Some(child),
             exited: None,
+            deputy: None,
             history: String::new(),
             commands: 0,
             ferry: h.ferry.clone(),
@@ -557,6 +560,37 @@ impl Run {
     /// lived in (an init leaves once nothing else is left in its namespace).
     pub fn require_gone(&mut self, after: &str) -> Result<(), Failed> {
         let exit = self.limits.exit;
+        // Before anything reaps zombies (wait_gone does): the deputy's status is ours to see.
+        if let Some(mut d) = self.deputy.take() {
+            // The parent at home sees the end its body had: the program's clean exit.
+            let start = Instant::now();
+            let st = loop {
+                match d.try_wait() {
+                    Ok(Some(st)) => break Some(st),
+                    // Reaped already by a harness loop that reaps every zombie: it ended.
+                    Err(_) => break Some(ExitStatus::from_raw(0)),
+                    Ok(None) => {}
+                }
+                if start.elapsed() > exit {
+                    break None;
+                }
+                sleep(Duration::from_millis(5));
+            };
+            match st {
+                Some(st) if st.success() => {}
+                Some(st) => {
+                    return Err(self.report(&format!(
+                        "the program {after}, but its deputy at home ended with {st}"
+                    )))
+                }
+                None => {
+                    let _ = d.kill();
+                    return Err(self.report(&format!(
+                        "the program {after}, but its deputy at home did not end within {exit:?}"
+                    )));
+                }
+            }
+        }
         if !wait_gone(self.host, exit) {
             return Err(self.report(&format!(
                 "the program {after} but did not exit within {exit:?}"
@@ -724,16 +758,27 @@ impl Run {
                 &format!("no process of node {} is its PID {dest}", hop.to),
             ));
         };
-        // The copy it came from is gone (on the first hop, our child: reaped here).
+        // The copy it came from is gone; except the original at home (our child), which stays
+        // as the deputy of its body: alive, traced, and the one whose end we wait for.
         let old = self.host;
         self.poll_child();
-        if !wait_gone(old, self.limits.tree_gone) {
+        if !self.in_ns && self.child.is_some() {
+            if tracer_of(old) == 0 {
+                return Err(hop.fail(
+                    self,
+                    &format!("migrated from home, but PID {old} there is no deputy"),
+                ));
+            }
+            self.deputy = self.child.take();
+        } else if !wait_gone(old, self.limits.tree_gone) {
             return Err(hop.fail(
                 self,
                 &format!("migrated, but the copy it left (PID {old}) still runs"),
             ));
         }
-        self.poll_child();
+        if self.deputy.is_none() {
+            self.poll_child();
+        }
         self.exited = None;
         self.host = dest;
         self.in_ns = true;
@@ -772,6 +817,10 @@ impl Run {
 
     /// Kill every process of the run (also after failures) and reap them.
     pub fn cleanup(&mut self) {
+        if let Some(mut d) = self.deputy.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
         let start = Instant::now();
         loop {
             if let Some(c) = self.child.as_mut() {
@@ -813,4 +862,16 @@ impl Drop for Run {
     fn drop(&mut self) {
         self.cleanup();
     }
+}
+
+/// The PID tracing `pid` (0 if none, or gone).
+pub fn tracer_of(pid: i32) -> i32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("TracerPid:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }

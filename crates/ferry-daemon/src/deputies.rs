@@ -1,0 +1,362 @@
+//! Homes and bodies: what ties a moved tree to the node it left (ferry_deputy explains the
+//! deputy itself).
+//!
+//! At home ([`Deputies`]): the capture worker of a tree that left stays on as the tracer of its
+//! deputies. Signals sent to a deputy go to the node running its body (`SignalBody`); a
+//! deputy killed at home takes its body with it; the body's end, reported by its node
+//! (`BodyStatus`), is passed to the worker, which makes the deputy end the same way. Only the
+//! node currently running a body may speak for it; the node a body leaves says where it went
+//! (`BodyMoved`).
+//!
+//! On the body's node ([`Bodies`]): a guest tree's PID namespace init reports every child it
+//! reaps on a datagram socket in the data directory (`guests.sock`, root only); the end of a
+//! process whose home is elsewhere is sent there.
+
+use crate::node::Node;
+use crate::workers::Worker;
+use anyhow::{anyhow, bail, Result};
+use ferry_transport::{message::kind, read_msg, write_msg, Frame, Msg};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+
+/// The name of the report socket in a daemon's data directory.
+pub const REPORT_SOCKET: &str = "guests.sock";
+
+struct Entry {
+    /// The node running the body now.
+    body_node: String,
+    /// The deputies' worker, through the task that owns it.
+    to_worker: mpsc::UnboundedSender<Msg>,
+}
+
+/// The deputies of this node: home PID -> where its body runs.
+#[derive(Default)]
+pub struct Deputies {
+    map: Mutex<HashMap<i32, Entry>>,
+}
+
+impl Deputies {
+    /// Where the body of deputy `pid` runs, if `pid` is a deputy here.
+    pub fn body_node(&self, pid: i32) -> Option<String> {
+        let m = self.map.lock().expect("deputies lock");
+        m.get(&pid).map(|e| e.body_node.clone())
+    }
+
+    /// The body of `pid` ended, says node `from`: its deputy ends the same way.
+    pub fn body_ended(&self, from: &str, pid: i32, status: i32) -> Result<()> {
+        let m = self.map.lock().expect("deputies lock");
+        let e = m
+            .get(&pid)
+            .ok_or_else(|| anyhow!("PID {pid} is no deputy here"))?;
+        if e.body_node != from {
+            bail!(
+                "node {from} spoke for PID {pid}, whose body runs on {}",
+                e.body_node
+            );
+        }
+        e.to_worker
+            .send(Msg::BodyStatus { pid, status })
+            .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))
+    }
+
+    /// The tree of deputy `pid` left node `from` for `to`.
+    pub fn body_moved(&self, from: &str, pid: i32, to: &str) -> Result<()> {
+        let mut m = self.map.lock().expect("deputies lock");
+        let e = m
+            .get(&pid)
+            .ok_or_else(|| anyhow!("PID {pid} is no deputy here"))?;
+        if e.body_node != from {
+            bail!(
+                "node {from} moved PID {pid}, whose body runs on {}",
+                e.body_node
+            );
+        }
+        // The whole tree moved: every deputy served by the same worker.
+        let worker = e.to_worker.clone();
+        for e in m.values_mut() {
+            if e.to_worker.same_channel(&worker) {
+                e.body_node = to.to_string();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Takes over a capture worker that has just made deputies of `pids` (the tree of `root`, whose
+/// body now runs on `body_node`), and serves them until the last one ends.
+pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, body_node: String) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    {
+        let mut m = node.deputies.map.lock().expect("deputies lock");
+        for &p in &pids {
+            m.insert(
+                p,
+                Entry {
+                    body_node: body_node.clone(),
+                    to_worker: tx.clone(),
+                },
+            );
+        }
+    }
+    drop(tx);
+    tracing::info!(event = "deputies", root, pids = ?pids, body = %body_node);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                frame = worker.next_frame() => match frame {
+                    Ok(Frame::Msg(Msg::DeputySignal { pid, sig })) => {
+                        let node = node.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = signal_body(&node, pid, sig).await {
+                                tracing::warn!(event = "signal-body-failed", pid, sig,
+                                    error = %format!("{e:#}"));
+                            }
+                        });
+                    }
+                    Ok(Frame::Msg(Msg::DeputyEnded { pid, status, mirrored })) => {
+                        tracing::info!(event = "deputy-ended", pid, status, mirrored);
+                        if !mirrored {
+                            // Killed at home: its body goes too.
+                            if let Err(e) = signal_body(&node, pid, libc::SIGKILL).await {
+                                tracing::warn!(event = "signal-body-failed", pid,
+                                    error = %format!("{e:#}"));
+                            }
+                        }
+                        node.deputies.map.lock().expect("deputies lock").remove(&pid);
+                    }
+                    Ok(other) => tracing::warn!(event = "deputies-worker", root,
+                        frame = %format!("{other:?}").chars().take(60).collect::<String>()),
+                    Err(_) => break,
+                },
+                cmd = rx.recv() => match cmd {
+                    Some(m) => {
+                        if let Err(e) = write_msg(&mut worker.tx, &m).await {
+                            tracing::warn!(event = "deputies-worker-gone", root, error = %e);
+                        }
+                    }
+                    None => break,
+                },
+            }
+        }
+        // The worker is gone (every deputy ended, or it died and they with it).
+        let mut m = node.deputies.map.lock().expect("deputies lock");
+        for p in &pids {
+            m.remove(p);
+        }
+        tracing::info!(event = "deputies-done", root);
+    });
+}
+
+/// Asks the node running the body of `pid` to deliver `sig` to it.
+async fn signal_body(node: &Node, pid: i32, sig: i32) -> Result<()> {
+    let to = node
+        .deputies
+        .body_node(pid)
+        .ok_or_else(|| anyhow!("PID {pid} is no deputy here"))?;
+    ask(node, &to, Msg::SignalBody { pid, sig }).await
+}
+
+/// Sends `msg` to node `to` on a connection of its own and waits for `Done` (or its error).
+pub async fn ask(node: &Node, to: &str, msg: Msg) -> Result<()> {
+    if to == node.name() {
+        // A body back at its home node (in guest namespaces there).
+        return match serve_peer(node, to, msg).await {
+            Msg::Error { message } => bail!("{message}"),
+            _ => Ok(()),
+        };
+    }
+    let mut conn = node.dial(to).await?;
+    write_msg(&mut conn.stream, &msg).await?;
+    match read_msg(&mut conn.stream).await {
+        Ok(Msg::Done) => Ok(()),
+        Ok(Msg::Error { message }) => bail!("node {to}: {message}"),
+        Ok(other) => bail!("node {to} answered {}", kind(&other)),
+        Err(e) => bail!("node {to} did not answer: {e}"),
+    }
+}
+
+/// The guest trees running here for other homes, by the PID namespace they run in.
+#[derive(Default)]
+pub struct Bodies {
+    /// "pid:[inode]" -> (home node, home PID of the root).
+    map: Mutex<HashMap<String, (String, i32)>>,
+    /// (home, PID) -> the stop signal its home sent, delivered here as SIGSTOP (see
+    /// [`Bodies::stop_signal`]); its stop is reported home as that signal's.
+    stop_alias: Mutex<HashMap<(String, i32), i32>>,
+}
+
+fn pid_ns(pid: i32) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+/// The last number of `NSpid` in /proc/PID/status: the process's PID in its own namespace.
+fn inner_pid(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+impl Bodies {
+    /// Records the guest tree whose root runs here as `host_pid`, at home on `home` as `home_pid`.
+    pub fn add(&self, host_pid: i32, home: &str, home_pid: i32) {
+        if let Some(ns) = pid_ns(host_pid) {
+            self.map
+                .lock()
+                .expect("bodies lock")
+                .insert(ns, (home.to_string(), home_pid));
+        }
+    }
+
+    /// Forgets the tree whose root runs here as `host_pid` (it leaves, or is gone).
+    pub fn forget(&self, host_pid: i32) {
+        if let Some(ns) = pid_ns(host_pid) {
+            self.map.lock().expect("bodies lock").remove(&ns);
+        }
+    }
+
+    /// The host PID of the process whose PID is `pid` in the guest tree at home on `home`.
+    pub fn host_pid(&self, home: &str, pid: i32) -> Option<i32> {
+        let namespaces: Vec<String> = {
+            let m = self.map.lock().expect("bodies lock");
+            m.iter()
+                .filter(|(_, (h, _))| h == home)
+                .map(|(ns, _)| ns.clone())
+                .collect()
+        };
+        let dir = std::fs::read_dir("/proc").ok()?;
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .find(|&host| {
+                inner_pid(host) == Some(pid)
+                    && pid_ns(host).is_some_and(|n| namespaces.contains(&n))
+            })
+    }
+
+    /// The signal to deliver here for `sig` sent to the body `host` at home on `home` as `pid`.
+    /// A body's process group is orphaned here (its parent is its namespace's init, in another
+    /// session), and the kernel discards SIGTSTP, SIGTTIN and SIGTTOU sent to an orphaned group
+    /// whose action is the default: such a stop is delivered as SIGSTOP, and reported home as
+    /// the signal that was sent.
+    fn stop_signal(&self, home: &str, pid: i32, host: i32, sig: i32) -> i32 {
+        if ![libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU].contains(&sig) {
+            return sig;
+        }
+        let mask = |key: &str| -> u64 {
+            std::fs::read_to_string(format!("/proc/{host}/status"))
+                .ok()
+                .and_then(|s| {
+                    let v = s
+                        .lines()
+                        .find_map(|l| l.strip_prefix(key))?
+                        .trim()
+                        .to_string();
+                    u64::from_str_radix(&v, 16).ok()
+                })
+                .unwrap_or(0)
+        };
+        let bit = 1u64 << (sig - 1);
+        if (mask("SigCgt:") | mask("SigIgn:")) & bit != 0 {
+            return sig;
+        }
+        self.stop_alias
+            .lock()
+            .expect("bodies lock")
+            .insert((home.to_string(), pid), sig);
+        libc::SIGSTOP
+    }
+
+    /// A report from a guest init: `ns pid status`. Returns the home to tell and what.
+    fn report(&self, line: &str) -> Option<(String, Msg)> {
+        let mut it = line.split_whitespace();
+        let (ns, pid, mut status): (&str, i32, i32) = (
+            it.next()?,
+            it.next()?.parse().ok()?,
+            it.next()?.parse().ok()?,
+        );
+        let mut m = self.map.lock().expect("bodies lock");
+        let (home, root) = m.get(ns)?.clone();
+        let ended = status & 0x7f != 0x7f && status != 0xffff;
+        if pid == root && ended {
+            m.remove(ns);
+        }
+        if status & 0xff == 0x7f && (status >> 8) & 0xff == libc::SIGSTOP {
+            let alias = self
+                .stop_alias
+                .lock()
+                .expect("bodies lock")
+                .remove(&(home.clone(), pid));
+            if let Some(sig) = alias {
+                status = 0x7f | (sig << 8);
+            }
+        }
+        Some((home, Msg::BodyStatus { pid, status }))
+    }
+}
+
+/// Serves the report socket: every process a guest init reaps whose home is elsewhere is
+/// reported to its home.
+pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
+    let mut buf = vec![0u8; 512];
+    loop {
+        let n = match sock.recv(&mut buf).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "guest report socket");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let line = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let Some((home, msg)) = node.bodies.report(&line) else {
+            continue;
+        };
+        let node = node.clone();
+        tokio::spawn(async move {
+            tracing::info!(event = "body-ended", home = %home, report = %line.trim());
+            if home == node.name() {
+                if let Msg::BodyStatus { pid, status } = msg {
+                    let me = node.name().to_string();
+                    if let Err(e) = node.deputies.body_ended(&me, pid, status) {
+                        tracing::debug!(error = %format!("{e:#}"), "body report");
+                    }
+                }
+                return;
+            }
+            if let Err(e) = ask(&node, &home, msg).await {
+                tracing::warn!(event = "report-home-failed", home = %home,
+                    error = %format!("{e:#}"));
+            }
+        });
+    }
+}
+
+/// Serves a peer's `SignalBody`, `BodyStatus` or `BodyMoved`; `from` is the certified peer.
+pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
+    let r = match msg {
+        Msg::SignalBody { pid, sig } => match node.bodies.host_pid(from, pid) {
+            Some(host) => {
+                let sig = node.bodies.stop_signal(from, pid, host, sig);
+                ferry_sys::pidfd::pidfd_open(host)
+                    .and_then(|fd| ferry_sys::pidfd::pidfd_send_signal(&fd, sig))
+                    .map_err(|e| anyhow!("signal {sig} to PID {pid} (here {host}): {e}"))
+            }
+            None => Err(anyhow!("no body of PID {pid} from {from} runs here")),
+        },
+        Msg::BodyStatus { pid, status } => node.deputies.body_ended(from, pid, status),
+        Msg::BodyMoved { pid, node: to } => node.deputies.body_moved(from, pid, &to),
+        other => Err(anyhow!("unexpected {}", kind(&other))),
+    };
+    match r {
+        Ok(()) => Msg::Done,
+        Err(e) => Msg::Error {
+            message: format!("{e:#}"),
+        },
+    }
+}

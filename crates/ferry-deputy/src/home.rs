@@ -1,0 +1,674 @@
+//! The home side of a moved tree: its originals, kept as deputies.
+//!
+//! [`Deputies::from_frozen`] takes a tree the engine froze and captured, once its copy runs
+//! elsewhere (the commit point of a migration), and turns every process of it into a deputy:
+//!
+//! 1. its TCP connections are put in repair mode and its descriptors are closed (the body holds
+//!    the rebuilt ones; a listener or a lock kept here would keep the body from taking it), but
+//!    for its terminals, whose closing would hang up its session at home;
+//! 2. its memory is unmapped, except the vDSO (whose `syscall` instruction runs the calls
+//!    injected from here), one scratch page, and the pages holding its arguments and
+//!    environment (so `ps` and `/proc/PID/cmdline` at home still show its command line);
+//! 3. every thread is parked in `pause()` at that `syscall` instruction, with no signal
+//!    blocked, under `PTRACE_SYSCALL`: it never runs a user instruction again. Each time the
+//!    call returns (a signal interrupted it) the thread is pointed at it once more.
+//!
+//! From then on [`Deputies::poll`] reports the signals sent to a deputy (each suppressed here,
+//! for the body to receive), and [`Deputies::mirror`] makes a deputy end, stop or continue as
+//! its body did.
+//! The threads carry `PTRACE_O_EXITKILL`: if the tracer dies, the deputies die with it (by
+//! SIGKILL, which their parents see) rather than run on without memory.
+
+use ferry_engine::freeze::{FrozenProc, FrozenTree};
+use ferry_engine::procfs;
+use ferry_inject::{find_syscall_insn, Injector, Site};
+use ferry_sys::ptrace;
+use ferry_sys::regs::GpRegs;
+use ferry_sys::wait::{decode, WaitStatus};
+use std::collections::HashMap;
+
+const PAGE: u64 = 4096;
+
+/// The signals whose default action stops a process.
+const STOP_SIGNALS: [i32; 4] = [libc::SIGSTOP, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("deputy PID {pid}: {what}: {source}")]
+    Inject {
+        pid: i32,
+        what: String,
+        source: ferry_inject::InjectError,
+    },
+    #[error("deputy PID {pid}: {what}: {source}")]
+    Sys {
+        pid: i32,
+        what: String,
+        source: ferry_sys::SysError,
+    },
+    #[error("deputy PID {pid}: {source}")]
+    Engine {
+        pid: i32,
+        source: ferry_engine::Error,
+    },
+    #[error("no deputy with PID {0}")]
+    Unknown(i32),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// What happened to a deputy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Signal `sig` was sent to deputy `pid` at home (and held back there): its body's.
+    Signal { pid: i32, sig: i32 },
+    /// Deputy `pid` ended with wait status `status`: as its body did (`mirrored`), or killed at
+    /// home (SIGKILL, which no tracer can hold back: the body must follow).
+    Ended {
+        pid: i32,
+        status: i32,
+        mirrored: bool,
+    },
+}
+
+/// How a deputy was asked to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Exit,
+    Signal(i32),
+}
+
+struct Deputy {
+    pid: i32,
+    syscall_at: u64,
+    scratch: u64,
+    /// Registers the threads are parked with (the leader's at the freeze, redirected).
+    template: GpRegs,
+    threads: Vec<i32>,
+    ending: Option<Ending>,
+    /// The stop signal being delivered to it, as its body stopped.
+    stopping: Option<i32>,
+    /// In group-stop as its body is (its parent at home has seen it stop).
+    stopped: bool,
+    /// A SIGCONT sent to it because its body continued: not news for the body.
+    continuing: bool,
+}
+
+/// The deputies of one moved tree, traced by this thread.
+pub struct Deputies {
+    /// The root of the tree (the first process).
+    root: i32,
+    procs: Vec<Deputy>,
+    /// Per parked thread: whether it is between a system-call entry stop and its exit stop.
+    in_call: HashMap<i32, bool>,
+    /// Events seen while waiting for something else.
+    queued: Vec<Event>,
+}
+
+fn inj_err(pid: i32, what: &str) -> impl FnOnce(ferry_inject::InjectError) -> Error + '_ {
+    move |source| Error::Inject {
+        pid,
+        what: what.to_string(),
+        source,
+    }
+}
+
+fn sys_err(pid: i32, what: String) -> impl FnOnce(ferry_sys::SysError) -> Error {
+    move |source| Error::Sys { pid, what, source }
+}
+
+/// Address ranges of `[start, end)` left once `keep` (sorted, page-aligned) is cut out.
+fn cut(start: u64, end: u64, keep: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = start;
+    for &(ks, ke) in keep {
+        if ke <= at || ks >= end {
+            continue;
+        }
+        if ks > at {
+            out.push((at, ks));
+        }
+        at = at.max(ke);
+    }
+    if at < end {
+        out.push((at, end));
+    }
+    out
+}
+
+impl Deputies {
+    /// Turns every live process of `tree` into a deputy (see the module's documentation). On an
+    /// error the processes already changed cannot run again: they are killed, as a committed
+    /// migration's originals were before deputies existed.
+    pub fn from_frozen(tree: FrozenTree) -> Result<Deputies> {
+        let live: Vec<i32> = tree
+            .procs
+            .iter()
+            .filter(|p| !p.zombie)
+            .map(|p| p.pid)
+            .collect();
+        // Their TCP connections close silently: the body holds them now.
+        ferry_engine::resources::sockets::silence_tcp_connections(&live);
+        let procs = tree.into_procs();
+        let mut deputies = Deputies {
+            root: live.first().copied().unwrap_or(0),
+            procs: Vec::new(),
+            in_call: HashMap::new(),
+            queued: Vec::new(),
+        };
+        let mut failed = None;
+        for p in procs.iter().filter(|p| !p.zombie) {
+            if failed.is_some() {
+                let _ = ptrace::kill(p.pid, libc::SIGKILL);
+                continue;
+            }
+            match Self::deputize(p) {
+                Ok(d) => deputies.procs.push(d),
+                Err(e) => {
+                    let _ = ptrace::kill(p.pid, libc::SIGKILL);
+                    failed = Some(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            deputies.kill_all();
+            return Err(e);
+        }
+        let parked: Vec<(usize, i32)> = deputies
+            .procs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, d)| d.threads.iter().map(move |&t| (i, t)))
+            .collect();
+        for (i, tid) in parked {
+            let (pid, at, template) = {
+                let d = &deputies.procs[i];
+                (d.pid, d.syscall_at, d.template)
+            };
+            deputies.park(pid, tid, at, &template)?;
+        }
+        Ok(deputies)
+    }
+
+    fn deputize(p: &FrozenProc) -> Result<Deputy> {
+        let pid = p.pid;
+        let leader = p
+            .threads
+            .iter()
+            .find(|t| t.tid == pid)
+            .or_else(|| p.threads.first())
+            .ok_or(Error::Unknown(pid))?;
+        let syscall_at = find_syscall_insn(pid).map_err(inj_err(pid, "find a syscall"))?;
+        let stat = procfs::stat(pid).map_err(|source| Error::Engine { pid, source })?;
+        let maps = procfs::smaps(pid).map_err(|source| Error::Engine { pid, source })?;
+        let mut inj = Injector::new(
+            pid,
+            leader.tid,
+            leader.regs,
+            Site {
+                syscall_at,
+                scratch: 0,
+                scratch_len: 0,
+            },
+        )
+        .map_err(inj_err(pid, "prepare"))?;
+        // The kernel writes each thread's rseq area (in memory about to go) whenever the thread
+        // returns to user space: unregistered first, or the first return is a SIGSEGV.
+        for t in &p.threads {
+            let (addr, len, sig) = ptrace::get_rseq(t.tid)
+                .map_err(sys_err(pid, format!("read rseq of thread {}", t.tid)))?;
+            if addr == 0 {
+                continue;
+            }
+            let tinj = Injector::new(
+                pid,
+                t.tid,
+                t.regs,
+                Site {
+                    syscall_at,
+                    scratch: 0,
+                    scratch_len: 0,
+                },
+            )
+            .map_err(inj_err(pid, "prepare"))?;
+            tinj.syscall("rseq", 334, &[addr, len as u64, 1, sig as u64])
+                .map_err(inj_err(pid, "unregister rseq"))?;
+            tinj.finish().map_err(inj_err(pid, "finish"))?;
+        }
+        // Its descriptors go (the body has its own copies of them now: a listener, a lock or a
+        // connection kept here would keep the body from taking it), but for its terminals:
+        // closing a controlling terminal would hang up its session at home.
+        for fd in procfs::fds(pid).unwrap_or_default() {
+            let link = procfs::readlink(pid, &format!("fd/{fd}")).unwrap_or_default();
+            if link.starts_with("/dev/pts/") || link == "/dev/ptmx" || link.starts_with("/dev/tty")
+            {
+                continue;
+            }
+            inj.syscall("close", libc::SYS_close, &[fd as u64])
+                .map_err(inj_err(pid, "close its descriptors"))?;
+        }
+        let scratch = inj
+            .syscall(
+                "mmap",
+                libc::SYS_mmap,
+                &[
+                    0,
+                    PAGE,
+                    (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                    (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                    u64::MAX,
+                    0,
+                ],
+            )
+            .map_err(inj_err(pid, "map a scratch page"))?;
+        inj.set_site(Site {
+            syscall_at,
+            scratch,
+            scratch_len: PAGE,
+        });
+        // Its timers would fire here as well as in the body, which has them: disarmed.
+        let zeros = inj
+            .write_scratch(0, &[0u8; 64])
+            .map_err(inj_err(pid, "write scratch"))?;
+        for which in 0..3u64 {
+            inj.syscall("setitimer", libc::SYS_setitimer, &[which, zeros, 0])
+                .map_err(inj_err(pid, "disarm an interval timer"))?;
+        }
+        let timers = procfs::read(pid, "timers").unwrap_or_default();
+        for id in timers
+            .lines()
+            .filter_map(|l| l.strip_prefix("ID:")?.trim().parse::<u64>().ok())
+        {
+            inj.syscall("timer_delete", libc::SYS_timer_delete, &[id])
+                .map_err(inj_err(pid, "delete a POSIX timer"))?;
+        }
+        // Signals pending now were captured: the body has them. Taken here, so that they are
+        // not forwarded to it a second time.
+        for t in &p.threads {
+            let mut tinj = Injector::new(
+                pid,
+                t.tid,
+                t.regs,
+                Site {
+                    syscall_at,
+                    scratch,
+                    scratch_len: PAGE,
+                },
+            )
+            .map_err(inj_err(pid, "prepare"))?;
+            let set = tinj
+                .write_scratch(128, &u64::MAX.to_ne_bytes())
+                .map_err(inj_err(pid, "write scratch"))?;
+            for _ in 0..1024 {
+                let r = tinj
+                    .syscall_raw(
+                        "rt_sigtimedwait",
+                        libc::SYS_rt_sigtimedwait,
+                        &[set, 0, zeros, 8],
+                    )
+                    .map_err(inj_err(pid, "take a pending signal"))?;
+                if r <= 0 {
+                    break;
+                }
+            }
+            tinj.set_site(Site {
+                syscall_at,
+                scratch,
+                scratch_len: PAGE,
+            });
+            tinj.finish().map_err(inj_err(pid, "finish"))?;
+        }
+        let down = |a: u64| a & !(PAGE - 1);
+        let up = |a: u64| (a + PAGE - 1) & !(PAGE - 1);
+        let mut keep = vec![
+            (scratch, scratch + PAGE),
+            (down(syscall_at), up(syscall_at + 2)),
+        ];
+        if stat.arg_start != 0 && stat.env_end > stat.arg_start {
+            keep.push((down(stat.arg_start), up(stat.env_end)));
+        }
+        for m in &maps {
+            if matches!(
+                m.name.as_str(),
+                "[vdso]" | "[vvar]" | "[vvar_vclock]" | "[vsyscall]"
+            ) {
+                keep.push((m.start, m.end));
+            }
+        }
+        keep.sort_unstable();
+        for m in &maps {
+            for (s, e) in cut(m.start, m.end, &keep) {
+                inj.syscall("munmap", libc::SYS_munmap, &[s, e - s])
+                    .map_err(inj_err(pid, "give its memory back"))?;
+            }
+        }
+        inj.finish().map_err(inj_err(pid, "finish"))?;
+        let options =
+            FrozenTree::OPTIONS | ptrace::PTRACE_O_TRACESYSGOOD | ptrace::PTRACE_O_EXITKILL;
+        for t in &p.threads {
+            ptrace::set_options(t.tid, options).map_err(sys_err(
+                pid,
+                format!("set ptrace options of thread {}", t.tid),
+            ))?;
+        }
+        Ok(Deputy {
+            pid,
+            syscall_at,
+            scratch,
+            template: leader.regs,
+            threads: p.threads.iter().map(|t| t.tid).collect(),
+            ending: None,
+            stopping: None,
+            stopped: false,
+            continuing: false,
+        })
+    }
+
+    /// Points thread `tid` at `pause()` and lets it go into it.
+    fn park(&mut self, pid: i32, tid: i32, syscall_at: u64, template: &GpRegs) -> Result<()> {
+        let mut r = *template;
+        r.rip = syscall_at;
+        r.rax = libc::SYS_pause as u64;
+        r.orig_rax = u64::MAX;
+        ptrace::set_regs(tid, &r).map_err(sys_err(pid, format!("park thread {tid}")))?;
+        ptrace::set_sigmask(tid, 0)
+            .map_err(sys_err(pid, format!("unblock signals of thread {tid}")))?;
+        self.in_call.insert(tid, false);
+        ptrace::syscall(tid, 0).map_err(sys_err(pid, format!("park thread {tid}")))
+    }
+
+    /// The PIDs of the deputies still there.
+    pub fn pids(&self) -> Vec<i32> {
+        self.procs.iter().map(|d| d.pid).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    fn owner(&self, tid: i32) -> Option<usize> {
+        self.procs.iter().position(|d| d.threads.contains(&tid))
+    }
+
+    /// Handles every stop and death waiting to be collected, without blocking, and returns
+    /// what happened (with whatever was seen earlier).
+    pub fn poll(&mut self) -> Vec<Event> {
+        while let Some((tid, status)) = ferry_sys::wait::reap_any() {
+            self.handle(tid, status);
+        }
+        std::mem::take(&mut self.queued)
+    }
+
+    fn handle(&mut self, tid: i32, status: i32) {
+        let Some(i) = self.owner(tid) else {
+            return;
+        };
+        let pid = self.procs[i].pid;
+        let ending = self.procs[i].ending;
+        match decode(status) {
+            WaitStatus::Exited(_) | WaitStatus::Signaled(_) => {
+                self.in_call.remove(&tid);
+                let d = &mut self.procs[i];
+                d.threads.retain(|&t| t != tid);
+                if tid == pid {
+                    self.procs.remove(i);
+                    self.queued.push(Event::Ended {
+                        pid,
+                        status,
+                        mirrored: ending.is_some(),
+                    });
+                    if pid == self.root {
+                        // The tree's root is over: its other deputies, whose bodies ended
+                        // unseen (reaped by their parents over there), or will end with it,
+                        // have nobody at home to wait for them.
+                        for d in &mut self.procs {
+                            d.ending = Some(Ending::Signal(libc::SIGKILL));
+                            let _ = ptrace::kill(d.pid, libc::SIGKILL);
+                        }
+                    }
+                }
+            }
+            WaitStatus::Stopped { sig, event: 0 } if sig == libc::SIGTRAP | 0x80 => {
+                let entering = !self.in_call.get(&tid).copied().unwrap_or(false);
+                if entering {
+                    self.in_call.insert(tid, true);
+                    if let Err(e) = ptrace::syscall(tid, 0) {
+                        log::warn!("deputy PID {pid}: resume thread {tid}: {e}");
+                    }
+                } else {
+                    // The pause returned (a signal interrupted it): into it again.
+                    let (at, template) = (self.procs[i].syscall_at, self.procs[i].template);
+                    if let Err(e) = self.park(pid, tid, at, &template) {
+                        log::warn!("{e}");
+                    }
+                }
+            }
+            WaitStatus::Stopped { sig, event: 0 } => {
+                // A signal about to be delivered.
+                if ending == Some(Ending::Signal(sig)) || self.procs[i].stopping == Some(sig) {
+                    if let Err(e) = ptrace::cont(tid, sig) {
+                        log::warn!("deputy PID {pid}: deliver signal {sig}: {e}");
+                    }
+                    return;
+                }
+                if sig == libc::SIGCONT && self.procs[i].continuing {
+                    // Sent here because the body continued: the body knows.
+                    self.procs[i].continuing = false;
+                    if let Err(e) = ptrace::syscall(tid, 0) {
+                        log::warn!("deputy PID {pid}: hold back SIGCONT: {e}");
+                    }
+                    return;
+                }
+                let info = ptrace::get_siginfo(tid).unwrap_or([0u8; 128]);
+                let code = i32::from_ne_bytes([info[8], info[9], info[10], info[11]]);
+                // The deputy's own children ending (deputies too) are no news for the body,
+                // which has children of its own.
+                let forward = !(sig == libc::SIGCHLD && code > 0);
+                if forward && ending.is_none() {
+                    self.queued.push(Event::Signal { pid, sig });
+                }
+                if let Err(e) = ptrace::syscall(tid, 0) {
+                    log::warn!("deputy PID {pid}: hold back signal {sig}: {e}");
+                }
+            }
+            WaitStatus::Stopped {
+                sig,
+                event: ptrace::PTRACE_EVENT_STOP,
+            } if STOP_SIGNALS.contains(&sig) && self.procs[i].stopping.is_some() => {
+                // In group-stop, as its body: its parent at home has been told. It waits
+                // there for a SIGCONT (PTRACE_LISTEN), which we hear of.
+                self.procs[i].stopped = true;
+                if let Err(e) = ptrace::listen(tid) {
+                    log::warn!("deputy PID {pid}: hold thread {tid} stopped: {e}");
+                }
+            }
+            WaitStatus::Stopped { .. } => {
+                // An interrupt, or the end of a group-stop (SIGCONT): on with the parking.
+                if self.procs[i].stopped {
+                    self.procs[i].stopped = false;
+                    self.procs[i].stopping = None;
+                }
+                if let Err(e) = ptrace::syscall(tid, 0) {
+                    log::warn!("deputy PID {pid}: resume thread {tid}: {e}");
+                }
+            }
+            WaitStatus::Nothing => {}
+        }
+    }
+
+    /// Stops the leader of deputy `i`, handling whatever comes first. Under PTRACE_SYSCALL an
+    /// interrupted `pause` reports its syscall-exit stop instead of an interrupt stop: either
+    /// is a stop to work from. Returns false if the deputy ended meanwhile.
+    fn interrupt(&mut self, i: usize) -> Result<bool> {
+        let pid = self.procs[i].pid;
+        ptrace::interrupt(pid).map_err(sys_err(pid, "interrupt".into()))?;
+        loop {
+            let status = match ferry_sys::wait::wait_raw(pid) {
+                Ok(s) => s,
+                Err(e) => return Err(sys_err(pid, "wait for its stop".into())(e)),
+            };
+            match decode(status) {
+                WaitStatus::Stopped {
+                    event: ptrace::PTRACE_EVENT_STOP,
+                    ..
+                } => return Ok(true),
+                WaitStatus::Stopped { sig, event: 0 }
+                    if sig == libc::SIGTRAP | 0x80
+                        && self.in_call.get(&pid).copied().unwrap_or(false) =>
+                {
+                    self.in_call.insert(pid, false);
+                    return Ok(true);
+                }
+                _ => {}
+            }
+            self.handle(pid, status);
+            if self.owner(pid).is_none() {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Makes deputy `pid` do what its body did: `status` is the body's raw wait status (an exit
+    /// code, the signal that killed it, a stop, or a continue). Its parent at home sees the same.
+    pub fn mirror(&mut self, pid: i32, status: i32) -> Result<()> {
+        let i = self
+            .procs
+            .iter()
+            .position(|d| d.pid == pid)
+            .ok_or(Error::Unknown(pid))?;
+        if status == 0xffff {
+            // Continued: a stopped deputy is woken (its parent is told), and the SIGCONT that
+            // wakes it is not sent back to the body.
+            let d = &mut self.procs[i];
+            if d.stopped || d.stopping.is_some() {
+                d.continuing = true;
+                ptrace::kill(pid, libc::SIGCONT).map_err(sys_err(pid, "continue".into()))?;
+            }
+            return Ok(());
+        }
+        if status & 0xff == 0x7f {
+            let sig = (status >> 8) & 0xff;
+            if self.procs[i].stopped || self.procs[i].stopping.is_some() {
+                return Ok(());
+            }
+            if !self.interrupt(i)? {
+                return Ok(());
+            }
+            if sig != libc::SIGSTOP {
+                self.default_action(i, sig)?;
+            }
+            let d = &mut self.procs[i];
+            d.stopping = Some(sig);
+            ptrace::tgkill(pid, pid, sig).map_err(sys_err(pid, format!("send signal {sig}")))?;
+            return ptrace::syscall(pid, 0).map_err(sys_err(pid, "resume".into()));
+        }
+        if !self.interrupt(i)? {
+            return Ok(());
+        }
+        let i = self
+            .procs
+            .iter()
+            .position(|d| d.pid == pid)
+            .ok_or(Error::Unknown(pid))?;
+        let (at, template) = {
+            let d = &self.procs[i];
+            (d.syscall_at, d.template)
+        };
+        match decode(status) {
+            WaitStatus::Signaled(sig) if sig != libc::SIGKILL => {
+                self.default_action(i, sig)?;
+                self.procs[i].ending = Some(Ending::Signal(sig));
+                ptrace::set_sigmask(pid, 0).map_err(sys_err(pid, "unblock signals".into()))?;
+                ptrace::tgkill(pid, pid, sig)
+                    .map_err(sys_err(pid, format!("send signal {sig}")))?;
+                ptrace::syscall(pid, 0).map_err(sys_err(pid, "resume".into()))?;
+            }
+            WaitStatus::Signaled(_) => {
+                self.procs[i].ending = Some(Ending::Signal(libc::SIGKILL));
+                ptrace::kill(pid, libc::SIGKILL).map_err(sys_err(pid, "kill".into()))?;
+            }
+            WaitStatus::Exited(code) => {
+                let mut r = template;
+                r.rip = at;
+                r.rax = libc::SYS_exit_group as u64;
+                r.rdi = code as u64;
+                r.orig_rax = u64::MAX;
+                ptrace::set_regs(pid, &r).map_err(sys_err(pid, "prepare its exit".into()))?;
+                self.procs[i].ending = Some(Ending::Exit);
+                ptrace::cont(pid, 0).map_err(sys_err(pid, "resume".into()))?;
+            }
+            _ => {
+                // Not an end: leave it parked.
+                ptrace::syscall(pid, 0).map_err(sys_err(pid, "resume".into()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives signal `sig` its default action in stopped deputy `i` (a kernel_sigaction of
+    /// zeros), and turns core files off (the body's node has the body's).
+    fn default_action(&mut self, i: usize, sig: i32) -> Result<()> {
+        let (pid, at, scratch) = {
+            let d = &self.procs[i];
+            (d.pid, d.syscall_at, d.scratch)
+        };
+        let regs = ptrace::get_regs(pid).map_err(sys_err(pid, "read registers".into()))?;
+        let inj = Injector::new(
+            pid,
+            pid,
+            regs,
+            Site {
+                syscall_at: at,
+                scratch,
+                scratch_len: PAGE,
+            },
+        )
+        .map_err(inj_err(pid, "prepare"))?;
+        let sa = inj
+            .write_scratch(0, &[0u8; 32])
+            .map_err(inj_err(pid, "write a sigaction"))?;
+        inj.syscall(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            &[sig as u64, sa, 0, 8],
+        )
+        .map_err(inj_err(pid, "reset a signal's action"))?;
+        let zero = inj
+            .write_scratch(64, &[0u8; 16])
+            .map_err(inj_err(pid, "write an rlimit"))?;
+        inj.syscall(
+            "prlimit64",
+            libc::SYS_prlimit64,
+            &[0, libc::RLIMIT_CORE as u64, zero, 0],
+        )
+        .map_err(inj_err(pid, "turn core files off"))?;
+        inj.finish().map_err(inj_err(pid, "finish"))
+    }
+
+    /// Kills every deputy (the home gives up on the tree) and collects their deaths.
+    pub fn kill_all(&mut self) {
+        for d in &mut self.procs {
+            d.ending = Some(Ending::Signal(libc::SIGKILL));
+            let _ = ptrace::kill(d.pid, libc::SIGKILL);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !self.procs.is_empty() && std::time::Instant::now() < deadline {
+            let _ = self.poll();
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut;
+
+    #[test]
+    fn cut_keeps_what_is_asked() {
+        assert_eq!(cut(0, 100, &[]), vec![(0, 100)]);
+        assert_eq!(cut(0, 100, &[(20, 30)]), vec![(0, 20), (30, 100)]);
+        assert_eq!(cut(0, 100, &[(0, 100)]), vec![]);
+        assert_eq!(cut(10, 50, &[(0, 20), (40, 60)]), vec![(20, 40)]);
+        assert_eq!(cut(10, 50, &[(60, 70)]), vec![(10, 50)]);
+    }
+}
