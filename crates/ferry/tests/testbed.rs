@@ -181,8 +181,7 @@ fn moved_a_to_b_and_back_keeps_its_shared_files() {
     grows("the counter to start");
     let o = c.run("a", &["migrate", &pid.to_string(), "--to", "b"]);
     assert!(o.status.success(), "a -> b: {}", text(&o));
-    // (The original is gone: reap it.)
-    let _ = child.wait();
+    // (The original stays here as the deputy of its body, our child still.)
     grows("the counter to count on b");
     let o = c.run("b", &["migrate", &pid.to_string(), "--to", "a", "--json"]);
     assert!(o.status.success(), "b -> a: {}", text(&o));
@@ -190,6 +189,13 @@ fn moved_a_to_b_and_back_keeps_its_shared_files() {
     let there = report["dest_pid"].as_i64().unwrap() as i32;
     grows("the counter to count on a again");
     kill9(there);
+    // The deputy ends as its body did.
+    let st = child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st),
+        Some(9),
+        "{st:?}"
+    );
     let all = lines();
     let mut hosts = Vec::new();
     for (i, l) in all.lines().enumerate() {
@@ -227,7 +233,7 @@ fn cluster_down_leaves_nothing_behind() {
         .unwrap();
     let o = c.run("a", &["migrate", &child.id().to_string(), "--to", "b"]);
     assert!(o.status.success(), "{}", text(&o));
-    let _ = child.wait();
+    // The original stays here as the guest's deputy (our child) until the cluster goes.
     let inits: Vec<i32> = ["b", "c"].iter().map(|n| c.init_pid(n).unwrap()).collect();
     let kinds = ["net", "mnt", "pid", "uts", "ipc"];
     let theirs: Vec<String> = inits
@@ -260,6 +266,18 @@ fn cluster_down_leaves_nothing_behind() {
             common::proc_state(*p).is_none_or(|s| s == 'Z'),
             "node init {p} still runs"
         );
+    }
+    // Its home's daemon gone, the deputy is gone too (killed with its tracer).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deputy outlived the cluster"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(links(), Vec::<String>::new(), "links left");
     let o = ip(&[
