@@ -102,8 +102,23 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
     drop(tx);
     tracing::info!(event = "deputies", root, pids = ?pids, body = %body_node);
     tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        let mut body_lost = false;
         loop {
             tokio::select! {
+                _ = tick.tick() => {
+                    // The body's node declared dead by the membership: the body is gone, and
+                    // its deputy ends as a process killed by SIGKILL would.
+                    let body = node.deputies.body_node(root);
+                    if !body_lost && body.as_deref().is_some_and(|b| node.membership.is_down(b)) {
+                        body_lost = true;
+                        tracing::warn!(event = "body-node-down", root, body = ?body);
+                        let lost = Msg::BodyStatus { pid: root, status: libc::SIGKILL };
+                        if let Err(e) = write_msg(&mut worker.tx, &lost).await {
+                            tracing::warn!(event = "deputies-worker-gone", root, error = %e);
+                        }
+                    }
+                }
                 frame = worker.next_frame() => match frame {
                     Ok(Frame::Msg(Msg::DeputySignal { pid, sig })) => {
                         let node = node.clone();

@@ -52,6 +52,10 @@ fn main() {
             parent_sees_stop_continue_exit,
         ),
         Trial::test(
+            "a_body_lost_with_its_node_is_killed_at_home",
+            body_lost_with_its_node,
+        ),
+        Trial::test(
             "a_pipeline_stage_is_refused_not_broken",
             pipeline_stage_refused,
         ),
@@ -1122,3 +1126,25 @@ while True:
     open(d+'/events','a').write(ev+'\n')
     if not (os.WIFSTOPPED(st) or os.WIFCONTINUED(st)): break
 "#;
+
+/// The node running a body dies (its whole machine: the node's init and everything in its
+/// namespaces): once the membership declares it dead, the deputy at home ends as a process
+/// killed by SIGKILL, and its parent sees exactly that. Nothing waits forever.
+fn body_lost_with_its_node() -> Result<(), Failed> {
+    let c = Cluster::up("bodylost", 2);
+    let dir = scratch("migration", "bodylost");
+    let mut t = Ticker::start(&dir, 4);
+    let home = t.pid();
+    migrate(&c, "a", home, "b").map_err(|e| format!("a -> b: {e}"))?;
+    assert_ne!(tracer(home), 0, "no deputy at home");
+    let init = c
+        .init_pid("b")
+        .ok_or("node b has no init of its own (not a separate node)")?;
+    kill_host_pid(init as i64);
+    let st = t
+        .wait_end(Duration::from_secs(60))
+        .ok_or("the deputy outlived its body's node")?;
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    Ok(())
+}
