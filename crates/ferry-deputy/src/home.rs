@@ -554,6 +554,14 @@ impl Deputies {
             if !self.interrupt(i)? {
                 return Ok(());
             }
+            // The kernel discards SIGTSTP, SIGTTIN and SIGTTOU sent to an orphaned process
+            // group: the deputy of a body stopped by one (delivered as SIGSTOP over there, where
+            // its group is always orphaned) stops by SIGSTOP then.
+            let sig = if sig != libc::SIGSTOP && pgrp_orphaned(pid) {
+                libc::SIGSTOP
+            } else {
+                sig
+            };
             if sig != libc::SIGSTOP {
                 self.default_action(i, sig)?;
             }
@@ -657,6 +665,25 @@ impl Deputies {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
+}
+
+/// Whether the process group of `pid` is orphaned: no member has a parent in another group of
+/// the same session (POSIX; the kernel's `is_current_pgrp_orphaned`).
+fn pgrp_orphaned(pid: i32) -> bool {
+    let Ok(me) = procfs::stat(pid) else {
+        return false;
+    };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    !dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|p| procfs::stat(p).ok())
+        .filter(|s| s.pgid == me.pgid)
+        .any(|member| {
+            procfs::stat(member.ppid)
+                .is_ok_and(|parent| parent.pgid != me.pgid && parent.sid == me.sid)
+        })
 }
 
 #[cfg(test)]

@@ -1108,13 +1108,17 @@ fn parent_sees_stop_continue_exit() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A parent (argv[1]: a directory) that forks a child waiting for `DIR/go` to exit with 3,
+/// A parent (argv[1]: a directory) leading a session of its own, that forks a child (in a
+/// process group of its own, which is therefore not orphaned: the kernel discards SIGTSTP sent
+/// to an orphaned group) waiting for `DIR/go` to exit with 3,
 /// writes its PID in `DIR/pid`, and appends every change `waitpid(WUNTRACED | WCONTINUED)`
 /// reports to `DIR/events`.
 const JOBCTL_PARENT: &str = r#"import os,sys
 d=sys.argv[1]
+os.setsid()
 pid=os.fork()
 if pid==0:
+    os.setpgid(0,0)
     os.execvp('python3',['python3','-c','import os,sys,time\nwhile not os.path.exists(sys.argv[1]+"/go"): time.sleep(0.02)\nsys.exit(3)',d])
 open(d+'/pid.tmp','w').write(str(pid)); os.rename(d+'/pid.tmp',d+'/pid')
 while True:
