@@ -66,6 +66,16 @@ pub fn run(a: Args) -> Result<()> {
     if a.runs == 0 {
         bail!("--runs must be at least 1");
     }
+    // The children must hold nothing of whatever started the benchmark: a pipe inherited from
+    // it would be shared with a process that stays behind, which a migration refuses.
+    for fd in std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&fd| fd > 2)
+    {
+        // SAFETY: fcntl on a descriptor number; at worst EBADF.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
     let ferry = ferry_binary(a.ferry.as_deref())?;
     let cluster = Cluster::up(&ferry, a.port)?;
     let moved = |c: &Child| -> Result<()> {
