@@ -505,15 +505,7 @@ fn guests_survive_restart() -> Result<(), Failed> {
 /// A deputy: the original a migration left at home (crates/ferry-deputy), traced by its worker
 /// and holding no memory but the vDSO and a few pages. Not a copy: it never runs the program.
 fn is_deputy(pid: i32) -> bool {
-    let traced = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("TracerPid:"))
-                .and_then(|v| v.trim().parse::<i32>().ok())
-        })
-        .unwrap_or(0)
-        != 0;
+    let traced = common::run::tracer_of(pid) != 0;
     let mappings = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .map(|m| m.lines().count())
         .unwrap_or(usize::MAX);

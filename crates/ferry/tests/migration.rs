@@ -236,18 +236,6 @@ fn pid_alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
-/// The PID tracing `pid` (0 if none): a deputy is traced by its home's engine worker.
-fn tracer(pid: i32) -> i32 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("TracerPid:"))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 fn kill_host_pid(pid: i64) {
     let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
 }
@@ -275,7 +263,11 @@ fn migrate_around() -> Result<(), Failed> {
             // Leaving home, the original stays there as the body's deputy: alive (to its
             // parent, this test), traced, holding no memory.
             assert!(pid_alive(home), "no deputy of {home} at home");
-            assert_ne!(tracer(home), 0, "PID {home} at home is not a deputy");
+            assert_ne!(
+                common::run::tracer_of(home),
+                0,
+                "PID {home} at home is not a deputy"
+            );
             let rss = std::fs::read_to_string(format!("/proc/{home}/status")).unwrap();
             let rss_kb: u64 = rss
                 .lines()
@@ -462,7 +454,7 @@ fn destination_dies_after_rebuild() -> Result<(), Failed> {
     // Past the commit point the copy must run, even without its daemon; the original stays
     // at home as its deputy.
     assert!(
-        pid_alive(pid) && tracer(pid) != 0,
+        pid_alive(pid) && common::run::tracer_of(pid) != 0,
         "the original is not its copy's deputy"
     );
     t.assert_alive("on b after its daemon died");
@@ -904,21 +896,7 @@ fn shell_waits_for_moved_child() -> Result<(), Failed> {
             .spawn()
             .unwrap(),
     );
-    let job_pid = |k: &str| -> Result<i32, Failed> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(p) = std::fs::read_to_string(dir.join(k).join("pid"))
-                .ok()
-                .and_then(|s| s.parse().ok())
-            {
-                return Ok(p);
-            }
-            if Instant::now() > deadline {
-                return Err(format!("job {k} did not start").into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let job_pid = |k: &str| pid_from(&dir.join(k).join("pid"), &format!("job {k}"));
     let counting = |k: &str, what: &str| -> Result<(), Failed> {
         let count = || -> u64 {
             std::fs::read_to_string(dir.join(k).join("count"))
@@ -942,7 +920,11 @@ fn shell_waits_for_moved_child() -> Result<(), Failed> {
     let r = migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
     let body = r["dest_pid"].as_i64().ok_or("no dest_pid")? as i32;
     let body = c.host_pid("b", body).ok_or("the body is not on b")?;
-    assert_ne!(tracer(pid), 0, "PID {pid} at home is not a deputy");
+    assert_ne!(
+        common::run::tracer_of(pid),
+        0,
+        "PID {pid} at home is not a deputy"
+    );
     counting("exit", "after the move")?;
     let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .unwrap()
@@ -1022,17 +1004,7 @@ fn pipeline_stage_refused() -> Result<(), Failed> {
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let pid: i32 = loop {
-        if let Some(p) = std::fs::read_to_string(dir.join("pid"))
-            .ok()
-            .and_then(|s| s.parse().ok())
-        {
-            break p;
-        }
-        assert!(Instant::now() < deadline, "the reader did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let pid = pid_from(&dir.join("pid"), "the reader")?;
     let e = migrate(&c, "a", pid, "b").expect_err("a pipeline stage must be refused");
     assert!(e.contains("pipe:["), "{e}");
     assert!(e.contains("not in the tree"), "{e}");
@@ -1064,17 +1036,7 @@ fn parent_sees_stop_continue_exit() -> Result<(), Failed> {
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let pid: i32 = loop {
-        if let Some(v) = std::fs::read_to_string(dir.join("pid"))
-            .ok()
-            .and_then(|s| s.parse().ok())
-        {
-            break v;
-        }
-        assert!(Instant::now() < deadline, "the child did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let pid = pid_from(&dir.join("pid"), "the child")?;
     let r = migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
     let body = r["dest_pid"].as_i64().ok_or("no dest_pid")? as i32;
     let body = c.host_pid("b", body).ok_or("the body is not on b")?;
@@ -1140,7 +1102,7 @@ fn body_lost_with_its_node() -> Result<(), Failed> {
     let mut t = Ticker::start(&dir, 4);
     let home = t.pid();
     migrate(&c, "a", home, "b").map_err(|e| format!("a -> b: {e}"))?;
-    assert_ne!(tracer(home), 0, "no deputy at home");
+    assert_ne!(common::run::tracer_of(home), 0, "no deputy at home");
     let init = c
         .init_pid("b")
         .ok_or("node b has no init of its own (not a separate node)")?;
@@ -1151,4 +1113,21 @@ fn body_lost_with_its_node() -> Result<(), Failed> {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
     Ok(())
+}
+
+/// The PID a victim wrote to `path` (atomically, by rename), waiting up to 10 s for it.
+fn pid_from(path: &Path, what: &str) -> Result<i32, Failed> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(p) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            return Ok(p);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{what} did not start").into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
