@@ -36,6 +36,7 @@ impl LoadSampler {
             guests,
             accepting,
             stale: false,
+            ..Default::default()
         })
     }
 }

@@ -4,6 +4,12 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod hosts;
+pub mod owner;
+
+pub use hosts::HostGrant;
+pub use owner::{AcceptPolicy, OwnerState};
+
 /// What a node publishes about itself through the membership gossip.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeLoad {
@@ -24,6 +30,13 @@ pub struct NodeLoad {
     /// no guest and is never chosen.
     #[serde(default)]
     pub stale: bool,
+    /// The owner's policy and whether the machine is idle by it (crate::owner).
+    #[serde(default)]
+    pub owner: OwnerState,
+    /// Who holds this host, one application per class (crate::hosts). The host itself is the
+    /// authority on these; the gossip carries them for everyone's fairness decisions.
+    #[serde(default)]
+    pub grants: Vec<HostGrant>,
 }
 
 /// A console used within this many seconds means someone is at the machine (Sprite used 30 s).
@@ -99,6 +112,7 @@ mod tests {
             guests,
             accepting: true,
             stale: false,
+            ..Default::default()
         }
     }
 

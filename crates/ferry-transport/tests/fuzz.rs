@@ -123,6 +123,7 @@ fn messages() -> Vec<Msg> {
                 guests: 1,
                 accepting: true,
                 stale: false,
+                ..Default::default()
             }),
         }]),
         Msg::ListProcesses,

@@ -490,6 +490,7 @@ fn a_forged_load_record_is_ignored() {
             guests: 0,
             accepting: false,
             stale: false,
+            ..Default::default()
         },
     };
     let _liar = Liar::start(
