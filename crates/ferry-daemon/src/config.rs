@@ -44,6 +44,12 @@ pub struct Config {
     /// Everything else on a node is its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared: Option<PathBuf>,
+    /// A cgroup (a directory of the cgroup v1 `cpu` hierarchy) the daemon joins as it starts,
+    /// with everything it starts: remote runs, workers, and the guests it rebuilds, which
+    /// join it instead of the CPU cgroup their image names. Its `cpu.cfs_quota_us` is the
+    /// node's share of the machine (`ferry cluster up --cpu-quota`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_cgroup: Option<PathBuf>,
     pub credentials: CredentialPaths,
 }
 

@@ -439,11 +439,16 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         return Ok(());
     }
     let reports = node.config.data_dir.join(crate::deputies::REPORT_SOCKET);
-    let worker_args = [
+    let mut worker_args = vec![
         "__restore-worker".to_string(),
         "--reports".to_string(),
         reports.to_string_lossy().into_owned(),
     ];
+    // A node held to a CPU quota keeps its guests in it.
+    if let Some(cg) = &node.config.cpu_cgroup {
+        worker_args.push("--cpu-cgroup".to_string());
+        worker_args.push(cg.to_string_lossy().into_owned());
+    }
     let mut worker = match Worker::spawn(&node.exe, &worker_args) {
         Ok(w) => w,
         Err(e) => {

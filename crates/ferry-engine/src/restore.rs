@@ -201,6 +201,11 @@ pub struct RestoreOptions<'a> {
     /// are the caller's tried, and then only for the very file captured (`crate::reopen`).
     /// A restore on behalf of a user passes that user's credentials here.
     pub caller: Option<&'a ferry_sys::fsid::FsCreds>,
+    /// The CPU cgroup (a directory of the cgroup v1 hierarchy holding the `cpu` controller)
+    /// every rebuilt process joins instead of the one the image names: the node's own, where
+    /// a node is held to a CPU quota (`ferry cluster up --cpu-quota`). Other hierarchies are
+    /// restored as usual.
+    pub cpu_cgroup: Option<&'a std::path::Path>,
 }
 
 /// The PIDs and TIDs of an image.
@@ -491,6 +496,7 @@ pub fn restore_with<R: Read>(
         spare_fd,
         place,
         ferry_pidfd: &ferry_pidfd,
+        cpu_cgroup: opts.cpu_cgroup,
     };
     let mut exiting_leaders = Vec::new();
     match build(&mut cx, &mut husks, &mut live, &mut exiting_leaders, t0) {
@@ -531,6 +537,7 @@ struct BuildContext<'a, R: Read> {
     spare_fd: i32,
     place: Place<'a>,
     ferry_pidfd: &'a std::os::fd::OwnedFd,
+    cpu_cgroup: Option<&'a std::path::Path>,
 }
 
 fn build<R: Read>(
@@ -569,7 +576,7 @@ fn build<R: Read>(
         });
         husks.push(h);
         // Into its cgroups before its memory is charged and its CPU affinity set.
-        crate::resources::cgroups::restore(husks.last().expect("just pushed"), p)?;
+        crate::resources::cgroups::restore(husks.last().expect("just pushed"), p, cx.cpu_cgroup)?;
         // A session leader takes its controlling terminal before it forks its session.
         crate::resources::tty::take_ctty(husks.last().expect("just pushed"), p)?;
     }

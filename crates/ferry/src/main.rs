@@ -55,6 +55,9 @@ enum Command {
         /// The datagram socket the guest init reports the end of the tree's processes to.
         #[arg(long)]
         reports: Option<std::path::PathBuf>,
+        /// The node's CPU cgroup the rebuilt processes join (a node held to a CPU quota).
+        #[arg(long)]
+        cpu_cgroup: Option<std::path::PathBuf>,
     },
     #[command(name = "__guest-init", hide = true)]
     GuestInit(commands::guest_init::Args),
@@ -93,7 +96,10 @@ fn main() {
         Command::Accept(a) => commands::accept::run(a, node),
         Command::Cluster(c) => commands::cluster::run(c),
         Command::CaptureWorker { pid } => commands::worker::capture_worker(pid),
-        Command::RestoreWorker { reports } => commands::worker::restore_worker(reports),
+        Command::RestoreWorker {
+            reports,
+            cpu_cgroup,
+        } => commands::worker::restore_worker(reports, cpu_cgroup),
     };
     if let Err(e) = result {
         eprintln!("ferry: {e:#}");

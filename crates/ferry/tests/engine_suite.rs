@@ -869,6 +869,7 @@ fn run_held(suite: &Suite, resume: bool) -> Result<(), Failed> {
         &RestoreOptions {
             guest: Some(&guest),
             caller: None,
+            cpu_cgroup: None,
         },
     )
     .map_err(|e| run.report(&format!("restore_with: {e}")))?;

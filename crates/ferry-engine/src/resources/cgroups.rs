@@ -111,8 +111,15 @@ fn unescape(s: &str) -> String {
 
 /// Moves a rebuilt process into the cgroups of the image, in every hierarchy it names that is
 /// mounted here (a hierarchy that is not is skipped, with a warning: the process cannot be in
-/// it). A cgroup missing from its hierarchy fails, naming it.
-pub fn restore(h: &Husk, p: &Process) -> Result<()> {
+/// it). A cgroup missing from its hierarchy fails, naming it. With `cpu_cgroup` (the node's
+/// own CPU cgroup, `RestoreOptions::cpu_cgroup`), the process joins that one instead in the
+/// v1 hierarchy holding the `cpu` controller.
+pub fn restore(h: &Husk, p: &Process, cpu_cgroup: Option<&std::path::Path>) -> Result<()> {
+    if let Some(dir) = cpu_cgroup {
+        std::fs::write(dir.join("cgroup.procs"), h.host.to_string()).ctx(p.pid, || {
+            format!("join the node's CPU cgroup {}", dir.display())
+        })?;
+    }
     if p.cgroups.is_empty() {
         return Ok(());
     }
@@ -120,6 +127,9 @@ pub fn restore(h: &Husk, p: &Process) -> Result<()> {
     let mounts = mounts();
     for cg in &p.cgroups {
         let k = key(&cg.controllers);
+        if cpu_cgroup.is_some() && k.contains("cpu") {
+            continue;
+        }
         if now
             .iter()
             .any(|n| key(&n.controllers) == k && n.path == cg.path)

@@ -13,6 +13,7 @@
 //!   directory tree, `--shared`, stands for a network file system: the same on every node.
 
 use super::client::{self, cluster_dir, local_nodes};
+use super::cluster_cpu;
 use super::cluster_net::Net;
 use anyhow::{bail, Context, Result};
 use ferry_daemon::Config;
@@ -75,6 +76,11 @@ pub struct UpArgs {
     /// [default with `--isolation separate`: DIR/shared].
     #[arg(long)]
     pub shared: Option<PathBuf>,
+    /// Hold each node (its daemon and everything it runs: remote runs, guests) to FRACTION
+    /// of one CPU (cgroup v1 `cpu.cfs_quota_us`), so that e.g. 4 nodes of 0.5 share 2 cores
+    /// as 4 slow machines.
+    #[arg(long, value_name = "FRACTION")]
+    pub cpu_quota: Option<f64>,
 }
 
 #[derive(
@@ -91,6 +97,9 @@ pub enum Isolation {
 struct State {
     isolation: Isolation,
     net: Option<Net>,
+    /// The cluster's cgroup in the `cpu` hierarchy (`--cpu-quota`), removed by `down`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cpu_cgroup: Option<PathBuf>,
 }
 
 const STATE: &str = "cluster.json";
@@ -214,6 +223,14 @@ fn up(a: UpArgs) -> Result<()> {
 }
 
 fn start(a: &UpArgs, dir: &Path) -> Result<()> {
+    let quota = match a.cpu_quota {
+        Some(f) => {
+            let quota_us = cluster_cpu::check_fraction(f)?;
+            let cg = cluster_cpu::cluster_cgroup(&cluster_cpu::cpu_hierarchy()?, dir);
+            Some((cg, quota_us))
+        }
+        None => None,
+    };
     let shared = match (&a.shared, a.isolation) {
         (Some(p), _) => Some(p.clone()),
         (None, Isolation::Separate) => Some(dir.join("shared")),
@@ -244,6 +261,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
     let state = State {
         isolation: a.isolation,
         net,
+        cpu_cgroup: quota.as_ref().map(|(cg, _)| cg.clone()),
     };
     std::fs::write(dir.join(STATE), serde_json::to_vec_pretty(&state)?)
         .with_context(|| format!("write {}", dir.join(STATE).display()))?;
@@ -283,6 +301,10 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             },
             revoked: Some(revoked.clone()),
             shared: shared.clone(),
+            cpu_cgroup: match &quota {
+                Some((cg, quota_us)) => Some(cluster_cpu::make_node_cgroup(cg, name, *quota_us)?),
+                None => None,
+            },
             credentials: ca.issue_node_files(name, &certs)?,
         };
         let cfg_path = data_dir.join("ferry.toml");
@@ -326,7 +348,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
         }
     }
     println!(
-        "local cluster of {} nodes up in {} ({} nodes{})",
+        "local cluster of {} nodes up in {} ({} nodes{}{})",
         names.len(),
         dir.display(),
         match a.isolation {
@@ -336,6 +358,14 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
         shared
             .as_ref()
             .map(|s| format!(", shared tree {}", s.display()))
+            .unwrap_or_default(),
+        quota
+            .as_ref()
+            .map(|(cg, q)| format!(
+                ", each held to {:.2} CPU by {}/NODE",
+                *q as f64 / cluster_cpu::PERIOD_US as f64,
+                cg.display()
+            ))
             .unwrap_or_default()
     );
     for (i, name) in names.iter().enumerate() {
@@ -528,6 +558,9 @@ fn stop(dir: &Path) -> Result<(usize, usize)> {
     let state: Option<State> = std::fs::read(dir.join(STATE))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
+    if let Some(cg) = state.as_ref().and_then(|s| s.cpu_cgroup.as_ref()) {
+        cluster_cpu::remove(cg)?;
+    }
     if let Some(net) = state.and_then(|s| s.net) {
         net.remove(&names)
             .with_context(|| format!("remove the links of the cluster in {}", dir.display()))?;

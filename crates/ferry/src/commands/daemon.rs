@@ -21,6 +21,12 @@ pub fn run(a: Args) -> Result<()> {
         .with_ansi(false)
         .init();
     let config = ferry_daemon::Config::load(&a.config)?;
+    // Before any thread or child: all of them are the node's.
+    if let Some(cg) = &config.cpu_cgroup {
+        let procs = cg.join("cgroup.procs");
+        std::fs::write(&procs, std::process::id().to_string())
+            .with_context(|| format!("join the node's CPU cgroup ({})", procs.display()))?;
+    }
     let exe = std::env::current_exe().context("find the ferry binary")?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -4,6 +4,7 @@ pub mod accept;
 pub mod checkpoint;
 pub mod client;
 pub mod cluster;
+pub mod cluster_cpu;
 pub mod cluster_net;
 pub mod daemon;
 pub mod guest_init;

@@ -53,6 +53,7 @@ pub fn run(a: Args) -> Result<()> {
         guest: guest.as_ref(),
         // The CLI is root's: files are opened as each process, then as Ferry itself.
         caller: None,
+        cpu_cgroup: None,
     };
     let report = restore_with(&mut img, &opts)
         .and_then(|tree| tree.resume())

@@ -272,7 +272,10 @@ fn serve_deputies(mut deputies: ferry_deputy::home::Deputies, mut out: impl Writ
 
 /// `ferry __restore-worker`: the image arrives on stdin as data frames, and the tree is rebuilt
 /// as it streams in.
-pub fn restore_worker(reports: Option<std::path::PathBuf>) -> Result<()> {
+pub fn restore_worker(
+    reports: Option<std::path::PathBuf>,
+    cpu_cgroup: Option<std::path::PathBuf>,
+) -> Result<()> {
     let mut out = BufWriter::new(std::io::stdout().lock());
     let t0 = Instant::now();
     let mut img = match ferry_engine::restore::open(DataReader::new(std::io::stdin().lock()))
@@ -282,7 +285,7 @@ pub fn restore_worker(reports: Option<std::path::PathBuf>) -> Result<()> {
         Err(e) => return fail(&mut out, &e),
     };
     let open_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let held = match hold::rebuild(&mut img, reports.as_deref()) {
+    let held = match hold::rebuild(&mut img, reports.as_deref(), cpu_cgroup.as_deref()) {
         Ok(h) => h,
         Err(e) => return fail(&mut out, &e),
     };
@@ -337,7 +340,11 @@ mod hold {
         tree: RestoredTree,
     }
 
-    pub fn rebuild<R: Read>(img: &mut OpenImage<R>, reports: Option<&Path>) -> Result<Held> {
+    pub fn rebuild<R: Read>(
+        img: &mut OpenImage<R>,
+        reports: Option<&Path>,
+        cpu_cgroup: Option<&Path>,
+    ) -> Result<Held> {
         let exe = std::env::current_exe().context("find the ferry binary")?;
         let guest = GuestNamespaces::create(&exe, img.tree.clocks, reports)
             .context("make namespaces for the guest")?;
@@ -347,6 +354,7 @@ mod hold {
                 guest: Some(&guest),
                 // The daemon's own restore (root): see RestoreOptions::caller.
                 caller: None,
+                cpu_cgroup,
             },
         ) {
             Ok(t) => t,

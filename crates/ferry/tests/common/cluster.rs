@@ -71,6 +71,17 @@ impl Cluster {
     }
 
     pub fn up_as(tag: &str, n: usize, env: &[(&str, &str)], isolation: Isolation) -> Cluster {
+        Self::up_full(tag, n, env, isolation, &[])
+    }
+
+    /// Like `up_as`, with more arguments for `ferry cluster up` (`--cpu-quota 0.5`).
+    pub fn up_full(
+        tag: &str,
+        n: usize,
+        env: &[(&str, &str)],
+        isolation: Isolation,
+        extra: &[&str],
+    ) -> Cluster {
         // Whatever the processes of a test inherit from it is theirs to move.
         super::seal_inherited_fds();
         let root = Self::clusters_dir();
@@ -100,6 +111,7 @@ impl Cluster {
             .arg(&dir)
             .arg("--shared")
             .arg(Self::shared_tree())
+            .args(extra)
             .output()
             .unwrap();
         assert!(
