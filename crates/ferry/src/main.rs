@@ -43,6 +43,13 @@ enum Command {
     Accept(commands::accept::Args),
     /// Run the node daemon in the foreground.
     Daemon(commands::daemon::Args),
+    /// Run GNU make with its recipes spread over the cluster's nodes (Sprite's pmake):
+    /// ferry make [-j N] [--nodes A,B,..] [--elsewhere] [--shell PATH] [MAKE ARGUMENTS].
+    #[command(disable_help_flag = true)]
+    Make {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Start or stop a local cluster of daemons on this machine.
     #[command(subcommand)]
     Cluster(commands::cluster::Command),
@@ -66,6 +73,18 @@ enum Command {
 }
 
 fn main() {
+    // Run by make as its shell (`ferry make`): no subcommand, make's arguments.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0)
+        .file_name()
+        .is_some_and(|n| n == commands::make_shell::SHIM_NAME)
+    {
+        ferry_sys::process::default_sigpipe();
+        env_logger::Builder::from_env(env_logger::Env::default().filter_or("FERRY_LOG", "warn"))
+            .format_timestamp_millis()
+            .init();
+        commands::make_shell::main(std::env::args_os().collect());
+    }
     let cli = Cli::parse();
     // A user command piped into `head` just ends; the daemon and its workers must instead see
     // EPIPE on a peer that went away, and back out properly (Rust ignores SIGPIPE by default).
@@ -90,6 +109,7 @@ fn main() {
         Command::NodeInit(a) => commands::node_init::run(a),
         Command::Migrate(a) => commands::migrate::run(a, node),
         Command::Run(a) => commands::run::run(a, node),
+        Command::Make { args } => commands::make::run(args, node),
         Command::Nodes(a) => commands::nodes::run(a, node),
         Command::Ps(a) => commands::ps::run(a, node),
         Command::Daemon(a) => commands::daemon::run(a),

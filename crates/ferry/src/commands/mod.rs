@@ -9,6 +9,8 @@ pub mod cluster_net;
 pub mod daemon;
 pub mod guest_init;
 pub mod image;
+pub mod make;
+pub mod make_shell;
 pub mod migrate;
 pub mod node_init;
 pub mod nodes;

@@ -106,7 +106,7 @@ fn start(a: Args, node: Option<&str>) -> Result<Ending> {
     ending
 }
 
-fn build_spec(a: &Args, status: &str) -> Result<RunSpec> {
+pub(crate) fn build_spec(a: &Args, status: &str) -> Result<RunSpec> {
     let argv = a
         .command
         .iter()
