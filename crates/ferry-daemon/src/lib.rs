@@ -20,6 +20,7 @@ pub mod migrate;
 pub mod node;
 pub mod outcomes;
 pub mod reaper;
+pub mod relay;
 pub mod state;
 pub mod workers;
 

@@ -55,10 +55,13 @@ pub async fn send(
         ..Default::default()
     };
     progress(cli, "preflight", 0).await;
-    let mut worker = Worker::spawn(
-        &node.exe,
-        &["__capture-worker".into(), host_pid.to_string()],
-    )?;
+    // A tree leaving its home relays the pipes it shares with processes that stay (its deputies
+    // stay with them); a guest moving on has no home here to relay from.
+    let mut args = vec!["__capture-worker".to_string(), host_pid.to_string()];
+    if guest.is_none() {
+        args.push("--relay-pipes".into());
+    }
+    let mut worker = Worker::spawn(&node.exe, &args)?;
     let (memory_bytes, uid, command) = match worker_msg(&mut worker).await? {
         Msg::Movable {
             memory_bytes,
@@ -105,15 +108,18 @@ pub async fn send(
 
     // From here until the commit point, any failure must thaw the original.
     let mut worker_gave_up = false;
+    let mut relays = Vec::new();
     let outcome = transfer(
         cli,
         &mut worker,
         &mut conn,
         &mut report,
         &mut worker_gave_up,
+        &mut relays,
     )
-    .await;
-    let (frozen_at, rebuilt) = match outcome {
+    .await
+    .and_then(|x| Ok((x, crate::relay::open_home_ends(&relays)?)));
+    let ((frozen_at, rebuilt), relay_ends) = match outcome {
         Ok(x) => x,
         Err(e) => {
             let _ = write_msg(
@@ -193,6 +199,8 @@ pub async fn send(
         });
     }
     node.fault("exit-after-outcome");
+    // Before the destination hears `Commit` and connects for them.
+    node.relays.expect(pid, to, relay_ends);
     if node.fault_at("pause-after-outcome") {
         // Time for a test to kill the capture worker here.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -306,6 +314,7 @@ async fn transfer(
     conn: &mut Conn,
     report: &mut MigrateReport,
     worker_gave_up: &mut bool,
+    relays: &mut Vec<ferry_transport::message::RelayedPipe>,
 ) -> Result<(Instant, Rebuilt)> {
     let t2 = Instant::now();
     write_msg(&mut worker.tx, &Msg::Go).await?;
@@ -342,8 +351,12 @@ async fn transfer(
                     .with_context(|| format!("finish the image for node {to}"))?;
                 report.wire_bytes += 5;
             }
-            Frame::Msg(Msg::Captured { image_bytes }) => {
+            Frame::Msg(Msg::Captured {
+                image_bytes,
+                relays: r,
+            }) => {
                 report.image_bytes = image_bytes;
+                *relays = r;
                 break;
             }
             Frame::Msg(Msg::Error { message }) => {
@@ -471,6 +484,23 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
             return Err(e.context(format!("receive PID {} from {from}", offer.home_pid)));
         }
     };
+    // The relay's ends of relayed pipes, taken before the worker may let them go.
+    let relay_ends = match crate::relay::take_from_worker(worker.pid, &rebuilt.relays) {
+        Ok(e) => e,
+        Err(e) => {
+            let reason = format!("{e:#}");
+            let _ = write_msg(
+                &mut worker.tx,
+                &Msg::Abort {
+                    reason: reason.clone(),
+                },
+            )
+            .await;
+            let _ = worker_msg(&mut worker).await;
+            write_msg(&mut conn.stream, &Msg::Abort { reason }).await?;
+            return Err(e);
+        }
+    };
     if node.fault_at("abort-after-rebuilt") {
         let reason = "fault injected: abort-after-rebuilt".to_string();
         let _ = write_msg(
@@ -531,7 +561,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         Some(d) => d,
         None => {
             let commit = await_outcome(&node, &from, offer.id).await;
-            return finish_held(&node, worker, commit, &key, info, None).await;
+            return finish_held(&node, worker, commit, &key, info, None, relay_ends).await;
         }
     };
     let commit = match decision {
@@ -546,7 +576,16 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
             await_outcome(&node, &from, offer.id).await
         }
     };
-    finish_held(&node, worker, commit, &key, info, Some(&mut conn)).await
+    finish_held(
+        &node,
+        worker,
+        commit,
+        &key,
+        info,
+        Some(&mut conn),
+        relay_ends,
+    )
+    .await
 }
 
 /// A copy rebuilt here and held until its source decides (crate::state::HELD).
@@ -561,12 +600,13 @@ struct Held {
 
 /// Lets the held copy run (`commit`) or throws it away, then forgets its record.
 async fn finish_held(
-    node: &Node,
+    node: &Arc<Node>,
     mut worker: Worker,
     commit: bool,
     key: &str,
     info: ProcInfo,
     conn: Option<&mut Conn>,
+    relay_ends: Vec<(u32, std::os::fd::OwnedFd)>,
 ) -> Result<()> {
     if !commit {
         let _ = write_msg(
@@ -591,6 +631,12 @@ async fn finish_held(
     tracing::info!(event = "guest-running", home = %info.home_node, home_pid = info.home_pid,
         pid = info.pid);
     node.bodies.add(info.pid, &info.home_node, info.home_pid);
+    crate::relay::dial_home(
+        node.clone(),
+        info.home_node.clone(),
+        info.home_pid,
+        relay_ends,
+    );
     node.guests.add(info);
     node.store.remove_or_log(state::HELD, key);
     if let Some(conn) = conn {

@@ -35,6 +35,8 @@ pub struct Node {
     pub deputies: crate::deputies::Deputies,
     /// Trees running here whose home is elsewhere.
     pub bodies: crate::deputies::Bodies,
+    /// The home's ends of pipes relayed to bodies (crate::relay).
+    pub relays: Arc<crate::relay::HomeRelays>,
     /// Starts as the config's `accept_guests`; `ferry accept` changes it.
     pub accepting: AtomicBool,
     /// Test-only fault injection (FERRY_FAULT=node:point), see [`Node::fault`].
@@ -191,6 +193,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         store,
         deputies: Default::default(),
         bodies: Default::default(),
+        relays: Default::default(),
         accepting: AtomicBool::new(accepting),
         fault,
         exe,
@@ -535,6 +538,7 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
             write_msg(&mut conn.stream, &reply).await?;
             Ok(())
         }
+        Msg::RelayOpen { pid, pipe } => crate::relay::serve_open(node, conn, pid, pipe).await,
         Msg::LocalProcesses => {
             write_msg(&mut conn.stream, &Msg::Processes(node.guests.list())).await?;
             Ok(())

@@ -26,6 +26,21 @@ pub struct CaptureReport {
     pub image_bytes: u64,
     pub state_ms: f64,
     pub memory_ms: f64,
+    /// The relayed pipes (`FrozenTree::relay_pipes`): for each, a process (our PID) and
+    /// descriptor through which the tree holds it.
+    pub relays: Vec<RelayedPipe>,
+}
+
+/// A pipe the tree shares with a process outside it, to be relayed from home.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct RelayedPipe {
+    /// `Pipe::id` in the image.
+    pub pipe: u32,
+    /// A process of the tree (our PID) and its descriptor of the pipe.
+    pub pid: i32,
+    pub fd: i32,
+    /// The tree holds the read end (data flows from home to the body); else the write end.
+    pub body_reads: bool,
 }
 
 fn now_ms() -> u64 {
@@ -69,6 +84,10 @@ pub fn capture_then<W: Write>(
     let view = PidView::of(frozen)?;
     let mut objects = CaptureObjects::default();
     let mut fdcap = FdCapture::default();
+    if frozen.relay_pipes {
+        let pids: Vec<i32> = frozen.procs.iter().map(|p| p.pid).collect();
+        fdcap.relay = crate::preflight::pipes_shared_outside(&pids);
+    }
     let mut report = CaptureReport::default();
     // Stopped children whose parent has already collected their stop (by our PIDs).
     let mut stops_collected = std::collections::HashSet::new();
@@ -152,6 +171,7 @@ pub fn capture_then<W: Write>(
         tree.processes.push(p);
     }
     refuse_orphaned_groups(&tree)?;
+    report.relays = relayed_pipes(&tree)?;
     crate::resources::sockets::finish_capture(frozen, &mut tree)?;
     tree.shmem = objects.shmem.clone();
     tree.ghosts = objects.ghosts.clone();
@@ -189,6 +209,58 @@ pub fn capture_then<W: Write>(
     report.image_bytes = total;
     report.memory_ms = t1.elapsed().as_secs_f64() * 1e3;
     Ok((out, report))
+}
+
+/// For each relayed pipe, a descriptor through which the tree holds it (the tree still numbered
+/// with our PIDs). A pipe the tree holds at both ends while a process outside holds it too
+/// cannot be relayed (which end would the outsider's data be for?): refused.
+fn relayed_pipes(tree: &Tree) -> Result<Vec<RelayedPipe>> {
+    let mut out: Vec<RelayedPipe> = Vec::new();
+    for pipe in tree.pipes.iter().filter(|p| p.relayed) {
+        for p in &tree.processes {
+            for f in &p.fds {
+                let Some(d) = tree.files.get(f.file as usize) else {
+                    continue;
+                };
+                if d.kind != (ferry_image::FileKind::Pipe { pipe: pipe.id }) {
+                    continue;
+                }
+                let body_reads =
+                    match d.flags & libc::O_ACCMODE {
+                        libc::O_RDONLY => true,
+                        libc::O_WRONLY => false,
+                        _ => return Err(crate::Error::Unsupported {
+                            pid: p.pid,
+                            what: format!(
+                                "fd {} (pipe:[{}]) open for reading and writing",
+                                f.fd, pipe.ino
+                            ),
+                            why: "a pipe shared with a process outside the tree is relayed one way"
+                                .into(),
+                        }),
+                    };
+                match out.iter().find(|r| r.pipe == pipe.id) {
+                    Some(r) if r.body_reads != body_reads => {
+                        return Err(crate::Error::Unsupported {
+                            pid: p.pid,
+                            what: format!("fd {} (pipe:[{}])", f.fd, pipe.ino),
+                            why: "the tree holds both ends of a pipe that a process outside it \
+                                  holds too: which end that process's data is for cannot be told"
+                                .into(),
+                        })
+                    }
+                    Some(_) => {}
+                    None => out.push(RelayedPipe {
+                        pipe: pipe.id,
+                        pid: p.pid,
+                        fd: f.fd,
+                        body_reads,
+                    }),
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Whether `fp` shares its parent's descriptor table (CLONE_FILES without CLONE_THREAD). A

@@ -70,6 +70,9 @@ impl FrozenProc {
 pub struct FrozenTree {
     /// Parents before children.
     pub procs: Vec<FrozenProc>,
+    /// Capture pipes shared with processes outside the tree as relayed (a migration that
+    /// leaves a deputy at home relays them) instead of refusing them.
+    pub relay_pipes: bool,
     released: bool,
 }
 

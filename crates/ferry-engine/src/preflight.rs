@@ -210,16 +210,27 @@ fn check_process(pid: i32, status: &[(String, String)], pids: &[i32], root_sid: 
     Ok(())
 }
 
-/// A pipe the tree shares with a process that stays behind (a shell pipeline of which only one
-/// stage moves) cannot move: the copy would hold a pipe of its own, and both ends would see the
-/// other gone (end of file on one side, EPIPE on the other): a wrong result with no error. The
-/// deputy will forward such pipes; until then they are refused.
-fn check_pipes(pids: &[i32], pipes: &HashMap<String, (i32, i32)>) -> Result<()> {
-    if pipes.is_empty() {
-        return Ok(());
+/// The anonymous pipes (by inode) that the processes `pids` hold and a process outside them
+/// holds too, each with one such outsider.
+pub fn pipes_shared_outside(pids: &[i32]) -> HashMap<u64, i32> {
+    let mut inside: HashSet<u64> = HashSet::new();
+    for &pid in pids {
+        for fd in procfs::fds(pid).unwrap_or_default() {
+            if let Some(ino) = procfs::readlink(pid, &format!("fd/{fd}"))
+                .ok()
+                .as_deref()
+                .and_then(pipe_ino)
+            {
+                inside.insert(ino);
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    if inside.is_empty() {
+        return out;
     }
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Ok(());
+        return out;
     };
     for other in dir
         .flatten()
@@ -233,26 +244,56 @@ fn check_pipes(pids: &[i32], pipes: &HashMap<String, (i32, i32)>) -> Result<()> 
             let Ok(link) = std::fs::read_link(fd.path()) else {
                 continue;
             };
-            let link = link.to_string_lossy();
-            if let Some(&(pid, tfd)) = pipes.get(link.as_ref()) {
-                let comm = procfs::stat(other).map(|s| s.comm).unwrap_or_default();
-                return Err(refuse(
-                    pid,
-                    format!("fd {tfd} ({link})"),
-                    &format!(
-                        "the other end of this pipe is held by PID {other} ({comm}), which is \
-                         not in the tree: a pipe shared with a process that stays behind cannot \
-                         be moved yet"
-                    ),
-                ));
+            if let Some(ino) = pipe_ino(&link.to_string_lossy()) {
+                if inside.contains(&ino) {
+                    out.entry(ino).or_insert(other);
+                }
             }
         }
+    }
+    out
+}
+
+fn pipe_ino(link: &str) -> Option<u64> {
+    link.strip_prefix("pipe:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// A pipe the tree shares with a process that stays behind (a shell pipeline of which only one
+/// stage moves) cannot move by itself: the copy would hold a pipe of its own, and both ends
+/// would see the other gone (end of file on one side, EPIPE on the other): a wrong result with
+/// no error. A migration that leaves a deputy at home relays such pipes (`relay_pipes`); a
+/// checkpoint, or a guest moving on from a node that is not its home, refuses them.
+fn check_pipes(pids: &[i32], pipes: &HashMap<String, (i32, i32)>) -> Result<()> {
+    if pipes.is_empty() {
+        return Ok(());
+    }
+    for (ino, other) in pipes_shared_outside(pids) {
+        let link = format!("pipe:[{ino}]");
+        let Some(&(pid, tfd)) = pipes.get(&link) else {
+            continue;
+        };
+        let comm = procfs::stat(other).map(|s| s.comm).unwrap_or_default();
+        return Err(refuse(
+            pid,
+            format!("fd {tfd} ({link})"),
+            &format!(
+                "the other end of this pipe is held by PID {other} ({comm}), which is not in \
+                 the tree: such a pipe moves only with a migration from the tree's home, which \
+                 relays it"
+            ),
+        ));
     }
     Ok(())
 }
 
 /// Checks the tree rooted at `root` for state the engine refuses, without stopping it.
 pub fn check(root: i32) -> Result<()> {
+    check_with(root, false)
+}
+
+/// [`check`]; with `relay_pipes`, pipes shared with processes outside the tree are accepted
+/// (the migration relays them: `FrozenTree::relay_pipes`).
+pub fn check_with(root: i32, relay_pipes: bool) -> Result<()> {
     let pids = tree(root)?;
     let root_sid = procfs::stat(root)?.sid;
     let mut tcp_fds: Vec<(i32, i32, String, u64)> = Vec::new();
@@ -286,7 +327,9 @@ pub fn check(root: i32) -> Result<()> {
             }
         }
     }
-    check_pipes(&pids, &pipes)?;
+    if !relay_pipes {
+        check_pipes(&pids, &pipes)?;
+    }
     // A connection (established, half-closed or closing) moves when both its ends are in the
     // tree (the copy makes it again, silently, once the original is gone, and sends its FINs
     // again); the capture checks it again, exactly.

@@ -206,6 +206,10 @@ pub struct RestoreOptions<'a> {
     /// a node is held to a CPU quota (`ferry cluster up --cpu-quota`). Other hierarchies are
     /// restored as usual.
     pub cpu_cgroup: Option<&'a std::path::Path>,
+    /// The restore of a migration that relays pipes from the tree's home: the relay's ends of
+    /// relayed pipes are kept ([`RestoredTree::relay_ends`]). Any other restore refuses an
+    /// image with relayed pipes: their other end is on the tree's home node.
+    pub relays: bool,
 }
 
 /// The PIDs and TIDs of an image.
@@ -313,6 +317,9 @@ pub struct RestoredTree {
     /// File locks another holder still had while the tree was rebuilt.
     deferred_locks: locks::Deferred,
     finish_started: Instant,
+    /// The relay's ends of relayed pipes (`RestoreOptions::relays`), by `Pipe::id`: held
+    /// until the tree is let go or killed, for the daemon to take.
+    relay_ends: Vec<(u32, std::os::fd::OwnedFd)>,
     done: bool,
     _tracer_thread: std::marker::PhantomData<*const ()>,
 }
@@ -326,6 +333,16 @@ impl RestoredTree {
     /// The root's PID in our namespace.
     pub fn root_host_pid(&self) -> i32 {
         self.report.root_host_pid
+    }
+
+    /// The relay's end of each relayed pipe: (`Pipe::id`, our descriptor number), valid
+    /// until the tree is let go or killed.
+    pub fn relay_ends(&self) -> Vec<(u32, i32)> {
+        use std::os::fd::AsRawFd;
+        self.relay_ends
+            .iter()
+            .map(|(id, fd)| (*id, fd.as_raw_fd()))
+            .collect()
     }
 
     /// Lets every thread run, detached from us. First the sockets get the addresses that were
@@ -442,6 +459,13 @@ pub fn restore_with<R: Read>(
     }
     let t0 = Instant::now();
     check_pids_free(&img.tree, opts.guest)?;
+    if let Some(p) = img.tree.pipes.iter().find(|p| p.relayed && !opts.relays) {
+        return Err(Error::BadImage(format!(
+            "pipe {} (pipe:[{}]) is relayed from the tree's home node: only the migration that \
+             made this image can rebuild it",
+            p.id, p.ino
+        )));
+    }
     ferry_sys::fdops::raise_nofile();
     let objects = RestoreObjects::create(&img.tree, opts.caller)?;
     let mut buf = vec![0u8; PIECE];
@@ -464,7 +488,7 @@ pub fn restore_with<R: Read>(
     let tree = &img.tree;
     let descs = files::open_descriptions(tree, &objects, opts.guest);
     let deferred = Deferred::take();
-    let descs = descs?;
+    let (descs, relay_ends) = descs?;
     let spare_fd = tree
         .processes
         .iter()
@@ -511,6 +535,7 @@ pub fn restore_with<R: Read>(
                 // Left by the descriptions' locks and by the processes' POSIX locks.
                 deferred_locks: locks::Deferred::take(),
                 finish_started,
+                relay_ends,
                 done: false,
                 _tracer_thread: std::marker::PhantomData,
             })

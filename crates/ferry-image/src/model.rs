@@ -466,6 +466,12 @@ pub struct Pipe {
     #[serde(default)]
     pub packets: Vec<u64>,
     pub fifo_path: Option<String>,
+    /// An anonymous pipe whose other end a process outside the tree holds, at the tree's home:
+    /// the home's deputy keeps that end and the daemons relay between it and a pipe made anew
+    /// at the destination (see ARCHITECTURE.md, "Relays"). Rebuilt empty (what was buffered
+    /// is still in the home's pipe), and only by a migration, which takes the other end.
+    #[serde(default)]
+    pub relayed: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

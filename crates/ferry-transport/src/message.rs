@@ -114,6 +114,9 @@ pub enum Msg {
     Frozen,
     Captured {
         image_bytes: u64,
+        /// Pipes shared with processes outside the tree, to relay (a migration from home).
+        #[serde(default)]
+        relays: Vec<RelayedPipe>,
     },
     /// Daemon to capture worker at the commit point: destroy the original.
     Kill,
@@ -161,6 +164,24 @@ pub enum Msg {
         pid: i32,
         node: String,
     },
+    /// A body's node to its home, after the commit, on a connection of its own: relay pipe
+    /// `pipe` (`Pipe::id` of the image) of the tree whose root is home PID `pid`. Answered
+    /// `Done` (or `Error`); then data frames flow on it one way, and `End` is end of file.
+    RelayOpen {
+        pid: i32,
+        pipe: u32,
+    },
+}
+
+/// A pipe the moving tree shares with a process outside it: a descriptor through which the
+/// tree holds it at home, and which way its data flows.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct RelayedPipe {
+    pub pipe: u32,
+    pub pid: i32,
+    pub fd: i32,
+    /// The tree holds the read end: data flows from home to the body.
+    pub body_reads: bool,
 }
 
 impl Msg {
@@ -192,6 +213,10 @@ pub struct Rebuilt {
     pub pid: i32,
     pub load_ms: f64,
     pub restore_ms: f64,
+    /// The restore worker's descriptor of the relay's end of each relayed pipe, by
+    /// `Pipe::id`: the daemon takes them (pidfd_getfd) before the tree is let go.
+    #[serde(default)]
+    pub relays: Vec<(u32, i32)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

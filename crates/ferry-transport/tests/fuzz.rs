@@ -75,7 +75,9 @@ fn messages() -> Vec<Msg> {
             pid: 33,
             load_ms: 1.5,
             restore_ms: 2.5,
+            relays: vec![(1, 40)],
         }),
+        Msg::RelayOpen { pid: 7, pipe: 1 },
         Msg::Commit,
         Msg::Resumed,
         Msg::Abort {
@@ -153,7 +155,10 @@ fn messages() -> Vec<Msg> {
         },
         Msg::Go,
         Msg::Frozen,
-        Msg::Captured { image_bytes: 100 },
+        Msg::Captured {
+            image_bytes: 100,
+            relays: vec![],
+        },
         Msg::Kill,
         Msg::Killed,
         Msg::Thaw,

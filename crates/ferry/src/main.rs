@@ -55,7 +55,11 @@ enum Command {
     Cluster(commands::cluster::Command),
     /// Engine worker of a daemon: capture and stream a tree (internal).
     #[command(name = "__capture-worker", hide = true)]
-    CaptureWorker { pid: i32 },
+    CaptureWorker {
+        pid: i32,
+        #[arg(long)]
+        relay_pipes: bool,
+    },
     /// Engine worker of a daemon: receive and rebuild a tree (internal).
     #[command(name = "__restore-worker", hide = true)]
     RestoreWorker {
@@ -115,11 +119,13 @@ fn main() {
         Command::Daemon(a) => commands::daemon::run(a),
         Command::Accept(a) => commands::accept::run(a, node),
         Command::Cluster(c) => commands::cluster::run(c),
-        Command::CaptureWorker { pid } => commands::worker::capture_worker(pid),
         Command::RestoreWorker {
             reports,
             cpu_cgroup,
         } => commands::worker::restore_worker(reports, cpu_cgroup),
+        Command::CaptureWorker { pid, relay_pipes } => {
+            commands::worker::capture_worker(pid, relay_pipes)
+        }
     };
     if let Err(e) = result {
         eprintln!("ferry: {e:#}");

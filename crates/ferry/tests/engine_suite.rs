@@ -870,6 +870,7 @@ fn run_held(suite: &Suite, resume: bool) -> Result<(), Failed> {
             guest: Some(&guest),
             caller: None,
             cpu_cgroup: None,
+            relays: false,
         },
     )
     .map_err(|e| run.report(&format!("restore_with: {e}")))?;

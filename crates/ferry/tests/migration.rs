@@ -56,8 +56,12 @@ fn main() {
             body_lost_with_its_node,
         ),
         Trial::test(
-            "a_pipeline_stage_is_refused_not_broken",
-            pipeline_stage_refused,
+            "a_pipeline_stage_moves_its_pipes_relayed_from_home",
+            pipeline_stage_moves_with_relayed_pipes,
+        ),
+        Trial::test(
+            "a_moved_writer_sees_epipe_when_its_reader_at_home_goes",
+            relayed_pipe_reader_gone,
         ),
     ];
     libtest_mimic::run(&args, tests).exit();
@@ -980,23 +984,31 @@ fn shell_waits_for_moved_child() -> Result<(), Failed> {
     Ok(())
 }
 
-/// The last stage of a pipeline whose writer stays home: refused before anything is frozen,
-/// naming the pipe and the process holding its other end; the pipeline carries on intact.
-fn pipeline_stage_refused() -> Result<(), Failed> {
+/// The middle stage of a shell pipeline moves while data flows through it: its stdin and
+/// stdout are pipes shared with the stages that stay home, relayed by the daemons. The last
+/// stage gets every line, in order, end of file arrives through both relays, and the shell
+/// (with pipefail) sees every stage succeed.
+fn pipeline_stage_moves_with_relayed_pipes() -> Result<(), Failed> {
     let c = Cluster::up("pipeline", 2);
     let dir = scratch("migration", "pipeline");
-    let reader = "import sys,os\n\
+    let middle = "import sys,os\n\
+        open(sys.argv[1]+'/pid.tmp','w').write(str(os.getpid()))\n\
+        os.rename(sys.argv[1]+'/pid.tmp', sys.argv[1]+'/pid')\n\
+        for l in sys.stdin:\n\
+        \x20   print(int(l)*2, flush=True)\n";
+    let reader = "import sys\n\
         n=0\n\
-        open(sys.argv[1]+'/pid','w').write(str(os.getpid()))\n\
         for l in sys.stdin:\n\
         \x20   n+=1\n\
-        \x20   assert int(l)==n, (l, n)\n\
+        \x20   assert int(l)==2*n, (l, n)\n\
         open(sys.argv[1]+'/lines','w').write(str(n))\n";
-    let script = "for i in $(seq 1 200); do echo $i; sleep 0.01; done | python3 -c \"$2\" \"$1\"";
+    let script = "set -o pipefail; for i in $(seq 1 300); do echo $i; sleep 0.01; done \
+        | python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\"";
     let mut sh = UnixServer(
         Command::new("bash")
             .args(["-c", script, "pipeline"])
             .arg(&dir)
+            .arg(middle)
             .arg(reader)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -1004,17 +1016,83 @@ fn pipeline_stage_refused() -> Result<(), Failed> {
             .spawn()
             .unwrap(),
     );
-    let pid = pid_from(&dir.join("pid"), "the reader")?;
-    let e = migrate(&c, "a", pid, "b").expect_err("a pipeline stage must be refused");
-    assert!(e.contains("pipe:["), "{e}");
-    assert!(e.contains("not in the tree"), "{e}");
-    assert!(e.contains("refused before freezing"), "{e}");
-    let st = sh.0.wait().unwrap();
+    let pid = pid_from(&dir.join("pid"), "the middle stage")?;
+    std::thread::sleep(Duration::from_millis(500));
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the middle stage did not move: {e}"))?;
+    if common::run::tracer_of(pid) == 0 {
+        return Err("no deputy at home for the middle stage".into());
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let st = loop {
+        if let Some(st) = sh.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the pipeline did not end; the last stage read {:?} lines\n{}",
+                std::fs::read_to_string(dir.join("lines")).ok(),
+                c.log("a") + &c.log("b")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(st.success(), "the pipeline broke: {st:?}");
     assert_eq!(
-        std::fs::read_to_string(dir.join("lines")).unwrap(),
-        "200",
-        "the reader did not read every line"
+        std::fs::read_to_string(dir.join("lines")).unwrap_or_default(),
+        "300",
+        "the last stage did not read every line"
+    );
+    Ok(())
+}
+
+/// A moved writer feeds a reader at home (`head -n 150`) through the relay; when that reader
+/// has had its lines and goes, the writer gets EPIPE (Python's BrokenPipeError), as at home.
+fn relayed_pipe_reader_gone() -> Result<(), Failed> {
+    let c = Cluster::up("pipegone", 2);
+    let dir = scratch("migration", "pipegone");
+    let writer = "import sys,os,time\n\
+        open(sys.argv[1]+'/pid.tmp','w').write(str(os.getpid()))\n\
+        os.rename(sys.argv[1]+'/pid.tmp', sys.argv[1]+'/pid')\n\
+        try:\n\
+        \x20   for i in range(100000):\n\
+        \x20       print(i, flush=True)\n\
+        \x20       time.sleep(0.01)\n\
+        except BrokenPipeError:\n\
+        \x20   open(sys.argv[1]+'/epipe','w').write('yes')\n\
+        \x20   os._exit(3)\n\
+        os._exit(0)\n";
+    let script = "python3 -c \"$2\" \"$1\" | head -n 150 > \"$1/got\"; sleep 5";
+    let mut sh = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "pipegone"])
+            .arg(&dir)
+            .arg(writer)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the writer")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the writer did not move: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dir.join("epipe").exists() {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the moved writer never saw its reader go\n{}",
+                c.log("a") + &c.log("b")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = sh.0.wait();
+    let got = std::fs::read_to_string(dir.join("got")).unwrap_or_default();
+    let want: String = (0..150).map(|i| format!("{i}\n")).collect();
+    assert_eq!(
+        got, want,
+        "the reader at home did not get the moved writer's lines"
     );
     Ok(())
 }

@@ -29,6 +29,9 @@ const STATELESS_DEVICES: &[&str] = &[
 pub struct FdCapture {
     seen: Vec<(i32, i32, u64, u64, u32)>,
     pipes_by_ino: HashMap<u64, u32>,
+    /// Anonymous pipes (by inode) held outside the tree too, captured as relayed
+    /// (`FrozenTree::relay_pipes`).
+    pub relay: HashMap<u64, i32>,
 }
 
 fn octal(info: &[(String, String)], key: &str) -> i64 {
@@ -238,6 +241,18 @@ impl FdCapture {
         if let Some(id) = self.pipes_by_ino.get(&ino) {
             return Ok(*id);
         }
+        if fifo_path.is_none() && self.relay.contains_key(&ino) {
+            // What is buffered stays in the home's pipe, and reaches the body through the relay.
+            let id = tree.pipes.len() as u32;
+            tree.pipes.push(Pipe {
+                id,
+                ino,
+                relayed: true,
+                ..Default::default()
+            });
+            self.pipes_by_ino.insert(ino, id);
+            return Ok(id);
+        }
         let reader = fdops::open_path(
             &format!("/proc/{pid}/fd/{fd}"),
             libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
@@ -258,6 +273,7 @@ impl FdCapture {
             buffered,
             packets,
             fifo_path,
+            relayed: false,
         });
         self.pipes_by_ino.insert(ino, id);
         Ok(id)
@@ -267,6 +283,9 @@ impl FdCapture {
 /// The recreated ends of one pipe not yet handed out: read end, write end, and (for a FIFO)
 /// the read-write descriptor that keeps it open.
 type PipeEnds = (Option<OwnedFd>, Option<OwnedFd>, Option<OwnedFd>);
+
+/// The relay's end of each relayed pipe, by `Pipe::id`.
+pub type RelayEnds = Vec<(u32, OwnedFd)>;
 
 /// Status flags that can be changed after open with F_SETFL.
 const SETFL_MASK: i32 =
@@ -278,11 +297,14 @@ const SETFL_MASK: i32 =
 ///
 /// Whatever is opened by path is opened with the rights of a process that holds it (the first
 /// in the tree), and only if the path still names the file captured (`crate::reopen`).
+///
+/// Also returns, for each relayed pipe (`Pipe::relayed`), the end the tree does not hold: the
+/// relay's.
 pub fn open_descriptions(
     tree: &Tree,
     objects: &RestoreObjects,
     guest: Option<&crate::guest_ns::GuestNamespaces>,
-) -> Result<HashMap<u32, OwnedFd>> {
+) -> Result<(HashMap<u32, OwnedFd>, RelayEnds)> {
     let dev = guest.map_or_else(|| std::path::PathBuf::from("/dev"), |g| g.dev_dir());
     drop(super::locks::Deferred::take()); // anything an earlier, failed restore left
     let me = std::process::id() as i32;
@@ -494,7 +516,20 @@ pub fn open_descriptions(
         }
         out.insert(d.id, fd);
     }
-    Ok(out)
+    let mut relays = Vec::new();
+    for p in tree.pipes.iter().filter(|p| p.relayed) {
+        let ends = pipe_ends.get_mut(&p.id).expect("every pipe was made above");
+        match (ends.0.take(), ends.1.take()) {
+            (Some(end), None) | (None, Some(end)) => relays.push((p.id, end)),
+            _ => {
+                return Err(Error::BadImage(format!(
+                    "relayed pipe {} is held by the tree at neither or both ends",
+                    p.id
+                )))
+            }
+        }
+    }
+    Ok((out, relays))
 }
 
 /// A description's path, or its number, for messages.

@@ -54,6 +54,7 @@ pub fn run(a: Args) -> Result<()> {
         // The CLI is root's: files are opened as each process, then as Ferry itself.
         caller: None,
         cpu_cgroup: None,
+        relays: false,
     };
     let report = restore_with(&mut img, &opts)
         .and_then(|tree| tree.resume())

@@ -75,8 +75,9 @@ fn describe_tree(pid: i32) -> Result<(u64, u32, String)> {
     Ok((rss, uid, command))
 }
 
-/// `ferry __capture-worker PID`
-pub fn capture_worker(pid: i32) -> Result<()> {
+/// `ferry __capture-worker PID [--relay-pipes]`: with `relay_pipes` (a tree leaving its home),
+/// pipes it shares with processes outside it are captured to be relayed, not refused.
+pub fn capture_worker(pid: i32, relay_pipes: bool) -> Result<()> {
     ferry_sys::process::set_parent_death_signal(libc::SIGTERM).context("watch the daemon")?;
     let cancel = ferry_engine::cancel::flag();
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
@@ -85,7 +86,8 @@ pub fn capture_worker(pid: i32) -> Result<()> {
     let mut input = std::io::stdin().lock();
     let mut out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
     let checked = describe_tree(pid).and_then(|d| {
-        ferry_engine::preflight::check(pid).with_context(|| format!("cannot move PID {pid}"))?;
+        ferry_engine::preflight::check_with(pid, relay_pipes)
+            .with_context(|| format!("cannot move PID {pid}"))?;
         Ok(d)
     });
     let (memory_bytes, uid, command) = match checked {
@@ -103,10 +105,11 @@ pub fn capture_worker(pid: i32) -> Result<()> {
     if !matches!(next_command(&mut input), Some(Msg::Go)) {
         return Ok(());
     }
-    let frozen = match FrozenTree::freeze(pid).with_context(|| format!("freeze PID {pid}")) {
+    let mut frozen = match FrozenTree::freeze(pid).with_context(|| format!("freeze PID {pid}")) {
         Ok(f) => f,
         Err(e) => return fail(&mut out, &e),
     };
+    frozen.relay_pipes = relay_pipes;
     write_msg(&mut out, &Msg::Frozen)?;
     // Frames of up to 1 MiB however small the engine's writes.
     let framed = BufWriter::with_capacity(1 << 20, DataWriter(&mut out));
@@ -146,6 +149,16 @@ pub fn capture_worker(pid: i32) -> Result<()> {
         &mut out,
         &Msg::Captured {
             image_bytes: report.image_bytes,
+            relays: report
+                .relays
+                .iter()
+                .map(|r| ferry_transport::message::RelayedPipe {
+                    pipe: r.pipe,
+                    pid: r.pid,
+                    fd: r.fd,
+                    body_reads: r.body_reads,
+                })
+                .collect(),
         },
     )?;
     match next_command(&mut input) {
@@ -305,6 +318,7 @@ pub fn restore_worker(
             pid: held.root_pid(),
             load_ms,
             restore_ms: t0.elapsed().as_secs_f64() * 1e3 - load_ms,
+            relays: held.relay_ends(),
         }),
     )?;
     // After `Rebuilt` the source may already have destroyed the original; only an explicit
@@ -355,6 +369,7 @@ mod hold {
                 // The daemon's own restore (root): see RestoreOptions::caller.
                 caller: None,
                 cpu_cgroup,
+                relays: true,
             },
         ) {
             Ok(t) => t,
@@ -373,6 +388,10 @@ mod hold {
 
         pub fn report(&self) -> &RestoreReport {
             self.tree.report()
+        }
+
+        pub fn relay_ends(&self) -> Vec<(u32, i32)> {
+            self.tree.relay_ends()
         }
 
         /// Lets the tree run; the namespaces' init stays as long as the tree does.

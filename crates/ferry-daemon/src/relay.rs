@@ -1,0 +1,274 @@
+//! Relays: a moved tree's pipes to processes that stayed at home.
+//!
+//! A pipe the tree shares with a process outside it (one stage of a shell pipeline moved, the
+//! others stayed) is captured as relayed (`ferry_image::Pipe::relayed`). At home, before the
+//! commit, this daemon opens the home's pipe anew through the tree's descriptor of it (a
+//! description of its own: nothing the relay does to it, O_NONBLOCK say, reaches the processes
+//! that share the original's); the original then closes its copy as it becomes a deputy. At
+//! the destination the restore makes a fresh pipe, gives the body its end, and this daemon takes
+//! the other from the restore worker. After the commit the destination opens one connection to
+//! the home per pipe (`RelayOpen`) and the data flows on it one way, in frames: what the home
+//! side reads is written at the other, in order; end of file is `End`. Whichever side loses its
+//! last reader (a write end polls POLLERR) or its connection drops its end, so that a writer on
+//! the far side gets EPIPE, as it would had nothing moved.
+
+use crate::node::Node;
+use anyhow::{anyhow, bail, Context, Result};
+use ferry_transport::frame::{read_frame, write_data, write_end, write_msg, FrameError};
+use ferry_transport::message::{kind, RelayedPipe};
+use ferry_transport::tls::Conn;
+use ferry_transport::{Frame, Msg};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::unix::pipe;
+
+/// How often an idle write end is asked whether its readers are all gone.
+const READERS_POLL: Duration = Duration::from_millis(200);
+/// How long a home end waits for its body's node to connect before it is closed.
+const OPEN_GRACE: Duration = Duration::from_secs(60);
+
+/// The home's ends of relayed pipes, waiting for their body's node to connect, and the bytes
+/// relayed so far per home PID.
+#[derive(Default)]
+pub struct HomeRelays {
+    /// (home PID of the tree's root, pipe) -> (the body's node, the home's end).
+    waiting: Mutex<HashMap<(i32, u32), (String, OwnedFd)>>,
+    relayed: Mutex<HashMap<i32, Arc<AtomicU64>>>,
+}
+
+impl HomeRelays {
+    /// Keeps `ends` for the tree rooted at home PID `pid`, whose body runs on `body_node`;
+    /// an end its body's node has not asked for within a minute is closed.
+    pub fn expect(self: &Arc<Self>, pid: i32, body_node: &str, ends: Vec<(u32, OwnedFd)>) {
+        if ends.is_empty() {
+            return;
+        }
+        let pipes: Vec<u32> = ends.iter().map(|(p, _)| *p).collect();
+        {
+            let mut w = self.waiting.lock().expect("relays lock");
+            for (pipe, fd) in ends {
+                w.insert((pid, pipe), (body_node.to_string(), fd));
+            }
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(OPEN_GRACE).await;
+            let mut w = me.waiting.lock().expect("relays lock");
+            for pipe in pipes {
+                if w.remove(&(pid, pipe)).is_some() {
+                    tracing::warn!(event = "relay-never-opened", pid, pipe);
+                }
+            }
+        });
+    }
+
+    /// The end of pipe `pipe` of home PID `pid`, for node `from`, which must be where its body
+    /// runs (a node speaks only for itself).
+    fn take(&self, from: &str, pid: i32, pipe: u32) -> Result<OwnedFd> {
+        let mut w = self.waiting.lock().expect("relays lock");
+        match w.get(&(pid, pipe)) {
+            None => bail!("no pipe {pipe} of PID {pid} waits for a relay here"),
+            Some((body, _)) if body != from => {
+                bail!("pipe {pipe} of PID {pid} is relayed to node {body}, not to {from}")
+            }
+            Some(_) => Ok(w.remove(&(pid, pipe)).expect("just seen").1),
+        }
+    }
+
+    fn counter(&self, pid: i32) -> Arc<AtomicU64> {
+        self.relayed
+            .lock()
+            .expect("relays lock")
+            .entry(pid)
+            .or_default()
+            .clone()
+    }
+
+    /// Bytes relayed so far for the tree whose home root is `pid`.
+    pub fn bytes(&self, pid: i32) -> u64 {
+        self.relayed
+            .lock()
+            .expect("relays lock")
+            .get(&pid)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+}
+
+/// Opens, at home, a description of its own of each pipe the tree shares with processes
+/// outside it, through the (frozen) process's descriptor: the end the tree holds.
+pub fn open_home_ends(relays: &[RelayedPipe]) -> Result<Vec<(u32, OwnedFd)>> {
+    relays
+        .iter()
+        .map(|r| {
+            let acc = if r.body_reads {
+                libc::O_RDONLY
+            } else {
+                libc::O_WRONLY
+            };
+            let fd = ferry_sys::fdops::open_path(
+                &format!("/proc/{}/fd/{}", r.pid, r.fd),
+                acc | libc::O_NONBLOCK | libc::O_CLOEXEC,
+                0,
+            )
+            .map_err(|e| {
+                anyhow!(
+                    "PID {} fd {}: open the home's end of its pipe for relaying: {e}",
+                    r.pid,
+                    r.fd
+                )
+            })?;
+            Ok((r.pipe, fd))
+        })
+        .collect()
+}
+
+/// Takes the relay's ends of relayed pipes from the restore worker `worker` (its descriptor
+/// numbers, by pipe).
+pub fn take_from_worker(worker: i32, ends: &[(u32, i32)]) -> Result<Vec<(u32, OwnedFd)>> {
+    if ends.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pidfd = ferry_sys::pidfd::pidfd_open(worker)
+        .map_err(|e| anyhow!("open a pidfd of restore worker {worker}: {e}"))?;
+    ends.iter()
+        .map(|&(pipe, n)| {
+            let fd = ferry_sys::pidfd::pidfd_getfd(&pidfd, n).map_err(|e| {
+                anyhow!("take the relay's end of pipe {pipe} (fd {n}) from restore worker {worker}: {e}")
+            })?;
+            let fl = ferry_sys::fdops::get_fl(fd.as_raw_fd())
+                .and_then(|fl| ferry_sys::fdops::set_fl(fd.as_raw_fd(), fl | libc::O_NONBLOCK))
+                .map(|_| ());
+            fl.map_err(|e| anyhow!("make the relay's end of pipe {pipe} non-blocking: {e}"))?;
+            Ok((pipe, fd))
+        })
+        .collect()
+}
+
+/// At the body's node, after the commit: connects each relay end to the tree's home.
+pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedFd)>) {
+    for (pipe, fd) in ends {
+        let node = node.clone();
+        let home = home.clone();
+        tokio::spawn(async move {
+            let r = async {
+                let mut conn = node.dial(&home).await?;
+                write_msg(&mut conn.stream, &Msg::RelayOpen { pid, pipe }).await?;
+                match ferry_transport::frame::read_msg(&mut conn.stream).await {
+                    Ok(Msg::Done) => {}
+                    Ok(Msg::Error { message }) => bail!("node {home}: {message}"),
+                    Ok(other) => bail!("node {home} answered {}", kind(&other)),
+                    Err(e) => bail!("node {home} did not answer: {e}"),
+                }
+                pump(conn, fd, None).await
+            }
+            .await;
+            match r {
+                Ok(bytes) => tracing::info!(event = "relay-closed", home = %home, pid, pipe, bytes),
+                // The body sees end of file, or EPIPE, as it would had its peer gone.
+                Err(e) => tracing::warn!(event = "relay-failed", home = %home, pid, pipe,
+                    error = %format!("{e:#}")),
+            }
+        });
+    }
+}
+
+/// At home: node `conn.peer` asks for pipe `pipe` of home PID `pid`.
+pub async fn serve_open(node: &Arc<Node>, mut conn: Conn, pid: i32, pipe: u32) -> Result<()> {
+    let fd = match node.relays.take(&conn.peer, pid, pipe) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let message = format!("{e:#}");
+            write_msg(&mut conn.stream, &Msg::Error { message }).await?;
+            return Err(e);
+        }
+    };
+    write_msg(&mut conn.stream, &Msg::Done).await?;
+    let peer = conn.peer.clone();
+    let counter = node.relays.counter(pid);
+    let bytes = pump(conn, fd, Some(counter)).await?;
+    tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
+    Ok(())
+}
+
+fn io_err(e: ferry_sys::SysError) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e.errno)
+}
+
+/// Moves the data of one relayed pipe between `fd` and the connection until either side ends:
+/// a read end is sent, a write end is written with what arrives. Returns the bytes moved.
+async fn pump(conn: Conn, fd: OwnedFd, counter: Option<Arc<AtomicU64>>) -> Result<u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let acc = ferry_sys::fdops::get_fl(fd.as_raw_fd()).map_err(io_err)? & libc::O_ACCMODE;
+    let (mut rx, mut tx) = tokio::io::split(conn.stream);
+    let count = |n: usize| {
+        if let Some(c) = &counter {
+            c.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    };
+    let mut total = 0u64;
+    if acc == libc::O_RDONLY {
+        let mut pipe = pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?;
+        // Ours to read and send; the other side says nothing until it closes (its readers are
+        // gone), and then what we read has nowhere to go.
+        let send = async {
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                let n = pipe.read(&mut buf).await.context("read the relayed pipe")?;
+                if n == 0 {
+                    write_end(&mut tx).await?;
+                    return Ok::<_, anyhow::Error>(());
+                }
+                write_data(&mut tx, &buf[..n]).await?;
+                total += n as u64;
+                count(n);
+            }
+        };
+        let closed = async {
+            let _ = read_frame(&mut rx).await;
+        };
+        tokio::select! {
+            r = send => r?,
+            _ = closed => {}
+        }
+    } else {
+        let mut pipe = pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?;
+        let raw = pipe.as_raw_fd();
+        let recv = async {
+            loop {
+                match read_frame(&mut rx).await {
+                    Ok(Frame::Data(d)) => {
+                        match pipe.write_all(&d).await {
+                            Ok(()) => {}
+                            // Its readers are gone: so must the writer's data be.
+                            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => return Ok(()),
+                            Err(e) => return Err(e).context("write the relayed pipe"),
+                        }
+                        total += d.len() as u64;
+                        count(d.len());
+                    }
+                    Ok(Frame::End) | Err(FrameError::Closed) => return Ok::<_, anyhow::Error>(()),
+                    Ok(Frame::Msg(m)) => bail!("{} message inside a relay", kind(&m)),
+                    Err(e) => return Err(anyhow!("relay stream: {e}")),
+                }
+            }
+        };
+        let readers_gone = async {
+            loop {
+                tokio::time::sleep(READERS_POLL).await;
+                match ferry_sys::sockets::poll_now(raw, libc::POLLOUT) {
+                    Ok(ev) if ev & libc::POLLERR != 0 => return,
+                    Ok(_) => {}
+                    Err(_) => return,
+                }
+            }
+        };
+        tokio::select! {
+            r = recv => r?,
+            _ = readers_gone => {}
+        }
+    }
+    Ok(total)
+}
