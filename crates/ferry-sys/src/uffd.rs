@@ -247,3 +247,40 @@ pub fn read_msgs(fd: BorrowedFd<'_>, out: &mut Vec<Msg>) -> SysResult<usize> {
 /// (the ioctl's argument: its `O_CLOEXEC`/`O_NONBLOCK` flags), for a process that the
 /// `userfaultfd` system call refuses (vm.unprivileged_userfaultfd) but that may open the device.
 pub const USERFAULTFD_IOC_NEW: u64 = 0xaa00;
+
+/// Write faults in write-protected ranges are resolved by the kernel itself, which only
+/// clears the page's protection bit: a tracker reads that bit back with PAGEMAP_SCAN
+/// (`pagemap::scan_written`) instead of serving events. The process never waits.
+pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
+/// Write protection also covers pages not yet populated (their first write is seen too).
+pub const FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
+const REGISTER_MODE_WP: u64 = 1 << 1;
+// _IOWR(0xAA, 0x06, struct uffdio_writeprotect)
+const UFFDIO_WRITEPROTECT: u64 = 0xc018_aa06;
+const WRITEPROTECT_MODE_WP: u64 = 1;
+
+#[repr(C)]
+struct WriteProtect {
+    range: Range,
+    mode: u64,
+}
+
+/// Registers `[start, start+len)` for write-protect tracking (with `FEATURE_WP_ASYNC`, any
+/// kind of private memory may be registered so).
+pub fn register_wp(fd: BorrowedFd<'_>, start: u64, len: u64) -> SysResult<()> {
+    let mut r = Register {
+        range: Range { start, len },
+        mode: REGISTER_MODE_WP,
+        ioctls: 0,
+    };
+    ioctl(fd, "UFFDIO_REGISTER(WP)", UFFDIO_REGISTER, &mut r)
+}
+
+/// Write-protects (`protect`) or unprotects `[start, start+len)`, a registered range.
+pub fn write_protect(fd: BorrowedFd<'_>, start: u64, len: u64, protect: bool) -> SysResult<()> {
+    let mut w = WriteProtect {
+        range: Range { start, len },
+        mode: if protect { WRITEPROTECT_MODE_WP } else { 0 },
+    };
+    ioctl(fd, "UFFDIO_WRITEPROTECT", UFFDIO_WRITEPROTECT, &mut w)
+}
