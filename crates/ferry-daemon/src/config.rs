@@ -13,7 +13,9 @@
 //! key = "/etc/ferry/a.key"
 //! ```
 //!
-//! and, optionally, at the top level, `revoked = "/etc/ferry/revoked"`: the revocation list.
+//! and, optionally, at the top level, `revoked = "/etc/ferry/revoked"`: the revocation list, and
+//! `web = "127.0.0.1:7071"` (or `"off"`): where the daemon serves its page and metrics
+//! (crate::web).
 
 use anyhow::{Context, Result};
 use ferry_transport::CredentialPaths;
@@ -50,6 +52,11 @@ pub struct Config {
     /// node's share of the machine (`ferry cluster up --cpu-quota`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_cgroup: Option<PathBuf>,
+    /// The read-only page and metrics (crate::web): `"off"`, or ADDR:PORT. Absent: on
+    /// loopback, the listen port + 1 (see [`Config::web_addr`]). An address that is not
+    /// loopback is served only over the cluster's mutual TLS (docs/security.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web: Option<String>,
     pub credentials: CredentialPaths,
 }
 
@@ -69,11 +76,39 @@ impl Config {
     pub fn parse(text: &str) -> Result<Config> {
         let c: Config = toml::from_str(text).context("parse")?;
         ferry_transport::credentials::check_node_name(&c.name)?;
+        c.web_addr()?;
         Ok(c)
     }
 
     pub fn to_toml(&self) -> Result<String> {
         Ok(toml::to_string(self)?)
+    }
+
+    /// Where the page and metrics are served (None: `web = "off"`), and whether that address
+    /// was configured (else it is the default). The default is loopback: the listen address if
+    /// it is a loopback one (each node of a local cluster has its own), else 127.0.0.1; at the
+    /// listen port + 1.
+    pub fn web_addr(&self) -> Result<Option<(SocketAddr, bool)>> {
+        match self.web.as_deref() {
+            Some("off") => Ok(None),
+            Some(a) => a
+                .parse()
+                .map(|a| Some((a, true)))
+                .with_context(|| format!("web = {a:?}: \"off\" or ADDRESS:PORT")),
+            None => {
+                let ip = if self.listen.ip().is_loopback() {
+                    self.listen.ip()
+                } else {
+                    std::net::Ipv4Addr::LOCALHOST.into()
+                };
+                let port = self
+                    .listen
+                    .port()
+                    .checked_add(1)
+                    .unwrap_or(self.listen.port() - 1);
+                Ok(Some((SocketAddr::new(ip, port), false)))
+            }
+        }
     }
 
     pub fn control_socket(&self) -> PathBuf {

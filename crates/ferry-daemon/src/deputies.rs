@@ -28,6 +28,8 @@ struct Entry {
     body_node: String,
     /// The deputies' worker, through the task that owns it.
     to_worker: mpsc::UnboundedSender<Msg>,
+    /// Signals this deputy received and forwarded to its body.
+    signals: u64,
 }
 
 /// The deputies of this node: home PID -> where its body runs.
@@ -37,6 +39,51 @@ pub struct Deputies {
 }
 
 impl Deputies {
+    /// How many deputies this node keeps.
+    pub fn count(&self) -> usize {
+        self.map.lock().expect("deputies lock").len()
+    }
+
+    /// What each tree that left this home costs it: its deputies (one worker serves a tree)
+    /// and the signals they forwarded.
+    pub fn costs(&self) -> Vec<ferry_transport::message::HomeCost> {
+        let m = self.map.lock().expect("deputies lock");
+        let mut trees: Vec<(
+            &mpsc::UnboundedSender<Msg>,
+            ferry_transport::message::HomeCost,
+        )> = Vec::new();
+        let mut pids: Vec<&i32> = m.keys().collect();
+        pids.sort();
+        for pid in pids {
+            let e = &m[pid];
+            let i = match trees.iter().position(|(w, _)| w.same_channel(&e.to_worker)) {
+                Some(i) => i,
+                None => {
+                    trees.push((
+                        &e.to_worker,
+                        ferry_transport::message::HomeCost {
+                            body_node: e.body_node.clone(),
+                            ..Default::default()
+                        },
+                    ));
+                    trees.len() - 1
+                }
+            };
+            let c = &mut trees[i].1;
+            c.pids.push(*pid);
+            c.deputies += 1;
+            c.signals_forwarded += e.signals;
+        }
+        trees.into_iter().map(|(_, c)| c).collect()
+    }
+
+    /// Counts a signal deputy `pid` received, to be forwarded.
+    fn count_signal(&self, pid: i32) {
+        if let Some(e) = self.map.lock().expect("deputies lock").get_mut(&pid) {
+            e.signals += 1;
+        }
+    }
+
     /// Where the body of deputy `pid` runs, if `pid` is a deputy here.
     pub fn body_node(&self, pid: i32) -> Option<String> {
         let m = self.map.lock().expect("deputies lock");
@@ -95,6 +142,7 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
                 Entry {
                     body_node: body_node.clone(),
                     to_worker: tx.clone(),
+                    signals: 0,
                 },
             );
         }
@@ -121,6 +169,8 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
                 }
                 frame = worker.next_frame() => match frame {
                     Ok(Frame::Msg(Msg::DeputySignal { pid, sig })) => {
+                        node.deputies.count_signal(pid);
+                        node.metrics.signal_forwarded();
                         let node = node.clone();
                         tokio::spawn(async move {
                             if let Err(e) = signal_body(&node, pid, sig).await {

@@ -9,6 +9,8 @@
 //! - [`workers`]: the single-threaded `ferry` processes that run the engine for the daemon.
 //! - [`state`], [`outcomes`]: what a daemon records durably and takes up again at start.
 //! - [`guests`], [`load`], [`reaper`]: bookkeeping.
+//! - [`view`], [`web`], [`metrics`]: the cluster's picture (`ferry top`), the read-only page,
+//!   the Prometheus metrics.
 
 pub mod config;
 pub mod deputies;
@@ -16,12 +18,15 @@ pub mod exec;
 pub mod guests;
 pub mod load;
 pub mod membership;
+pub mod metrics;
 pub mod migrate;
 pub mod node;
 pub mod outcomes;
 pub mod reaper;
 pub mod relay;
 pub mod state;
+pub mod view;
+pub mod web;
 pub mod workers;
 
 pub use config::Config;

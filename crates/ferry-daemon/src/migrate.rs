@@ -34,8 +34,23 @@ fn now_unix_ms() -> u64 {
 }
 
 /// Sends the tree rooted at `pid` (a PID on this node, or the home PID of a guest here) to
-/// node `to`, reporting progress to the CLI on `cli`.
+/// node `to`, reporting progress to the CLI on `cli`. Counted in the metrics either way.
 pub async fn send(
+    node: Arc<Node>,
+    cli: &mut UnixStream,
+    pid: i32,
+    to: &str,
+) -> Result<MigrateReport> {
+    let t0 = Instant::now();
+    let r = send_counted(node.clone(), cli, pid, to).await;
+    match &r {
+        Ok(_) => node.metrics.migration_out(Ok(t0.elapsed())),
+        Err(e) => node.metrics.migration_out(Err(&format!("{e:#}"))),
+    }
+    r
+}
+
+async fn send_counted(
     node: Arc<Node>,
     cli: &mut UnixStream,
     pid: i32,
@@ -442,6 +457,7 @@ fn ms(since: Instant) -> f64 {
 
 /// Destination side: admit, rebuild, hold, and run the tree once the source commits.
 pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Result<()> {
+    let t0 = Instant::now();
     let from = conn.peer.clone();
     let mut load = node.own_load();
     // The published load lags by up to a second; acceptance is known now.
@@ -561,7 +577,11 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         Some(d) => d,
         None => {
             let commit = await_outcome(&node, &from, offer.id).await;
-            return finish_held(&node, worker, commit, &key, info, None, relay_ends).await;
+            let r = finish_held(&node, worker, commit, &key, info, None, relay_ends).await;
+            if commit && r.is_ok() {
+                node.metrics.migration_in(t0);
+            }
+            return r;
         }
     };
     let commit = match decision {
@@ -576,7 +596,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
             await_outcome(&node, &from, offer.id).await
         }
     };
-    finish_held(
+    let r = finish_held(
         &node,
         worker,
         commit,
@@ -585,7 +605,11 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         Some(&mut conn),
         relay_ends,
     )
-    .await
+    .await;
+    if commit && r.is_ok() {
+        node.metrics.migration_in(t0);
+    }
+    r
 }
 
 /// A copy rebuilt here and held until its source decides (crate::state::HELD).

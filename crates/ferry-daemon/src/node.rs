@@ -43,6 +43,9 @@ pub struct Node {
     fault: Option<String>,
     /// The ferry binary, run as engine workers.
     pub exe: PathBuf,
+    /// What this daemon counts (crate::metrics), and the CPU use of its guests.
+    pub metrics: crate::metrics::Metrics,
+    pub cpu: crate::metrics::CpuMeter,
 }
 
 impl Node {
@@ -197,6 +200,8 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         accepting: AtomicBool::new(accepting),
         fault,
         exe,
+        metrics: Default::default(),
+        cpu: Default::default(),
     });
     tracing::info!(event = "started", node = %node.name(), listen = %node.config.listen,
         control = %sock_path.display(), peers = ?node.config.peers,
@@ -221,6 +226,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     if let Some((path, list)) = revocations {
         tokio::spawn(watch_revocations(node.clone(), path, list));
     }
+    start_web(&node).await?;
     let peers = tokio::spawn(accept_peers(node.clone(), tcp));
     let cli = tokio::spawn(accept_cli(node.clone(), control));
 
@@ -238,6 +244,28 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     let _ = std::fs::remove_file(&sock_path);
     tracing::info!(event = "stopped", node = %node.name());
     Ok(())
+}
+
+/// Opens the web page and metrics (crate::web). A configured address that cannot be had stops
+/// the daemon; the default one is only warned about (the daemon works without its page).
+async fn start_web(node: &Arc<Node>) -> Result<()> {
+    let Some((addr, configured)) = node.config.web_addr()? else {
+        return Ok(());
+    };
+    match crate::web::bind(addr).await {
+        Ok(l) => {
+            let tls = !addr.ip().is_loopback();
+            tracing::info!(event = "web", addr = %addr, mutual_tls = tls);
+            tokio::spawn(crate::web::serve(node.clone(), l));
+            Ok(())
+        }
+        Err(e) if !configured => {
+            tracing::warn!(event = "web-unavailable", addr = %addr, error = %format!("{e:#}"),
+                "no page or metrics (set `web` in the config to choose an address)");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// This node's host name (that of its UTS namespace).
@@ -514,7 +542,10 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
             }
         }
         Msg::MigrateOffer(offer) => migrate::receive(node.clone(), conn, offer).await,
-        Msg::Run(spec) => exec::serve(node.clone(), conn, spec).await,
+        Msg::Run(spec) => {
+            node.metrics.remote_exec("host");
+            exec::serve(node.clone(), conn, spec).await
+        }
         Msg::OutcomeQuery { id } => {
             // Unanswered (the connection closes) if the answer cannot be recorded: the
             // destination asks again.
@@ -541,6 +572,11 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
         Msg::RelayOpen { pid, pipe } => crate::relay::serve_open(node, conn, pid, pipe).await,
         Msg::LocalProcesses => {
             write_msg(&mut conn.stream, &Msg::Processes(node.guests.list())).await?;
+            Ok(())
+        }
+        Msg::LocalView => {
+            let v = crate::view::local_view(node);
+            write_msg(&mut conn.stream, &Msg::View(v)).await?;
             Ok(())
         }
         other => bail!("unexpected {} message from a peer", kind(&other)),
@@ -594,7 +630,14 @@ async fn serve_cli(node: &Arc<Node>, mut s: UnixStream) -> Result<()> {
             };
             write_msg(&mut s, &reply).await?
         }
-        Msg::Run(spec) => exec::relay(node.clone(), s, spec).await?,
+        Msg::Cluster => {
+            let v = crate::view::cluster_view(node).await;
+            write_msg(&mut s, &Msg::View(v)).await?
+        }
+        Msg::Run(spec) => {
+            node.metrics.remote_exec("caller");
+            exec::relay(node.clone(), s, spec).await?
+        }
         Msg::SetAccepting { accepting } => {
             node.accepting.store(accepting, Ordering::Relaxed);
             tracing::info!(event = "accepting", accepting);
@@ -611,7 +654,8 @@ async fn serve_cli(node: &Arc<Node>, mut s: UnixStream) -> Result<()> {
     Ok(())
 }
 
-fn nodes(node: &Node) -> Vec<NodeInfo> {
+/// Every node this node knows, itself first among equals (sorted by name).
+pub fn nodes(node: &Node) -> Vec<NodeInfo> {
     let mut v = vec![NodeInfo {
         name: node.name().to_string(),
         addr: node.config.listen.to_string(),

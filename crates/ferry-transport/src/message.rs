@@ -101,6 +101,13 @@ pub enum Msg {
     Error {
         message: String,
     },
+    /// The whole cluster in one answer (`ferry top`, the daemon's page): answered by `View`
+    /// with every node and every process under Ferry, each with what it costs its home.
+    Cluster,
+    /// Asked of peers by `Cluster`: this node's part (its guests, and what the processes that
+    /// left it cost it), answered by `View` with no nodes.
+    LocalView,
+    View(ClusterView),
 
     // ---- A daemon <-> its engine workers (over pipes) --------------------------------
     /// Capture worker: the tree passed the preflight checks and can be moved.
@@ -276,6 +283,63 @@ pub struct ProcInfo {
     /// "migrated" or "remote-exec"
     pub kind: String,
     pub since_unix_ms: u64,
+}
+
+/// The cluster as one node sees it (`Msg::View`). Every struct here only ever gains fields,
+/// each `#[serde(default)]`, so views (`ferry top`, the page) add columns as counters appear.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// The node that answered, and when (milliseconds since the Unix epoch).
+    pub node: String,
+    pub taken_unix_ms: u64,
+    /// Every node this node knows (empty in a peer's `LocalView` answer).
+    pub nodes: Vec<NodeInfo>,
+    pub processes: Vec<ProcView>,
+    /// In a peer's `LocalView` answer: what the trees that left that node cost it. Merged into
+    /// `processes[].cost` in the answer to `Cluster`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub home_costs: Vec<HomeCost>,
+    /// Nodes that did not answer in time: their guests are missing from `processes`.
+    #[serde(default)]
+    pub unanswered: Vec<String>,
+}
+
+/// A process under Ferry, as the node running it sees it, and what it costs its home.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcView {
+    #[serde(flatten)]
+    pub info: ProcInfo,
+    /// CPU use of the tree (its root and descendants), percent of one CPU, since the previous
+    /// look (or since it started, at the first).
+    #[serde(default)]
+    pub cpu_pct: Option<f32>,
+    /// The kernel's state of the tree's root where it runs: "R", "S", "D", "T", "Z"...
+    #[serde(default)]
+    pub run_state: Option<String>,
+    /// What it costs its home node, as the home reports it (None: nothing is kept there, or
+    /// the home did not answer).
+    #[serde(default)]
+    pub cost: Option<HomeCost>,
+}
+
+/// What a tree that left its home costs that home: the deputies kept there, and the work
+/// they do for it. Counters a home does not keep are None.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HomeCost {
+    /// The home PIDs of the tree's deputies (its root's among them).
+    pub pids: Vec<i32>,
+    /// The node running the tree's body, as the home believes.
+    pub body_node: String,
+    /// Deputies still alive at home.
+    pub deputies: u32,
+    /// Signals sent to the deputies and forwarded to the body.
+    pub signals_forwarded: u64,
+    /// System calls the home performed for the body (where the home forwards them).
+    #[serde(default)]
+    pub calls_forwarded: Option<u64>,
+    /// Bytes the home relayed for the body (where known).
+    #[serde(default)]
+    pub bytes_relayed: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

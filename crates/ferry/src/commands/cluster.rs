@@ -305,6 +305,8 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
                 Some((cg, quota_us)) => Some(cluster_cpu::make_node_cgroup(cg, name, *quota_us)?),
                 None => None,
             },
+            // The default: loopback (each shared node on its own address), port + 1.
+            web: None,
             credentials: ca.issue_node_files(name, &certs)?,
         };
         let cfg_path = data_dir.join("ferry.toml");
