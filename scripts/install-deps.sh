@@ -5,9 +5,10 @@ set -euo pipefail
 
 need_apt=()
 # iproute2: `ip`, with which `ferry cluster up` makes its separate nodes' network; util-linux:
-# nsenter and setsid, for the tests.
+# nsenter and setsid, for the tests; chromium: the real headless browser that reads the daemon's
+# page in tests/observe.rs.
 for pkg in gcc make libc6-dev python3 redis-server redis-tools golang-go procps psmisc openssl \
-  iproute2 util-linux; do
+  iproute2 util-linux chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 # golang-go is only needed when no Go toolchain is on the PATH already.

@@ -39,6 +39,8 @@ enum Command {
     Nodes(commands::nodes::Args),
     /// List processes under Ferry across the cluster.
     Ps(commands::ps::Args),
+    /// Watch the cluster live: nodes and processes, refreshing in place (q quits, s sorts).
+    Top(commands::top::Args),
     /// Say whether this node takes guests from now on.
     Accept(commands::accept::Args),
     /// Run the node daemon in the foreground.
@@ -116,6 +118,7 @@ fn main() {
         Command::Make { args } => commands::make::run(args, node),
         Command::Nodes(a) => commands::nodes::run(a, node),
         Command::Ps(a) => commands::ps::run(a, node),
+        Command::Top(a) => commands::top::run(a, node),
         Command::Daemon(a) => commands::daemon::run(a),
         Command::Accept(a) => commands::accept::run(a, node),
         Command::Cluster(c) => commands::cluster::run(c),

@@ -17,6 +17,7 @@ pub mod nodes;
 pub mod ps;
 pub mod restore;
 pub mod run;
+pub mod top;
 pub mod worker;
 
 /// Prints a report as pretty JSON on stdout.
