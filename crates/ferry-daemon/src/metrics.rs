@@ -42,6 +42,7 @@ pub struct Metrics {
     signals_forwarded: Counter,
     deputies: Gauge,
     node_load: Family<NodeLabel, FloatGauge>,
+    node_busyness: Family<NodeLabel, FloatGauge>,
     node_runnable: Family<NodeLabel, Gauge>,
     node_cpu_idle: Family<NodeLabel, FloatGauge>,
     node_free_memory: Family<NodeLabel, Gauge>,
@@ -107,6 +108,7 @@ impl Metrics {
             signals_forwarded: Counter::default(),
             deputies: Gauge::default(),
             node_load: Family::default(),
+            node_busyness: Family::default(),
             node_runnable: Family::default(),
             node_cpu_idle: Family::default(),
             node_free_memory: Family::default(),
@@ -156,9 +158,14 @@ impl Metrics {
             m.deputies.clone(),
         );
         registry.register(
-            "node_load",
-            "Each known node's busyness as host selection ranks it (runnable per CPU, CPU busy, guests)",
+            "node_load1",
+            "Each known node's load average over the last minute",
             m.node_load.clone(),
+        );
+        registry.register(
+            "node_busyness",
+            "Each known node's busyness as host selection ranks it (runnable per CPU, CPU busy, guests)",
+            m.node_busyness.clone(),
         );
         registry.register(
             "node_runnable",
@@ -242,13 +249,17 @@ impl Metrics {
             f.clear();
         }
         self.node_load.clear();
+        self.node_busyness.clear();
         self.node_cpu_idle.clear();
         for n in nodes {
             let Some(l) = &n.load else { continue };
             let label = NodeLabel {
                 node: n.name.clone(),
             };
-            self.node_load.get_or_create(&label).set(l.busyness());
+            self.node_load
+                .get_or_create(&label)
+                .set(l.owner.load_avg_1m as f64);
+            self.node_busyness.get_or_create(&label).set(l.busyness());
             self.node_runnable
                 .get_or_create(&label)
                 .set(l.runnable as i64);

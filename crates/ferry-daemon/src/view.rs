@@ -103,7 +103,7 @@ pub async fn cluster_view(node: &Arc<Node>) -> ClusterView {
 
 /// The nodes table's columns.
 pub const NODE_COLUMNS: &[&str] = &[
-    "NODE", "STATE", "LOAD", "RUNNABLE", "CPU-IDLE", "FREE-MEM", "OWNER", "ACCEPTS", "GUESTS",
+    "NODE", "STATE", "LOAD1", "RUNNABLE", "CPU-IDLE", "FREE-MEM", "OWNER", "ACCEPTS", "GUESTS",
 ];
 
 /// The processes table's columns.
@@ -112,13 +112,37 @@ pub const PROC_COLUMNS: &[&str] = &[
     "RELAYED", "AGE", "COMMAND",
 ];
 
-/// Whether the owner is at the machine, and for how long they have not touched it.
+/// Whether the owner is at the machine (or it is busy with their work), and how long since
+/// its console was last used.
 pub fn owner_text(load: &ferry_policy::NodeLoad) -> String {
-    match load.console_idle_secs {
-        None => "no console".into(),
-        Some(s) if load.owner_present() => format!("present ({} idle)", duration_text(s)),
-        Some(s) => format!("away {}", duration_text(s)),
+    let input = load.console_idle_secs.map_or_else(
+        || "no console".to_string(),
+        |s| format!("input {} ago", duration_text(s)),
+    );
+    if load.owner_present() {
+        format!("present, {input}")
+    } else if load.owner.idle {
+        format!("idle, {input}")
+    } else {
+        format!("busy, {input}")
     }
+}
+
+/// The owner's policy and whether the node takes guests now: "idle: yes", "never: no".
+pub fn accepts_text(load: &ferry_policy::NodeLoad) -> String {
+    let now = if load.stale {
+        "stale"
+    } else if load.accepting {
+        "yes"
+    } else {
+        "no"
+    };
+    let draining = if load.owner.draining {
+        ", draining"
+    } else {
+        ""
+    };
+    format!("{}{draining}: {now}", load.owner.policy)
 }
 
 pub fn duration_text(secs: u64) -> String {
@@ -150,18 +174,12 @@ pub fn node_row(n: &ferry_transport::message::NodeInfo) -> Vec<String> {
     let mut row = vec![n.name.clone(), n.state.clone()];
     match &n.load {
         Some(l) => row.extend([
-            format!("{:.2}", l.busyness()),
+            format!("{:.2}", l.owner.load_avg_1m),
             l.runnable.to_string(),
             format!("{:.0}%", l.cpu_idle_pct),
             bytes_text(l.free_memory_bytes),
             owner_text(l),
-            if l.stale {
-                "stale".into()
-            } else if l.accepting {
-                "yes".into()
-            } else {
-                "no".into()
-            },
+            accepts_text(l),
             l.guests.to_string(),
         ]),
         None => row.extend((0..7).map(|_| "-".to_string())),

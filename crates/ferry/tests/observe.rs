@@ -488,7 +488,7 @@ fn metrics(w: &World) -> Result<(), Failed> {
         check(
             before
                 .iter()
-                .any(|(k, _)| k == &format!("ferry_node_load{{node=\"{n}\"}}")),
+                .any(|(k, _)| k == &format!("ferry_node_load1{{node=\"{n}\"}}")),
             || format!("no load for node {n}: {before:?}"),
         )?;
     }
