@@ -32,12 +32,17 @@ pub fn local_view(node: &Node) -> ClusterView {
     }
     let alive: Vec<i32> = processes.iter().map(|p| p.info.pid).collect();
     node.cpu.retain(&alive);
+    let mut home_costs = node.deputies.costs();
+    for c in &mut home_costs {
+        // The pipes the home relays for the tree (crate::relay), counted by its root's PID.
+        c.bytes_relayed = Some(c.pids.iter().map(|&p| node.relays.bytes(p)).sum());
+    }
     ClusterView {
         node: node.name().to_string(),
         taken_unix_ms: now_unix_ms(),
         nodes: Vec::new(),
         processes,
-        home_costs: node.deputies.costs(),
+        home_costs,
         unanswered: Vec::new(),
     }
 }

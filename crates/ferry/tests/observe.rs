@@ -1,8 +1,8 @@
 //! Seeing the cluster, on a real local cluster of two daemons (a, b) started once for the
 //! file, with a real process moved from a to b: `ferry top` live under a real pseudo-terminal
 //! (keys s and q), `ferry top --once --json`, the daemon's page in a real headless browser
-//! (Debian's chromium), and its metrics in the Prometheus text format, whose counters follow a
-//! real migration and a real refusal.
+//! (Debian's chromium), its metrics in the Prometheus text format, whose counters follow a
+//! real migration and a real refusal, and the bytes a home relays for a moved `cat`.
 
 mod common;
 
@@ -58,11 +58,12 @@ fn main() {
         Some(w)
     };
     type Test = fn(&World) -> Result<(), Failed>;
-    let tests: [(&str, Test); 4] = [
+    let tests: [(&str, Test); 5] = [
         ("top_once_json_shows_the_moved_process", top_once_json),
         ("top_live_in_a_pty_keys_s_and_q", top_live),
         ("page_in_a_headless_browser", page_in_browser),
         ("metrics_follow_a_migration_and_a_refusal", metrics),
+        ("cost_of_pipes_relayed_home", relayed_cost),
     ];
     let trials = tests
         .into_iter()
@@ -521,24 +522,25 @@ fn metrics(w: &World) -> Result<(), Failed> {
         })?;
     }
 
-    // A refused move (a pipe shared with this test, which stays): counted by its reason.
-    let mut held = Command::new("sleep")
-        .arg("7777")
-        .current_dir(scratch("observe", "held"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()?;
+    // A refused move (b takes no guests for a moment): counted by its reason.
+    let accept = |yes: &str| {
+        let o = w.c.run("b", &["accept", yes]);
+        check(o.status.success(), || {
+            format!("accept {yes}: {}", String::from_utf8_lossy(&o.stderr))
+        })
+    };
+    accept("no")?;
+    let mut third = victim("third");
     let o =
-        w.c.run("a", &["migrate", &held.id().to_string(), "--to", "b"]);
-    let _ = held.kill();
-    let _ = held.wait();
+        w.c.run("a", &["migrate", &third.id().to_string(), "--to", "b"]);
+    let _ = third.kill();
+    let _ = third.wait();
+    accept("yes")?;
     check(!o.status.success(), || {
-        "a pipe-sharing process moved".into()
+        "b took a guest while refusing them".into()
     })?;
     let refused = scrape()?;
-    let key = "ferry_migrations_failed_total{reason=\"unmovable\"}";
+    let key = "ferry_migrations_failed_total{reason=\"refused\"}";
     check(sample(&refused, key) == sample(&after, key) + 1.0, || {
         format!(
             "{key}: {} before, {} after a refusal ({})",
@@ -557,4 +559,50 @@ fn metrics(w: &World) -> Result<(), Failed> {
         code == 200 && v["nodes"].as_array().is_some_and(|n| n.len() == 2),
         || format!("/cluster.json: {code} {body}"),
     )
+}
+
+/// A `cat` whose stdin and stdout are pipes to this test moves to b: its home relays both, and
+/// the bytes relayed are its cost to its home, in `ferry top`.
+fn relayed_cost(w: &World) -> Result<(), Failed> {
+    let mut cat = Command::new("cat")
+        .current_dir(scratch("observe", "cat"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()?;
+    let pid = cat.id() as i64;
+    let result = (|| {
+        let o = w.c.run("a", &["migrate", &pid.to_string(), "--to", "b"]);
+        check(o.status.success(), || {
+            format!("migrate cat: {}", String::from_utf8_lossy(&o.stderr))
+        })?;
+        let line = format!("{}\n", "relayed".repeat(100));
+        cat.stdin.as_mut().unwrap().write_all(line.as_bytes())?;
+        let mut back = vec![0u8; line.len()];
+        cat.stdout.as_mut().unwrap().read_exact(&mut back)?;
+        check(back == line.as_bytes(), || {
+            "cat echoed something else".into()
+        })?;
+        let mut last = serde_json::Value::Null;
+        let seen = wait_until(Duration::from_secs(10), || {
+            let o = w.c.run("a", &["top", "--once", "--json"]);
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&o.stdout) else {
+                return false;
+            };
+            last = v["processes"]
+                .as_array()
+                .and_then(|p| p.iter().find(|p| p["home_pid"] == pid).cloned())
+                .unwrap_or_default();
+            last["cost"]["bytes_relayed"]
+                .as_u64()
+                .is_some_and(|b| b >= 2 * line.len() as u64)
+        });
+        check(seen, || {
+            format!("{} bytes went each way; top shows {last:#}", line.len())
+        })
+    })();
+    let _ = cat.kill();
+    let _ = cat.wait();
+    result
 }
