@@ -255,6 +255,7 @@ async fn start_web(node: &Arc<Node>) -> Result<()> {
     match crate::web::bind(addr).await {
         Ok(l) => {
             let tls = !addr.ip().is_loopback();
+            let addr = l.local_addr().unwrap_or(addr);
             tracing::info!(event = "web", addr = %addr, mutual_tls = tls);
             tokio::spawn(crate::web::serve(node.clone(), l));
             Ok(())

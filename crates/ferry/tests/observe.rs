@@ -2,7 +2,9 @@
 //! file, with a real process moved from a to b: `ferry top` live under a real pseudo-terminal
 //! (keys s and q), `ferry top --once --json`, the daemon's page in a real headless browser
 //! (Debian's chromium), its metrics in the Prometheus text format, whose counters follow a
-//! real migration and a real refusal, and the bytes a home relays for a moved `cat`.
+//! real migration and a real refusal, and the bytes a home relays for a moved `cat`. A daemon
+//! whose page is bound to an address that is not loopback serves it only to a client with a
+//! certificate of the cluster.
 
 mod common;
 
@@ -42,7 +44,9 @@ fn main() {
     let world = if args.list {
         None
     } else {
-        let c = Cluster::up("observe", 2);
+        // Separate nodes: node a's address on the cluster's bridge is not loopback (the page
+        // bound there must demand mutual TLS).
+        let c = Cluster::up_isolated("observe", 2, common::cluster::Isolation::Separate);
         let moved = victim("moved");
         let pid = moved.id();
         let w = Arc::new(World {
@@ -58,12 +62,16 @@ fn main() {
         Some(w)
     };
     type Test = fn(&World) -> Result<(), Failed>;
-    let tests: [(&str, Test); 5] = [
+    let tests: [(&str, Test); 6] = [
         ("top_once_json_shows_the_moved_process", top_once_json),
         ("top_live_in_a_pty_keys_s_and_q", top_live),
         ("page_in_a_headless_browser", page_in_browser),
         ("metrics_follow_a_migration_and_a_refusal", metrics),
         ("cost_of_pipes_relayed_home", relayed_cost),
+        (
+            "web_elsewhere_needs_a_cluster_certificate",
+            web_over_mutual_tls,
+        ),
     ];
     let trials = tests
         .into_iter()
@@ -605,4 +613,116 @@ fn relayed_cost(w: &World) -> Result<(), Failed> {
     let _ = cat.kill();
     let _ = cat.wait();
     result
+}
+
+/// A daemon with `web` on node a's bridge address (not loopback): plain HTTP gets nothing, a
+/// TLS client without a certificate gets nothing, one with a certificate of the cluster (node
+/// b's) gets the metrics.
+fn web_over_mutual_tls(w: &World) -> Result<(), Failed> {
+    let listen = w.c.listen_addr("a");
+    let ip = listen.rsplit_once(':').unwrap().0.to_string();
+    check(!ip.starts_with("127."), || {
+        format!("node a listens on loopback ({listen})")
+    })?;
+    let dir = scratch("observe", "tls-daemon");
+    let certs = w.c.dir.join("certs");
+    // A second daemon with a's certificate, alone (no peers), on a port of the kernel's choice.
+    let config = format!(
+        "name = \"a\"\nlisten = \"127.0.0.1:0\"\ndata_dir = {data:?}\naccept_guests = false\n\
+         web = \"{ip}:0\"\n[credentials]\nca_cert = {ca:?}\ncert = {cert:?}\nkey = {key:?}\n",
+        data = dir.join("data"),
+        ca = certs.join("ca.pem"),
+        cert = certs.join("a.pem"),
+        key = certs.join("a.key"),
+    );
+    std::fs::write(dir.join("ferry.toml"), config)?;
+    let log = std::fs::File::create(dir.join("daemon.log"))?;
+    let mut daemon = Command::new(common::cluster::FERRY)
+        .args(["daemon", "--config"])
+        .arg(dir.join("ferry.toml"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    let result = (|| {
+        let mut addr = None;
+        wait_until(Duration::from_secs(10), || {
+            let text = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+            addr = text.lines().find_map(|l| {
+                l.contains("event=\"web\"")
+                    .then(|| {
+                        l.split("addr=")
+                            .nth(1)?
+                            .split_whitespace()
+                            .next()
+                            .map(str::to_string)
+                    })
+                    .flatten()
+            });
+            addr.is_some()
+        });
+        let log = || std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+        let addr = addr.ok_or_else(|| format!("no web address announced:\n{}", log()))?;
+        check(log().contains("mutual_tls=true"), || {
+            format!("not mutual TLS:\n{}", log())
+        })?;
+
+        // Plain HTTP: no answer.
+        let plain = http(&addr, "GET", "/metrics");
+        check(!matches!(plain, Ok((200, _))), || {
+            format!("plain HTTP answered: {plain:?}")
+        })?;
+        // TLS without a client certificate: refused.
+        use rustls_pki_types::pem::PemObject;
+        let ca = rustls_pki_types::CertificateDer::from_pem_file(certs.join("ca.pem"))?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca)?;
+        let anonymous = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let r = https_get(&addr, Arc::new(anonymous), "/metrics");
+        check(r.as_ref().map_or(true, |t| !t.contains(" 200 ")), || {
+            format!("a client without a certificate was answered: {r:?}")
+        })?;
+        // With node b's certificate: the metrics.
+        let b = ferry_transport::Credentials::load(&ferry_transport::CredentialPaths {
+            ca_cert: certs.join("ca.pem"),
+            cert: certs.join("b.pem"),
+            key: certs.join("b.key"),
+        })?;
+        let r = https_get(&addr, b.client.clone(), "/metrics")?;
+        check(
+            r.starts_with("HTTP/1.1 200") && r.contains("ferry_migrations_out_total"),
+            || format!("with a cluster certificate: {r}"),
+        )
+    })();
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    result
+}
+
+/// GET `path` over TLS (the server named as every node's certificate names it); the whole
+/// answer, or the error.
+fn https_get(addr: &str, config: Arc<rustls::ClientConfig>, path: &str) -> Result<String, Failed> {
+    let name = rustls_pki_types::ServerName::try_from("ferry-node.cluster")?;
+    let conn = rustls::ClientConnection::new(config, name)?;
+    let tcp = std::net::TcpStream::connect(addr)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    write!(
+        tls,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = Vec::new();
+    match tls.read_to_end(&mut out) {
+        Ok(_) => Ok(String::from_utf8_lossy(&out).into_owned()),
+        // The server closes without close_notify after answering: what came is the answer.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !out.is_empty() => {
+            Ok(String::from_utf8_lossy(&out).into_owned())
+        }
+        Err(e) => Err(format!("TLS to {addr}: {e}").into()),
+    }
 }
