@@ -371,8 +371,16 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             .unwrap_or_default()
     );
     for (i, name) in names.iter().enumerate() {
+        // The node's page and metrics, where this machine's namespace reaches them (a separate
+        // node's loopback is its own).
+        let page = (i == 0 || a.isolation == Isolation::Shared)
+            .then(|| Config::load(&dir.join(name).join("ferry.toml")).ok())
+            .flatten()
+            .and_then(|c| c.web_addr().ok().flatten())
+            .map(|(w, _)| format!("  page http://{w}/"))
+            .unwrap_or_default();
         println!(
-            "  {name}  {}  log {}",
+            "  {name}  {}  log {}{page}",
             addr(i)?,
             dir.join(name).join("daemon.log").display()
         );
