@@ -120,3 +120,40 @@ impl Config {
 pub fn control_socket(data_dir: &Path) -> PathBuf {
     data_dir.join("ferry.sock")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_web(listen: &str, web: Option<&str>) -> Result<Config> {
+        let web = web.map(|w| format!("web = {w:?}\n")).unwrap_or_default();
+        Config::parse(&format!(
+            "name = \"a\"\nlisten = {listen:?}\ndata_dir = \"/tmp/x\"\n{web}\
+             [credentials]\nca_cert = \"c\"\ncert = \"d\"\nkey = \"e\"\n"
+        ))
+    }
+
+    #[test]
+    fn the_page_is_on_loopback_unless_told() {
+        let addr = |l: &str, w: Option<&str>| with_web(l, w).unwrap().web_addr().unwrap();
+        // Default: the listen address if loopback (a shared local cluster), else 127.0.0.1.
+        assert_eq!(
+            addr("127.0.0.12:7070", None),
+            Some(("127.0.0.12:7071".parse().unwrap(), false))
+        );
+        assert_eq!(
+            addr("10.0.0.2:7070", None),
+            Some(("127.0.0.1:7071".parse().unwrap(), false))
+        );
+        assert_eq!(addr("10.0.0.2:7070", Some("off")), None);
+        assert_eq!(
+            addr("10.0.0.2:7070", Some("10.0.0.2:9100")),
+            Some(("10.0.0.2:9100".parse().unwrap(), true))
+        );
+        let e = with_web("10.0.0.2:7070", Some("everywhere")).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("\"off\" or ADDRESS:PORT"),
+            "{e:#}"
+        );
+    }
+}
