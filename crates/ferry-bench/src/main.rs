@@ -13,6 +13,7 @@ mod deputy;
 mod engine;
 mod floor;
 mod hold;
+mod make;
 mod migrate;
 mod remote_exec;
 
@@ -37,6 +38,9 @@ enum Command {
     /// Time `ferry run` against a local fork/exec/wait of the same command, on a local
     /// cluster of two nodes started for the purpose.
     RemoteExec(remote_exec::Args),
+    /// Build a real C project (LuaJIT) with `ferry make` on 1, 2 and 4 emulated half-CPU nodes
+    /// against plain `make` on one such node.
+    Make(make::Args),
     /// What a moved process's home costs its parent: a signal sent at home until the parent's
     /// `wait` sees the death, and the body's exit until the parent's `wait` sees it, against
     /// the same for a child that never moved.
@@ -59,6 +63,7 @@ fn main() {
         Command::Engine(a) => engine::run(a),
         Command::Migrate(a) => migrate::run(a),
         Command::RemoteExec(a) => remote_exec::run(a),
+        Command::Make(a) => make::run(a),
         Command::Deputy(a) => deputy::run(a),
         Command::Hold { mib, dir } => hold::run(mib, &dir),
     };

@@ -125,10 +125,33 @@ pub async fn relay(node: Arc<Node>, mut cli: UnixStream, mut spec: RunSpec) -> R
     Ok(())
 }
 
-/// Dials `target`, sends `Run`, and returns the connection with the first answer.
-async fn open_remote(node: &Node, target: &str, spec: &RunSpec) -> Result<(Conn, Msg)> {
+/// Sends `Run` to `target` and returns the connection with the first answer. The connection
+/// is a spare one opened earlier when there is one (the TCP and TLS handshakes are then off
+/// the run's path); a spare the peer has closed meanwhile is replaced by a fresh connection
+/// (the peer never read that `Run`). Each run leaves a fresh spare behind for the next.
+async fn open_remote(node: &Arc<Node>, target: &str, spec: &RunSpec) -> Result<(Conn, Msg)> {
+    let run = Msg::Run(spec.clone());
+    let alive = node.membership.find(target).is_some();
+    if let Some(mut conn) = node.exec_spares.take(target).filter(|_| alive) {
+        node.exec_spares.refill(node.clone(), target);
+        if write_msg(&mut conn.stream, &run).await.is_ok() {
+            match tokio::time::timeout(SPARE_START_TIMEOUT, read_msg(&mut conn.stream)).await {
+                Ok(Ok(first)) => return Ok((conn, first)),
+                // Closed before any answer: the peer dropped the idle connection (it
+                // restarted, say) without reading `Run`.
+                Ok(Err(FrameError::Closed)) => {
+                    tracing::debug!(to = %target, "a spare connection was closed; dialling")
+                }
+                Ok(Err(e)) => {
+                    return Err(anyhow!(e)).with_context(|| format!("node {target} did not answer"))
+                }
+                Err(_) => bail_start_timeout(target, SPARE_START_TIMEOUT)?,
+            }
+        }
+    }
     let mut conn = node.dial(target).await?;
-    write_msg(&mut conn.stream, &Msg::Run(spec.clone()))
+    node.exec_spares.refill(node.clone(), target);
+    write_msg(&mut conn.stream, &run)
         .await
         .with_context(|| format!("send the command to node {target}"))?;
     let first = tokio::time::timeout(START_TIMEOUT, read_msg(&mut conn.stream))
@@ -136,6 +159,87 @@ async fn open_remote(node: &Node, target: &str, spec: &RunSpec) -> Result<(Conn,
         .map_err(|_| anyhow!("node {target} did not start the command within {START_TIMEOUT:?}"))?
         .with_context(|| format!("node {target} did not answer"))?;
     Ok((conn, first))
+}
+
+fn bail_start_timeout(target: &str, t: Duration) -> Result<()> {
+    Err(anyhow!(
+        "node {target} did not start the command within {t:?}"
+    ))
+}
+
+/// How long the peer has to answer `Run` on a spare connection: shorter than a fresh one's,
+/// as a peer that vanished without closing its connections (a machine whose power was cut)
+/// never answers, and the membership may not know it yet.
+const SPARE_START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many connections to each peer wait, opened, for remote runs.
+const SPARES_PER_PEER: usize = 2;
+/// A spare older than this is dropped rather than used (the peer may have gone meanwhile).
+const SPARE_MAX_AGE: Duration = Duration::from_secs(20);
+
+/// Connections to peers opened ahead of time, for remote runs (`Run` is the first message a
+/// connection carries, so a spare is used once; it saves the run its TCP and TLS handshakes).
+#[derive(Default)]
+pub struct Spares {
+    by_peer: std::sync::Mutex<std::collections::HashMap<String, Vec<(Instant, Conn)>>>,
+    /// Peers a spare is being opened for.
+    dialling: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Spares {
+    /// A spare connection to `peer` young enough to use, if any.
+    fn take(&self, peer: &str) -> Option<Conn> {
+        let mut by = self.by_peer.lock().unwrap_or_else(|p| p.into_inner());
+        let list = by.get_mut(peer)?;
+        list.retain(|(t, _)| t.elapsed() < SPARE_MAX_AGE);
+        list.pop().map(|(_, c)| c)
+    }
+
+    /// Opens spares to `peer` in the background, up to [`SPARES_PER_PEER`].
+    fn refill(&self, node: Arc<Node>, peer: &str) {
+        {
+            let mut d = self.dialling.lock().unwrap_or_else(|p| p.into_inner());
+            if !d.insert(peer.to_string()) {
+                return;
+            }
+        }
+        let peer = peer.to_string();
+        tokio::spawn(async move {
+            loop {
+                let have = {
+                    let mut by = node
+                        .exec_spares
+                        .by_peer
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    let list = by.entry(peer.clone()).or_default();
+                    list.retain(|(t, _)| t.elapsed() < SPARE_MAX_AGE);
+                    list.len()
+                };
+                if have >= SPARES_PER_PEER {
+                    break;
+                }
+                match node.dial(&peer).await {
+                    Ok(c) => node
+                        .exec_spares
+                        .by_peer
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(peer.clone())
+                        .or_default()
+                        .push((Instant::now(), c)),
+                    Err(e) => {
+                        tracing::debug!(to = %peer, error = %format!("{e:#}"), "no spare connection");
+                        break;
+                    }
+                }
+            }
+            node.exec_spares
+                .dialling
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&peer);
+        });
+    }
 }
 
 /// The caller (the process at the other end of the control socket) may claim the uid, gid,

@@ -1,12 +1,19 @@
 //! The processes this node hosts for others: trees migrated here and programs started here by
 //! `ferry run`. `ferry ps` asks every node for its list. Each guest is also a record in the
 //! daemon's state directory (crate::state), so a restarted daemon takes up the guests that still
-//! run (the same PID with the same start time).
+//! run (the same PID with the same start time). Programs started by `ferry run` are not
+//! recorded: they die with the daemon that started them (their parent-death signal), so there
+//! is nothing to take up, and a record (two fsyncs) would sit on every remote run's path.
 
 use crate::state::{self, Store};
 use ferry_transport::message::ProcInfo;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
+
+/// Whether a guest of this kind has a durable record (see the module's doc).
+fn recorded(p: &ProcInfo) -> bool {
+    p.kind != "remote-exec"
+}
 
 #[derive(Default)]
 pub struct Guests {
@@ -44,7 +51,7 @@ impl Guests {
     }
 
     pub fn add(&self, p: ProcInfo) {
-        if let Some(s) = &self.store {
+        if let Some(s) = self.store.as_ref().filter(|_| recorded(&p)) {
             match state::start_time(p.pid) {
                 Some(start_time) => s.put_or_log(
                     state::GUEST,
@@ -76,7 +83,9 @@ impl Guests {
     pub fn remove(&self, pid: i32) -> Option<ProcInfo> {
         let mut l = self.list.lock().expect("guests lock");
         let i = l.iter().position(|g| g.pid == pid)?;
-        self.unrecord(pid);
+        if recorded(&l[i]) {
+            self.unrecord(pid);
+        }
         Some(l.remove(i))
     }
 
@@ -89,7 +98,7 @@ impl Guests {
             .into_iter()
             .partition(|g| !std::path::Path::new(&format!("/proc/{}", g.pid)).exists());
         *l = alive;
-        for g in &gone {
+        for g in gone.iter().filter(|g| recorded(g)) {
             self.unrecord(g.pid);
         }
         gone

@@ -46,6 +46,8 @@ pub struct Node {
     /// What this daemon counts (crate::metrics), and the CPU use of its guests.
     pub metrics: crate::metrics::Metrics,
     pub cpu: crate::metrics::CpuMeter,
+    /// Connections to peers opened ahead of the remote runs that will use them.
+    pub exec_spares: crate::exec::Spares,
 }
 
 impl Node {
@@ -202,6 +204,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         exe,
         metrics: Default::default(),
         cpu: Default::default(),
+        exec_spares: Default::default(),
     });
     tracing::info!(event = "started", node = %node.name(), listen = %node.config.listen,
         control = %sock_path.display(), peers = ?node.config.peers,
