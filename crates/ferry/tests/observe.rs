@@ -505,21 +505,29 @@ fn metrics(w: &World) -> Result<(), Failed> {
         "the moved process's deputy is not counted".into()
     })?;
 
-    // A real migration: the out counter and the duration histogram's count go up by one.
+    // A real migration there and back: the out and in counters, and the counts of their
+    // duration histograms, go up by one each.
     let mut second = victim("second");
     let pid = second.id().to_string();
     let o = w.c.run("a", &["migrate", &pid, "--to", "b"]);
-    let moved = o.status.success();
+    // Back home: a migration in, for a.
+    let back = w.c.run("b", &["migrate", &pid, "--to", "a"]);
     let after = scrape();
     let _ = second.kill();
     let _ = second.wait();
-    check(moved, || {
-        format!("migrate: {}", String::from_utf8_lossy(&o.stderr))
+    check(o.status.success() && back.status.success(), || {
+        format!(
+            "migrate there and back: {}{}",
+            String::from_utf8_lossy(&o.stderr),
+            String::from_utf8_lossy(&back.stderr)
+        )
     })?;
     let after = after?;
     for name in [
         "ferry_migrations_out_total",
         "ferry_migration_out_duration_seconds_count",
+        "ferry_migrations_in_total",
+        "ferry_migration_in_duration_seconds_count",
     ] {
         check(sample(&after, name) == sample(&before, name) + 1.0, || {
             format!(
