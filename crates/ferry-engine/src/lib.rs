@@ -12,6 +12,8 @@
 //! - [`late`] makes system calls inside a rebuilt process just before it runs (what had to
 //!   wait for the original of a migration to be gone: a lock, an abstract socket name).
 //! - [`names`] moves the files of a tree's bound UNIX sockets aside while it migrates.
+//! - [`lazy`] hands a rebuilt tree's private anonymous memory to a page server that fills
+//!   it as the tree runs (copy-on-reference).
 //! - [`restore`] reads an image completely, checks it, and rebuilds the tree through
 //!   [`husk`]s: processes created under their old PIDs and refilled from outside.
 
@@ -24,6 +26,7 @@ pub mod freeze;
 pub mod guest_ns;
 pub mod husk;
 pub mod late;
+pub mod lazy;
 pub mod names;
 pub mod objects;
 pub mod pidview;

@@ -187,6 +187,8 @@ pub struct RestoreReport {
     /// Whether every process's private anonymous memory went in with `UFFDIO_COPY` (else
     /// with `process_vm_writev`, which faults and clears each page first).
     pub memory_filled_by_uffd: bool,
+    /// Whether private anonymous memory was left to a page server ([`RestoreOptions::lazy`]).
+    pub memory_lazy: bool,
     pub finish_ms: f64,
 }
 
@@ -210,6 +212,9 @@ pub struct RestoreOptions<'a> {
     /// relayed pipes are kept ([`RestoredTree::relay_ends`]). Any other restore refuses an
     /// image with relayed pipes: their other end is on the tree's home node.
     pub relays: bool,
+    /// Leave private anonymous memory to this page server (copy-on-reference, see
+    /// [`crate::lazy`]) instead of reading it from the image before the tree runs.
+    pub lazy: Option<&'a dyn crate::lazy::LazyMemory>,
 }
 
 /// The PIDs and TIDs of an image.
@@ -521,6 +526,7 @@ pub fn restore_with<R: Read>(
         place,
         ferry_pidfd: &ferry_pidfd,
         cpu_cgroup: opts.cpu_cgroup,
+        lazy: opts.lazy,
     };
     let mut exiting_leaders = Vec::new();
     match build(&mut cx, &mut husks, &mut live, &mut exiting_leaders, t0) {
@@ -563,6 +569,7 @@ struct BuildContext<'a, R: Read> {
     place: Place<'a>,
     ferry_pidfd: &'a std::os::fd::OwnedFd,
     cpu_cgroup: Option<&'a std::path::Path>,
+    lazy: Option<&'a dyn crate::lazy::LazyMemory>,
 }
 
 fn build<R: Read>(
@@ -624,14 +631,26 @@ fn build<R: Read>(
     for (p, h) in &live {
         memory::restore_mappings(h, p, cx.objects)?;
     }
-    stream_memory(
-        &mut cx.img.records,
-        tree,
-        cx.objects,
-        cx.buf,
-        &live,
-        &mut report,
-    )?;
+    if let Some(lazy) = cx.lazy {
+        let processes = live
+            .iter()
+            .map(|(p, h)| crate::lazy::prepare(h, p))
+            .collect::<Result<Vec<_>>>()?;
+        lazy.start(processes).map_err(|what| Error::Restore {
+            pid: tree.root_pid,
+            what: format!("start serving its memory lazily: {what}"),
+        })?;
+        report.memory_lazy = true;
+    } else {
+        stream_memory(
+            &mut cx.img.records,
+            tree,
+            cx.objects,
+            cx.buf,
+            &live,
+            &mut report,
+        )?;
+    }
     report.data_bytes = cx.img.records.data_bytes;
     report.memory_ms = t1.elapsed().as_secs_f64() * 1e3;
     let t2 = Instant::now();

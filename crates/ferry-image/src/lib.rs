@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod anon_inodes;
+pub mod index;
 pub mod model;
 pub mod sockets;
 pub mod stream;

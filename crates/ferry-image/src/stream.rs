@@ -5,10 +5,10 @@ use crate::{FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION};
 use std::io::{Read, Write};
 use xxhash_rust::xxh3::Xxh3;
 
-const KIND_TREE: u32 = 1;
-const KIND_PAGES: u32 = 2;
-const KIND_OBJECT: u32 = 3;
-const KIND_END: u32 = 0xffff;
+pub(crate) const KIND_TREE: u32 = 1;
+pub(crate) const KIND_PAGES: u32 = 2;
+pub(crate) const KIND_OBJECT: u32 = 3;
+pub(crate) const KIND_END: u32 = 0xffff;
 
 /// Largest record a reader accepts: bounds memory use on a hostile or corrupted stream.
 pub const MAX_RECORD: u64 = 1 << 30;

@@ -145,6 +145,15 @@ fn main() {
             run_cr(&s, &n, reason.as_deref(), Mode::Namespace)
         }));
     }
+    for name in programs
+        .iter()
+        .filter(|n| lazy_trial(n) && !pending.contains_key(*n))
+    {
+        let (s, n) = (suite.clone(), name.clone());
+        trials.push(Trial::test(format!("lazy::{name}"), move || {
+            run_cr(&s, &n, None, Mode::Lazy)
+        }));
+    }
     for name in programs.iter().filter(|n| !mig_excluded.contains_key(*n)) {
         let (s, n) = (suite.clone(), name.clone());
         let reason = mig_pending.get(name).or(pending.get(name)).cloned();
@@ -153,7 +162,7 @@ fn main() {
         }));
     }
     if "ns_extra".contains(&filter) || filter.is_empty() {
-        let extras: [(&str, ExtraTrial); 7] = [
+        let extras: [(&str, ExtraTrial); 8] = [
             ("clone_beside_original", run_clone_beside_original),
             ("listener_beside_original", run_listener_beside_original),
             ("clocks_ahead", run_clocks_ahead),
@@ -161,6 +170,7 @@ fn main() {
             ("held_then_killed", |s| run_held(s, false)),
             ("held_then_resumed", |s| run_held(s, true)),
             ("exit_kill", run_exit_kill),
+            ("lazy_corrupted_page_kills", run_lazy_corrupted),
         ];
         for (name, f) in extras {
             let s = suite.clone();
@@ -283,6 +293,27 @@ enum Mode {
     Here,
     /// `ferry restore --pid-namespace`: in fresh namespaces of its own.
     Namespace,
+    /// `ferry restore --lazy`: memory comes from the image as it is touched. In the last
+    /// round the push waits [`LAZY_PUSH_AFTER_MS`] and `go` is touched as soon as the tree
+    /// runs, so the program checks its memory while its pages are still owed.
+    Lazy,
+}
+
+/// The background push of a lazy trial's last round starts this late.
+const LAZY_PUSH_AFTER_MS: &str = "400";
+
+/// Programs that get a `lazy::` trial: those about memory, registers and threads, and a few
+/// trees (the others hold no more private memory than these).
+fn lazy_trial(name: &str) -> bool {
+    ["mem_", "thr_", "cpu_"].iter().any(|p| name.starts_with(p))
+        || [
+            "proc_tree_children",
+            "proc_zombie",
+            "sig_handlers",
+            "sys_blocked_read",
+            "fd_pipe_buffered",
+        ]
+        .contains(&name)
 }
 
 /// Builds and starts program `name` for a trial of kind `mode` ("native", "cr", ...).
@@ -320,6 +351,10 @@ fn checkpoint_restore(run: &mut Run, round: u32, mode: Mode) -> Result<Round, Fa
             let img = run.image(round).to_string_lossy().into_owned();
             restore_in_namespace(run, round, &img)?;
         }
+        Mode::Lazy => {
+            run.wait_tree_gone(round)?;
+            restore_lazy(run, round)?;
+        }
         Mode::Here => {
             run.wait_tree_gone(round)?;
             run.restore(round)?;
@@ -331,6 +366,166 @@ fn checkpoint_restore(run: &mut Run, round: u32, mode: Mode) -> Result<Round, Fa
         }
     }
     Ok(Round::Restored)
+}
+
+/// After a checkpoint (which killed the tree): `ferry restore --lazy`, in the background. The
+/// root must come back with its PID while memory is still arriving; in round 2 `go` is touched
+/// then. `ferry restore` must end in success once every page is in.
+fn restore_lazy(run: &mut Run, round: u32) -> Result<(), Failed> {
+    let img = run.image(round).to_string_lossy().into_owned();
+    let push = if round == 2 { LAZY_PUSH_AFTER_MS } else { "0" };
+    let out_path = run.base.join(format!("restore-lazy{round}.stdout"));
+    let err_path = run.base.join(format!("restore-lazy{round}.stderr"));
+    let files = File::create(&out_path).and_then(|o| Ok((o, File::create(&err_path)?)));
+    let (out, err) = files.map_err(|e| run.report(&format!("create output files: {e}")))?;
+    let mut child = Command::new(run.ferry_bin())
+        .args(["restore", "--dir", &img, "--lazy", "--push-after-ms", push])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| run.report(&format!("run ferry restore --lazy: {e}")))?;
+    let started = Instant::now();
+    let stderr = |p: &Path| fs::read_to_string(p).unwrap_or_default();
+    let pid = loop {
+        let text = fs::read_to_string(&out_path).unwrap_or_default();
+        if let Some(line) = text.lines().next().filter(|_| text.ends_with('\n')) {
+            break line.trim().parse::<i32>().ok();
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(run.report(&format!(
+                "ferry restore --lazy (round {round}) ended ({st}) without a PID: {}",
+                stderr(&err_path)
+            )));
+        }
+        if started.elapsed() > CR_RESULT_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(run.report(&format!(
+                "ferry restore --lazy (round {round}) printed no PID"
+            )));
+        }
+        sleep(Duration::from_millis(2));
+    };
+    if pid != Some(run.root) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(run.report(&format!(
+            "ferry restore --lazy (round {round}) gave root pid {pid:?}, expected {}",
+            run.root
+        )));
+    }
+    if round == 2 {
+        run.touch("go")?;
+    }
+    let status = loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            break st;
+        }
+        if started.elapsed() > CR_RESULT_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(run.report(&format!(
+                "ferry restore --lazy (round {round}) did not finish bringing memory in"
+            )));
+        }
+        sleep(Duration::from_millis(5));
+    };
+    if !status.success() {
+        return Err(run.report(&format!(
+            "ferry restore --lazy (round {round}) failed ({status}): {}",
+            stderr(&err_path)
+        )));
+    }
+    Ok(())
+}
+
+/// `ferry restore --lazy` from an image with one flipped byte in a record of pages: the tree
+/// runs, and when that record is needed (a fault or the push) the checksum fails; the whole
+/// tree must then be killed (no verdict, nothing left waiting for a page), and the command
+/// must fail naming the checksum.
+fn run_lazy_corrupted(suite: &Suite) -> Result<(), Failed> {
+    let mut run = start(suite, "thr_lazy_same_pages", "lazy_corrupt")?;
+    run.wait_ready()?;
+    let ck = run.checkpoint(1, &[])?;
+    if !ck.success() {
+        return Err(run.report("ferry checkpoint failed"));
+    }
+    run.wait_tree_gone(1)?;
+    let img = run.image(1).join(ferry_image::IMAGE_FILE);
+    let flipped = (|| -> Result<(), String> {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&img)
+            .map_err(|e| e.to_string())?;
+        let idx = ferry_image::index::index_pages(&f).map_err(|e| e.to_string())?;
+        let big = idx
+            .records
+            .iter()
+            .max_by_key(|r| r.len)
+            .ok_or("no pages in the image")?;
+        use std::os::unix::fs::FileExt;
+        let at = big.at + 28 + big.len / 2;
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).map_err(|e| e.to_string())?;
+        f.write_all_at(&[b[0] ^ 0x40], at)
+            .map_err(|e| e.to_string())
+    })();
+    flipped.map_err(|e| run.report(&format!("corrupt the image: {e}")))?;
+    let dir = run.image(1).to_string_lossy().into_owned();
+    let mut child = Command::new(run.ferry_bin())
+        .args(["restore", "--dir", &dir, "--lazy", "--push-after-ms"])
+        .arg(LAZY_PUSH_AFTER_MS)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| run.report(&format!("run ferry restore --lazy: {e}")))?;
+    // The tree runs (its PID printed) before the bad record is read.
+    let mut first = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    io::BufRead::read_line(&mut io::BufReader::new(stdout), &mut first)
+        .map_err(|e| run.report(&format!("read ferry's output: {e}")))?;
+    if first.trim().parse::<i32>().ok() != Some(run.root) {
+        let _ = child.kill();
+        return Err(run.report(&format!(
+            "ferry restore --lazy printed {first:?}, not the root's PID {}",
+            run.root
+        )));
+    }
+    run.touch("go")?;
+    let started = Instant::now();
+    let status = loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            break st;
+        }
+        if started.elapsed() > CR_RESULT_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(run.report("ferry restore --lazy hung on a corrupted image"));
+        }
+        sleep(Duration::from_millis(5));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = io::Read::read_to_string(&mut e, &mut err);
+    }
+    if status.success() || !err.contains("checksum mismatch") || !err.contains("killed") {
+        return Err(run.report(&format!(
+            "ferry restore --lazy from a corrupted image ended ({status}) with: {err}"
+        )));
+    }
+    if !wait_gone(run.root, TREE_GONE_TIMEOUT) {
+        return Err(run.report("the tree still runs after its image failed"));
+    }
+    if run.file("result").exists() {
+        return Err(run.report(&format!(
+            "the program gave a verdict on corrupted memory: {:?}",
+            fs::read_to_string(run.file("result")).unwrap_or_default()
+        )));
+    }
+    run.finish()
 }
 
 /// After a checkpoint (which killed the tree): `ferry restore --pid-namespace`. The root must
@@ -414,6 +609,7 @@ fn run_cr(suite: &Suite, name: &str, pending: Option<&str>, mode: Mode) -> Resul
     let label = match mode {
         Mode::Here => "cr",
         Mode::Namespace => "ns",
+        Mode::Lazy => "lazy",
     };
     let mut run = start(suite, name, label)?;
     run.wait_ready()?;
@@ -871,6 +1067,7 @@ fn run_held(suite: &Suite, resume: bool) -> Result<(), Failed> {
             caller: None,
             cpu_cgroup: None,
             relays: false,
+            lazy: None,
         },
     )
     .map_err(|e| run.report(&format!("restore_with: {e}")))?;

@@ -20,6 +20,20 @@ pub struct Args {
     /// continue from where it saw them. Prints the root's PID on this machine.
     #[arg(long)]
     pub pid_namespace: bool,
+    /// Copy-on-reference: the tree runs at once, its private anonymous memory coming from the
+    /// image as it is touched (each fault served with its page and `--prefetch` neighbours)
+    /// while a background push copies the rest. The command stays until every page is in and
+    /// then reports when the image stopped being needed; if the image cannot supply a page,
+    /// the tree is killed and the command fails saying why.
+    #[arg(long)]
+    pub lazy: bool,
+    /// With --lazy: pages copied after a faulting one.
+    #[arg(long, default_value_t = 1, requires = "lazy")]
+    pub prefetch: usize,
+    /// With --lazy: start the background push this many milliseconds after the tree runs
+    /// (until then only faults bring pages in).
+    #[arg(long, default_value_t = 0, requires = "lazy")]
+    pub push_after_ms: u64,
 }
 
 #[derive(serde::Serialize)]
@@ -30,6 +44,14 @@ struct Report {
     image_data_bytes: u64,
     #[serde(flatten)]
     restore: RestoreReport,
+}
+
+/// With --lazy, printed when every page is in (after the report of the restore itself).
+#[derive(serde::Serialize)]
+struct LazyReport {
+    /// From the moment the tree ran until the image was no longer needed.
+    image_released_after_run_ms: f64,
+    lazy: ferry_memory::Stats,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -49,16 +71,34 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         None
     };
+    // Indexed before anything is made: a truncated image is refused here.
+    let server = if a.lazy {
+        let source = ferry_memory::ImageSource::open(&path).map_err(anyhow::Error::msg)?;
+        Some(ferry_memory::LazyServer::new(
+            Box::new(source),
+            ferry_memory::Options {
+                prefetch: a.prefetch,
+                push_after: std::time::Duration::from_millis(a.push_after_ms),
+                ..Default::default()
+            },
+        ))
+    } else {
+        None
+    };
     let opts = RestoreOptions {
         guest: guest.as_ref(),
         // The CLI is root's: files are opened as each process, then as Ferry itself.
         caller: None,
         cpu_cgroup: None,
         relays: false,
+        lazy: server
+            .as_ref()
+            .map(|s| s as &dyn ferry_engine::lazy::LazyMemory),
     };
     let report = restore_with(&mut img, &opts)
         .and_then(|tree| tree.resume())
         .with_context(|| format!("restore from {}", path.display()))?;
+    let resumed = Instant::now();
     let report = Report {
         read_ms,
         total_ms: t0.elapsed().as_secs_f64() * 1e3,
@@ -70,6 +110,34 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         // Our PID of the root: the same as the image's unless it was rebuilt in a namespace.
         println!("{}", report.restore.root_host_pid);
+    }
+    if let Some(server) = server {
+        use std::io::Write;
+        std::io::stdout().flush().context("write the report")?;
+        let stats = server
+            .wait()
+            .map_err(|e| anyhow::anyhow!("lazy restore from {}: {e}", path.display()))?;
+        let released_ms = resumed.elapsed().as_secs_f64() * 1e3;
+        if a.json {
+            super::print_json(&LazyReport {
+                image_released_after_run_ms: released_ms,
+                lazy: stats,
+            })?;
+        } else {
+            eprintln!(
+                "ferry: every page is in: the image was needed for {released_ms:.1} ms after \
+                 the tree ran ({} faults, {} pages brought by faults, {} pushed, {} zero; {} \
+                 forks, {} mremaps, {} munmaps, {} madvises followed)",
+                stats.faults,
+                stats.fault_pages,
+                stats.pushed_pages,
+                stats.zero_pages,
+                stats.forked,
+                stats.remaps,
+                stats.unmaps,
+                stats.removes
+            );
+        }
     }
     Ok(())
 }

@@ -370,6 +370,7 @@ mod hold {
                 caller: None,
                 cpu_cgroup,
                 relays: true,
+                lazy: None,
             },
         ) {
             Ok(t) => t,

@@ -390,6 +390,11 @@ impl Run {
         Ok(out)
     }
 
+    /// The `ferry` binary the trials run.
+    pub fn ferry_bin(&self) -> &Path {
+        &self.ferry
+    }
+
     pub fn ferry(&mut self, label: &str, args: &[&str]) -> Result<CmdOutput, Failed> {
         let mut cmd = Command::new(&self.ferry);
         cmd.args(args);

@@ -1,0 +1,140 @@
+//! Lazy restore (Accent's copy-on-reference): a rebuilt process's private anonymous memory is
+//! not written before it runs. Instead each process gets a userfaultfd, made inside it by an
+//! injected call and taken over by us, with every private anonymous mapping registered for
+//! missing pages; the descriptors go to a page server ([`LazyMemory`], `crates/ferry-memory`)
+//! that answers faults and pushes the rest while the tree runs.
+//!
+//! The descriptor is made while the husk still has Ferry's credentials (they are restored
+//! last), so `vm.unprivileged_userfaultfd` does not apply to it; should the system call be
+//! refused anyway, `/dev/userfaultfd` is asked (`USERFAULTFD_IOC_NEW`). It is never made
+//! `UFFD_USER_MODE_ONLY`: the kernel's own accesses to a lazy page (`read(2)` into a lazy
+//! buffer, a robust-futex list, rseq) must wait for the page, not fail with EFAULT.
+
+use crate::error::{Context, Error, Result};
+use crate::husk::Husk;
+use ferry_image::{Backing, Vma};
+use ferry_sys::uffd;
+use std::os::fd::{AsFd, OwnedFd};
+
+/// The events a lazy page server needs to stay correct while the process changes its
+/// mappings: fork (the child's missing pages), mremap, madvise(DONTNEED), munmap.
+pub const LAZY_FEATURES: u64 = uffd::FEATURE_EVENT_FORK
+    | uffd::FEATURE_EVENT_REMAP
+    | uffd::FEATURE_EVENT_REMOVE
+    | uffd::FEATURE_EVENT_UNMAP;
+
+/// One rebuilt process whose private anonymous memory is left to a page server.
+#[derive(Debug)]
+pub struct LazyProcess {
+    /// Its PID as the tree (and the image's page records) know it.
+    pub pid: i32,
+    /// Its PID here.
+    pub host_pid: i32,
+    /// A pidfd of it (to kill it if its memory cannot be supplied).
+    pub pidfd: OwnedFd,
+    /// Its userfaultfd (non-blocking, close-on-exec), with [`LAZY_FEATURES`] enabled.
+    pub uffd: OwnedFd,
+    /// Its mappings, as the image has them.
+    pub vmas: Vec<Vma>,
+    /// The ranges registered for missing pages: every page of the image inside them is the
+    /// server's to supply; the others ([`LazyMemory::start`]) must be written before it runs.
+    pub registered: Vec<(u64, u64)>,
+    /// Registered ranges whose pages must be in before the process runs: those the kernel
+    /// reads on others' behalf (its arguments and environment, for /proc/PID/cmdline and
+    /// environ), where a remote access cannot wait for a fault to be served.
+    pub eager: Vec<(u64, u64)>,
+}
+
+/// A page server that takes over the memory of a tree being rebuilt.
+pub trait LazyMemory: std::fmt::Debug {
+    /// Called once the mappings of every live process exist, before anything else of the
+    /// tree is rebuilt: writes the image's pages that lie outside the registered ranges (the
+    /// private pages of file mappings) into the processes, and starts serving the registered
+    /// ones. The rest of the rebuild may touch lazy memory (the kernel writes an rseq area as
+    /// it is registered), so the server must be answering faults when this returns. An error
+    /// (a description of what failed) fails the restore.
+    fn start(&self, processes: Vec<LazyProcess>) -> std::result::Result<(), String>;
+}
+
+/// Makes a userfaultfd inside `h` for its own address space, takes it over, enables the lazy
+/// events and registers every private anonymous mapping of `vmas`.
+pub fn prepare(h: &Husk, p: &ferry_image::Process) -> Result<LazyProcess> {
+    let vmas = &p.vmas[..];
+    let inj = h.injector();
+    let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
+    let n = match inj.syscall("userfaultfd", libc::SYS_userfaultfd, &[flags]) {
+        Ok(n) => n,
+        Err(first) => {
+            // The device grants what the system call may refuse (vm.unprivileged_userfaultfd).
+            let path = inj.write_scratch(0, b"/dev/userfaultfd\0")?;
+            let dev = inj
+                .syscall(
+                    "openat(/dev/userfaultfd)",
+                    libc::SYS_openat,
+                    &[
+                        libc::AT_FDCWD as u64,
+                        path,
+                        (libc::O_RDWR | libc::O_CLOEXEC) as u64,
+                    ],
+                )
+                .map_err(|e| Error::Restore {
+                    pid: h.pid,
+                    what: format!(
+                        "lazy memory needs a userfaultfd in the process: the system call \
+                         failed ({first}) and so did /dev/userfaultfd ({e})"
+                    ),
+                })?;
+            let r = inj.syscall(
+                "ioctl(USERFAULTFD_IOC_NEW)",
+                libc::SYS_ioctl,
+                &[dev, uffd::USERFAULTFD_IOC_NEW, flags],
+            );
+            inj.syscall("close", libc::SYS_close, &[dev])?;
+            r.map_err(|e| Error::Restore {
+                pid: h.pid,
+                what: format!(
+                    "lazy memory needs a userfaultfd in the process: the system call failed \
+                     ({first}) and so did /dev/userfaultfd's USERFAULTFD_IOC_NEW ({e})"
+                ),
+            })?
+        }
+    };
+    let pidfd = ferry_sys::pidfd::pidfd_open(h.host).ctx(h.pid, || "open a pidfd".into())?;
+    let taken = ferry_sys::pidfd::pidfd_getfd(&pidfd, n as i32);
+    // Its number in the process must be free for the image's descriptors.
+    inj.syscall("close", libc::SYS_close, &[n])?;
+    let fd = taken.ctx(h.pid, || format!("take its userfaultfd (descriptor {n})"))?;
+    uffd::api(fd.as_fd(), LAZY_FEATURES).ctx(h.pid, || {
+        "enable its userfaultfd with the fork, remap, remove and unmap events".into()
+    })?;
+    let mut registered = Vec::new();
+    for v in vmas
+        .iter()
+        .filter(|v| matches!(v.backing, Backing::Anonymous) && !v.shared)
+    {
+        uffd::register_missing(fd.as_fd(), v.start, v.end - v.start).ctx(h.pid, || {
+            format!(
+                "register {:x}-{:x} ({}) for lazy pages",
+                v.start, v.end, v.name
+            )
+        })?;
+        registered.push((v.start, v.end));
+    }
+    Ok(LazyProcess {
+        pid: h.pid,
+        host_pid: h.host,
+        pidfd,
+        uffd: fd,
+        vmas: vmas.to_vec(),
+        registered,
+        eager: if p.mm.arg_start < p.mm.env_end {
+            let page = ferry_sys::PAGE_SIZE;
+            vec![(
+                p.mm.arg_start & !(page - 1),
+                p.mm.env_end.div_ceil(page) * page,
+            )]
+        } else {
+            Vec::new()
+        },
+    })
+}

@@ -1,0 +1,679 @@
+//! The page server of a lazy restore: one thread that answers the faults of every process of
+//! a rebuilt tree from a [`PageSource`], follows their mapping changes, and pushes the pages
+//! still owed until none is; then it closes the userfaultfds (pages the source never held are
+//! then zero-filled by the kernel on first touch, as in any fresh anonymous mapping) and the
+//! source is no longer needed.
+//!
+//! Faults come first: between two pieces of the push, every readable userfaultfd is drained.
+//! A fault is answered with its page and up to [`Options::prefetch`] following pages the
+//! source holds and the process still lacks, in one `UFFDIO_COPY` (which wakes every thread
+//! waiting in that range: many threads faulting on one page are served once; a fault whose
+//! page is already there, its message read after the copy, gets `EEXIST` and a wake).
+//! A page with no data is answered with `UFFDIO_ZEROPAGE`.
+//!
+//! If the source cannot supply a page (a record fails its checksum, the link to a migration's
+//! source is gone), every process of the tree and every process forked from it since is
+//! killed with SIGKILL (a fault-blocked thread dies in its fault) and the error names the
+//! process, the address and why: nothing is left waiting for a page that will never come.
+
+use crate::ranges::{RangeMap, Src};
+use crate::source::PageSource;
+use ferry_engine::lazy::{LazyMemory, LazyProcess};
+use ferry_image::Backing;
+use ferry_sys::proc_mem::{vm_write, ProcMem};
+use ferry_sys::uffd::{self, Msg};
+use ferry_sys::PAGE_SIZE;
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How a server serves.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Pages copied after the faulting one, when the source holds them and the process lacks
+    /// them (Accent measured 1 as always worth it).
+    pub prefetch: usize,
+    /// The background push starts this long after the tree was handed over (until then only
+    /// faults are served). Zero: at once.
+    pub push_after: Duration,
+    /// Bytes the background push copies between two looks at the faults.
+    pub push_piece: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            prefetch: 1,
+            push_after: Duration::ZERO,
+            push_piece: 256 << 10,
+        }
+    }
+}
+
+/// What a server did, from the hand-over until the source was no longer needed.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Stats {
+    /// Processes handed over, and address spaces forked from them while pages were owed.
+    pub processes: usize,
+    pub forked: usize,
+    /// Bytes the processes were owed when they were handed over.
+    pub owed_bytes: u64,
+    /// Fault messages read; of them, faults whose page was there already (another thread's
+    /// fault, or the push, had brought it): woken without a copy.
+    pub faults: u64,
+    pub faults_already_served: u64,
+    /// Pages copied in answer to faults (the faulting pages and their prefetched neighbours),
+    /// and by the background push.
+    pub fault_pages: u64,
+    pub pushed_pages: u64,
+    /// Faults answered with the zero page (no data for that page).
+    pub zero_pages: u64,
+    pub remaps: u64,
+    pub removes: u64,
+    pub unmaps: u64,
+    /// Time spent answering faults (from reading the message to the copy's wake), in all.
+    pub fault_service_us: u64,
+    /// Bytes the source delivered.
+    pub source_bytes: u64,
+    /// From the hand-over until the last page was in and the source let go.
+    pub dependency_ms: f64,
+}
+
+/// One served address space.
+struct Space {
+    uffd: OwnedFd,
+    /// Who it is, for messages: "PID 12" or "a process forked from PID 12".
+    label: String,
+    /// Where each registered range's contents come from.
+    view: RangeMap,
+    /// What the source holds that this address space still lacks.
+    owed: RangeMap,
+    /// Ranges whose pages a forked child gets zeroed (MADV_WIPEONFORK in the image).
+    wipe_on_fork: Vec<(u64, u64)>,
+    /// Its process is gone.
+    dead: bool,
+}
+
+/// A page server for [`ferry_engine::restore::RestoreOptions::lazy`]: [`LazyMemory::start`]
+/// takes the tree's userfaultfds and starts the serving thread; [`LazyServer::wait`] returns
+/// once the source is no longer needed.
+pub struct LazyServer {
+    source: Mutex<Option<Box<dyn PageSource>>>,
+    opts: Options,
+    thread: Mutex<Option<JoinHandle<Result<Stats, String>>>>,
+    handed_over: Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for LazyServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyServer")
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+impl LazyServer {
+    pub fn new(source: Box<dyn PageSource>, opts: Options) -> LazyServer {
+        LazyServer {
+            source: Mutex::new(Some(source)),
+            opts,
+            thread: Mutex::new(None),
+            handed_over: Mutex::new(None),
+        }
+    }
+
+    /// Waits until every owed page is in (or the tree is gone): the source is then no longer
+    /// needed. An error says why the tree was killed.
+    pub fn wait(&self) -> Result<Stats, String> {
+        let handle = self
+            .thread
+            .lock()
+            .expect("not poisoned")
+            .take()
+            .ok_or("the page server was never started")?;
+        handle
+            .join()
+            .unwrap_or_else(|_| Err("the page server thread panicked".into()))
+    }
+}
+
+impl LazyMemory for LazyServer {
+    fn start(&self, processes: Vec<LazyProcess>) -> Result<(), String> {
+        let mut source = self
+            .source
+            .lock()
+            .expect("not poisoned")
+            .take()
+            .ok_or("this page server was already started")?;
+        let mut spaces = Vec::new();
+        let mut pidfds = Vec::new();
+        let mut stats = Stats {
+            processes: processes.len(),
+            ..Stats::default()
+        };
+        for p in processes {
+            let mut view = RangeMap::default();
+            let mut owed = RangeMap::default();
+            for &(s, e) in &p.registered {
+                view.insert(
+                    s,
+                    e,
+                    Src::Image {
+                        pid: p.pid,
+                        addr: s,
+                    },
+                );
+            }
+            let mut eager = Vec::new();
+            for (s, e) in source.extents(p.pid) {
+                // The parts of the extent inside registered ranges are owed; the rest (private
+                // pages of file mappings) are written now, before the process runs.
+                let mut at = s;
+                while at < e {
+                    match view.get(at) {
+                        Some((_, re, _)) => {
+                            let to = re.min(e);
+                            owed.insert(
+                                at,
+                                to,
+                                Src::Image {
+                                    pid: p.pid,
+                                    addr: at,
+                                },
+                            );
+                            at = to;
+                        }
+                        None => {
+                            let next = view
+                                .iter()
+                                .map(|(rs, _, _)| rs)
+                                .find(|&rs| rs > at)
+                                .unwrap_or(e)
+                                .min(e);
+                            eager.push((at, next));
+                            at = next;
+                        }
+                    }
+                }
+            }
+            write_eager(&mut *source, &p, &eager)?;
+            stats.owed_bytes += owed.bytes();
+            let wipe_on_fork = p
+                .vmas
+                .iter()
+                .filter(|v| v.wipeonfork && matches!(v.backing, Backing::Anonymous))
+                .map(|v| (v.start, v.end))
+                .collect();
+            spaces.push(Space {
+                uffd: p.uffd,
+                label: format!("PID {}", p.pid),
+                view,
+                owed,
+                wipe_on_fork,
+                dead: false,
+            });
+            pidfds.push((p.host_pid, p.pidfd));
+            // Pages the kernel reads for others (arguments, environment) go in now: a remote
+            // access to a missing page fails instead of waiting for us.
+            let space = spaces.last_mut().expect("just pushed");
+            for &(s, e) in &p.eager {
+                fill_now(&mut *source, space, p.pid, s, e)?;
+            }
+        }
+        let opts = self.opts;
+        let t0 = Instant::now();
+        *self.handed_over.lock().expect("not poisoned") = Some(t0);
+        let handle = std::thread::Builder::new()
+            .name("ferry-pages".into())
+            .spawn(move || {
+                let mut s = Serving {
+                    spaces,
+                    source,
+                    opts,
+                    stats,
+                    buf: Vec::new(),
+                    t0,
+                };
+                let r = s.run();
+                s.stats.source_bytes = s.source.bytes_delivered();
+                s.stats.dependency_ms = t0.elapsed().as_secs_f64() * 1e3;
+                match r {
+                    Ok(()) => Ok(s.stats),
+                    Err(e) => {
+                        let killed = kill_tree(&pidfds);
+                        Err(format!(
+                            "{e}; the tree was killed ({} processes) rather than left waiting \
+                             for memory that will not come",
+                            killed
+                        ))
+                    }
+                }
+            })
+            .map_err(|e| format!("start the page server thread: {e}"))?;
+        *self.thread.lock().expect("not poisoned") = Some(handle);
+        Ok(())
+    }
+}
+
+/// Writes the image's pages that lie outside the registered ranges (private pages of file
+/// mappings, which userfaultfd cannot serve) into the process, before it runs.
+fn write_eager(
+    source: &mut dyn PageSource,
+    p: &LazyProcess,
+    eager: &[(u64, u64)],
+) -> Result<(), String> {
+    if eager.is_empty() {
+        return Ok(());
+    }
+    let mem =
+        ProcMem::open(p.host_pid).map_err(|e| format!("PID {}: open its memory: {e}", p.pid))?;
+    let mut buf = Vec::new();
+    for &(s, e) in eager {
+        let mut at = s;
+        while at < e {
+            let n = (e - at).min(4 << 20) as usize;
+            buf.resize(n, 0);
+            source.read(p.pid, at, &mut buf)?;
+            let writable = p.vmas.iter().any(|v| {
+                v.start <= at && at + n as u64 <= v.end && v.prot & libc::PROT_WRITE as u32 != 0
+            });
+            let done = if writable {
+                vm_write(p.host_pid, at, &buf).unwrap_or(0)
+            } else {
+                0
+            };
+            if done < n {
+                mem.write_all(at + done as u64, &buf[done..])
+                    .map_err(|e| format!("PID {}: write memory at {at:x}: {e}", p.pid))?;
+            }
+            at += n as u64;
+        }
+    }
+    Ok(())
+}
+
+/// Copies what `space` is owed in `[start, end)` at once (the process is not running yet).
+fn fill_now(
+    source: &mut dyn PageSource,
+    space: &mut Space,
+    pid: i32,
+    start: u64,
+    end: u64,
+) -> Result<(), String> {
+    for (s, e, src) in space.owed.remove(start, end) {
+        let Src::Image { pid: from, addr } = src else {
+            continue;
+        };
+        let mut buf = vec![0u8; (e - s) as usize];
+        source.read(from, addr, &mut buf)?;
+        let mut done = 0;
+        while done < buf.len() {
+            match uffd::copy(space.uffd.as_fd(), s + done as u64, &buf[done..]) {
+                Ok(n) if n > 0 => done += n,
+                Err((err, n)) if err.errno == libc::EEXIST => done += n + PAGE as usize,
+                Ok(_) => done += PAGE as usize,
+                Err((err, _)) => {
+                    return Err(format!(
+                        "PID {pid}: fill its memory at {:x}: {err}",
+                        s + done as u64
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every process of the tree (by pidfd) and every process descended from them since, killed.
+fn kill_tree(pidfds: &[(i32, OwnedFd)]) -> usize {
+    // Descendants first collected, then all killed: a parent killed first would let its
+    // children be adopted elsewhere, out of our sight.
+    let mut all: Vec<i32> = Vec::new();
+    let mut todo: Vec<i32> = pidfds.iter().map(|(p, _)| *p).collect();
+    while let Some(pid) = todo.pop() {
+        if all.contains(&pid) {
+            continue;
+        }
+        all.push(pid);
+        todo.extend(children_of(pid));
+    }
+    let mut n = 0;
+    for (pid, fd) in pidfds {
+        if ferry_sys::pidfd::pidfd_send_signal(fd, libc::SIGKILL).is_ok() {
+            n += 1;
+        }
+        all.retain(|p| p != pid);
+    }
+    for pid in all {
+        if let Ok(fd) = ferry_sys::pidfd::pidfd_open(pid) {
+            if ferry_sys::pidfd::pidfd_send_signal(&fd, libc::SIGKILL).is_ok() {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+/// The outcome of one fill of a range.
+enum Fill {
+    /// Done (pages already present skipped, their waiters woken).
+    Done,
+    /// The address space is changing (an event is waiting to be read): try again after it.
+    Again,
+    /// The range (or the whole address space) is gone.
+    Gone { dead: bool },
+}
+
+struct Serving {
+    spaces: Vec<Space>,
+    source: Box<dyn PageSource>,
+    opts: Options,
+    stats: Stats,
+    buf: Vec<u8>,
+    t0: Instant,
+}
+
+const PAGE: u64 = PAGE_SIZE;
+
+impl Serving {
+    fn run(&mut self) -> Result<(), String> {
+        let mut next_push = 0usize;
+        loop {
+            // Address spaces whose process is gone (their descriptors close here).
+            self.spaces.retain(|s| !s.dead);
+            if self.spaces.iter().all(|s| s.owed.is_empty()) {
+                return Ok(());
+            }
+            let pushing = self.t0.elapsed() >= self.opts.push_after;
+            let timeout = if pushing {
+                0
+            } else {
+                (self.opts.push_after - self.t0.elapsed())
+                    .as_millis()
+                    .clamp(1, 100) as i32
+            };
+            let fds: Vec<i32> = self.spaces.iter().map(|s| s.uffd.as_raw_fd()).collect();
+            let ready = ferry_sys::ns::poll_in(&fds, timeout)
+                .map_err(|e| format!("wait for page faults: {e}"))?;
+            for (i, r) in ready.into_iter().enumerate().rev() {
+                if r {
+                    self.drain(i)?;
+                }
+            }
+            if pushing {
+                next_push = self.push_piece(next_push)?;
+            }
+        }
+    }
+
+    /// Reads and handles every message waiting on space `i` (faults retried until served).
+    fn drain(&mut self, i: usize) -> Result<(), String> {
+        let mut queue: VecDeque<Msg> = VecDeque::new();
+        let mut msgs = Vec::new();
+        let mut idle_rounds = 0;
+        loop {
+            msgs.clear();
+            if i >= self.spaces.len() {
+                return Ok(());
+            }
+            let n = uffd::read_msgs(self.spaces[i].uffd.as_fd(), &mut msgs)
+                .map_err(|e| format!("{}: read its userfaultfd: {e}", self.spaces[i].label))?;
+            queue.extend(msgs.drain(..));
+            if queue.is_empty() {
+                return Ok(());
+            }
+            let mut retry = VecDeque::new();
+            while let Some(m) = queue.pop_front() {
+                if let Some(m) = self.handle(i, m)? {
+                    retry.push_back(m);
+                }
+            }
+            if retry.is_empty() {
+                if n == 0 {
+                    return Ok(());
+                }
+                continue;
+            }
+            // A fault met a changing address space: its event is about to be queued.
+            idle_rounds = if n == 0 { idle_rounds + 1 } else { 0 };
+            if idle_rounds > 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            queue = retry;
+        }
+    }
+
+    /// Handles one message of space `i`; gives back a fault to retry.
+    fn handle(&mut self, i: usize, m: Msg) -> Result<Option<Msg>, String> {
+        match m {
+            Msg::Pagefault { address, .. } => {
+                let t = Instant::now();
+                let r = self.fault(i, address & !(PAGE - 1))?;
+                self.stats.fault_service_us += t.elapsed().as_micros() as u64;
+                if r {
+                    self.stats.faults += 1;
+                    Ok(None)
+                } else {
+                    Ok(Some(m))
+                }
+            }
+            Msg::Fork { child } => {
+                let parent = &self.spaces[i];
+                let mut view = parent.view.clone();
+                let mut owed = parent.owed.clone();
+                for &(s, e) in &parent.wipe_on_fork {
+                    view.remove(s, e);
+                    owed.remove(s, e);
+                }
+                let label = if parent.label.starts_with("a process forked from") {
+                    parent.label.clone()
+                } else {
+                    format!("a process forked from {}", parent.label)
+                };
+                let wipe_on_fork = parent.wipe_on_fork.clone();
+                self.spaces.push(Space {
+                    uffd: child,
+                    label,
+                    view,
+                    owed,
+                    wipe_on_fork,
+                    dead: false,
+                });
+                self.stats.forked += 1;
+                Ok(None)
+            }
+            Msg::Remap { from, to, len } => {
+                let s = &mut self.spaces[i];
+                s.view.remap(from, to, len);
+                s.owed.remap(from, to, len);
+                self.stats.remaps += 1;
+                Ok(None)
+            }
+            Msg::Remove { start, end } => {
+                let s = &mut self.spaces[i];
+                // Private anonymous pages dropped read as zeros from now on.
+                if s.view.get(start).is_some() || !s.view.remove(start, end).is_empty() {
+                    s.view.insert(start, end, Src::Zero);
+                }
+                s.owed.remove(start, end);
+                self.stats.removes += 1;
+                Ok(None)
+            }
+            Msg::Unmap { start, end } => {
+                let s = &mut self.spaces[i];
+                s.view.remove(start, end);
+                s.owed.remove(start, end);
+                self.stats.unmaps += 1;
+                Ok(None)
+            }
+            Msg::Other(e) => {
+                log::warn!("{}: unknown userfaultfd event {e:#x}", self.spaces[i].label);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Answers a fault at `page` of space `i`. False: try again (the address space changes).
+    fn fault(&mut self, i: usize, page: u64) -> Result<bool, String> {
+        let owed = self.spaces[i].owed.get(page);
+        let outcome = match owed {
+            Some((s, e, src)) => {
+                let end = e.min(page + PAGE * (1 + self.opts.prefetch as u64));
+                let r = self.copy_from_source(i, page, end, src.at(page - s))?;
+                if let Fill::Done = r {
+                    self.stats.fault_pages += (end - page) / PAGE;
+                }
+                r
+            }
+            None => self.zero(i, page),
+        };
+        Ok(match outcome {
+            Fill::Done => true,
+            Fill::Again => false,
+            Fill::Gone { dead } => {
+                if dead {
+                    self.spaces[i].owed = RangeMap::default();
+                    self.spaces[i].dead = true;
+                }
+                true
+            }
+        })
+    }
+
+    /// Copies `[start, end)` of space `i` from the source (`src` for `start`), then drops it
+    /// from what the space is owed.
+    fn copy_from_source(
+        &mut self,
+        i: usize,
+        start: u64,
+        end: u64,
+        src: Src,
+    ) -> Result<Fill, String> {
+        let Src::Image { pid, addr } = src else {
+            return Ok(self.zero(i, start));
+        };
+        let len = (end - start) as usize;
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(len, 0);
+        let read = self.source.read(pid, addr, &mut buf);
+        if let Err(e) = read {
+            self.buf = buf;
+            return Err(format!(
+                "{}: its memory at {start:x}-{end:x} cannot be supplied: {e}",
+                self.spaces[i].label
+            ));
+        }
+        let fd = self.spaces[i].uffd.as_fd();
+        let mut done = 0usize;
+        let outcome = loop {
+            if done >= len {
+                break Fill::Done;
+            }
+            let at = start + done as u64;
+            match uffd::copy(fd, at, &buf[done..]) {
+                Ok(n) if n > 0 => done += n,
+                Ok(_) => {
+                    let _ = uffd::wake(fd, at, PAGE);
+                    if done == 0 {
+                        self.stats.faults_already_served += 1;
+                    }
+                    done += PAGE as usize;
+                }
+                Err((e, n)) if e.errno == libc::EEXIST => {
+                    let p = at + n as u64;
+                    let _ = uffd::wake(fd, p, PAGE);
+                    if done + n == 0 {
+                        self.stats.faults_already_served += 1;
+                    }
+                    done += n + PAGE as usize;
+                }
+                Err((e, n)) if e.errno == libc::EAGAIN => {
+                    done += n;
+                    break Fill::Again;
+                }
+                Err((e, _)) if e.errno == libc::ESRCH => break Fill::Gone { dead: true },
+                Err((e, n)) if e.errno == libc::ENOENT || e.errno == libc::EFAULT => {
+                    // No mapping there any more (its event is on its way).
+                    let _ = uffd::wake(fd, at + n as u64, PAGE);
+                    done += n;
+                    break Fill::Gone { dead: false };
+                }
+                Err((e, _)) => {
+                    self.buf = buf;
+                    return Err(format!(
+                        "{}: fill its memory at {at:x}: {e}",
+                        self.spaces[i].label
+                    ));
+                }
+            }
+        };
+        self.buf = buf;
+        let done_to = match outcome {
+            Fill::Gone { .. } => end,
+            _ => start + (done as u64).min(end - start),
+        };
+        self.spaces[i].owed.remove(start, done_to);
+        Ok(outcome)
+    }
+
+    fn zero(&mut self, i: usize, page: u64) -> Fill {
+        let fd = self.spaces[i].uffd.as_fd();
+        match uffd::zeropage(fd, page, PAGE) {
+            Ok(_) => {
+                self.stats.zero_pages += 1;
+                Fill::Done
+            }
+            Err((e, _)) if e.errno == libc::EEXIST => {
+                let _ = uffd::wake(fd, page, PAGE);
+                self.stats.faults_already_served += 1;
+                Fill::Done
+            }
+            Err((e, _)) if e.errno == libc::EAGAIN => Fill::Again,
+            Err((e, _)) if e.errno == libc::ESRCH => Fill::Gone { dead: true },
+            Err(_) => {
+                let _ = uffd::wake(fd, page, PAGE);
+                Fill::Gone { dead: false }
+            }
+        }
+    }
+
+    /// Copies one piece of what some space is still owed (spaces take turns from `next`).
+    fn push_piece(&mut self, next: usize) -> Result<usize, String> {
+        let n = self.spaces.len();
+        for k in 0..n {
+            let i = (next + k) % n;
+            let Some((s, e, src)) = self.spaces[i].owed.first() else {
+                continue;
+            };
+            let end = e.min(s + self.opts.push_piece as u64);
+            match self.copy_from_source(i, s, end, src)? {
+                Fill::Done => self.stats.pushed_pages += (end - s) / PAGE,
+                Fill::Gone { dead: true } => {
+                    self.spaces[i].owed = RangeMap::default();
+                    self.spaces[i].dead = true;
+                }
+                // Its events are read on the next round.
+                Fill::Again | Fill::Gone { dead: false } => {}
+            }
+            return Ok(i + 1);
+        }
+        Ok(next)
+    }
+}

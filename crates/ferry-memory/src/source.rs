@@ -1,0 +1,140 @@
+//! Where owed pages come from.
+
+use ferry_image::index::{index_pages, read_record, PageIndex, PageRecord};
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// The memory a page server hands out: the private pages of the image's processes, by the
+/// PIDs and addresses the image knows them by.
+pub trait PageSource: Send {
+    /// The ranges `[start, end)` of process `pid`'s memory that the source holds data for,
+    /// sorted; everything else reads as zeros.
+    fn extents(&self, pid: i32) -> Vec<(u64, u64)>;
+    /// Reads `[addr, addr + buf.len())` of process `pid`'s memory (zeros where the source
+    /// holds nothing), checked. An error says why the source cannot supply it.
+    fn read(&mut self, pid: i32, addr: u64, buf: &mut [u8]) -> Result<(), String>;
+    /// What the source is, for messages ("image /path/image.ferry").
+    fn describe(&self) -> String;
+    /// Bytes the source has delivered so far (read from a file, or received over a link).
+    fn bytes_delivered(&self) -> u64;
+}
+
+/// An image file, read at random: each record whole and checked against its checksum when
+/// first needed, the last few kept.
+pub struct ImageSource {
+    path: PathBuf,
+    file: File,
+    by_pid: HashMap<i32, Vec<PageRecord>>,
+    /// Records read and checked, most recent last: (record, its bytes, data offset).
+    cache: Vec<(PageRecord, Vec<u8>, usize)>,
+    delivered: u64,
+}
+
+/// Records kept after they were read (a fault's neighbours, and the background push's
+/// sequential reads, are mostly in the record read last).
+const CACHED_RECORDS: usize = 4;
+
+impl ImageSource {
+    /// Opens and indexes the image at `path` (a truncated image is refused here).
+    pub fn open(path: &Path) -> Result<ImageSource, String> {
+        let file = File::open(path).map_err(|e| format!("open image {}: {e}", path.display()))?;
+        let idx: PageIndex =
+            index_pages(&file).map_err(|e| format!("index image {}: {e}", path.display()))?;
+        let mut by_pid: HashMap<i32, Vec<PageRecord>> = HashMap::new();
+        for r in idx.records {
+            by_pid.entry(r.pid).or_default().push(r);
+        }
+        for v in by_pid.values_mut() {
+            v.sort_by_key(|r| r.addr);
+            if v.windows(2).any(|w| w[0].addr + w[0].len > w[1].addr) {
+                return Err(format!(
+                    "image {}: two records of pages of one process overlap",
+                    path.display()
+                ));
+            }
+        }
+        Ok(ImageSource {
+            path: path.to_path_buf(),
+            file,
+            by_pid,
+            cache: Vec::new(),
+            delivered: 0,
+        })
+    }
+
+    /// Bytes of memory the image holds.
+    pub fn page_bytes(&self) -> u64 {
+        self.by_pid.values().flatten().map(|r| r.len).sum()
+    }
+
+    fn record(&mut self, r: &PageRecord) -> Result<usize, String> {
+        if let Some(i) = self.cache.iter().position(|(c, _, _)| c == r) {
+            let hit = self.cache.remove(i);
+            self.cache.push(hit);
+            return Ok(self.cache.len() - 1);
+        }
+        let mut buf = if self.cache.len() >= CACHED_RECORDS {
+            self.cache.remove(0).1
+        } else {
+            Vec::new()
+        };
+        let off = read_record(&self.file, r, &mut buf).map_err(|e| {
+            format!(
+                "image {}: PID {}'s memory at {:x}-{:x}: {e}",
+                self.path.display(),
+                r.pid,
+                r.addr,
+                r.addr + r.len
+            )
+        })?;
+        self.delivered += r.len;
+        self.cache.push((*r, buf, off));
+        Ok(self.cache.len() - 1)
+    }
+}
+
+impl PageSource for ImageSource {
+    fn extents(&self, pid: i32) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for r in self.by_pid.get(&pid).into_iter().flatten() {
+            match out.last_mut() {
+                Some(last) if last.1 == r.addr => last.1 = r.addr + r.len,
+                _ => out.push((r.addr, r.addr + r.len)),
+            }
+        }
+        out
+    }
+
+    fn read(&mut self, pid: i32, addr: u64, buf: &mut [u8]) -> Result<(), String> {
+        buf.fill(0);
+        let end = addr + buf.len() as u64;
+        let hits: Vec<PageRecord> = self
+            .by_pid
+            .get(&pid)
+            .into_iter()
+            .flatten()
+            .filter(|r| r.addr < end && addr < r.addr + r.len)
+            .copied()
+            .collect();
+        for r in hits {
+            let i = self.record(&r)?;
+            let (_, bytes, off) = &self.cache[i];
+            let from = addr.max(r.addr);
+            let to = end.min(r.addr + r.len);
+            let src = off + (from - r.addr) as usize;
+            let dst = (from - addr) as usize;
+            let n = (to - from) as usize;
+            buf[dst..dst + n].copy_from_slice(&bytes[src..src + n]);
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("image {}", self.path.display())
+    }
+
+    fn bytes_delivered(&self) -> u64 {
+        self.delivered
+    }
+}
