@@ -13,6 +13,7 @@ mod deputy;
 mod engine;
 mod floor;
 mod hold;
+mod hosts;
 mod make;
 mod migrate;
 mod remote_exec;
@@ -45,6 +46,9 @@ enum Command {
     /// `wait` sees the death, and the body's exit until the parent's `wait` sees it, against
     /// the same for a child that never moved.
     Deputy(deputy::Args),
+    /// Host selection over 10 to 10,000 nodes (the policy), a request through a daemon holding
+    /// 1,000 simulated gossip entries, and the time eviction takes to free a node.
+    Hosts(hosts::Args),
     /// (Internal) the process being checkpointed: fills MIB MiB of memory
     /// with non-zero pseudo-random data, writes `ready` in its cwd, waits
     /// for `go`, checks its memory and writes `result`.
@@ -65,6 +69,7 @@ fn main() {
         Command::RemoteExec(a) => remote_exec::run(a),
         Command::Make(a) => make::run(a),
         Command::Deputy(a) => deputy::run(a),
+        Command::Hosts(a) => hosts::run(a),
         Command::Hold { mib, dir } => hold::run(mib, &dir),
     };
     if let Err(e) = result {

@@ -13,9 +13,17 @@
 //! key = "/etc/ferry/a.key"
 //! ```
 //!
-//! and, optionally, at the top level, `revoked = "/etc/ferry/revoked"`: the revocation list, and
+//! and, optionally, at the top level, `revoked = "/etc/ferry/revoked"`: the revocation list,
 //! `web = "127.0.0.1:7071"` (or `"off"`): where the daemon serves its page and metrics
-//! (crate::web).
+//! (crate::web), and an `[owner]` table (who may use this machine, crate::hosts::OwnerConfig):
+//!
+//! ```toml
+//! [owner]
+//! accept = "idle"            # always | idle | never (default: accept_guests, true = always)
+//! load_below = 1.0           # idle: the one-minute load average below this...
+//! input_idle_secs = 30       # ...and no input for this long
+//! input_watch = ["/dev/input", "/dev/pts"]  # devices and terminals whose use is input
+//! ```
 
 use anyhow::{Context, Result};
 use ferry_transport::CredentialPaths;
@@ -58,6 +66,10 @@ pub struct Config {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub web: Option<String>,
     pub credentials: CredentialPaths,
+    /// Who may use this machine (crate::hosts::OwnerConfig): `[owner]` in the file. Reloaded
+    /// on SIGHUP.
+    #[serde(default, skip_serializing_if = "crate::hosts::OwnerConfig::is_default")]
+    pub owner: crate::hosts::OwnerConfig,
 }
 
 fn yes() -> bool {

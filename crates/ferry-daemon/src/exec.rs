@@ -71,7 +71,12 @@ pub async fn relay(node: Arc<Node>, mut cli: UnixStream, mut spec: RunSpec) -> R
         return Ok(());
     }
     spec.home_node = node.name().to_string();
-    let target = match pick_node(&node, &spec) {
+    let picked = match &spec.target {
+        Some(t) => Ok((t.clone(), None)),
+        None => crate::hosts::pick_for_run(&node, spec.uid, spec.home_pid, spec.elsewhere).await,
+    };
+    // An `--auto` program holds its host until it ends (dropped with this).
+    let (target, _grant) = match picked {
         Ok(t) => t,
         Err(e) => {
             write_msg(&mut cli, &Msg::error(format!("{e:#}"))).await?;
@@ -291,39 +296,6 @@ pub fn claim_allowed(
         ));
     }
     Ok(())
-}
-
-/// `--on NODE` as given (dialling checks it is alive), or for `--auto` the idlest node that
-/// accepts guests, this one included unless `elsewhere`.
-fn pick_node(node: &Node, spec: &RunSpec) -> Result<String> {
-    if let Some(t) = &spec.target {
-        return Ok(t.clone());
-    }
-    let mut own = node.own_load();
-    own.accepting = node.accepting.load(Ordering::Relaxed);
-    let mut candidates = vec![(node.name().to_string(), own)];
-    for m in node.membership.members() {
-        if let Some(l) = m.load {
-            candidates.push((m.id.name, l));
-        }
-    }
-    let exclude = spec.elsewhere.then(|| node.name());
-    ferry_policy::choose_idlest(candidates.iter().map(|(n, l)| (n.as_str(), l)), exclude)
-        .map(str::to_string)
-        .ok_or_else(|| {
-            anyhow!(
-                "no node {}accepts guests now (live: {})",
-                if spec.elsewhere { "but this one " } else { "" },
-                candidates
-                    .iter()
-                    .map(|(n, l)| format!(
-                        "{n}{}",
-                        if l.accepting { "" } else { " (not accepting)" }
-                    ))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })
 }
 
 // ---- Remote side -------------------------------------------------------------------------

@@ -8,14 +8,18 @@
 //! - [`exec`]: running a command on another node for a caller at home.
 //! - [`workers`]: the single-threaded `ferry` processes that run the engine for the daemon.
 //! - [`state`], [`outcomes`]: what a daemon records durably and takes up again at start.
+//! - [`hosts`], [`evict`]: who may use this machine (the owner's policy), who holds it (host
+//!   grants), and sending its guests away.
 //! - [`guests`], [`load`], [`reaper`]: bookkeeping.
 //! - [`view`], [`web`], [`metrics`]: the cluster's picture (`ferry top`), the read-only page,
 //!   the Prometheus metrics.
 
 pub mod config;
 pub mod deputies;
+pub mod evict;
 pub mod exec;
 pub mod guests;
+pub mod hosts;
 pub mod load;
 pub mod membership;
 pub mod metrics;

@@ -2,7 +2,6 @@
 
 use anyhow::{bail, Context, Result};
 use ferry_policy::NodeLoad;
-use std::time::SystemTime;
 
 /// Keeps the previous CPU counters so each sample reports idleness over the last period.
 #[derive(Default)]
@@ -32,7 +31,8 @@ impl LoadSampler {
                 .unwrap_or(1),
             cpu_idle_pct,
             free_memory_bytes,
-            console_idle_secs: console_idle_secs(),
+            // The owner's input: crate::hosts fills it in.
+            console_idle_secs: None,
             guests,
             accepting,
             stale: false,
@@ -84,29 +84,6 @@ fn parse_mem_available(meminfo: &str) -> Result<u64> {
         .parse()
         .with_context(|| format!("bad MemAvailable value {:?}", v.trim()))?;
     Ok(kb * 1024)
-}
-
-/// Seconds since someone last used a physical console: a virtual terminal or an input device
-/// (Sprite's test of an owner at the keyboard). Pseudo-terminals do not count: they are remote
-/// sessions and Ferry's own `run` terminals.
-fn console_idle_secs() -> Option<u64> {
-    let mut latest: Option<SystemTime> = None;
-    let mut consider = |path: std::path::PathBuf| {
-        if let Ok(m) = std::fs::metadata(&path) {
-            for t in [m.accessed(), m.modified()].into_iter().flatten() {
-                latest = Some(latest.map_or(t, |l| l.max(t)));
-            }
-        }
-    };
-    if let Ok(dir) = std::fs::read_dir("/dev/input") {
-        for e in dir.flatten() {
-            consider(e.path());
-        }
-    }
-    for n in 1..=12 {
-        consider(format!("/dev/tty{n}").into());
-    }
-    latest.map(|t| t.elapsed().map(|d| d.as_secs()).unwrap_or(0))
 }
 
 #[cfg(test)]

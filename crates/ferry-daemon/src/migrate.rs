@@ -460,8 +460,10 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     let t0 = Instant::now();
     let from = conn.peer.clone();
     let mut load = node.own_load();
-    // The published load lags by up to a second; acceptance is known now.
-    load.accepting = node.accepting.load(std::sync::atomic::Ordering::Relaxed);
+    // The published load lags by up to a second; acceptance is known now. A tree coming home
+    // is always taken back: home is where it would have run anyway (eviction sends it here).
+    load.accepting =
+        node.accepting.load(std::sync::atomic::Ordering::Relaxed) || offer.home_node == node.name();
     if let Err(reason) = ferry_policy::admit(&load, offer.memory_bytes) {
         tracing::info!(event = "refused-guest", from = %from, pid = offer.home_pid, reason = %reason);
         write_msg(&mut conn.stream, &Msg::Refused { reason }).await?;

@@ -37,8 +37,10 @@ pub struct Node {
     pub bodies: crate::deputies::Bodies,
     /// The home's ends of pipes relayed to bodies (crate::relay).
     pub relays: Arc<crate::relay::HomeRelays>,
-    /// Starts as the config's `accept_guests`; `ferry accept` changes it.
+    /// Whether this node takes guests now: the owner's policy (crate::hosts) keeps it.
     pub accepting: AtomicBool,
+    /// The owner's policy and this host's grants (crate::hosts).
+    pub hosts: crate::hosts::Hosts,
     /// Test-only fault injection (FERRY_FAULT=node:point), see [`Node::fault`].
     fault: Option<String>,
     /// The ferry binary, run as engine workers.
@@ -114,8 +116,11 @@ impl Node {
         hit
     }
 
+    /// This node's load as last published, with its owner's state and grants as they are now.
     pub fn own_load(&self) -> ferry_policy::NodeLoad {
-        self.membership.own_load().unwrap_or_default()
+        let mut l = self.membership.own_load().unwrap_or_default();
+        self.hosts.annotate(&mut l);
+        l
     }
 }
 
@@ -182,7 +187,8 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         bump: incarnation,
     };
     let membership = Membership::start(me, incarnation, creds.clone(), config.peers.clone());
-    let accepting = config.accept_guests;
+    let hosts = crate::hosts::Hosts::new(&config);
+    let accepting = hosts.accepts().is_ok();
     let fault = std::env::var("FERRY_FAULT").ok().and_then(|f| {
         let (node, point) = f.split_once(':')?;
         (node == config.name).then(|| point.to_string())
@@ -200,6 +206,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         bodies: Default::default(),
         relays: Default::default(),
         accepting: AtomicBool::new(accepting),
+        hosts,
         fault,
         exe,
         metrics: Default::default(),
@@ -224,6 +231,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     }
     tokio::spawn(crate::deputies::serve_reports(node.clone(), reports));
     tokio::spawn(publish_load(node.clone()));
+    tokio::spawn(crate::hosts::watch(node.clone()));
     tokio::spawn(reap(node.clone()));
     tokio::spawn(rejoin(node.clone()));
     if let Some((path, list)) = revocations {
@@ -289,7 +297,8 @@ async fn publish_load(node: Arc<Node>) {
     loop {
         let accepting = node.accepting.load(Ordering::Relaxed);
         match sampler.sample(node.guests.count(), accepting) {
-            Ok(load) => {
+            Ok(mut load) => {
+                node.hosts.annotate(&mut load);
                 if failing {
                     tracing::info!(event = "load-measured-again");
                     failing = false;
@@ -307,6 +316,7 @@ async fn publish_load(node: Arc<Node>) {
                     l.stale = true;
                     l.accepting = accepting;
                     l.guests = node.guests.count();
+                    node.hosts.annotate(&mut l);
                     node.membership.publish(l);
                 }
             }
@@ -583,6 +593,20 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
             write_msg(&mut conn.stream, &Msg::View(v)).await?;
             Ok(())
         }
+        m @ (Msg::GrantHost { .. } | Msg::ReleaseHost { .. }) => {
+            let reply = crate::hosts::serve_peer(node, &conn.peer, m);
+            write_msg(&mut conn.stream, &reply).await?;
+            Ok(())
+        }
+        Msg::Evict {
+            node: target,
+            drain,
+        } => {
+            let peer = conn.peer.clone();
+            let reply = crate::evict::serve(node, &target, drain, Some(&peer)).await;
+            write_msg(&mut conn.stream, &reply).await?;
+            Ok(())
+        }
         other => bail!("unexpected {} message from a peer", kind(&other)),
     }
 }
@@ -642,10 +666,19 @@ async fn serve_cli(node: &Arc<Node>, mut s: UnixStream) -> Result<()> {
             node.metrics.remote_exec("caller");
             exec::relay(node.clone(), s, spec).await?
         }
-        Msg::SetAccepting { accepting } => {
-            node.accepting.store(accepting, Ordering::Relaxed);
-            tracing::info!(event = "accepting", accepting);
-            write_msg(&mut s, &Msg::Done).await?
+        m @ (Msg::SetAccepting { .. }
+        | Msg::SetAcceptPolicy { .. }
+        | Msg::HostsGet { .. }
+        | Msg::HostsRelease { .. }) => {
+            let reply = crate::hosts::serve_cli(node, m).await;
+            write_msg(&mut s, &reply).await?
+        }
+        Msg::Evict {
+            node: target,
+            drain,
+        } => {
+            let reply = crate::evict::serve(node, &target, drain, None).await;
+            write_msg(&mut s, &reply).await?
         }
         other => {
             write_msg(

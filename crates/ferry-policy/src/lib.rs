@@ -61,7 +61,10 @@ impl NodeLoad {
 /// Whether a node with `load` should take a guest needing `memory_bytes`; the reason if not.
 pub fn admit(load: &NodeLoad, memory_bytes: u64) -> Result<(), String> {
     if !load.accepting {
-        return Err("this node does not accept guests (accept_guests = false)".into());
+        let o = &load.owner;
+        return Err(owner::accepts(o.policy, o.draining, o.idle)
+            .err()
+            .unwrap_or_else(|| "this node does not accept guests now".into()));
     }
     if load.stale {
         return Err("this node cannot measure its load now (see its log)".into());

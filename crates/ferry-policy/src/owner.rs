@@ -100,16 +100,22 @@ pub fn input_idle(s: &OwnerSignals, t: &IdleThresholds) -> bool {
 /// Whether a node with this policy takes a new guest now.
 pub fn accepts(policy: AcceptPolicy, draining: bool, idle: bool) -> Result<(), String> {
     if draining {
-        return Err("this node is being drained (`ferry accept` ends that)".into());
+        return Err(
+            "this node does not accept guests: it is being drained (`ferry accept` ends that)"
+                .into(),
+        );
     }
     match policy {
         AcceptPolicy::Always => Ok(()),
-        AcceptPolicy::Never => Err("its owner accepts no guests (accept = never)".into()),
+        AcceptPolicy::Never => Err(
+            "this node does not accept guests: its owner lends it to nobody (accept = never)"
+                .into(),
+        ),
         AcceptPolicy::Idle if idle => Ok(()),
         AcceptPolicy::Idle => Err(
-            "its owner accepts guests only while the machine is idle (accept = idle), and it is \
-             not"
-            .into(),
+            "this node does not accept guests now: its owner lends it only while it is idle \
+             (accept = idle), and it is not"
+                .into(),
         ),
     }
 }

@@ -178,6 +178,50 @@ pub enum Msg {
         pid: i32,
         pipe: u32,
     },
+
+    // ---- Who may use which machine: owner policy, host grants, eviction ---------------
+    /// CLI to its daemon: the owner's policy from now on ("always", "idle", "never"); ends a
+    /// drain.
+    SetAcceptPolicy {
+        policy: String,
+    },
+    /// CLI to its daemon: `count` hosts for an application of `class`, held for process
+    /// `holder` of this node (the host returns when it ends) on behalf of `uid`. Answered by
+    /// `HostsGranted`.
+    HostsGet {
+        count: u32,
+        class: String,
+        uid: u32,
+        holder: i32,
+    },
+    HostsGranted(HostsReport),
+    /// CLI to its daemon: give back the hosts `holder` holds (only those of `class`, or only
+    /// `hosts`, when given).
+    HostsRelease {
+        holder: i32,
+        class: Option<String>,
+        hosts: Vec<String>,
+    },
+    /// Requester's daemon to a host: lend yourself to `grant` (its requester is the caller).
+    /// `reclaim`: no host was free; take yourself back from a user holding more hosts if
+    /// fairness says so. Answered by `Done` or `Refused`.
+    GrantHost {
+        grant: ferry_policy::HostGrant,
+        reclaim: bool,
+    },
+    /// Requester's daemon to a host: `holder` no longer needs it (class None: any).
+    ReleaseHost {
+        holder: i32,
+        class: Option<String>,
+    },
+    /// CLI to its daemon, and a daemon to node `node`: every guest of `node` leaves (home, or
+    /// to another idle node); `drain`: and it takes no new guests until `ferry accept`.
+    /// Answered by `Evicted`.
+    Evict {
+        node: String,
+        drain: bool,
+    },
+    Evicted(EvictReport),
 }
 
 /// A pipe the moving tree shares with a process outside it: a descriptor through which the
@@ -367,6 +411,51 @@ pub struct MigrateReport {
     pub dest_load_ms: f64,
     #[serde(default)]
     pub dest_rebuild_ms: f64,
+}
+
+/// What a request for hosts got.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HostsReport {
+    pub class: String,
+    pub uid: u32,
+    pub holder: i32,
+    /// Granted hosts, longest idle first.
+    pub hosts: Vec<String>,
+    /// Hosts taken back from another user for this request (fairness), with that user.
+    pub reclaimed: Vec<(String, u32)>,
+    /// Hosts that refused, and why (a stale view, a race with another requester).
+    pub refused: Vec<(String, String)>,
+    /// Nodes the choice was made over.
+    pub considered: u32,
+    /// Choosing (the policy alone), and the whole request through the daemon.
+    pub select_us: f64,
+    pub total_ms: f64,
+}
+
+/// How a node was freed of its guests.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EvictReport {
+    pub node: String,
+    /// "owner input", "ferry evict", "ferry drain", "reclaimed for uid N".
+    pub reason: String,
+    pub draining: bool,
+    /// From the decision until the last guest had left (or was given up on).
+    pub total_ms: f64,
+    pub guests: Vec<EvictedGuest>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EvictedGuest {
+    pub home_node: String,
+    pub home_pid: i32,
+    /// Its PID on the evicted node.
+    pub pid: i32,
+    pub uid: u32,
+    pub command: String,
+    /// Where it went; None: it could not move and still runs on the evicted node (`error`).
+    pub to: Option<String>,
+    pub ms: f64,
+    pub error: Option<String>,
 }
 
 /// The variant's name, for logs and errors (never the payload: it may be large or private).

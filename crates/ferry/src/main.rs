@@ -41,8 +41,15 @@ enum Command {
     Ps(commands::ps::Args),
     /// Watch the cluster live: nodes and processes, refreshing in place (q quits, s sorts).
     Top(commands::top::Args),
-    /// Say whether this node takes guests from now on.
+    /// Say when this node takes guests from now on: always, idle (only while idle), never.
     Accept(commands::accept::Args),
+    /// Send every guest of a node away (home, or to another idle node).
+    Evict(commands::evict::Args),
+    /// Send every guest of a node away and take no new ones until `ferry accept`.
+    Drain(commands::evict::Args),
+    /// Get and give back idle hosts (Sprite's host selection); see each node's policy.
+    #[command(subcommand)]
+    Hosts(commands::hosts::Command),
     /// Run the node daemon in the foreground.
     Daemon(commands::daemon::Args),
     /// Run GNU make with its recipes spread over the cluster's nodes (Sprite's pmake):
@@ -121,6 +128,9 @@ fn main() {
         Command::Top(a) => commands::top::run(a, node),
         Command::Daemon(a) => commands::daemon::run(a),
         Command::Accept(a) => commands::accept::run(a, node),
+        Command::Evict(a) => commands::evict::run(a, node, false),
+        Command::Drain(a) => commands::evict::run(a, node, true),
+        Command::Hosts(c) => commands::hosts::run(c, node),
         Command::Cluster(c) => commands::cluster::run(c),
         Command::RestoreWorker {
             reports,

@@ -308,6 +308,11 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             // The default: loopback (each shared node on its own address), port + 1.
             web: None,
             credentials: ca.issue_node_files(name, &certs)?,
+            // The nodes share this machine's terminals: none watches them unless told.
+            owner: ferry_daemon::hosts::OwnerConfig {
+                input_watch: Some(vec![]),
+                ..Default::default()
+            },
         };
         let cfg_path = data_dir.join("ferry.toml");
         std::fs::write(&cfg_path, config.to_toml()?)

@@ -27,6 +27,7 @@ pub fn run(a: Args) -> Result<()> {
         std::fs::write(&procs, std::process::id().to_string())
             .with_context(|| format!("join the node's CPU cgroup ({})", procs.display()))?;
     }
+    ferry_daemon::hosts::set_config_path(&a.config);
     let exe = std::env::current_exe().context("find the ferry binary")?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -1,0 +1,388 @@
+//! Who may use which machine, with real daemons: the owner's input on a node (a real terminal
+//! the node watches, typed on and read) sends its guest home, where it carries on with its
+//! state; `ferry drain` empties a node and closes it; `accept never` refuses `ferry run --on`;
+//! and a user holding many hosts gives one back to a user holding none.
+
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::cluster::{Cluster, Isolation};
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}stderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = Cluster::shared_tree()
+        .join("hosts")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Counts in `dir/count`, one numbered line every 0.1 s.
+fn counter(dir: &Path) -> Child {
+    Command::new("setsid")
+        .args([
+            "sh",
+            "-c",
+            "exec 3>>count; i=0; while :; do i=$((i+1)); echo $i >&3; sleep 0.1; done",
+        ])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn lines(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("count"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The count goes on, and no number was lost or doubled.
+fn counts_on(dir: &Path, what: &str) {
+    let n = lines(dir).len();
+    wait_until(what, Duration::from_secs(10), || lines(dir).len() >= n + 5);
+    for (i, l) in lines(dir).iter().enumerate() {
+        assert_eq!(l, &(i + 1).to_string(), "lost or doubled lines");
+    }
+}
+
+/// Where ferry ps says home PID `pid` runs.
+fn runs_on(c: &Cluster, pid: i32) -> Option<String> {
+    let o = c.run("a", &["ps", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+    v.as_array()?
+        .iter()
+        .find(|p| p["home_pid"] == pid)
+        .and_then(|p| p["node"].as_str().map(str::to_string))
+}
+
+fn node_load(c: &Cluster, from: &str, name: &str) -> serde_json::Value {
+    let o = c.run(from, &["nodes", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    v.as_array()
+        .and_then(|a| a.iter().find(|n| n["name"] == name).cloned())
+        .map(|n| n["load"].clone())
+        .unwrap_or_default()
+}
+
+/// Gives node `node` an `[owner]` table and has its daemon take it up (SIGHUP).
+fn set_owner(c: &Cluster, node: &str, table: &str) {
+    let path = c.dir.join(node).join("ferry.toml");
+    let cfg = std::fs::read_to_string(&path).unwrap();
+    let (before, _) = cfg.split_once("[owner]").unwrap();
+    std::fs::write(&path, format!("{before}[owner]\n{table}\n")).unwrap();
+    let seen = c.log(node).matches("owner-config").count();
+    // SAFETY: kill(2) with a PID and a signal number.
+    unsafe { libc::kill(c.daemon_pid(node), libc::SIGHUP) };
+    wait_until(
+        "the daemon to take up its [owner] table",
+        Duration::from_secs(5),
+        || c.log(node).matches("owner-config").count() > seen,
+    );
+}
+
+/// A pseudo-terminal: (master, the slave's path, the slave open).
+fn pty() -> (std::fs::File, PathBuf, std::fs::File) {
+    // SAFETY: posix_openpt returns a new descriptor or -1; grantpt/unlockpt/ptsname_r act on
+    // it and write at most the buffer's length.
+    let (master, path) = unsafe {
+        let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        assert!(fd >= 0, "posix_openpt");
+        let master = OwnedFd::from_raw_fd(fd);
+        assert_eq!(libc::grantpt(fd), 0);
+        assert_eq!(libc::unlockpt(fd), 0);
+        let mut buf = [0 as libc::c_char; 64];
+        assert_eq!(libc::ptsname_r(fd, buf.as_mut_ptr(), buf.len()), 0);
+        let name = std::ffi::CStr::from_ptr(buf.as_ptr())
+            .to_string_lossy()
+            .into_owned();
+        (std::fs::File::from(master), PathBuf::from(name))
+    };
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(&path)
+        .unwrap();
+    (master, path, slave)
+}
+
+#[test]
+fn owner_input_sends_a_guest_home_where_it_carries_on() {
+    let c = Cluster::up_isolated("hosts-owner", 2, Isolation::Shared);
+    let (mut master, slave_path, mut slave) = pty();
+    // The owner was last here an hour ago.
+    let o = Command::new("touch")
+        .args(["-a", "-d", "1 hour ago"])
+        .arg(&slave_path)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    // The machine's load average is whatever the other builds here make it: only input counts.
+    set_owner(
+        &c,
+        "b",
+        &format!(
+            "accept = \"idle\"\nload_below = 10000.0\ninput_idle_secs = 3\ninput_watch = [{:?}]",
+            slave_path
+        ),
+    );
+    wait_until(
+        "b to be idle and accepting",
+        Duration::from_secs(10),
+        || {
+            let l = node_load(&c, "a", "b");
+            l["accepting"] == true && l["owner"]["policy"] == "idle" && l["owner"]["idle"] == true
+        },
+    );
+    let dir = scratch("owner");
+    let mut child = counter(&dir);
+    let pid = child.id() as i32;
+    counts_on(&dir, "the counter to start");
+    let o = c.run("a", &["migrate", &pid.to_string(), "--to", "b"]);
+    assert!(o.status.success(), "a -> b: {}", text(&o));
+    assert_eq!(runs_on(&c, pid).as_deref(), Some("b"));
+    counts_on(&dir, "the counter to count on b");
+
+    // The owner types, and what is typed is read (as a shell would).
+    master.write_all(b"ls\n").unwrap();
+    let t = Instant::now();
+    let mut got = Vec::new();
+    while got.is_empty() && t.elapsed() < Duration::from_secs(5) {
+        let mut buf = [0u8; 16];
+        match slave.read(&mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    assert!(!got.is_empty(), "nothing came through the pty");
+    wait_until("the guest to be sent home", Duration::from_secs(15), || {
+        runs_on(&c, pid).as_deref() == Some("a")
+    });
+    counts_on(&dir, "the counter to count at home");
+    let log = c.log("b");
+    assert!(
+        log.contains("event=\"owner-returned\"") || log.contains("owner-returned"),
+        "{log}"
+    );
+    assert!(log.contains("guest-evicted"), "{log}");
+    // b takes no guest while its owner is there.
+    let o = c.run("a", &["run", "--on", "b", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("accept = idle"),
+        "{}",
+        text(&o)
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(master);
+}
+
+#[test]
+fn drain_empties_a_node_and_accept_never_refuses_run_on() {
+    let c = Cluster::up_isolated("hosts-drain", 2, Isolation::Shared);
+    let o = c.run("b", &["accept", "never"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = c.run("a", &["run", "--on", "b", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("accept = never"),
+        "{}",
+        text(&o)
+    );
+    let o = c.run("b", &["accept", "always"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = c.run("a", &["run", "--on", "b", "--", "true"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    let dir = scratch("drain");
+    let mut child = counter(&dir);
+    let pid = child.id() as i32;
+    counts_on(&dir, "the counter to start");
+    let o = c.run("a", &["migrate", &pid.to_string(), "--to", "b"]);
+    assert!(o.status.success(), "a -> b: {}", text(&o));
+    counts_on(&dir, "the counter to count on b");
+    let o = c.run("a", &["drain", "b", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["node"], "b");
+    assert_eq!(r["draining"], true);
+    assert_eq!(r["guests"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["guests"][0]["home_pid"], pid);
+    assert_eq!(r["guests"][0]["to"], "a", "{r}");
+    assert!(r["total_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(runs_on(&c, pid).as_deref(), Some("a"));
+    counts_on(&dir, "the counter to count at home");
+    let o = c.run("a", &["run", "--on", "b", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("drained"),
+        "{}",
+        text(&o)
+    );
+    let o = c.run("a", &["migrate", &pid.to_string(), "--to", "b"]);
+    assert!(
+        !o.status.success(),
+        "a drained node took a guest: {}",
+        text(&o)
+    );
+    // `ferry accept` ends the drain.
+    let o = c.run("b", &["accept", "always"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = c.run("a", &["run", "--on", "b", "--", "true"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn sleeper() -> Child {
+    Command::new("sleep")
+        .arg("600")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn hosts_get(c: &Cluster, node: &str, uid: u32, holder: &Child, n: u32) -> serde_json::Value {
+    let o = c.run(
+        node,
+        &[
+            "hosts",
+            "get",
+            &n.to_string(),
+            "--class",
+            "cc",
+            "--uid",
+            &uid.to_string(),
+            "--holder",
+            &holder.id().to_string(),
+            "--json",
+        ],
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)))
+}
+
+fn grants(c: &Cluster) -> Vec<(String, u64, u64)> {
+    let o = c.run("a", &["nodes", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut out = Vec::new();
+    for n in v.as_array().unwrap() {
+        for g in n["load"]["grants"].as_array().into_iter().flatten() {
+            out.push((
+                n["name"].as_str().unwrap().to_string(),
+                g["uid"].as_u64().unwrap(),
+                g["holder"].as_u64().unwrap(),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_user_holding_many_hosts_gives_one_back_to_one_holding_none() {
+    let c = Cluster::up_isolated("hosts-fair", 3, Isolation::Shared);
+    wait_until(
+        "every node to see the others",
+        Duration::from_secs(10),
+        || {
+            c.run("c", &["nodes", "--json"])
+                .stdout
+                .windows(7)
+                .filter(|w| w == b"\"alive\"")
+                .count()
+                == 2
+        },
+    );
+    let mut h1 = sleeper();
+    let h2 = sleeper();
+    let h3 = sleeper();
+    // uid 1000 takes every host: b and c from a, then a from b.
+    let r = hosts_get(&c, "a", 1000, &h1, 2);
+    let mut got: Vec<String> = serde_json::from_value(r["hosts"].clone()).unwrap();
+    got.sort();
+    assert_eq!(got, ["b", "c"], "{r}");
+    // One application of a class per host: another of uid 1000's finds b and c taken.
+    wait_until("the grants to be gossiped", Duration::from_secs(5), || {
+        grants(&c).len() == 2
+    });
+    let r = hosts_get(&c, "b", 1000, &h2, 2);
+    assert_eq!(r["hosts"], serde_json::json!(["a"]), "{r}");
+    wait_until("the grants to be gossiped", Duration::from_secs(5), || {
+        grants(&c).len() == 3
+    });
+    // uid 2000 holds none, uid 1000 three: one comes back to uid 2000.
+    let r = hosts_get(&c, "c", 2000, &h3, 1);
+    assert_eq!(r["hosts"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["reclaimed"][0][1], 1000, "{r}");
+    wait_until(
+        "the reclaimed grant to be gossiped",
+        Duration::from_secs(5),
+        || {
+            let g = grants(&c);
+            g.iter().filter(|x| x.1 == 2000).count() == 1
+                && g.iter().filter(|x| x.1 == 1000).count() == 2
+        },
+    );
+    // uid 1000 (two hosts) against uid 2000 (one): no more is taken back.
+    let h4 = sleeper();
+    let o = c.run(
+        "c",
+        &[
+            "hosts",
+            "get",
+            "1",
+            "--class",
+            "cc",
+            "--uid",
+            "2000",
+            "--holder",
+            &h4.id().to_string(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    // A holder's end gives its hosts back; an explicit release too.
+    h1.kill().unwrap();
+    h1.wait().unwrap();
+    wait_until("h1's hosts to come back", Duration::from_secs(10), || {
+        !grants(&c).iter().any(|g| g.2 == h1.id() as u64)
+    });
+    let o = c.run("c", &["hosts", "release", "--holder", &h3.id().to_string()]);
+    assert!(o.status.success(), "{}", text(&o));
+    wait_until("h3's host to come back", Duration::from_secs(5), || {
+        !grants(&c).iter().any(|g| g.1 == 2000)
+    });
+    for mut h in [h2, h3, h4] {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    let _ = h1.wait();
+}
