@@ -566,6 +566,21 @@ fn metrics(w: &World) -> Result<(), Failed> {
         )
     })?;
 
+    // A remote execution asked from a.
+    let o = w.c.run("a", &["run", "--on", "b", "--", "true"]);
+    check(o.status.success(), || {
+        format!("ferry run: {}", String::from_utf8_lossy(&o.stderr))
+    })?;
+    let ran = scrape()?;
+    let key = "ferry_remote_execs_total{side=\"caller\"}";
+    check(sample(&ran, key) == sample(&refused, key) + 1.0, || {
+        format!(
+            "{key}: {} before, {} after a run",
+            sample(&refused, key),
+            sample(&ran, key)
+        )
+    })?;
+
     // Read only: nothing but GET and HEAD.
     let (code, _) = http(&addr, "POST", "/metrics")?;
     check(code == 405, || format!("POST answered {code}"))?;
