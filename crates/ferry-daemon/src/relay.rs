@@ -103,7 +103,9 @@ pub fn open_home_ends(relays: &[RelayedPipe]) -> Result<Vec<(u32, OwnedFd)>> {
     relays
         .iter()
         .map(|r| {
-            let acc = if r.body_reads {
+            let acc = if r.tty {
+                libc::O_RDWR | libc::O_NOCTTY
+            } else if r.body_reads {
                 libc::O_RDONLY
             } else {
                 libc::O_WRONLY
@@ -162,7 +164,11 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
                     Ok(other) => bail!("node {home} answered {}", kind(&other)),
                     Err(e) => bail!("node {home} did not answer: {e}"),
                 }
-                pump(conn, fd, None).await
+                if pipe & ferry_image::RELAY_TTY != 0 {
+                    pump_tty(conn, fd, None, None).await
+                } else {
+                    pump(conn, fd, None).await
+                }
             }
             .await;
             match r {
@@ -188,7 +194,11 @@ pub async fn serve_open(node: &Arc<Node>, mut conn: Conn, pid: i32, pipe: u32) -
     write_msg(&mut conn.stream, &Msg::Done).await?;
     let peer = conn.peer.clone();
     let counter = node.relays.counter(pid);
-    let bytes = pump(conn, fd, Some(counter)).await?;
+    let bytes = if pipe & ferry_image::RELAY_TTY != 0 {
+        pump_tty(conn, fd, Some(pid), Some(counter)).await?
+    } else {
+        pump(conn, fd, Some(counter)).await?
+    };
     tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
     Ok(())
 }
@@ -271,4 +281,165 @@ async fn pump(conn: Conn, fd: OwnedFd, counter: Option<Arc<AtomicU64>>) -> Resul
         }
     }
     Ok(total)
+}
+
+/// Whether home PID `pid` is in the foreground process group of its controlling terminal
+/// (from its /proc stat: `pgrp` and `tpgid`; a deputy keeps its terminal and its group).
+fn in_foreground(pid: i32) -> Option<bool> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = stat
+        .get(stat.rfind(')')? + 2..)?
+        .split_whitespace()
+        .collect();
+    let pgrp: i32 = f.get(2)?.parse().ok()?;
+    let tpgid: i32 = f.get(5)?.parse().ok()?;
+    Some(pgrp == tpgid)
+}
+
+/// What a terminal relay's reading thread found.
+enum TtyOut {
+    Data(Vec<u8>),
+    Winsize([u16; 4]),
+    Eof,
+}
+
+/// Moves a terminal's bytes both ways between `fd` and the connection: at home `fd` is the
+/// home terminal (a description of our own, not our controlling terminal) and `gate` the tree's
+/// root there, whose input is read only while its group is in the foreground (else the shell
+/// at home reads it) and whose window size is sent on when it changes; at the body's node `fd`
+/// is the master of the body's pty. Ends when either side does. Returns the bytes moved.
+async fn pump_tty(
+    conn: Conn,
+    fd: OwnedFd,
+    gate: Option<i32>,
+    counter: Option<Arc<AtomicU64>>,
+) -> Result<u64> {
+    let (mut rx, mut tx) = tokio::io::split(conn.stream);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fd = Arc::new(fd);
+    let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<TtyOut>(16);
+    let reader = {
+        let (fd, stop) = (fd.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let raw = fd.as_raw_fd();
+            let mut buf = vec![0u8; 1 << 16];
+            let mut size = None;
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(root) = gate {
+                    if let Ok(now) = ferry_sys::tty::get_winsize(raw) {
+                        if size != Some(now) {
+                            size = Some(now);
+                            if out_tx.blocking_send(TtyOut::Winsize(now)).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    match in_foreground(root) {
+                        Some(true) => {}
+                        Some(false) => {
+                            std::thread::sleep(Duration::from_millis(50));
+                            continue;
+                        }
+                        None => {
+                            let _ = out_tx.blocking_send(TtyOut::Eof);
+                            return;
+                        }
+                    }
+                }
+                match ferry_sys::ns::poll_in(&[raw], 100) {
+                    Ok(r) if r[0] => {}
+                    Ok(_) => continue,
+                    Err(_) => break,
+                }
+                match ferry_sys::fdops::read_fd(raw, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if out_tx
+                            .blocking_send(TtyOut::Data(buf[..n].to_vec()))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(e) if e.errno == libc::EAGAIN || e.errno == libc::EINTR => {}
+                    // EIO: the last slave closed (the body's), or the terminal hung up.
+                    Err(_) => break,
+                }
+            }
+            let _ = out_tx.blocking_send(TtyOut::Eof);
+        })
+    };
+    let (in_tx, in_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let writer = {
+        let (fd, stop) = (fd.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let raw = fd.as_raw_fd();
+            for data in in_rx {
+                let mut at = 0;
+                while at < data.len() {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    match ferry_sys::fdops::write_fd(raw, &data[at..]) {
+                        Ok(n) => at += n,
+                        Err(e) if e.errno == libc::EAGAIN || e.errno == libc::EINTR => {
+                            std::thread::sleep(Duration::from_millis(5))
+                        }
+                        Err(_) => return,
+                    }
+                }
+            }
+        })
+    };
+    let mut total = 0u64;
+    let count = |n: usize| {
+        if let Some(c) = &counter {
+            c.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    };
+    let r: Result<()> = async {
+        loop {
+            tokio::select! {
+                out = out_rx.recv() => match out {
+                    Some(TtyOut::Data(d)) => {
+                        write_data(&mut tx, &d).await?;
+                        total += d.len() as u64;
+                        count(d.len());
+                    }
+                    Some(TtyOut::Winsize(size)) => {
+                        write_msg(&mut tx, &Msg::RelayWinsize { size }).await?;
+                    }
+                    Some(TtyOut::Eof) | None => {
+                        let _ = write_end(&mut tx).await;
+                        return Ok(());
+                    }
+                },
+                frame = read_frame(&mut rx) => match frame {
+                    Ok(Frame::Data(d)) => {
+                        total += d.len() as u64;
+                        count(d.len());
+                        if in_tx.send(d.to_vec()).is_err() {
+                            return Ok(());
+                        }
+                    }
+                    Ok(Frame::Msg(Msg::RelayWinsize { size })) if gate.is_none() => {
+                        let _ = ferry_sys::tty::set_winsize(fd.as_raw_fd(), size);
+                    }
+                    Ok(Frame::Msg(m)) => bail!("{} message inside a terminal relay", kind(&m)),
+                    Ok(Frame::End) | Err(FrameError::Closed) => return Ok(()),
+                    Err(e) => bail!("relay stream: {e}"),
+                },
+            }
+        }
+    }
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    drop(in_tx);
+    drop(out_rx);
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = reader.join();
+        let _ = writer.join();
+    })
+    .await;
+    r.map(|()| total)
 }

@@ -41,6 +41,8 @@ pub struct RelayedPipe {
     pub fd: i32,
     /// The tree holds the read end (data flows from home to the body); else the write end.
     pub body_reads: bool,
+    /// A terminal at home (`pipe` is then `RELAY_TTY` and its pts number): relayed both ways.
+    pub tty: bool,
 }
 
 fn now_ms() -> u64 {
@@ -87,6 +89,7 @@ pub fn capture_then<W: Write>(
     if frozen.relay_pipes {
         let pids: Vec<i32> = frozen.procs.iter().map(|p| p.pid).collect();
         fdcap.relay = crate::preflight::pipes_shared_outside(&pids);
+        fdcap.relay_ttys = true;
     }
     let mut report = CaptureReport::default();
     // Stopped children whose parent has already collected their stop (by our PIDs).
@@ -255,8 +258,29 @@ fn relayed_pipes(tree: &Tree) -> Result<Vec<RelayedPipe>> {
                         pid: p.pid,
                         fd: f.fd,
                         body_reads,
+                        tty: false,
                     }),
                 }
+            }
+        }
+    }
+    // Terminals at home: one relay per terminal, however many descriptors reach it.
+    for p in &tree.processes {
+        for f in &p.fds {
+            let Some(ferry_image::FileKind::Tty(t)) =
+                tree.files.get(f.file as usize).map(|d| &d.kind)
+            else {
+                continue;
+            };
+            let id = ferry_image::RELAY_TTY | t.index;
+            if t.relayed.is_some() && !out.iter().any(|r| r.pipe == id) {
+                out.push(RelayedPipe {
+                    pipe: id,
+                    pid: p.pid,
+                    fd: f.fd,
+                    body_reads: false,
+                    tty: true,
+                });
             }
         }
     }

@@ -464,6 +464,16 @@ pub fn restore_with<R: Read>(
     }
     let t0 = Instant::now();
     check_pids_free(&img.tree, opts.guest)?;
+    let relayed_tty = img.tree.files.iter().find_map(|d| match &d.kind {
+        ferry_image::FileKind::Tty(t) if t.relayed.is_some() => Some(t.index),
+        _ => None,
+    });
+    if let (Some(index), false) = (relayed_tty, opts.relays) {
+        return Err(Error::BadImage(format!(
+            "/dev/pts/{index} is a terminal relayed from the tree's home node: only the \
+             migration that made this image can rebuild it"
+        )));
+    }
     if let Some(p) = img.tree.pipes.iter().find(|p| p.relayed && !opts.relays) {
         return Err(Error::BadImage(format!(
             "pipe {} (pipe:[{}]) is relayed from the tree's home node: only the migration that \

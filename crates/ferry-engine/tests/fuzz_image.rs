@@ -145,6 +145,7 @@ fn synthetic_image() -> Vec<u8> {
                 input: b"typed".to_vec(),
                 ..Default::default()
             }),
+            relayed: None,
         }),
         FileKind::PathOnly {
             path: "/dev/null".into(),

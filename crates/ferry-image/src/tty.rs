@@ -12,7 +12,17 @@ pub struct TtyDesc {
     pub master: bool,
     /// Set on a master description: the state of the pty.
     pub state: Option<PtyState>,
+    /// A slave of a terminal at the tree's home (its master held outside the tree: sshd, a
+    /// terminal emulator): the home terminal's termios and window size as captured. A
+    /// migration rebuilds it as a pty of the same number whose master the daemons relay to
+    /// the home terminal (see ARCHITECTURE.md, "Relays"); any other restore refuses it.
+    #[serde(default)]
+    pub relayed: Option<PtyState>,
 }
+
+/// Relay ids (`RelayOpen`) of terminals: this bit and the pts number. (Pipes use their
+/// `Pipe::id`.)
+pub const RELAY_TTY: u32 = 1 << 31;
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
 pub struct PtyState {

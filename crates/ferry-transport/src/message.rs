@@ -222,6 +222,11 @@ pub enum Msg {
         drain: bool,
     },
     Evicted(EvictReport),
+    /// Inside a terminal's relay, home to the body's node: the home terminal's window size
+    /// (rows, columns, x and y pixels) changed.
+    RelayWinsize {
+        size: [u16; 4],
+    },
 }
 
 /// A pipe the moving tree shares with a process outside it: a descriptor through which the
@@ -233,6 +238,9 @@ pub struct RelayedPipe {
     pub fd: i32,
     /// The tree holds the read end: data flows from home to the body.
     pub body_reads: bool,
+    /// A terminal at home (`pipe` is `RELAY_TTY` | its pts number): relayed both ways.
+    #[serde(default)]
+    pub tty: bool,
 }
 
 impl Msg {

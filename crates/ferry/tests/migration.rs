@@ -63,6 +63,10 @@ fn main() {
             "a_moved_writer_sees_epipe_when_its_reader_at_home_goes",
             relayed_pipe_reader_gone,
         ),
+        Trial::test(
+            "a_shell_job_under_a_terminal_moves_stops_resumes_and_is_interrupted",
+            shell_job_under_a_terminal,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -1094,6 +1098,141 @@ fn relayed_pipe_reader_gone() -> Result<(), Failed> {
         got, want,
         "the reader at home did not get the moved writer's lines"
     );
+    Ok(())
+}
+
+/// The terminal the job runs in: an interactive bash under a pty that a Python driver holds
+/// (a terminal Ferry did not make). See `shell_job_under_a_terminal`.
+const TERMINAL_DRIVER: &str = r#"
+import os, sys, time, select, subprocess, fcntl, termios
+d, job = sys.argv[1], sys.argv[2]
+m, s = os.openpty()
+def pre():
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+env = dict(os.environ, PS1='$ ', TERM='dumb', HISTFILE='/dev/null')
+p = subprocess.Popen(['bash', '--norc', '--noprofile', '-i'], stdin=s, stdout=s, stderr=s,
+                     preexec_fn=pre, env=env, close_fds=True)
+os.close(s)
+screen = b''
+def pump(t):
+    global screen
+    end = time.time() + t
+    while time.time() < end:
+        r, _, _ = select.select([m], [], [], 0.05)
+        if r:
+            try:
+                b = os.read(m, 65536)
+            except OSError:
+                return
+            screen += b
+            open(d + '/screen', 'wb').write(screen)
+def until(pat, since=0, t=20):
+    end = time.time() + t
+    while time.time() < end:
+        if pat in screen[since:]:
+            return
+        pump(0.1)
+    sys.exit('timed out waiting for %r' % pat)
+def typ(b):
+    os.write(m, b)
+pump(0.5)
+typ(b'python3 ' + job.encode() + b' ' + d.encode() + b'\n')
+until(b'tick 3')
+while not os.path.exists(d + '/moved'):
+    pump(0.1)
+until(b'tick', since=len(screen))
+typ(b'hello from home\n')
+end = time.time() + 20
+def typed():
+    try:
+        return b'hello from home' in open(d + '/input', 'rb').read()
+    except OSError:
+        return False
+while not typed():
+    pump(0.1)
+    if time.time() > end:
+        sys.exit('the moved job never read the line typed at home')
+typ(b'\x1a')
+until(b'Stopped')
+typ(b'echo status=$?\n')
+until(b'status=148')
+mark = len(screen)
+typ(b'fg\n')
+until(b'tick', since=mark + 10)
+mark = len(screen)
+typ(b'\x03')
+# Input typed while the moved job has the terminal goes to the job (see docs/limitations.md):
+# wait for the shell's prompt.
+until(b'$ ', since=mark)
+mark = len(screen)
+typ(b'echo status=$?\n')
+until(b'status=130', since=mark)
+typ(b'exit\n')
+p.wait(10)
+"#;
+
+/// The job: prints a tick every 0.2 s, and appends every line it reads to `input`.
+const TERMINAL_JOB: &str = r#"
+import os, sys, time, threading, signal
+d = sys.argv[1]
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+def rd():
+    for l in sys.stdin:
+        with open(d + '/input', 'a') as f:
+            f.write(l)
+threading.Thread(target=rd, daemon=True).start()
+i = 0
+while True:
+    i += 1
+    print('tick', i, flush=True)
+    time.sleep(0.2)
+"#;
+
+/// A job started from an interactive shell under a terminal Ferry did not make moves while it
+/// runs: its output still reaches that terminal, a line typed there reaches it, ^Z stops it
+/// (the shell says Stopped, status 148), `fg` resumes it, ^C ends it (status 130).
+fn shell_job_under_a_terminal() -> Result<(), Failed> {
+    let c = Cluster::up("terminal", 2);
+    let dir = scratch("migration", "terminal");
+    let job = dir.join("job.py");
+    std::fs::write(&job, TERMINAL_JOB).unwrap();
+    let mut driver = UnixServer(
+        Command::new("python3")
+            .args(["-c", TERMINAL_DRIVER])
+            .arg(&dir)
+            .arg(&job)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("driver.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the job")?;
+    let moved = migrate(&c, "a", pid, "b");
+    std::fs::write(dir.join("moved"), "").unwrap();
+    moved.map_err(|e| format!("the job did not move: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let st = loop {
+        if let Some(st) = driver.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            break driver.0.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if !st.success() {
+        return Err(format!(
+            "{}\nthe terminal showed:\n{}\n{}",
+            std::fs::read_to_string(dir.join("driver.err")).unwrap_or_default(),
+            String::from_utf8_lossy(&std::fs::read(dir.join("screen")).unwrap_or_default()),
+            c.log("a") + &c.log("b")
+        )
+        .into());
+    }
     Ok(())
 }
 

@@ -32,6 +32,8 @@ pub struct FdCapture {
     /// Anonymous pipes (by inode) held outside the tree too, captured as relayed
     /// (`FrozenTree::relay_pipes`).
     pub relay: HashMap<u64, i32>,
+    /// Capture slaves of terminals outside the tree as relayed (`TtyDesc::relayed`).
+    pub relay_ttys: bool,
 }
 
 fn octal(info: &[(String, String)], key: &str) -> i64 {
@@ -202,7 +204,7 @@ impl FdCapture {
                 });
             }
             if ft.is_char_device() {
-                if let Some(kind) = super::tty::classify(pid, fd, &path, md)? {
+                if let Some(kind) = super::tty::classify(pid, fd, &path, md, self.relay_ttys)? {
                     return Ok(kind);
                 }
             }
@@ -307,6 +309,7 @@ pub fn open_descriptions(
 ) -> Result<(HashMap<u32, OwnedFd>, RelayEnds)> {
     let dev = guest.map_or_else(|| std::path::PathBuf::from("/dev"), |g| g.dev_dir());
     drop(super::locks::Deferred::take()); // anything an earlier, failed restore left
+    drop(super::tty::take_relayed());
     let me = std::process::id() as i32;
     // The first descriptor of each description: in whose name, and with whose rights, it is
     // opened.
@@ -516,7 +519,7 @@ pub fn open_descriptions(
         }
         out.insert(d.id, fd);
     }
-    let mut relays = Vec::new();
+    let mut relays = super::tty::take_relayed();
     for p in tree.pipes.iter().filter(|p| p.relayed) {
         let ends = pipe_ends.get_mut(&p.id).expect("every pipe was made above");
         match (ends.0.take(), ends.1.take()) {

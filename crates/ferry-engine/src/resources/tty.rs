@@ -44,7 +44,16 @@ fn unsupported(pid: i32, fd: i32, path: &str, why: String) -> Error {
 
 /// Describes descriptor `fd` of `pid`, a character device at `path`, if it is a pty side;
 /// `None` for any other device.
-pub fn classify(pid: i32, fd: i32, path: &str, md: &std::fs::Metadata) -> Result<Option<FileKind>> {
+///
+/// With `relay` (a migration from the tree's home), a slave whose master is outside the tree
+/// is captured as relayed (`TtyDesc::relayed`) instead of refused.
+pub fn classify(
+    pid: i32,
+    fd: i32,
+    path: &str,
+    md: &std::fs::Metadata,
+    relay: bool,
+) -> Result<Option<FileKind>> {
     let (major, minor) = (libc::major(md.rdev()), libc::minor(md.rdev()));
     if major == TTYAUX_MAJOR && minor == PTMX_MINOR {
         return capture_master(pid, fd, path).map(Some);
@@ -61,6 +70,9 @@ pub fn classify(pid: i32, fd: i32, path: &str, md: &std::fs::Metadata) -> Result
                 "a pty slave not reached through /dev/pts (another devpts mount?)".into(),
             ));
         };
+        if !master_in_tree(index)? && relay {
+            return relayed_slave(pid, fd, index).map(Some);
+        }
         if !master_in_tree(index)? {
             return Err(unsupported(
                 pid,
@@ -77,9 +89,61 @@ pub fn classify(pid: i32, fd: i32, path: &str, md: &std::fs::Metadata) -> Result
             index,
             master: false,
             state: None,
+            relayed: None,
         })));
     }
     Ok(None)
+}
+
+/// A slave of a terminal outside the tree: its termios and window size, read through a copy of
+/// the process's descriptor (on a slave, these ioctls need no controlling terminal).
+fn relayed_slave(pid: i32, fd: i32, index: u32) -> Result<FileKind> {
+    let pfd = pidfd::pidfd_open(pid).ctx(pid, || "open a pidfd".into())?;
+    let copy = pidfd::pidfd_getfd(&pfd, fd).ctx(pid, || format!("copy fd {fd}"))?;
+    let termios = tty::get_termios(copy.as_raw_fd())
+        .ctx(pid, || format!("termios of fd {fd} (/dev/pts/{index})"))?;
+    let winsize = tty::get_winsize(copy.as_raw_fd())
+        .ctx(pid, || format!("window size of fd {fd} (/dev/pts/{index})"))?;
+    Ok(FileKind::Tty(TtyDesc {
+        index,
+        master: false,
+        state: None,
+        relayed: Some(PtyState {
+            termios: to_image(termios),
+            winsize,
+            ..Default::default()
+        }),
+    }))
+}
+
+/// The termios of a relayed terminal's pty at the body's node: nothing done to the bytes either
+/// way (the home terminal's own line discipline echoes, edits lines and turns ^C and ^Z into
+/// signals for the home's foreground group, which the deputy forwards).
+fn passthrough(home: &Termios) -> Termios {
+    let mut cc = home.cc.clone();
+    if cc.len() > libc::VTIME {
+        cc[libc::VMIN] = 1;
+        cc[libc::VTIME] = 0;
+    }
+    Termios {
+        iflag: 0,
+        oflag: 0,
+        cflag: home.cflag,
+        lflag: 0,
+        line: home.line,
+        cc,
+        ispeed: home.ispeed,
+        ospeed: home.ospeed,
+    }
+}
+
+/// Masters of relayed terminals made by this restore, by relay id, for the daemon to take
+/// (`take_relayed`).
+static RELAYED: Mutex<Vec<(u32, OwnedFd)>> = Mutex::new(Vec::new());
+
+/// The masters of relayed terminals this restore made (and forgets them).
+pub fn take_relayed() -> Vec<(u32, OwnedFd)> {
+    std::mem::take(&mut *RELAYED.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// Every process frozen by us (traced by one of our threads).
@@ -247,6 +311,7 @@ fn capture_master(pid: i32, fd: i32, path: &str) -> Result<FileKind> {
             fg_pgrp,
             input,
         }),
+        relayed: None,
     }))
 }
 
@@ -347,26 +412,51 @@ pub fn open(d: &FileDesc, tree: &Tree, dev: &Path) -> Result<OwnedFd> {
             .filter_map(tty_of)
             .filter(|x| x.index == t.index)
             .collect();
-        let state = descs
-            .iter()
-            .find_map(|x| x.state.as_ref().filter(|_| x.master))
-            .ok_or_else(|| Error::BadImage(format!("pty {} has no master description", t.index)))?;
-        let has_slave = descs.iter().any(|x| !x.master);
-        let master = make_pty(dev, t.index, state, has_slave)?;
-        if state.session != 0 {
-            CTTY.lock().unwrap_or_else(|e| e.into_inner()).insert(
-                state.session,
-                Ctty {
-                    index: t.index,
-                    fg_pgrp: state.fg_pgrp,
-                    slave: slave_path(dev, t.index),
-                },
-            );
+        if let Some(home) = descs.iter().find_map(|x| x.relayed.as_ref()) {
+            if descs.iter().any(|x| x.master || x.relayed.is_none()) {
+                return Err(Error::BadImage(format!(
+                    "pty {}: a relayed terminal with a side that is not",
+                    t.index
+                )));
+            }
+            let state = PtyState {
+                termios: passthrough(&home.termios),
+                winsize: home.winsize,
+                ..Default::default()
+            };
+            let master = make_pty(dev, t.index, &state, true)?;
+            RELAYED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((ferry_image::RELAY_TTY | t.index, master));
+            e.insert(Made {
+                master: None,
+                left: descs.len(),
+            });
+        } else {
+            let state = descs
+                .iter()
+                .find_map(|x| x.state.as_ref().filter(|_| x.master))
+                .ok_or_else(|| {
+                    Error::BadImage(format!("pty {} has no master description", t.index))
+                })?;
+            let has_slave = descs.iter().any(|x| !x.master);
+            let master = make_pty(dev, t.index, state, has_slave)?;
+            if state.session != 0 {
+                CTTY.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                    state.session,
+                    Ctty {
+                        index: t.index,
+                        fg_pgrp: state.fg_pgrp,
+                        slave: slave_path(dev, t.index),
+                    },
+                );
+            }
+            e.insert(Made {
+                master: Some(master),
+                left: descs.len(),
+            });
         }
-        e.insert(Made {
-            master: Some(master),
-            left: descs.len(),
-        });
     }
     let entry = made.get_mut(&t.index).expect("inserted above");
     entry.left = entry.left.saturating_sub(1);

@@ -157,6 +157,7 @@ pub fn capture_worker(pid: i32, relay_pipes: bool) -> Result<()> {
                     pid: r.pid,
                     fd: r.fd,
                     body_reads: r.body_reads,
+                    tty: r.tty,
                 })
                 .collect(),
         },
