@@ -24,8 +24,12 @@
 //! input_idle_secs = 30       # ...and no input for this long
 //! input_watch = ["/dev/input", "/dev/pts"]  # devices and terminals whose use is input
 //! ```
+//!
+//! and a `[balance]` table (automatic load balancing: `ferry_policy::balance::BalanceConfig`,
+//! e.g. `algorithm = "cpu"`, `allow = ["make"]`, `min_stay_secs = 30`).
 
 use anyhow::{Context, Result};
+use ferry_policy::balance::BalanceConfig;
 use ferry_transport::CredentialPaths;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -65,11 +69,18 @@ pub struct Config {
     /// loopback is served only over the cluster's mutual TLS (docs/security.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub web: Option<String>,
+    /// Automatic load balancing (`ferry_policy::balance::BalanceConfig`): `[balance]`.
+    #[serde(default, skip_serializing_if = "is_default_balance")]
+    pub balance: BalanceConfig,
     pub credentials: CredentialPaths,
     /// Who may use this machine (crate::hosts::OwnerConfig): `[owner]` in the file. Reloaded
     /// on SIGHUP.
     #[serde(default, skip_serializing_if = "crate::hosts::OwnerConfig::is_default")]
     pub owner: crate::hosts::OwnerConfig,
+}
+
+fn is_default_balance(b: &BalanceConfig) -> bool {
+    *b == BalanceConfig::default()
 }
 
 fn yes() -> bool {
@@ -89,6 +100,7 @@ impl Config {
         let c: Config = toml::from_str(text).context("parse")?;
         ferry_transport::credentials::check_node_name(&c.name)?;
         c.web_addr()?;
+        c.balance.check().map_err(|e| anyhow::anyhow!(e))?;
         Ok(c)
     }
 

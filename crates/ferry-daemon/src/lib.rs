@@ -10,10 +10,12 @@
 //! - [`state`], [`outcomes`]: what a daemon records durably and takes up again at start.
 //! - [`hosts`], [`evict`]: who may use this machine (the owner's policy), who holds it (host
 //!   grants), and sending its guests away.
+//! - [`balancer`], [`traffic`]: automatic load balancing, and the byte counts it weighs.
 //! - [`guests`], [`load`], [`reaper`]: bookkeeping.
 //! - [`view`], [`web`], [`metrics`]: the cluster's picture (`ferry top`), the read-only page,
 //!   the Prometheus metrics.
 
+pub mod balancer;
 pub mod config;
 pub mod deputies;
 pub mod evict;
@@ -31,6 +33,7 @@ pub mod relay;
 pub mod state;
 pub mod view;
 pub mod web;
+pub mod traffic;
 pub mod workers;
 
 pub use config::Config;

@@ -50,6 +50,8 @@ pub struct Node {
     pub cpu: crate::metrics::CpuMeter,
     /// Connections to peers opened ahead of the remote runs that will use them.
     pub exec_spares: crate::exec::Spares,
+    /// Automatic load balancing (crate::balancer).
+    pub balancer: crate::balancer::Balancer,
 }
 
 impl Node {
@@ -194,6 +196,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         (node == config.name).then(|| point.to_string())
     });
     let store = Arc::new(crate::state::Store::open(&config.data_dir)?);
+    let balancer = crate::balancer::Balancer::new(config.balance.clone());
     let node = Arc::new(Node {
         creds,
         membership,
@@ -212,6 +215,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         metrics: Default::default(),
         cpu: Default::default(),
         exec_spares: Default::default(),
+        balancer,
     });
     tracing::info!(event = "started", node = %node.name(), listen = %node.config.listen,
         control = %sock_path.display(), peers = ?node.config.peers,
@@ -232,6 +236,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     tokio::spawn(crate::deputies::serve_reports(node.clone(), reports));
     tokio::spawn(publish_load(node.clone()));
     tokio::spawn(crate::hosts::watch(node.clone()));
+    tokio::spawn(crate::balancer::run(node.clone()));
     tokio::spawn(reap(node.clone()));
     tokio::spawn(rejoin(node.clone()));
     if let Some((path, list)) = revocations {
@@ -299,6 +304,7 @@ async fn publish_load(node: Arc<Node>) {
         match sampler.sample(node.guests.count(), accepting) {
             Ok(mut load) => {
                 node.hosts.annotate(&mut load);
+                (load.demand, load.capacity) = node.balancer.figures();
                 if failing {
                     tracing::info!(event = "load-measured-again");
                     failing = false;
@@ -607,6 +613,14 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
             write_msg(&mut conn.stream, &reply).await?;
             Ok(())
         }
+        Msg::BalanceAdopt {
+            home_node,
+            home_pid,
+        } => {
+            let reply = crate::balancer::adopt(node, &conn.peer, &home_node, home_pid);
+            write_msg(&mut conn.stream, &reply).await?;
+            Ok(())
+        }
         other => bail!("unexpected {} message from a peer", kind(&other)),
     }
 }
@@ -678,6 +692,25 @@ async fn serve_cli(node: &Arc<Node>, mut s: UnixStream) -> Result<()> {
             drain,
         } => {
             let reply = crate::evict::serve(node, &target, drain, None).await;
+            write_msg(&mut s, &reply).await?
+        }
+        Msg::BalanceAdd { pid } => {
+            let reply = match node.balancer.add(pid, "handed over with `ferry balance add`") {
+                Ok(()) => Msg::Done,
+                Err(e) => Msg::error(format!("{e:#}")),
+            };
+            write_msg(&mut s, &reply).await?
+        }
+        Msg::BalanceLog => write_msg(&mut s, &Msg::BalanceDecisions(node.balancer.log())).await?,
+        Msg::BalanceSet { settings } => {
+            let reply = match node
+                .balancer
+                .set(&settings)
+                .and_then(|c| Ok(toml::to_string(&c)?))
+            {
+                Ok(toml) => Msg::BalanceSettings { toml },
+                Err(e) => Msg::error(format!("{e:#}")),
+            };
             write_msg(&mut s, &reply).await?
         }
         other => {

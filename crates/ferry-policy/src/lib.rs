@@ -9,6 +9,7 @@ pub mod owner;
 
 pub use hosts::HostGrant;
 pub use owner::{AcceptPolicy, OwnerState};
+pub mod balance;
 
 /// What a node publishes about itself through the membership gossip.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -37,6 +38,13 @@ pub struct NodeLoad {
     /// authority on these; the gossip carries them for everyone's fairness decisions.
     #[serde(default)]
     pub grants: Vec<HostGrant>,
+    /// Runnable demand of this node's own processes (threads wanting a CPU, averaged over a
+    /// few seconds), measured in its CPU cgroup when it has one (`balance.rs`); 0 if unknown.
+    #[serde(default)]
+    pub demand: f32,
+    /// CPUs this node has: its CPU quota when it has one, else its CPUs; 0 if unknown.
+    #[serde(default)]
+    pub capacity: f32,
 }
 
 /// A console used within this many seconds means someone is at the machine (Sprite used 30 s).

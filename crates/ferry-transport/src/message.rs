@@ -227,6 +227,28 @@ pub enum Msg {
     RelayWinsize {
         size: [u16; 4],
     },
+    // ---- Automatic load balancing (ferry-daemon/src/balancer.rs) --------------------
+    /// CLI to daemon: hand PID (a process on this node) to the balancer.
+    BalanceAdd {
+        pid: i32,
+    },
+    /// CLI to daemon: the balancer's decisions, answered by `BalanceDecisions`.
+    BalanceLog,
+    BalanceDecisions(Vec<ferry_policy::balance::Decision>),
+    /// CLI to daemon: set these `[balance]` settings (TOML lines) while the daemon runs; empty
+    /// to change nothing. Answered by `BalanceSettings`: the whole configuration, as TOML.
+    BalanceSet {
+        settings: String,
+    },
+    BalanceSettings {
+        toml: String,
+    },
+    /// A node's balancer to the node it just sent a process to: the guest with this home
+    /// identity is the balancer's there too (its minimum stay starts now).
+    BalanceAdopt {
+        home_node: String,
+        home_pid: i32,
+    },
 }
 
 /// A pipe the moving tree shares with a process outside it: a descriptor through which the

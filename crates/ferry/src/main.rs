@@ -50,6 +50,9 @@ enum Command {
     /// Get and give back idle hosts (Sprite's host selection); see each node's policy.
     #[command(subcommand)]
     Hosts(commands::hosts::Command),
+    /// Automatic load balancing: hand a process to the balancer, list its decisions.
+    #[command(subcommand)]
+    Balance(commands::balance::Command),
     /// Run the node daemon in the foreground.
     Daemon(commands::daemon::Args),
     /// Run GNU make with its recipes spread over the cluster's nodes (Sprite's pmake):
@@ -131,6 +134,7 @@ fn main() {
         Command::Evict(a) => commands::evict::run(a, node, false),
         Command::Drain(a) => commands::evict::run(a, node, true),
         Command::Hosts(c) => commands::hosts::run(c, node),
+        Command::Balance(c) => commands::balance::run(c, node),
         Command::Cluster(c) => commands::cluster::run(c),
         Command::RestoreWorker {
             reports,

@@ -307,6 +307,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             },
             // The default: loopback (each shared node on its own address), port + 1.
             web: None,
+            balance: Default::default(),
             credentials: ca.issue_node_files(name, &certs)?,
             // The nodes share this machine's terminals: none watches them unless told.
             owner: ferry_daemon::hosts::OwnerConfig {

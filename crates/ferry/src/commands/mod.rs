@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod accept;
+pub mod balance;
 pub mod checkpoint;
 pub mod client;
 pub mod cluster;
