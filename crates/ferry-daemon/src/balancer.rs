@@ -96,15 +96,19 @@ impl Balancer {
         use anyhow::Context;
         let mut c = self.config.lock().expect("balancer config lock");
         let mut table = toml::Table::try_from(&*c).context("the present configuration")?;
-        let new: toml::Table = toml::from_str(settings)
-            .with_context(|| format!("balance settings {settings:?}"))?;
+        let new: toml::Table =
+            toml::from_str(settings).with_context(|| format!("balance settings {settings:?}"))?;
         table.extend(new);
         let merged: BalanceConfig = table
             .try_into()
             .with_context(|| format!("balance settings {settings:?}"))?;
         merged.check().map_err(|e| anyhow::anyhow!(e))?;
-        tracing::info!(event = "balance-config", enabled = merged.enabled,
-            algorithm = merged.algorithm.name(), settings);
+        tracing::info!(
+            event = "balance-config",
+            enabled = merged.enabled,
+            algorithm = merged.algorithm.name(),
+            settings
+        );
         *c = merged.clone();
         Ok(merged)
     }
@@ -357,18 +361,16 @@ pub async fn run(node: Arc<Node>) {
             if let Some(r) = runnable {
                 s.demand += (r - s.demand) * alpha;
             }
-            s.handed.retain(|pid, h| crate::state::start_time(*pid) == Some(h.start_time));
+            s.handed
+                .retain(|pid, h| crate::state::start_time(*pid) == Some(h.start_time));
             for pid in allowed {
-                if !s.handed.contains_key(&pid) {
+                if let std::collections::hash_map::Entry::Vacant(e) = s.handed.entry(pid) {
                     if let Some(start_time) = crate::state::start_time(pid) {
-                        s.handed.insert(
-                            pid,
-                            Handed {
-                                start_time,
-                                since: Instant::now(),
-                                origin: "allowed by the config".into(),
-                            },
-                        );
+                        e.insert(Handed {
+                            start_time,
+                            since: Instant::now(),
+                            origin: "allowed by the config".into(),
+                        });
                     }
                 }
             }
@@ -411,8 +413,7 @@ pub async fn run(node: Arc<Node>) {
                 .sum();
             rates.insert(pid, total);
         }
-        let alive: std::collections::HashSet<i32> =
-            pids.iter().flat_map(|p| tree(*p)).collect();
+        let alive: std::collections::HashSet<i32> = pids.iter().flat_map(|p| tree(*p)).collect();
         traffic.retain(|p| alive.contains(&p));
         if !cfg.enabled {
             continue;
@@ -426,7 +427,8 @@ async fn decide(node: &Arc<Node>, cfg: &BalanceConfig, rates: HashMap<i32, f64>)
     let (me, candidates, cooling) = {
         let mut s = b.lock();
         let now = Instant::now();
-        s.failed.retain(|_, t| now.duration_since(*t) < FAILED_BACKOFF);
+        s.failed
+            .retain(|_, t| now.duration_since(*t) < FAILED_BACKOFF);
         let mut load = node.own_load();
         load.demand = s.demand as f32;
         load.capacity = s.capacity as f32;
@@ -469,20 +471,31 @@ async fn decide(node: &Arc<Node>, cfg: &BalanceConfig, rates: HashMap<i32, f64>)
         .into_iter()
         .filter_map(|m| Some(NodeView::from_load(&m.id.name, m.load.as_ref()?)))
         .collect();
-    let plan = balance::plan(cfg, &me, &others, &candidates, cooling);
-    let decision = |action: &str, pid: Option<i32>, to: Option<String>, reason: String| {
-        Decision {
-            unix_ms: now_unix_ms(),
-            node: String::new(),
-            algorithm: cfg.algorithm,
-            action: action.to_string(),
-            pid,
-            command: pid.map(comm),
-            to,
-            reason,
-            load: 0.0,
-            candidates: candidates.clone(),
-        }
+    let backing_off = {
+        let s = b.lock();
+        (candidates.is_empty() && !s.handed.is_empty()).then(|| s.handed.len())
+    };
+    let plan = match backing_off {
+        Some(n) => Plan::Stay {
+            pid: None,
+            reason: format!(
+                "the {n} process(es) handed over here failed to move less than {} s ago",
+                FAILED_BACKOFF.as_secs()
+            ),
+        },
+        None => balance::plan(cfg, &me, &others, &candidates, cooling),
+    };
+    let decision = |action: &str, pid: Option<i32>, to: Option<String>, reason: String| Decision {
+        unix_ms: now_unix_ms(),
+        node: String::new(),
+        algorithm: cfg.algorithm,
+        action: action.to_string(),
+        pid,
+        command: pid.map(comm),
+        to,
+        reason,
+        load: 0.0,
+        candidates: candidates.clone(),
     };
     match plan {
         Plan::Stay { pid, reason } => {
@@ -490,7 +503,8 @@ async fn decide(node: &Arc<Node>, cfg: &BalanceConfig, rates: HashMap<i32, f64>)
             let key = format!("{pid:?} {}", reason.chars().take(24).collect::<String>());
             let fresh = {
                 let mut s = b.lock();
-                let fresh = !matches!(&s.last_stay, Some((k, t)) if *k == key && t.elapsed() < STAY_RELOG);
+                let fresh =
+                    !matches!(&s.last_stay, Some((k, t)) if *k == key && t.elapsed() < STAY_RELOG);
                 if fresh {
                     s.last_stay = Some((key, Instant::now()));
                 }
@@ -516,7 +530,9 @@ async fn decide(node: &Arc<Node>, cfg: &BalanceConfig, rates: HashMap<i32, f64>)
             let home = node
                 .guests
                 .find(pid)
-                .map_or((node.name().to_string(), pid), |g| (g.home_node, g.home_pid));
+                .map_or((node.name().to_string(), pid), |g| {
+                    (g.home_node, g.home_pid)
+                });
             let (mut cli, mut sink) = match tokio::net::UnixStream::pair() {
                 Ok(p) => p,
                 Err(e) => {
@@ -574,10 +590,7 @@ async fn decide(node: &Arc<Node>, cfg: &BalanceConfig, rates: HashMap<i32, f64>)
                             "failed",
                             Some(pid),
                             Some(to),
-                            format!(
-                                "{e:#} (not tried again for {} s)",
-                                FAILED_BACKOFF.as_secs()
-                            ),
+                            format!("{e:#} (not tried again for {} s)", FAILED_BACKOFF.as_secs()),
                         ),
                     );
                 }

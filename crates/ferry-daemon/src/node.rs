@@ -695,7 +695,10 @@ async fn serve_cli(node: &Arc<Node>, mut s: UnixStream) -> Result<()> {
             write_msg(&mut s, &reply).await?
         }
         Msg::BalanceAdd { pid } => {
-            let reply = match node.balancer.add(pid, "handed over with `ferry balance add`") {
+            let reply = match node
+                .balancer
+                .add(pid, "handed over with `ferry balance add`")
+            {
                 Ok(()) => Msg::Done,
                 Err(e) => Msg::error(format!("{e:#}")),
             };

@@ -152,8 +152,8 @@ impl Traffic {
             },
         )?;
         let secs = now.duration_since(prev.at?).as_secs_f64().max(1e-3);
-        let total = (io.rchar.saturating_sub(prev.io.rchar) + io.wchar.saturating_sub(prev.io.wchar))
-            as f64;
+        let total = (io.rchar.saturating_sub(prev.io.rchar)
+            + io.wchar.saturating_sub(prev.io.wchar)) as f64;
         let file: u64 = files
             .iter()
             .filter_map(|(fd, (target, pos))| {
@@ -210,9 +210,14 @@ mod tests {
         // 2 MiB written and read through the pipe, 1 MiB written to the file.
         let secs = 10.0; // generous: the rate is over the few ms elapsed, so far above this
         assert!(rate.total_bps > (5 << 20) as f64 / secs, "{rate:?}");
-        assert!(rate.file_bps > 0.0 && rate.file_bps < rate.total_bps, "{rate:?}");
+        assert!(
+            rate.file_bps > 0.0 && rate.file_bps < rate.total_bps,
+            "{rate:?}"
+        );
         let fds = descriptors(me);
-        assert!(fds.iter().any(|d| d.kind == "file" && d.pos == Some(1 << 20)));
+        assert!(fds
+            .iter()
+            .any(|d| d.kind == "file" && d.pos == Some(1 << 20)));
         drop(f);
         std::fs::remove_file(&dir).unwrap();
     }

@@ -307,14 +307,25 @@ pub fn human_rate(bps: f64) -> String {
     }
 }
 
-/// CPUs of work the two nodes get done per second with demands `a` and `b`.
+/// CPUs of work a node gets done with `demand`.
 fn served(demand: f64, capacity: f64) -> f64 {
     demand.min(capacity)
 }
 
-/// The gain (CPU seconds per second the cluster gets done in addition) of moving demand `d`
-/// from `src` to `dst`, and its cost (CPU seconds per second: the data crossing the network,
-/// plus the memory's transfer spread over the minimum stay).
+/// The share of a CPU each unit of demand gets on a node (a fair scheduler).
+fn share(demand: f64, capacity: f64) -> f64 {
+    if demand <= capacity {
+        1.0
+    } else {
+        capacity / demand
+    }
+}
+
+/// The gain of moving `v` from `src` to `dst`, in CPU seconds per second: what the two nodes
+/// get done in addition, plus how much faster `v` itself runs (DUNES' progress rate, in CPU
+/// terms; a move between two saturated nodes gains only the latter). And its cost, in the same
+/// unit: the data it reads and writes crossing the network instead of staying on one node, plus
+/// its memory's transfer spread over the minimum stay.
 pub fn gain_and_cost(
     cfg: &BalanceConfig,
     src: &NodeView,
@@ -325,7 +336,8 @@ pub fn gain_and_cost(
     let before = served(src.demand, src.capacity) + served(dst.demand, dst.capacity);
     let after =
         served((src.demand - d).max(0.0), src.capacity) + served(dst.demand + d, dst.capacity);
-    let gain = after - before;
+    let faster = d * (share(dst.demand + d, dst.capacity) - share(src.demand, src.capacity));
+    let gain = after - before + faster;
     let horizon = cfg.min_stay_secs.max(1) as f64;
     let cost = v.rate_bps * cfg.remote_cpu_per_byte
         + v.memory_bytes as f64 * cfg.migrate_cpu_per_byte / horizon;
@@ -457,7 +469,7 @@ pub fn plan(
         ..(*dst).clone()
     };
     let predicted = (after_src.ratio() - after_dst.ratio()).abs();
-    if predicted > imbalance - cfg.theta2 {
+    if predicted >= imbalance - cfg.theta2 {
         return Plan::Stay {
             pid: Some(v.pid),
             reason: format!(
@@ -564,7 +576,9 @@ mod tests {
             p => panic!("{p:?}"),
         }
         match plan(&cfg(Algorithm::Coupling), &me, &others, &dunes(), None) {
-            Plan::Move { pid, to, reason, .. } => {
+            Plan::Move {
+                pid, to, reason, ..
+            } => {
                 assert_eq!((pid, to.as_str()), (4, "b"), "{reason}")
             }
             p => panic!("{p:?}"),
@@ -586,11 +600,23 @@ mod tests {
         // Two on a: one goes; then with one each nothing more happens.
         let two = [cand(7, 1.0, 0.0), cand(8, 1.0, 0.0)];
         assert!(matches!(
-            plan(&cfg(Algorithm::Cpu), &node("a", 2.0, 1.0), &[node("b", 0.0, 1.0)], &two, None),
+            plan(
+                &cfg(Algorithm::Cpu),
+                &node("a", 2.0, 1.0),
+                &[node("b", 0.0, 1.0)],
+                &two,
+                None
+            ),
             Plan::Move { .. }
         ));
         assert!(matches!(
-            plan(&cfg(Algorithm::Cpu), &node("a", 1.0, 1.0), &[node("b", 1.0, 1.0)], &c, None),
+            plan(
+                &cfg(Algorithm::Cpu),
+                &node("a", 1.0, 1.0),
+                &[node("b", 1.0, 1.0)],
+                &c,
+                None
+            ),
             Plan::Stay { .. }
         ));
     }
@@ -630,7 +656,10 @@ mod tests {
         let me = node("a", 2.0, 1.0);
         let b = [node("b", 0.0, 1.0)];
         // Both chatty: moving either sends 500 MiB/s across the network.
-        let c = [cand(1, 1.0, 500.0 * 1048576.0), cand(2, 1.0, 500.0 * 1048576.0)];
+        let c = [
+            cand(1, 1.0, 500.0 * 1048576.0),
+            cand(2, 1.0, 500.0 * 1048576.0),
+        ];
         match plan(&cfg(Algorithm::Coupling), &me, &b, &c, None) {
             Plan::Stay { reason, .. } => assert!(reason.contains("does not pay"), "{reason}"),
             p => panic!("{p:?}"),
@@ -654,9 +683,9 @@ mod tests {
         big.memory_bytes = 512 << 20;
         let procs = [cand(1, 1.0, 0.0), big];
         match plan(&cfg(Algorithm::Cpu), &me, &[b, c], &procs, None) {
-            Plan::Move {
-                pid, to, cause, ..
-            } => assert_eq!((pid, to.as_str(), cause), (9, "b", "memory")),
+            Plan::Move { pid, to, cause, .. } => {
+                assert_eq!((pid, to.as_str(), cause), (9, "b", "memory"))
+            }
             p => panic!("{p:?}"),
         }
     }

@@ -26,7 +26,10 @@ pub fn run(c: Command, node: Option<&str>) -> Result<()> {
     match c {
         Command::Add { pid } => match rt.block_on(client::ask(node, &Msg::BalanceAdd { pid }))? {
             Msg::Done => Ok(()),
-            other => bail!("unexpected answer {}", ferry_transport::message::kind(&other)),
+            other => bail!(
+                "unexpected answer {}",
+                ferry_transport::message::kind(&other)
+            ),
         },
         Command::Set { settings } => {
             let settings = settings.join("\n");
@@ -35,13 +38,19 @@ pub fn run(c: Command, node: Option<&str>) -> Result<()> {
                     print!("{toml}");
                     Ok(())
                 }
-                other => bail!("unexpected answer {}", ferry_transport::message::kind(&other)),
+                other => bail!(
+                    "unexpected answer {}",
+                    ferry_transport::message::kind(&other)
+                ),
             }
         }
         Command::Log { json } => {
             let log = match rt.block_on(client::ask(node, &Msg::BalanceLog))? {
                 Msg::BalanceDecisions(d) => d,
-                other => bail!("unexpected answer {}", ferry_transport::message::kind(&other)),
+                other => bail!(
+                    "unexpected answer {}",
+                    ferry_transport::message::kind(&other)
+                ),
             };
             if json {
                 return super::print_json(&log);
