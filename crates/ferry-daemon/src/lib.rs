@@ -31,9 +31,9 @@ pub mod outcomes;
 pub mod reaper;
 pub mod relay;
 pub mod state;
+pub mod traffic;
 pub mod view;
 pub mod web;
-pub mod traffic;
 pub mod workers;
 
 pub use config::Config;
