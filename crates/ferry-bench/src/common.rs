@@ -185,11 +185,23 @@ impl Holder {
     /// Starts `ferry-bench hold` holding `mib` MiB in `dir`, in a session of its own, and waits
     /// (looking every `poll`) until it says ready; returns it with the checksum of its memory.
     pub fn start(dir: &Path, mib: usize, poll: Duration) -> Result<(Holder, String)> {
+        Self::start_shaped(dir, mib, crate::hold::Shape::default(), poll)
+    }
+
+    /// [`Holder::start`], the child also holding `shape`'s mappings, threads, children and
+    /// descriptors.
+    pub fn start_shaped(
+        dir: &Path,
+        mib: usize,
+        shape: crate::hold::Shape,
+        poll: Duration,
+    ) -> Result<(Holder, String)> {
         let log = std::fs::File::create(dir.join("hold.log"))?;
         let mut cmd =
             std::process::Command::new(std::env::current_exe().context("find ferry-bench itself")?);
         cmd.args(["hold", "--mib", &mib.to_string(), "--dir"])
             .arg(dir)
+            .args(shape.args())
             .current_dir(dir)
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone()?)

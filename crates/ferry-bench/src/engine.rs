@@ -56,6 +56,18 @@ pub struct Args {
     /// Also print ferry's JSON reports of every run.
     #[arg(long)]
     verbose: bool,
+    /// A CRIU binary (v4.2 built from source: docs/benchmarks.md): instead of the memcpy
+    /// tables, Ferry and CRIU take turns on every size and every shape of --shapes.
+    #[arg(long)]
+    criu: Option<PathBuf>,
+    /// With --criu, the shapes measured besides the sizes (each holding 1 MiB of memory):
+    /// KIND:COUNT joined by `+`, KIND one of maps, threads, children, fds.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "maps:8000,threads:200,children:30,fds:2000"
+    )]
+    shapes: Vec<String>,
 }
 
 /// Everything measured in one run of one size (times in ms).
@@ -107,6 +119,29 @@ pub fn run(a: Args) -> Result<()> {
         .dir
         .join(format!("ferry-bench-engine.{}", std::process::id()));
     fs::create_dir_all(&work).with_context(|| format!("create {}", work.display()))?;
+    if let Some(criu) = &a.criu {
+        let mut cases: Vec<crate::criu::Case> = a
+            .sizes
+            .iter()
+            .map(|&mib| crate::criu::Case {
+                mib,
+                shape: Default::default(),
+            })
+            .collect();
+        for sh in &a.shapes {
+            cases.push(crate::criu::Case {
+                mib: 1,
+                shape: crate::hold::Shape::parse(sh)?,
+            });
+        }
+        let result = crate::criu::compare(&cases, a.runs, &ferry, criu, &work);
+        let _ = fs::remove_dir_all(&work);
+        let report = result?;
+        print!("{}", machine(&a.dir, &ferry));
+        println!("criu:    {}", criu.display());
+        print!("{report}");
+        return Ok(());
+    }
     let result = measure_all(&a, &ferry, &work);
     let _ = fs::remove_dir_all(&work);
     let rows = result?;

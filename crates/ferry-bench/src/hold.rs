@@ -48,7 +48,154 @@ fn write_atomic(dir: &Path, name: &str, text: &str) -> Result<()> {
     std::fs::rename(&tmp, dir.join(name)).with_context(|| format!("rename {}", tmp.display()))
 }
 
-pub fn run(mib: usize, dir: &Path) -> Result<()> {
+/// What a benchmark process holds besides its memory: the shapes whose cost grows per item.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// Separate one-page mappings, alternately writable and read-only (so the kernel cannot
+    /// merge them), each holding a word of its own.
+    pub maps: usize,
+    /// Threads besides the main one, each asleep.
+    pub threads: usize,
+    /// Child processes, each asleep in pause().
+    pub children: usize,
+    /// Descriptors: pipes, two descriptors each.
+    pub fds: usize,
+}
+
+impl Shape {
+    /// Parses `maps:8000`, `threads:200`, `children:30`, `fds:2000` (several joined by `+`).
+    pub fn parse(s: &str) -> Result<Shape> {
+        let mut shape = Shape::default();
+        for part in s.split('+') {
+            let (k, v) = part
+                .split_once(':')
+                .ok_or_else(|| anyhow::anyhow!("shape {part:?} is not KIND:COUNT"))?;
+            let n: usize = v
+                .parse()
+                .with_context(|| format!("shape {part:?}: {v:?} is not a count"))?;
+            match k {
+                "maps" => shape.maps = n,
+                "threads" => shape.threads = n,
+                "children" => shape.children = n,
+                "fds" => shape.fds = n,
+                _ => anyhow::bail!("shape {part:?}: not maps, threads, children or fds"),
+            }
+        }
+        Ok(shape)
+    }
+
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            format!("--maps={}", self.maps),
+            format!("--threads={}", self.threads),
+            format!("--children={}", self.children),
+            format!("--fds={}", self.fds),
+        ]
+    }
+
+    pub fn label(&self) -> String {
+        let mut parts = Vec::new();
+        for (n, what) in [
+            (self.maps, "mappings"),
+            (self.threads, "threads"),
+            (self.children, "children"),
+            (self.fds, "descriptors"),
+        ] {
+            if n > 0 {
+                parts.push(format!("{n} {what}"));
+            }
+        }
+        parts.join(", ")
+    }
+}
+
+/// The one-page mappings of a [`Shape`]: one region, every other page made read-only.
+fn make_maps(n: usize) -> Result<Vec<u64>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let page = 4096usize;
+    // SAFETY: a fresh anonymous mapping nobody else knows of; checked for failure.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            n * page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        anyhow::bail!("mmap {n} pages: {}", std::io::Error::last_os_error());
+    }
+    let mut words = Vec::with_capacity(n);
+    for i in 0..n {
+        let at = base as usize + i * page;
+        let w = xorshift(0x6d61_7073 ^ (i as u64 + 1));
+        // SAFETY: `at` is a page of the writable mapping just made.
+        unsafe { std::ptr::write(at as *mut u64, w) };
+        words.push(w);
+        if i % 2 == 1 {
+            // SAFETY: changes the protection of one page of our own mapping.
+            if unsafe { libc::mprotect(at as *mut libc::c_void, page, libc::PROT_READ) } != 0 {
+                anyhow::bail!("mprotect: {}", std::io::Error::last_os_error());
+            }
+        }
+    }
+    words.push(base as u64);
+    Ok(words)
+}
+
+/// Whether every one-page mapping still holds its word.
+fn check_maps(words: &[u64]) -> bool {
+    let Some((&base, words)) = words.split_last() else {
+        return true;
+    };
+    words.iter().enumerate().all(|(i, w)| {
+        // SAFETY: reads one word of a page of our own mapping, still mapped (readable).
+        unsafe { std::ptr::read((base as usize + i * 4096) as *const u64) == *w }
+    })
+}
+
+pub fn run(mib: usize, dir: &Path, shape: Shape) -> Result<()> {
+    // Children first, while this process has one thread: each sleeps until killed.
+    let mut children = Vec::new();
+    for _ in 0..shape.children {
+        // SAFETY: the child only calls pause(), async-signal-safe, forever.
+        match unsafe { libc::fork() } {
+            0 => loop {
+                // SAFETY: pause() has no arguments.
+                unsafe { libc::pause() };
+            },
+            pid if pid > 0 => children.push(pid),
+            _ => anyhow::bail!("fork: {}", std::io::Error::last_os_error()),
+        }
+    }
+    let mut pipes = Vec::new();
+    for _ in 0..shape.fds / 2 {
+        let mut p = [0i32; 2];
+        // SAFETY: pipe2 writes two descriptors into a local array.
+        if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            anyhow::bail!("pipe2: {}", std::io::Error::last_os_error());
+        }
+        pipes.push(p);
+    }
+    let maps = make_maps(shape.maps)?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let threads: Vec<_> = (0..shape.threads)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .stack_size(64 << 10)
+                .spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                })
+        })
+        .collect::<std::io::Result<_>>()
+        .context("start the benchmark's threads")?;
     let mut words: Vec<u64> = vec![0; mib << 17];
     fill(&mut words, 0x5eed ^ mib as u64);
     let sum = checksum(&words);
@@ -61,7 +208,24 @@ pub fn run(mib: usize, dir: &Path) -> Result<()> {
     while !dir.join("go").exists() {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let again = checksum(&words);
+    let mut again = checksum(&words);
+    if !check_maps(&maps) {
+        again ^= 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in threads {
+        if t.join().is_err() {
+            again ^= 2;
+        }
+    }
+    for c in children {
+        // SAFETY: kills and reaps a child of our own.
+        unsafe {
+            libc::kill(c, libc::SIGKILL);
+            libc::waitpid(c, std::ptr::null_mut(), 0);
+        }
+    }
+    drop(pipes);
     write_atomic(dir, "result", &format!("{again:016x}\n"))?;
     Ok(())
 }

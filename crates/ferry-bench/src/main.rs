@@ -9,6 +9,7 @@
 //! See docs/benchmarks.md.
 
 mod common;
+mod criu;
 mod deputy;
 mod engine;
 mod floor;
@@ -58,6 +59,14 @@ enum Command {
         mib: usize,
         #[arg(long)]
         dir: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        maps: usize,
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        #[arg(long, default_value_t = 0)]
+        children: usize,
+        #[arg(long, default_value_t = 0)]
+        fds: usize,
     },
 }
 
@@ -70,7 +79,23 @@ fn main() {
         Command::Make(a) => make::run(a),
         Command::Deputy(a) => deputy::run(a),
         Command::Hosts(a) => hosts::run(a),
-        Command::Hold { mib, dir } => hold::run(mib, &dir),
+        Command::Hold {
+            mib,
+            dir,
+            maps,
+            threads,
+            children,
+            fds,
+        } => hold::run(
+            mib,
+            &dir,
+            hold::Shape {
+                maps,
+                threads,
+                children,
+                fds,
+            },
+        ),
     };
     if let Err(e) = result {
         eprintln!("ferry-bench: {e:#}");

@@ -7,6 +7,7 @@
 //! gap of the image's address space and is unmapped last.
 
 use crate::error::{Context, Error, Result};
+use ferry_inject::batch::{BatchSite, Call};
 use ferry_inject::{Injector, Site};
 use ferry_sys::proc_mem::ProcMem;
 use ferry_sys::ptrace;
@@ -14,8 +15,12 @@ use ferry_sys::wait::{wait_tid, WaitStatus};
 use std::cell::Cell;
 use std::os::fd::AsRawFd;
 
-pub const TRAMPOLINE_LEN: u64 = 2 * ferry_sys::PAGE_SIZE;
+/// The trampoline: a code page (`syscall; int3`, then the batch loop at [`LOOP_AT`]), a scratch
+/// page, and the table of a batch of calls (`ferry_inject::batch`).
+pub const TRAMPOLINE_LEN: u64 = (2 + TABLE_PAGES) * ferry_sys::PAGE_SIZE;
+const TABLE_PAGES: u64 = 64;
 const TRAMPOLINE_CODE: [u8; 3] = [0x0f, 0x05, 0xcc];
+const LOOP_AT: u64 = 16;
 const CLONE_VM: u64 = 0x100;
 const CLONE_FS: u64 = 0x200;
 const CLONE_FILES: u64 = 0x400;
@@ -188,6 +193,10 @@ impl Husk {
         }
         self.mem
             .write_all(t, &TRAMPOLINE_CODE)
+            .and_then(|()| {
+                self.mem
+                    .write_all(t + LOOP_AT, &ferry_inject::batch::LOOP_CODE)
+            })
             .ctx(pid, || "write the trampoline".into())?;
         self.inj.set_site(Site {
             syscall_at: t,
@@ -223,14 +232,40 @@ impl Husk {
                 )?;
             }
         }
-        for m in crate::procfs::smaps(host)? {
-            if m.start == t || m.name == "[vsyscall]" {
-                continue;
-            }
-            self.inj
-                .syscall("munmap", libc::SYS_munmap, &[m.start, m.end - m.start])?;
+        let unmap: Vec<Call> = crate::procfs::smaps(host)?
+            .into_iter()
+            .filter(|m| m.start != t && m.name != "[vsyscall]")
+            .map(|m| Call::new("munmap", libc::SYS_munmap, &[m.start, m.end - m.start]))
+            .collect();
+        self.batch(&unmap, |i| {
+            format!("clear the new process's address space (call {i})")
+        })
+    }
+
+    /// Where batches of calls run: the loop in the trampoline's code page, the table after its
+    /// scratch page.
+    pub fn batch_site(&self) -> BatchSite {
+        BatchSite {
+            code: self.trampoline + LOOP_AT,
+            table: self.trampoline + 2 * ferry_sys::PAGE_SIZE,
+            table_len: TABLE_PAGES * ferry_sys::PAGE_SIZE,
         }
-        Ok(())
+    }
+
+    /// Runs `calls` in the husk with as few injections as the table allows
+    /// (`ferry_inject::batch`); the first that fails stops the rest, and the error says what it
+    /// was for (`what` of its index).
+    pub fn batch(&self, calls: &[Call], what: impl Fn(usize) -> String) -> Result<()> {
+        if calls.is_empty() {
+            return Ok(());
+        }
+        match self.inj.run_batch(self.batch_site(), calls)? {
+            Ok(()) => Ok(()),
+            Err(stopped) => Err(Error::Restore {
+                pid: self.pid,
+                what: format!("{}: {stopped}", what(stopped.index)),
+            }),
+        }
     }
 
     pub fn injector(&self) -> &Injector {
@@ -375,6 +410,11 @@ impl Husk {
             self.inj.syscall("close", libc::SYS_close, &[tmp as u64])?;
         }
         Ok(n)
+    }
+
+    /// The husk's descriptor number of its pidfd of ferry, while it has one.
+    pub fn ferry_pidfd(&self) -> Option<i32> {
+        self.ferry_pidfd.get()
     }
 
     /// Forgets the husk's handle on ferry without closing it: for a husk that shares its

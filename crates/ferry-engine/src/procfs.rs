@@ -157,6 +157,8 @@ pub struct MapEntry {
     pub ino: u64,
     pub name: String,
     pub vm_flags: Vec<String>,
+    /// smaps `AnonHugePages`, in KiB.
+    pub anon_huge_kb: u64,
 }
 
 impl MapEntry {
@@ -211,6 +213,7 @@ fn parse_map_line(line: &str) -> Option<MapEntry> {
         ino,
         name,
         vm_flags: Vec::new(),
+        anon_huge_kb: 0,
     })
 }
 
@@ -222,6 +225,14 @@ pub fn smaps(pid: i32) -> Result<Vec<MapEntry>> {
         if let Some(flags) = line.strip_prefix("VmFlags:") {
             if let Some(last) = out.last_mut() {
                 last.vm_flags = flags.split_whitespace().map(str::to_string).collect();
+            }
+        } else if let Some(kb) = line.strip_prefix("AnonHugePages:") {
+            if let Some(last) = out.last_mut() {
+                last.anon_huge_kb = kb
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
             }
         } else if line
             .as_bytes()

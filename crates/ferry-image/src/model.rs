@@ -225,6 +225,16 @@ pub struct Vma {
     pub wipeonfork: bool,
     pub dontdump: bool,
     pub locked: bool,
+    /// `MADV_HUGEPAGE` was given (VmFlags `hg`).
+    #[serde(default)]
+    pub hugepage: bool,
+    /// `MADV_NOHUGEPAGE` was given (VmFlags `nh`).
+    #[serde(default)]
+    pub nohugepage: bool,
+    /// Part of it was backed by transparent huge pages (smaps `AnonHugePages` above 0): its
+    /// pages are written so that the kernel can give it huge pages again.
+    #[serde(default)]
+    pub huge_pages: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

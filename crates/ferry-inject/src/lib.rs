@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod batch;
 pub mod rescue;
 
 use ferry_sys::proc_mem::ProcMem;
@@ -62,7 +63,8 @@ pub type Result<T> = std::result::Result<T, InjectError>;
 /// thread holds something of an injection: `parked` (registers and frame set, mask not yet
 /// blocked), `entry` (at the entry stop, before the call is set up), `call` (the call set up at
 /// the entry stop), `exit` (at the exit stop), `back` (at the interrupt stop, before the mask
-/// is put back), `mask` (the mask put back, not yet the registers).
+/// is put back), `mask` (the mask put back, not yet the registers), `batch` (a husk running a
+/// batch of calls: [`batch`]).
 fn fault(point: &str) {
     static FAULT: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
     static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

@@ -7,10 +7,12 @@ use crate::objects::{CaptureObjects, RestoreObjects};
 use crate::procfs::{self, MapEntry};
 use ferry_image::stream::SealedPages;
 use ferry_image::{Backing, ImageWriter, Process, Vma};
+use ferry_inject::batch::{self, Call};
 use ferry_sys::proc_mem::{vm_read, vm_write, ProcMem};
 use ferry_sys::PAGE_SIZE;
 use std::io::Write;
 use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::os::fd::{AsFd, OwnedFd};
 
 const PM_PRESENT: u64 = 1 << 63;
@@ -20,6 +22,8 @@ const ARCH_MAP_VDSO_64: u64 = 0x2003;
 const MADV_DONTFORK: u64 = 10;
 const MADV_WIPEONFORK: u64 = 18;
 const MADV_DONTDUMP: u64 = 16;
+const MADV_HUGEPAGE: u64 = 14;
+const MADV_NOHUGEPAGE: u64 = 15;
 /// Memory is read (and written to the image) in runs of at most this many bytes. Small enough
 /// that whoever consumes the image (a disk, or a migration's stream through two daemons into
 /// a restore worker) works while the next run is read, instead of waiting for one large run
@@ -81,6 +85,9 @@ pub fn capture(pid: i32, maps: &[MapEntry], objects: &mut CaptureObjects) -> Res
             wipeonfork: m.has_flag("wf"),
             dontdump: m.has_flag("dd"),
             locked: m.has_flag("lo"),
+            hugepage: m.has_flag("hg"),
+            nohugepage: m.has_flag("nh"),
+            huge_pages: m.anon_huge_kb > 0,
         });
     }
     Ok(out)
@@ -296,13 +303,33 @@ pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Resu
             }
         }
     }
+    // Every other mapping, made by batches of calls the husk runs itself (one injection for
+    // thousands of calls); a descriptor ferry opened for a mapping stays open here until the
+    // batch that maps it has run.
+    let mut calls: Vec<Call> = Vec::new();
+    // For each call, the mapping it is for (to name it in an error).
+    let mut whose: Vec<usize> = Vec::new();
+    let mut held: Vec<std::fs::File> = Vec::new();
+    let flush = |calls: &mut Vec<Call>, whose: &mut Vec<usize>, held: &mut Vec<std::fs::File>| {
+        let r = h.batch(calls, |i| {
+            let v = &vmas[whose[i]];
+            format!("map {:x}-{:x} ({})", v.start, v.end, v.name)
+        });
+        calls.clear();
+        whose.clear();
+        held.clear();
+        r
+    };
+    let pidfd = h.ferry_pidfd();
     for (i, v) in vmas.iter().enumerate() {
+        let before = calls.len();
         let len = v.end - v.start;
         let private_anon =
             |w: &Vma| matches!(w.backing, Backing::Anonymous) && !w.shared && !w.growsdown;
         if private_anon(v) && i > 0 && vmas[i - 1].end == v.start && private_anon(&vmas[i - 1]) {
-            map_apart(h, v)?;
-            madvise_flags(h, v)?;
+            map_apart(&mut calls, v);
+            madvise_flags(&mut calls, v);
+            whose.resize(calls.len(), i);
             continue;
         }
         let mut flags = (libc::MAP_FIXED
@@ -322,7 +349,12 @@ pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Resu
             }
             Backing::File { .. } => Some(objects.mapping_file(rights, &v.backing, v)?),
             Backing::Shmem { object } if objects.is_sysv(*object) => {
+                // An injected shmat of its own, after everything before it.
+                flush(&mut calls, &mut whose, &mut held)?;
                 objects.attach_sysv(h, *object, v)?;
+                let mut after = Vec::new();
+                madvise_flags(&mut after, v);
+                h.batch(&after, |_| format!("advise {:x}-{:x}", v.start, v.end))?;
                 continue;
             }
             Backing::Shmem { object } => Some(
@@ -332,49 +364,64 @@ pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Resu
                     .ctx(pid, || format!("share memory object {object}"))?,
             ),
         };
-        let husk_fd = match &fd {
-            Some(f) => h.install_fd(f, None)? as u64,
-            None => u64::MAX,
-        };
-        let r = inj.syscall(
+        let mmap = Call::new(
             "mmap",
             libc::SYS_mmap,
-            &[v.start, len, v.prot as u64, flags, husk_fd, v.offset],
-        );
-        if husk_fd != u64::MAX {
-            inj.syscall("close", libc::SYS_close, &[husk_fd])?;
+            &[v.start, len, v.prot as u64, flags, u64::MAX, v.offset],
+        )
+        .expecting(v.start);
+        match fd {
+            Some(f) => {
+                let pidfd = pidfd.ok_or_else(|| Error::Restore {
+                    pid,
+                    what: "the husk's pidfd of ferry is already closed".into(),
+                })?;
+                // The husk takes ferry's descriptor, maps it and closes it again.
+                calls.push(
+                    Call::new(
+                        "pidfd_getfd",
+                        SYS_PIDFD_GETFD,
+                        &[pidfd as u64, f.as_raw_fd() as u64, 0],
+                    )
+                    .with(batch::KEEP),
+                );
+                calls.push(mmap.with(batch::ARG4_IS_KEPT));
+                calls.push(Call::new("close", libc::SYS_close, &[0]).with(batch::ARG0_PLUS_KEPT));
+                held.push(f);
+            }
+            None => calls.push(mmap),
         }
-        let got = r.map_err(|e| Error::Restore {
-            pid,
-            what: format!("map {:x}-{:x} ({}): {e}", v.start, v.end, v.name),
-        })?;
-        if got != v.start {
-            return Err(Error::Restore {
-                pid,
-                what: format!("mapping {:x}-{:x} landed at {got:x}", v.start, v.end),
-            });
+        madvise_flags(&mut calls, v);
+        debug_assert!(calls.len() > before);
+        whose.resize(calls.len(), i);
+        if held.len() >= HELD_FDS {
+            flush(&mut calls, &mut whose, &mut held)?;
         }
-        madvise_flags(h, v)?;
     }
-    Ok(())
+    flush(&mut calls, &mut whose, &mut held)
 }
 
-/// The madvise states that change semantics, as captured.
-fn madvise_flags(h: &Husk, v: &Vma) -> Result<()> {
+/// How many descriptors of mapped files ferry keeps open for one batch at most.
+const HELD_FDS: usize = 256;
+const SYS_PIDFD_GETFD: i64 = 438;
+
+/// The madvise states that change semantics or the page size, as captured.
+fn madvise_flags(calls: &mut Vec<Call>, v: &Vma) {
     for (on, advice) in [
         (v.dontfork, MADV_DONTFORK),
         (v.wipeonfork, MADV_WIPEONFORK),
         (v.dontdump, MADV_DONTDUMP),
+        (v.hugepage, MADV_HUGEPAGE),
+        (v.nohugepage, MADV_NOHUGEPAGE),
     ] {
         if on {
-            h.injector().syscall(
+            calls.push(Call::new(
                 "madvise",
                 libc::SYS_madvise,
                 &[v.start, v.end - v.start, advice],
-            )?;
+            ));
         }
     }
-    Ok(())
 }
 
 /// Maps private anonymous `v` right after another one without merging into it, as the two
@@ -383,47 +430,39 @@ fn madvise_flags(h: &Husk, v: &Vma) -> Result<()> {
 /// first made at, so two made apart, one then moved by mremap, stay separate). It is made
 /// one page into a fresh mapping elsewhere, whose offset therefore cannot continue the
 /// neighbour's (that would need the neighbour's last page), and moved into place.
-fn map_apart(h: &Husk, v: &Vma) -> Result<()> {
-    let inj = h.injector();
+fn map_apart(calls: &mut Vec<Call>, v: &Vma) {
     let len = v.end - v.start;
     let page = ferry_sys::PAGE_SIZE;
-    let fail = |what: &str, e: ferry_inject::InjectError| Error::Restore {
-        pid: h.pid,
-        what: format!(
-            "map {:x}-{:x} apart from its neighbour: {what}: {e}",
-            v.start, v.end
-        ),
-    };
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-    let tmp = inj
-        .syscall(
-            "mmap",
+    calls.push(
+        Call::new(
+            "mmap (to map apart)",
             libc::SYS_mmap,
             &[0, len + page, v.prot as u64, flags, u64::MAX, 0],
         )
-        .map_err(|e| fail("mmap", e))?;
-    let moved = inj
-        .syscall(
-            "mremap",
+        .with(batch::KEEP),
+    );
+    // From the fresh mapping's second page ...
+    calls.push(
+        Call::new(
+            "mremap (to map apart)",
             libc::SYS_mremap,
             &[
-                tmp + page,
+                page,
                 len,
                 len,
                 (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64,
                 v.start,
             ],
         )
-        .map_err(|e| fail("mremap", e))?;
-    inj.syscall("munmap", libc::SYS_munmap, &[tmp, page])
-        .map_err(|e| fail("munmap", e))?;
-    if moved != v.start {
-        return Err(Error::Restore {
-            pid: h.pid,
-            what: format!("mapping {:x}-{:x} moved to {moved:x}", v.start, v.end),
-        });
-    }
-    Ok(())
+        .with(batch::ARG0_PLUS_KEPT)
+        .expecting(v.start),
+    );
+    // ... its first page dropped.
+    calls.push(
+        Call::new("munmap (to map apart)", libc::SYS_munmap, &[0, page])
+            .with(batch::ARG0_PLUS_KEPT),
+    );
 }
 
 /// Fills the private anonymous mappings of a rebuilt process through a userfaultfd made inside
@@ -461,7 +500,10 @@ impl AnonFiller {
             .ctx(h.pid, || "enable its userfaultfd".into())?;
         let ranges = vmas
             .iter()
-            .filter(|v| matches!(v.backing, Backing::Anonymous) && !v.shared)
+            // A mapping that had transparent huge pages is written the ordinary way: the
+            // faults that makes let the kernel give it huge pages again (UFFDIO_COPY puts
+            // 4 KiB pages only).
+            .filter(|v| matches!(v.backing, Backing::Anonymous) && !v.shared && !v.huge_pages)
             .filter(|v| {
                 ferry_sys::uffd::register_missing(fd.as_fd(), v.start, v.end - v.start).is_ok()
             })
