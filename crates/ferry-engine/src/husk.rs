@@ -17,8 +17,12 @@ use std::os::fd::AsRawFd;
 
 /// The trampoline: a code page (`syscall; int3`, then the batch loop at [`LOOP_AT`]), a scratch
 /// page, and the table of a batch of calls (`ferry_inject::batch`).
-pub const TRAMPOLINE_LEN: u64 = (2 + TABLE_PAGES) * ferry_sys::PAGE_SIZE;
+pub const TRAMPOLINE_LEN: u64 = (2 + TABLE_PAGES + DATA_PAGES) * ferry_sys::PAGE_SIZE;
 const TABLE_PAGES: u64 = 64;
+/// After the table: what a batch's calls point to (clone3's arguments).
+const DATA_PAGES: u64 = 32;
+/// Threads made by one batch of clone3 calls at most (their arguments fit the data pages).
+const THREADS_PER_BATCH: usize = 512;
 const TRAMPOLINE_CODE: [u8; 3] = [0x0f, 0x05, 0xcc];
 const LOOP_AT: u64 = 16;
 const CLONE_VM: u64 = 0x100;
@@ -355,21 +359,76 @@ impl Husk {
         })
     }
 
-    /// Adds thread `tid` (the tree's number) to the process; returns its TID in our namespace
-    /// and an injector for it.
-    pub fn create_thread(&self, tid: i32) -> Result<(i32, Injector)> {
-        let tid_addr = self.inj.write_scratch(512, &tid.to_ne_bytes())?;
+    /// Adds threads `tids` (the tree's numbers) to the process, by batches of clone3 calls;
+    /// returns, for each, its TID in our namespace and an injector for it.
+    pub fn create_threads(&self, tids: &[i32]) -> Result<Vec<(i32, Injector)>> {
         let flags =
             CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM;
-        let args = ferry_sys::clone3::CloneArgs {
-            flags,
-            set_tid: tid_addr,
-            set_tid_size: 1,
-            ..Default::default()
-        };
-        let host = self.clone3(tid, &args)?;
-        let regs = stop_new(self.pid, host)?;
-        Ok((host, Injector::new(self.host, host, regs, self.inj.site())?))
+        let site = self.batch_site();
+        let data = site.table + site.table_len;
+        let mut out = Vec::with_capacity(tids.len());
+        for group in tids.chunks(THREADS_PER_BATCH) {
+            // Each thread's clone_args, followed by the TID it is to have.
+            let mut bytes = Vec::new();
+            let mut calls = Vec::with_capacity(group.len());
+            for &tid in group {
+                let at = data + bytes.len() as u64;
+                let args = ferry_sys::clone3::CloneArgs {
+                    flags,
+                    set_tid: 0,
+                    set_tid_size: 1,
+                    ..Default::default()
+                };
+                let len = args.to_bytes().len() as u64;
+                let args = ferry_sys::clone3::CloneArgs {
+                    set_tid: at + len,
+                    ..args
+                };
+                bytes.extend_from_slice(&args.to_bytes());
+                bytes.extend_from_slice(&(tid as u64).to_ne_bytes());
+                calls.push(Call::new("clone3", SYS_CLONE3, &[at, len]).expecting(tid as u64));
+            }
+            if bytes.len() as u64 > DATA_PAGES * ferry_sys::PAGE_SIZE {
+                return Err(Error::Restore {
+                    pid: self.pid,
+                    what: "the threads' clone3 arguments do not fit the trampoline".into(),
+                });
+            }
+            self.mem
+                .write_all(data, &bytes)
+                .ctx(self.pid, || "write clone3 arguments".into())?;
+            let r = self.inj.run_batch(site, &calls)?;
+            let made = self.inj.take_batch_children();
+            // Threads made before a failure are stopped at their start and die with the husk.
+            if let Err(stopped) = r {
+                let want = group[stopped.index.min(group.len() - 1)];
+                if stopped.result == -(libc::EEXIST as i64) {
+                    return Err(Error::PidTaken {
+                        pid: want,
+                        by: crate::restore::describe_pid(want),
+                    });
+                }
+                return Err(Error::Restore {
+                    pid: self.pid,
+                    what: format!("create thread {want}: {stopped}"),
+                });
+            }
+            if made.len() != group.len() {
+                return Err(Error::Restore {
+                    pid: self.pid,
+                    what: format!(
+                        "{} clone3 calls reported {} new threads",
+                        group.len(),
+                        made.len()
+                    ),
+                });
+            }
+            for host in made {
+                let regs = stop_new(self.pid, host)?;
+                out.push((host, Injector::new(self.host, host, regs, self.inj.site())?));
+            }
+        }
+        Ok(out)
     }
 
     /// Gives the husk a copy of one of our descriptors, sharing its open file description: at

@@ -677,15 +677,15 @@ fn build<R: Read>(
             exiting_leaders.push(h.host);
             &p.threads[..]
         } else {
-            threads::restore_inside(h.injector(), &p.threads[0])?;
+            threads::restore_inside(h, h.injector(), &p.threads[0])?;
             threads::restore_sched(p.pid, h.injector(), &p.threads[0])?;
             &p.threads[1..]
         };
         let mut tids = vec![h.host];
-        for t in others {
-            let (host, inj) = h.create_thread(t.tid)?;
+        let want: Vec<i32> = others.iter().map(|t| t.tid).collect();
+        for (t, (host, inj)) in others.iter().zip(h.create_threads(&want)?) {
             tids.push(host);
-            threads::restore_inside(&inj, t)?;
+            threads::restore_inside(h, &inj, t)?;
             threads::restore_sched(p.pid, &inj, t)?;
             thread_injectors.insert(t.tid, inj);
         }

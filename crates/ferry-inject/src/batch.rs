@@ -157,6 +157,7 @@ impl Injector {
             self.owned.is_none(),
             "run_batch is for processes Ferry builds, never for a live one"
         );
+        self.batch_children.borrow_mut().clear();
         let per = (site.table_len / ENTRY_LEN).max(1) as usize;
         let mut kept = 0u64;
         let mut bytes = Vec::with_capacity(per * ENTRY_LEN as usize);
@@ -204,6 +205,12 @@ impl Injector {
         Ok(Ok(()))
     }
 
+    /// The processes or threads (our PIDs) that the clone3 calls of the last batch made, in
+    /// the order they were made.
+    pub fn take_batch_children(&self) -> Vec<i32> {
+        std::mem::take(&mut *self.batch_children.borrow_mut())
+    }
+
     /// Waits for the loop's `int3`; signals that reach the thread meanwhile (it has them all
     /// blocked, but SIGCHLD to a traced parent is still reported) are suppressed.
     fn wait_trap(&self) -> Result<ferry_sys::regs::GpRegs> {
@@ -222,6 +229,13 @@ impl Injector {
                         call: "a batch of calls",
                         status,
                     })
+                }
+                // fork/clone events of a clone3 in the batch: the new process or thread is
+                // stopped at its start (auto-attached) and never runs the loop itself.
+                WaitStatus::Stopped { event, .. } if (1..=3).contains(&event) => {
+                    let child = ptrace::get_event_msg(self.tid).map_err(|e| self.sys(e))?;
+                    self.batch_children.borrow_mut().push(child as i32);
+                    ptrace::cont(self.tid, 0).map_err(|e| self.sys(e))?;
                 }
                 WaitStatus::Stopped { sig, .. } if sig != libc::SIGKILL => {
                     log::debug!("thread {}: stopped by signal {sig} in a batch", self.tid);

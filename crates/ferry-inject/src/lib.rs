@@ -118,6 +118,8 @@ pub struct Injector {
     /// The process or thread the last injected fork/clone made, as our PID namespace numbers it
     /// (PTRACE_GETEVENTMSG): the call's own result is the number in the tracee's namespace.
     new_child: Cell<Option<i32>>,
+    /// What the clone3 calls of the last batch made ([`batch`]), in order.
+    batch_children: std::cell::RefCell<Vec<i32>>,
 }
 
 impl Injector {
@@ -134,6 +136,7 @@ impl Injector {
             at_syscall_stop: Cell::new(false),
             finished: Cell::new(false),
             new_child: Cell::new(None),
+            batch_children: Default::default(),
         })
     }
 

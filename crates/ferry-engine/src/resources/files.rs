@@ -602,10 +602,12 @@ fn peek_pipe(
 
 /// Gives the rebuilt process its descriptors, each at its old number.
 pub fn install(h: &Husk, p: &Process, tree: &Tree, descs: &HashMap<u32, OwnedFd>) -> Result<()> {
+    // Ferry's descriptors first, by batches the husk runs itself: each taken with pidfd_getfd
+    // (at the lowest free number), moved to its number with dup3 and the copy closed. Highest
+    // number first, so that the lowest free number is rarely the one wanted.
+    let mut plain: Vec<(&Fd, &OwnedFd)> = Vec::new();
     for fd in &p.fds {
-        if let Some(FileKind::Pidfd { pid }) = tree.files.get(fd.file as usize).map(|d| &d.kind) {
-            let flags = tree.files[fd.file as usize].flags;
-            install_pidfd(h, fd, *pid, flags)?;
+        if let Some(FileKind::Pidfd { .. }) = tree.files.get(fd.file as usize).map(|d| &d.kind) {
             continue;
         }
         let d = descs.get(&fd.file).ok_or_else(|| {
@@ -614,7 +616,15 @@ pub fn install(h: &Husk, p: &Process, tree: &Tree, descs: &HashMap<u32, OwnedFd>
                 p.pid, fd.fd, fd.file
             ))
         })?;
-        h.install_fd(d, Some((fd.fd, fd.cloexec)))?;
+        plain.push((fd, d));
+    }
+    plain.sort_by_key(|(fd, _)| std::cmp::Reverse(fd.fd));
+    install_batched(h, &plain)?;
+    for fd in &p.fds {
+        if let Some(FileKind::Pidfd { pid }) = tree.files.get(fd.file as usize).map(|d| &d.kind) {
+            let flags = tree.files[fd.file as usize].flags;
+            install_pidfd(h, fd, *pid, flags)?;
+        }
     }
     // POSIX locks belong to the process: it takes them itself, through its descriptors.
     for fd in p.fds.iter().filter(|f| !f.posix_locks.is_empty()) {
@@ -631,6 +641,75 @@ pub fn install(h: &Husk, p: &Process, tree: &Tree, descs: &HashMap<u32, OwnedFd>
     super::tty::after_install(h, p)?;
     Ok(())
 }
+
+/// Installs ferry's descriptors `fds` at their numbers in the husk, three calls each in batches.
+fn install_batched(h: &Husk, fds: &[(&Fd, &OwnedFd)]) -> Result<()> {
+    use ferry_inject::batch::{Call, ARG0_PLUS_KEPT, KEEP};
+    let Some(pidfd) = h.ferry_pidfd() else {
+        return Err(Error::Restore {
+            pid: h.pid,
+            what: "the husk's pidfd of ferry is already closed".into(),
+        });
+    };
+    let mut calls = Vec::with_capacity(fds.len() * 3);
+    for (fd, d) in fds {
+        let cloexec = if fd.cloexec {
+            libc::O_CLOEXEC as u64
+        } else {
+            0
+        };
+        calls.push(
+            Call::new(
+                "pidfd_getfd",
+                SYS_PIDFD_GETFD,
+                &[pidfd as u64, d.as_raw_fd() as u64, 0],
+            )
+            .with(KEEP),
+        );
+        calls.push(
+            Call::new("dup3", libc::SYS_dup3, &[0, fd.fd as u64, cloexec])
+                .with(ARG0_PLUS_KEPT)
+                .expecting(fd.fd as u64),
+        );
+        calls.push(Call::new("close", libc::SYS_close, &[0]).with(ARG0_PLUS_KEPT));
+    }
+    let mut from = 0;
+    while from < calls.len() {
+        match h.injector().run_batch(h.batch_site(), &calls[from..])? {
+            Ok(()) => break,
+            Err(stopped) => {
+                let at = from + stopped.index;
+                let (fd, _) = fds[at / 3];
+                // dup3 onto itself: pidfd_getfd put the copy at its number already (the lowest
+                // free one); only close-on-exec is left, and its close must not run.
+                if at % 3 == 1 && stopped.result == -(libc::EINVAL as i64) {
+                    h.injector().syscall(
+                        "fcntl(F_SETFD)",
+                        libc::SYS_fcntl,
+                        &[
+                            fd.fd as u64,
+                            libc::F_SETFD as u64,
+                            if fd.cloexec {
+                                libc::FD_CLOEXEC as u64
+                            } else {
+                                0
+                            },
+                        ],
+                    )?;
+                    from = at + 2;
+                    continue;
+                }
+                return Err(Error::Restore {
+                    pid: h.pid,
+                    what: format!("install fd {}: {stopped}", fd.fd),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+const SYS_PIDFD_GETFD: i64 = 438;
 
 /// Opens a pidfd of `target` (the tree's PID) inside the husk, where the tree's numbers are
 /// its own, and puts it at `fd`. (Every descriptor of one pidfd description becomes a

@@ -3,8 +3,10 @@
 
 use crate::error::{Context, Result};
 use crate::freeze::{self, FrozenThread};
+use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{AltStack, Rseq, Sched, SigInfo, SyscallState, Thread};
+use ferry_inject::batch::Call;
 use ferry_inject::Injector;
 use ferry_sys::ptrace;
 use ferry_sys::regs::{gp_from_words, gp_to_words};
@@ -96,19 +98,13 @@ fn capture_sched(pid: i32, tid: i32, inj: &Injector) -> Result<Sched> {
     })
 }
 
-/// Scheduling attributes, set once the thread exists (the timer slack from inside it); `inj`
-/// is the thread's injector (its `tid` is the thread's TID in our namespace).
+/// Scheduling attributes, set from outside once the thread exists (its timer slack is set
+/// from inside by [`restore_inside`]); `inj` is the thread's injector (its `tid` is the
+/// thread's TID in our namespace).
 pub fn restore_sched(pid: i32, inj: &Injector, t: &Thread) -> Result<()> {
     let s = &t.sched;
     let host = inj.tid;
     let what = |w: &str| format!("{w} of thread {}", t.tid);
-    if s.timerslack_ns != 0 {
-        inj.syscall(
-            "prctl(PR_SET_TIMERSLACK)",
-            libc::SYS_prctl,
-            &[PR_SET_TIMERSLACK, s.timerslack_ns],
-        )?;
-    }
     if s.affinity.is_empty() {
         return Ok(());
     }
@@ -120,41 +116,59 @@ pub fn restore_sched(pid: i32, inj: &Injector, t: &Thread) -> Result<()> {
 }
 
 /// Per-thread kernel state that is set from inside the thread: name, alternate stack, robust
-/// list, rseq and clear_child_tid. The thread must be stopped in `inj`.
-pub fn restore_inside(inj: &Injector, t: &Thread) -> Result<()> {
+/// list, rseq, clear_child_tid and timer slack, as one batch of calls the thread runs itself
+/// (`h`'s trampoline). The thread must be stopped in `inj`.
+pub fn restore_inside(h: &Husk, inj: &Injector, t: &Thread) -> Result<()> {
     let mut name = t.comm.as_bytes().to_vec();
     name.truncate(15);
     name.push(0);
     let a = inj.write_scratch(0, &name)?;
-    inj.syscall("prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, a])?;
+    let mut calls = vec![Call::new(
+        "prctl(PR_SET_NAME)",
+        libc::SYS_prctl,
+        &[PR_SET_NAME, a],
+    )];
     if t.altstack.flags & libc::SS_DISABLE == 0 {
         let mut ss = Vec::new();
         ss.extend_from_slice(&t.altstack.sp.to_ne_bytes());
         ss.extend_from_slice(&((t.altstack.flags & !libc::SS_ONSTACK) as i64).to_ne_bytes());
         ss.extend_from_slice(&t.altstack.size.to_ne_bytes());
         let a = inj.write_scratch(64, &ss)?;
-        inj.syscall("sigaltstack", libc::SYS_sigaltstack, &[a, 0])?;
+        calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
     }
     if t.robust_list != 0 {
-        inj.syscall(
+        calls.push(Call::new(
             "set_robust_list",
             libc::SYS_set_robust_list,
             &[t.robust_list, t.robust_list_len],
-        )?;
+        ));
     }
     if let Some(r) = &t.rseq {
-        inj.syscall(
+        calls.push(Call::new(
             "rseq",
             libc::SYS_rseq,
             &[r.addr, r.len as u64, 0, r.sig as u64],
-        )?;
+        ));
     }
-    inj.syscall(
+    calls.push(Call::new(
         "set_tid_address",
         libc::SYS_set_tid_address,
         &[t.clear_child_tid],
-    )?;
-    Ok(())
+    ));
+    if t.sched.timerslack_ns != 0 {
+        calls.push(Call::new(
+            "prctl(PR_SET_TIMERSLACK)",
+            libc::SYS_prctl,
+            &[PR_SET_TIMERSLACK, t.sched.timerslack_ns],
+        ));
+    }
+    match inj.run_batch(h.batch_site(), &calls)? {
+        Ok(()) => Ok(()),
+        Err(stopped) => Err(crate::Error::Restore {
+            pid: h.pid,
+            what: format!("thread {}: {stopped}", t.tid),
+        }),
+    }
 }
 
 /// Puts the registers, FPU state and signal mask of thread `t` of process `pid` (the tree's
