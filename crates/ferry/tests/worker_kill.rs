@@ -28,6 +28,7 @@ fn main() {
             checkpoint_worker_killed_in_calls,
         ),
         Trial::test("migration_worker_killed_anywhere", migration_worker_killed),
+        Trial::test("restore_killed_in_batched_calls", restore_killed_in_batches),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -269,6 +270,99 @@ fn checkpoint_worker_killed_in_calls() -> Result<(), Failed> {
         v.assert_unharmed(&format!("checkpoint worker killed at {point}:{n}"))?;
     }
     Ok(())
+}
+
+/// A restore killed while a husk runs a batch of calls (`FERRY_INJECT_FAULT=batch:N`: the
+/// husk runs its loop of mmaps, clone3s, descriptor installs, ... and ferry dies): nothing of
+/// the half-built tree is left (its husks die with their tracer), and the image restores
+/// afterwards into a victim that runs on intact.
+fn restore_killed_in_batches() -> Result<(), Failed> {
+    let dir = scratch("worker_kill", "restore-batches");
+    let mut v = Victim::start(&dir);
+    let pid = v.pid();
+    let img = dir.join("image");
+    let o = Command::new(FERRY)
+        .args(["checkpoint", &pid.to_string(), "--dir"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "checkpoint: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let _ = v.child.wait();
+    let mut killed = 0;
+    let mut restored = false;
+    for n in [1, 2, 3, 4, 6, 9] {
+        let o = Command::new(FERRY)
+            .args(["restore", "--dir"])
+            .arg(&img)
+            .env("FERRY_INJECT_FAULT", format!("batch:{n}"))
+            .output()
+            .unwrap();
+        if o.status.success() {
+            // Fewer batches than n: restored whole.
+            restored = true;
+            break;
+        }
+        killed += 1;
+        eprintln!(
+            "restore killed in batch {n}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+        if !common::wait_gone(pid, Duration::from_secs(10)) {
+            let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            return Err(format!("killed in batch {n}: PID {pid} is still there:\n{st}").into());
+        }
+        // Dead; and reaped by whoever adopted it (init), so its PID is free again.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{pid}")).exists() {
+            if Instant::now() > deadline {
+                let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                return Err(format!("killed in batch {n}: PID {pid} left behind:\n{st}").into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    assert!(killed >= 3, "only {killed} restores were killed in a batch");
+    if !restored {
+        let o = Command::new(FERRY)
+            .args(["restore", "--dir"])
+            .arg(&img)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "restore: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // The restored victim (no longer our child) counts on, intact.
+    let before = v.status().ok_or("no status")?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let result = loop {
+        let now = v.status().ok_or("no status")?;
+        if !now.ok {
+            break Err(format!(
+                "the restored victim is damaged ({}): {now:?}",
+                now.why
+            ));
+        }
+        if now.count > before.count + 3 {
+            break Ok(());
+        }
+        if Instant::now() > deadline {
+            break Err(format!(
+                "the restored victim stopped counting: {before:?} -> {now:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // SAFETY: kill with a plain PID and signal number.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    common::wait_gone(pid, Duration::from_secs(10));
+    result.map_err(Into::into)
 }
 
 fn migration_worker_killed() -> Result<(), Failed> {
