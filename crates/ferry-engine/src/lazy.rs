@@ -108,9 +108,12 @@ pub fn prepare(h: &Husk, p: &ferry_image::Process) -> Result<LazyProcess> {
         "enable its userfaultfd with the fork, remap, remove and unmap events".into()
     })?;
     let mut registered = Vec::new();
+    // A mapping that had transparent huge pages is not lazy: the page server writes its pages
+    // before the process runs, as it does for those outside registered ranges, by ordinary
+    // writes whose faults get huge pages again (UFFDIO_COPY puts 4 KiB pages only).
     for v in vmas
         .iter()
-        .filter(|v| matches!(v.backing, Backing::Anonymous) && !v.shared)
+        .filter(|v| matches!(v.backing, Backing::Anonymous) && !v.shared && !v.huge_pages)
     {
         uffd::register_missing(fd.as_fd(), v.start, v.end - v.start).ctx(h.pid, || {
             format!(
