@@ -6,7 +6,10 @@
  * (everything else allowed).  A second thread exists (filters are
  * per-thread; installed with SECCOMP_FILTER_FLAG_TSYNC).
  * Verifies: /proc/self/status Seccomp 2 and Seccomp_filters 2 for both
- * threads, and both filters still act (errnos 77 and 78) in both threads.
+ * threads (3 in a body, a process whose home is another node: Ferry's own
+ * filter, which hands getppid & co. to its supervisor, counts there; see
+ * docs/syscalls.md), and both filters still act (errnos 77 and 78) in both
+ * threads.
  */
 #include "ferry_test.h"
 #include <linux/audit.h>
@@ -68,6 +71,13 @@ int main(void)
 	ferry_ready();
 	ferry_wait_go();
 
+	/* A body lives in guest namespaces whose init is ferry's. */
+	char init[256] = "";
+	ssize_t n = ferry_read_file("/proc/1/cmdline", init, sizeof init - 1);
+	int in_guest = 0;
+	for (ssize_t i = 0; i + 12 <= n; i++)
+		if (memcmp(init + i, "__guest-init", 12) == 0)
+			in_guest = 1;
 	pid_t tids[2] = { getpid(), t_tid };
 	for (int i = 0; i < 2; i++) {
 		char v[16] = "", what[64];
@@ -76,7 +86,8 @@ int main(void)
 		FERRY_CHECK_EQ_STR(what, "2", v);
 		ferry_status_field(tids[i], "Seccomp_filters", v, sizeof v);
 		snprintf(what, sizeof what, "%s Seccomp_filters", i ? "thread" : "main");
-		FERRY_CHECK_EQ_STR(what, "2", v);
+		if (!(in_guest && strcmp(v, "3") == 0))
+			FERRY_CHECK_EQ_STR(what, "2", v);
 	}
 	probe("main");
 	go_flag = 1;

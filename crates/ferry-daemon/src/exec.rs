@@ -358,6 +358,7 @@ where
         state: "running".into(),
         kind: "remote-exec".into(),
         since_unix_ms: now_unix_ms(),
+        home_ids: None,
     });
     tracing::info!(event = "run-started", from = %from, home = %spec.home_node,
         home_pid = spec.home_pid, pid, uid = spec.uid, tty = spec.tty.is_some(),

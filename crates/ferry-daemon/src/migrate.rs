@@ -101,6 +101,10 @@ async fn send_counted(
         uid,
         memory_bytes,
         since_unix_ms: guest.as_ref().map_or_else(now_unix_ms, |g| g.since_unix_ms),
+        home_ids: match &guest {
+            Some(g) => g.home_ids.clone(),
+            None => home_ids(pid),
+        },
     };
     // Until it is decided, a question from the destination decides it: not committed.
     node.outcomes
@@ -451,6 +455,29 @@ fn running_free(pid: i32) -> bool {
         .is_ok_and(|s| !s.contains("State:\tZ") && s.lines().any(|l| l == "TracerPid:\t0"))
 }
 
+/// What the home says of native process `pid` about to leave it: the host name, and its
+/// parent, process group and session (read from /proc/PID/stat). None if it is gone.
+fn home_ids(pid: i32) -> Option<ferry_transport::message::HomeIds> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid pgrp session ...": comm may hold anything but its last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<i32> = rest
+        .split_whitespace()
+        .skip(1)
+        .take(3)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let [ppid, pgid, sid] = f[..] else {
+        return None;
+    };
+    Some(ferry_transport::message::HomeIds {
+        hostname: crate::node::hostname(),
+        ppid,
+        pgid,
+        sid,
+    })
+}
+
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
@@ -479,6 +506,14 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     if let Some(cg) = &node.config.cpu_cgroup {
         worker_args.push("--cpu-cgroup".to_string());
         worker_args.push(cg.to_string_lossy().into_owned());
+    }
+    if let Some(h) = &offer.home_ids {
+        // A body: its forwarded calls are answered with its home's values.
+        // (`--name=value`: a host name from a peer may start with a dash.)
+        worker_args.extend([
+            format!("--hostname={}", h.hostname),
+            format!("--home={} {} {} {}", offer.home_pid, h.ppid, h.pgid, h.sid),
+        ]);
     }
     let mut worker = match Worker::spawn(&node.exe, &worker_args) {
         Ok(w) => w,
@@ -542,6 +577,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         state: "running".into(),
         kind: "migrated".into(),
         since_unix_ms: offer.since_unix_ms,
+        home_ids: offer.home_ids.clone(),
     };
     // The copy is recorded before anyone may act on it: a restarted daemon finds it (its worker
     // resumes it should this daemon die now) and asks the source what became of it.

@@ -286,7 +286,7 @@ async fn start_web(node: &Arc<Node>) -> Result<()> {
 }
 
 /// This node's host name (that of its UTS namespace).
-fn hostname() -> String {
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_default()

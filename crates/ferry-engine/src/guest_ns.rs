@@ -8,6 +8,12 @@
 //! namespace (it looks once a second; its exit would SIGKILL every guest, so it never leaves
 //! earlier). Being exec'd, it shares no memory with the process that made it.
 //!
+//! A body's namespaces ([`Home`] given) also stand for its home: their UTS namespace has the
+//! home's host name, and the init is the supervisor of Ferry's seccomp filter in every process
+//! of the tree ([`GuestNamespaces::hand_listeners`]): it answers `getppid`, `getpgrp`,
+//! `getpgid` and `getsid` with the home's values. Since the kernel kills a PID namespace whose
+//! init dies, a body never outlives its supervisor: it never sees a forwarded call fail.
+//!
 //! The engine keeps working with the PIDs of its own namespace (ptrace, /proc): a process in
 //! the guest has one PID there (the tree's, as in the image) and another here (the host PID);
 //! [`GuestNamespaces::host_pid`] and [`GuestNamespaces::guest_pid`] translate.
@@ -22,13 +28,40 @@ use std::path::{Path, PathBuf};
 /// The hidden subcommand of the `ferry` binary that runs as the guest init.
 pub const GUEST_INIT_COMMAND: &str = "__guest-init";
 
-/// Fresh PID, time, mount and IPC namespaces, held by their init.
+/// What a body's home says of its root: its host name, and the root's parent, process group
+/// and session there (read at home when the tree first left it, then carried along).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Home {
+    pub hostname: String,
+    /// The root's PID (the tree's, and the home's).
+    pub root: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+}
+
+impl Home {
+    /// The guest init's arguments that tell it of this home.
+    pub fn init_args(&self) -> Vec<String> {
+        // (`--name=value`: a host name from a peer may start with a dash.)
+        vec![
+            format!("--hostname={}", self.hostname),
+            format!(
+                "--home={} {} {} {}",
+                self.root, self.ppid, self.pgid, self.sid
+            ),
+        ]
+    }
+}
+
+/// Fresh PID, time, mount, IPC and UTS namespaces, held by their init.
 pub struct GuestNamespaces {
     init: i32,
     pidfd: OwnedFd,
-    /// Write end of a pipe the init reads: while it is open, the init stays even with nothing
-    /// else in its namespace (nothing has been restored into it yet).
-    _hold: OwnedFd,
+    /// Our end of a socket pair the init reads: while it is open, the init stays even with
+    /// nothing else in its namespace (nothing has been restored into it yet). Seccomp
+    /// listeners are handed to the init through it.
+    hold: OwnedFd,
     /// `pid:[inode]` of the guest PID namespace.
     ns: String,
     offsets: Clocks,
@@ -65,6 +98,17 @@ impl GuestNamespaces {
         clocks_seen: Option<Clocks>,
         reports: Option<&Path>,
     ) -> Result<GuestNamespaces> {
+        Self::create_for(init_exe, clocks_seen, reports, None)
+    }
+
+    /// [`GuestNamespaces::create`] for a body whose home is `home`: the UTS namespace gets the
+    /// home's host name, and the init answers the calls of Ferry's filter from `home`.
+    pub fn create_for(
+        init_exe: &Path,
+        clocks_seen: Option<Clocks>,
+        reports: Option<&Path>,
+        home: Option<&Home>,
+    ) -> Result<GuestNamespaces> {
         let me = ferry_sys::ns::getpid();
         let now = |clock: i32| {
             ferry_sys::anon_fds::clock_now_ns(clock).ctx(me, || format!("read clock {clock}"))
@@ -76,8 +120,9 @@ impl GuestNamespaces {
             },
             None => Clocks::default(),
         };
-        let (r, w) = ferry_sys::fdops::pipe2(libc::O_CLOEXEC)
-            .ctx(me, || "make the guest init's hold pipe".into())?;
+        let (r, w) =
+            ferry_sys::sockets::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)
+                .ctx(me, || "make the guest init's hold socket".into())?;
         let r = dup_at_least(r, 3).ctx(me, || "move the hold pipe above stdio".into())?;
         let mut args = vec![
             GUEST_INIT_COMMAND.to_string(),
@@ -87,6 +132,9 @@ impl GuestNamespaces {
         if let Some(p) = reports {
             args.push("--report".to_string());
             args.push(p.to_string_lossy().into_owned());
+        }
+        if let Some(h) = home {
+            args.extend(h.init_args());
         }
         let init = spawn_guest_init(&GuestInitSpec {
             exe: init_exe,
@@ -123,10 +171,23 @@ impl GuestNamespaces {
         Ok(GuestNamespaces {
             init,
             pidfd,
-            _hold: w,
+            hold: w,
             ns,
             offsets,
         })
+    }
+
+    /// Hands the seccomp listeners of the tree rebuilt here (`RestoredTree::take_listeners`)
+    /// to the init, which answers them from then on.
+    pub fn hand_listeners(&self, listeners: Vec<OwnedFd>) -> Result<()> {
+        for chunk in listeners.chunks(200) {
+            let raw: Vec<i32> = chunk.iter().map(|f| f.as_raw_fd()).collect();
+            ferry_sys::sockets::send(self.hold.as_raw_fd(), b"L", None, &raw, 0)
+                .ctx(self.init, || {
+                    format!("hand {} seccomp listener(s) to the guest init", raw.len())
+                })?;
+        }
+        Ok(())
     }
 
     /// The init's PID in our namespace.

@@ -215,6 +215,10 @@ pub struct RestoreOptions<'a> {
     /// Leave private anonymous memory to this page server (copy-on-reference, see
     /// [`crate::lazy`]) instead of reading it from the image before the tree runs.
     pub lazy: Option<&'a dyn crate::lazy::LazyMemory>,
+    /// The tree is a body (its home is another node): every process gets Ferry's filter
+    /// (`resources::seccomp::install_forwarding`), whose listeners
+    /// [`RestoredTree::take_listeners`] hands over to the supervisor.
+    pub supervised: bool,
 }
 
 /// The PIDs and TIDs of an image.
@@ -326,10 +330,18 @@ pub struct RestoredTree {
     /// until the tree is let go or killed, for the daemon to take.
     relay_ends: Vec<(u32, std::os::fd::OwnedFd)>,
     done: bool,
+    /// The listeners of Ferry's filter, one per process (`RestoreOptions::supervised`).
+    listeners: Vec<std::os::fd::OwnedFd>,
     _tracer_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl RestoredTree {
+    /// The seccomp listeners of a supervised tree (`RestoreOptions::supervised`): whoever
+    /// answers them must live as long as the tree (the guest init does).
+    pub fn take_listeners(&mut self) -> Vec<std::os::fd::OwnedFd> {
+        std::mem::take(&mut self.listeners)
+    }
+
     /// What was rebuilt (the timings so far; `finish_ms` is completed by `resume`).
     pub fn report(&self) -> &RestoreReport {
         &self.report
@@ -537,6 +549,8 @@ pub fn restore_with<R: Read>(
         ferry_pidfd: &ferry_pidfd,
         cpu_cgroup: opts.cpu_cgroup,
         lazy: opts.lazy,
+        supervised: opts.supervised,
+        listeners: Vec::new(),
     };
     let mut exiting_leaders = Vec::new();
     match build(&mut cx, &mut husks, &mut live, &mut exiting_leaders, t0) {
@@ -553,6 +567,7 @@ pub fn restore_with<R: Read>(
                 finish_started,
                 relay_ends,
                 done: false,
+                listeners: std::mem::take(&mut cx.listeners),
                 _tracer_thread: std::marker::PhantomData,
             })
         }
@@ -580,6 +595,8 @@ struct BuildContext<'a, R: Read> {
     ferry_pidfd: &'a std::os::fd::OwnedFd,
     cpu_cgroup: Option<&'a std::path::Path>,
     lazy: Option<&'a dyn crate::lazy::LazyMemory>,
+    supervised: bool,
+    listeners: Vec<std::os::fd::OwnedFd>,
 }
 
 fn build<R: Read>(
@@ -706,6 +723,10 @@ fn build<R: Read>(
     }
     // 4. The last injected calls: pending signals, credentials, then the trampoline goes.
     for ((p, h), (_, tids)) in live.iter().zip(live_tids.iter()) {
+        if cx.supervised {
+            // Still root, every thread there, before its own filters.
+            cx.listeners.push(seccomp::install_forwarding(p, h)?);
+        }
         signals::restore_pending(h, p, &thread_injectors)?;
         if p.files_shared_with_parent {
             // Closed by the parent (earlier in this loop), in the table they share.

@@ -16,6 +16,7 @@ pub mod process;
 pub mod ptrace;
 pub mod regs;
 pub mod sched;
+pub mod seccomp;
 pub mod sockets;
 pub mod spawn;
 pub mod tty;

@@ -51,9 +51,13 @@ const STEPS: [&str; 12] = [
 ];
 
 /// The namespaces a guest lives in, besides the host's network and user namespaces: the
-/// flags for `unshare` when they are made and for `setns` (with a pidfd) to join them.
-pub const GUEST_NAMESPACES: i32 =
-    libc::CLONE_NEWPID | CLONE_NEWTIME | libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
+/// flags for `unshare` when they are made and for `setns` (with a pidfd) to join them. (Its
+/// UTS namespace starts as a copy of the node's; a body's init names it after its home.)
+pub const GUEST_NAMESPACES: i32 = libc::CLONE_NEWPID
+    | CLONE_NEWTIME
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS;
 
 /// The namespaces of an emulated node (a local cluster's node other than the first): all of a
 /// machine's that one kernel can give, but its clocks and its users.
@@ -421,6 +425,15 @@ pub fn block_signal(sig: i32) -> SysResult<()> {
 
 /// poll(2) for input on `fds` for up to `timeout_ms`: which of them are readable or hung up.
 pub fn poll_in(fds: &[RawFd], timeout_ms: i32) -> SysResult<Vec<bool>> {
+    Ok(poll_events(fds, timeout_ms)?
+        .into_iter()
+        .map(|r| r != 0)
+        .collect())
+}
+
+/// poll(2) for input on `fds` for up to `timeout_ms`: each one's `revents` (POLLIN, POLLHUP
+/// ...; 0 when nothing happened to it).
+pub fn poll_events(fds: &[RawFd], timeout_ms: i32) -> SysResult<Vec<i16>> {
     let mut p: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -437,7 +450,9 @@ pub fn poll_in(fds: &[RawFd], timeout_ms: i32) -> SysResult<Vec<bool>> {
             return Err(e);
         }
     }
-    Ok(p.iter().map(|x| r > 0 && x.revents != 0).collect())
+    Ok(p.iter()
+        .map(|x| if r > 0 { x.revents } else { 0 })
+        .collect())
 }
 
 /// Runs `f` with this thread's new children made in the PID namespace of the process behind

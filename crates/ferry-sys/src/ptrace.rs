@@ -313,8 +313,8 @@ pub fn errno_is(e: &SysError, errno: i32) -> bool {
 const PTRACE_SECCOMP_GET_FILTER: libc::c_uint = 0x420c;
 const PTRACE_SECCOMP_GET_METADATA: libc::c_uint = 0x420d;
 
-/// The classic BPF program of seccomp filter `index` of thread `tid` (0: the most recently
-/// installed), as raw `struct sock_filter`s (8 bytes each); `None` past the last filter, or if
+/// The classic BPF program of seccomp filter `index` of thread `tid` (0: the oldest, as the
+/// kernel counts; ptrace(2) says otherwise), as raw `struct sock_filter`s (8 bytes each); `None` past the last filter, or if
 /// the thread has none (it is not in filter mode).
 pub fn seccomp_filter(tid: i32, index: u64) -> SysResult<Option<Vec<u8>>> {
     let op = "ptrace(PTRACE_SECCOMP_GET_FILTER)";

@@ -286,6 +286,21 @@ pub struct MigrateOffer {
     /// Resident memory of the tree, for the destination's admission check.
     pub memory_bytes: u64,
     pub since_unix_ms: u64,
+    /// What its home says of the tree's root (read there when it first left, carried on
+    /// since): the answers of its body's forwarded calls. None from an older source: then the
+    /// body's calls are answered where it runs.
+    #[serde(default)]
+    pub home_ids: Option<HomeIds>,
+}
+
+/// A moved root's identities at home: the home's host name, and the root's parent, process
+/// group and session there (its PID is the `home_pid` beside).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeIds {
+    pub hostname: String,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -357,6 +372,9 @@ pub struct ProcInfo {
     /// "migrated" or "remote-exec"
     pub kind: String,
     pub since_unix_ms: u64,
+    /// A body's identities at home (see [`MigrateOffer::home_ids`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home_ids: Option<HomeIds>,
 }
 
 /// The cluster as one node sees it (`Msg::View`). Every struct here only ever gains fields,

@@ -51,6 +51,7 @@ fn messages() -> Vec<Msg> {
         state: "running".into(),
         kind: "migrated".into(),
         since_unix_ms: 1_700_000_000_000,
+        home_ids: None,
     };
     vec![
         Msg::Hello { node: "a".into() },
@@ -66,6 +67,12 @@ fn messages() -> Vec<Msg> {
             uid: 0,
             memory_bytes: 1 << 30,
             since_unix_ms: 1,
+            home_ids: Some(HomeIds {
+                hostname: "a".into(),
+                ppid: 9,
+                pgid: 9,
+                sid: 8,
+            }),
         }),
         Msg::Accept,
         Msg::Refused {

@@ -81,6 +81,13 @@ enum Command {
         /// The node's CPU cgroup the rebuilt processes join (a node held to a CPU quota).
         #[arg(long)]
         cpu_cgroup: Option<std::path::PathBuf>,
+        /// The tree is a body: its home's host name ...
+        #[arg(long, requires = "home")]
+        hostname: Option<String>,
+        /// ... and "ROOT PPID PGID SID", its root and the root's parent, process group and
+        /// session at home (what Ferry's seccomp filter answers).
+        #[arg(long, requires = "hostname")]
+        home: Option<String>,
     },
     #[command(name = "__guest-init", hide = true)]
     GuestInit(commands::guest_init::Args),
@@ -139,7 +146,9 @@ fn main() {
         Command::RestoreWorker {
             reports,
             cpu_cgroup,
-        } => commands::worker::restore_worker(reports, cpu_cgroup),
+            hostname,
+            home,
+        } => commands::worker::restore_worker(reports, cpu_cgroup, hostname.zip(home)),
         Command::CaptureWorker { pid, relay_pipes } => {
             commands::worker::capture_worker(pid, relay_pipes)
         }

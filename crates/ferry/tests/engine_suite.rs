@@ -1068,6 +1068,7 @@ fn run_held(suite: &Suite, resume: bool) -> Result<(), Failed> {
             cpu_cgroup: None,
             relays: false,
             lazy: None,
+            supervised: false,
         },
     )
     .map_err(|e| run.report(&format!("restore_with: {e}")))?;

@@ -67,8 +67,29 @@ fn main() {
             "a_shell_job_under_a_terminal_moves_stops_resumes_and_is_interrupted",
             shell_job_under_a_terminal,
         ),
+        Trial::test(
+            "a_moved_process_keeps_its_home_identities",
+            keeps_home_identities,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
+}
+
+/// `tests/victims/NAME.c`, built once per test process.
+fn victim_binary(name: &str) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    if !out.exists() {
+        let src =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/victims/{name}.c"));
+        let st = Command::new("gcc")
+            .args(["-O2", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .unwrap();
+        assert!(st.success(), "build {name}");
+    }
+    out
 }
 
 fn ticker_binary() -> PathBuf {
@@ -1329,6 +1350,77 @@ fn body_lost_with_its_node() -> Result<(), Failed> {
         .ok_or("the deputy outlived its body's node")?;
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    Ok(())
+}
+
+/// A program started by a shell at home (its parent; its group and session those of the
+/// shell) prints its parent, group, session and host name, and the errno its own seccomp filter
+/// gives: moved to b and back (in guest namespaces of its own both times), it prints exactly
+/// what it printed at home, its own filter still acting; and the shell's `wait` gets its exit
+/// code. Ferry's filter is not its own: moving it on from b (a capture of it) keeps its filter
+/// and leaves Ferry's out.
+fn keeps_home_identities() -> Result<(), Failed> {
+    let c = Cluster::up("homeids", 2);
+    let dir = scratch("migration", "homeids");
+    let victim = victim_binary("home_ids");
+    let mut shell = UnixServer(
+        Command::new("setsid")
+            .args([
+                "bash",
+                "-c",
+                "\"$1\" \"$2\" & wait $!; echo $? > \"$2/status\"",
+                "shell",
+            ])
+            .arg(&victim)
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let sh = shell.0.id() as i32;
+    let pid = pid_from(&dir.join("pid"), "home_ids")?;
+    let ask = |n: usize| -> Result<String, Failed> {
+        std::fs::write(dir.join(format!("ask{n}")), "").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ids = std::fs::read_to_string(dir.join("ids")).unwrap_or_default();
+            if let Some(l) = ids.lines().find(|l| l.starts_with(&format!("{n} "))) {
+                return Ok(l.split_once(' ').unwrap().1.to_string());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no answer {n}: {ids:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let home = ask(1)?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(
+        home,
+        format!(
+            "ppid={sh} pgrp={sh} pgid={sh} sid={sh} sid_self={sh} host={} own=13",
+            host.trim()
+        ),
+        "at home"
+    );
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let on_b = ask(2)?;
+    migrate(&c, "b", pid, "a").map_err(|e| format!("b -> a: {e}"))?;
+    let back = ask(3)?;
+    assert_eq!(on_b, home, "on b");
+    assert_eq!(back, home, "back on a");
+    std::fs::write(dir.join("done"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shell.0.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            return Err("the shell never saw its job end".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+    assert_eq!(status.trim(), "5", "what the shell's wait got");
     Ok(())
 }
 

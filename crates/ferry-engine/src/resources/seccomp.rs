@@ -10,6 +10,15 @@
 //!   it, by the process itself (which needs no_new_privs or CAP_SYS_ADMIN, as the original
 //!   did).
 //!
+//! - **Ferry's own filter** ([`install_forwarding`]): a body (a process whose home is another
+//!   node) gets, before its own filters and while it is still root, a filter that hands the
+//!   location-dependent calls of [`FORWARDED`] to a supervisor (its guest init), and lets every
+//!   other call through in the kernel (SECCOMP_RET_ALLOW, never notified). It is the oldest
+//!   filter, so the process's own filters still decide first (an ERRNO or KILL of theirs
+//!   outranks USER_NOTIF). The capture recognizes it by its exact program and leaves it out of
+//!   the image: a tree moved on, or home, is rebuilt without it (and gets a fresh one where it
+//!   is a body again).
+//!
 //! While ferry traces a process, to capture or to rebuild it, its filters are suspended
 //! (PTRACE_O_SUSPEND_SECCOMP, set when its threads are seized): they must neither refuse nor
 //! punish the calls ferry injects. They act again once ferry lets the process go.
@@ -29,7 +38,9 @@ const BPF_RET_K: u16 = 0x06;
 /// The most filters a thread can have: the kernel's limit is on their total size.
 const MAX_FILTERS: u64 = 512;
 
-/// The filters of thread `tid`, oldest first.
+/// The filters of thread `tid`, oldest first. (PTRACE_SECCOMP_GET_FILTER's index 0 is the
+/// oldest filter, whatever ptrace(2) says: the kernel's get_nth_filter counts back from the
+/// newest by the number of filters less the index.)
 fn filters_of(pid: i32, tid: i32) -> Result<Vec<SeccompFilter>> {
     let mut out = Vec::new();
     for index in 0..MAX_FILTERS {
@@ -44,7 +55,6 @@ fn filters_of(pid: i32, tid: i32) -> Result<Vec<SeccompFilter>> {
         let flags = ptrace::seccomp_filter_flags(tid, index).map_err(fail)?;
         out.push(SeccompFilter { program, flags });
     }
-    out.reverse();
     Ok(out)
 }
 
@@ -59,7 +69,7 @@ pub fn capture(pid: i32, tids: &[i32], p: &mut Process) -> Result<()> {
         what: "seccomp filters".into(),
         why,
     };
-    let first = filters_of(pid, tids[0])?;
+    let mut first = filters_of(pid, tids[0])?;
     for &tid in &tids[1..] {
         if filters_of(pid, tid)? != first {
             return Err(refuse(format!(
@@ -68,6 +78,13 @@ pub fn capture(pid: i32, tids: &[i32], p: &mut Process) -> Result<()> {
                 tids[0]
             )));
         }
+    }
+    // Ferry's own filter (the oldest) is no part of the process: it is not recorded.
+    if first
+        .first()
+        .is_some_and(|f| f.program == forwarding_program())
+    {
+        first.remove(0);
     }
     for f in &first {
         let user_notif = f.program.chunks_exact(8).any(|i| {
@@ -152,4 +169,110 @@ pub fn restore(p: &Process, host: i32) -> Result<()> {
         let _ = inj.syscall("munmap", libc::SYS_munmap, &[area, len]);
         installed
     })
+}
+
+/// The system calls (x86_64 numbers) whose answer depends on where the process runs and that
+/// a body's supervisor answers with its home's values: getppid, getpgrp, getpgid, getsid.
+pub const FORWARDED: [(u32, &str); 4] = [
+    (libc::SYS_getppid as u32, "getppid"),
+    (libc::SYS_getpgrp as u32, "getpgrp"),
+    (libc::SYS_getpgid as u32, "getpgid"),
+    (libc::SYS_getsid as u32, "getsid"),
+];
+
+const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+/// BPF_LD | BPF_W | BPF_ABS
+const BPF_LD_W_ABS: u16 = 0x20;
+/// BPF_JMP | BPF_JEQ | BPF_K
+const BPF_JEQ_K: u16 = 0x15;
+const SECCOMP_FILTER_FLAG_NEW_LISTENER: u64 = 8;
+const SECCOMP_FILTER_FLAG_TSYNC_ESRCH: u64 = 16;
+
+fn insn(code: u16, jt: u8, jf: u8, k: u32) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[0..2].copy_from_slice(&code.to_ne_bytes());
+    b[2] = jt;
+    b[3] = jf;
+    b[4..8].copy_from_slice(&k.to_ne_bytes());
+    b
+}
+
+/// Ferry's filter: the calls of [`FORWARDED`] (native x86_64 ones) go to the supervisor,
+/// everything else is allowed in the kernel. Always the same bytes, so that a capture knows it.
+pub fn forwarding_program() -> Vec<u8> {
+    let n = FORWARDED.len() as u8;
+    let mut prog = Vec::new();
+    // struct seccomp_data: nr at 0, arch at 4.
+    prog.extend(insn(BPF_LD_W_ABS, 0, 0, 4));
+    // Another ABI (i386, whose numbers differ): allowed, at the end.
+    prog.extend(insn(BPF_JEQ_K, 0, n + 1, AUDIT_ARCH_X86_64));
+    prog.extend(insn(BPF_LD_W_ABS, 0, 0, 0));
+    for (i, (nr, _)) in FORWARDED.iter().enumerate() {
+        // A match jumps over the remaining tests and the ALLOW to the USER_NOTIF.
+        prog.extend(insn(BPF_JEQ_K, n - i as u8, 0, *nr));
+    }
+    prog.extend(insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW));
+    prog.extend(insn(BPF_RET_K, 0, 0, SECCOMP_RET_USER_NOTIF));
+    prog
+}
+
+/// Installs Ferry's filter in the rebuilt, stopped process `p` (`h` here), on every thread,
+/// and returns its listener (taken out of the process, whose descriptor table keeps no trace
+/// of it). Done before the process's credentials are restored: as root it needs no
+/// no_new_privs, which would change what its own execs may do.
+pub fn install_forwarding(p: &Process, h: &crate::husk::Husk) -> Result<std::os::fd::OwnedFd> {
+    let inj = h.injector();
+    let prog = forwarding_program();
+    let mut head = [0u8; 16];
+    head[0..2].copy_from_slice(&((prog.len() / 8) as u16).to_ne_bytes());
+    let fail = |what: String| Error::Restore { pid: p.pid, what };
+    let body = inj
+        .write_scratch(16, &prog)
+        .map_err(|e| fail(format!("write Ferry's seccomp filter: {e}")))?;
+    head[8..16].copy_from_slice(&body.to_ne_bytes());
+    let fprog = inj
+        .write_scratch(0, &head)
+        .map_err(|e| fail(format!("write Ferry's seccomp filter: {e}")))?;
+    let flags = SECCOMP_FILTER_FLAG_NEW_LISTENER
+        | SECCOMP_FILTER_FLAG_TSYNC
+        | SECCOMP_FILTER_FLAG_TSYNC_ESRCH;
+    let fd = inj.syscall_raw(
+        "seccomp(SECCOMP_SET_MODE_FILTER, NEW_LISTENER)",
+        libc::SYS_seccomp,
+        &[SECCOMP_SET_MODE_FILTER, flags, fprog],
+    )?;
+    if fd < 0 {
+        return Err(fail(format!(
+            "install Ferry's seccomp filter: {}",
+            std::io::Error::from_raw_os_error(-fd as i32)
+        )));
+    }
+    let taken = ferry_sys::pidfd::pidfd_open(h.host)
+        .and_then(|pidfd| ferry_sys::pidfd::pidfd_getfd(&pidfd, fd as i32));
+    inj.syscall("close", libc::SYS_close, &[fd as u64])?;
+    taken.map_err(|e| Error::Sys {
+        pid: p.pid,
+        what: format!("take the seccomp listener (its fd {fd})"),
+        source: e,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_forwarding_program_ends_in_allow_then_notify() {
+        let prog = super::forwarding_program();
+        assert_eq!(prog.len() % 8, 0);
+        let n = prog.len() / 8;
+        let k = |i: usize| u32::from_ne_bytes(prog[i * 8 + 4..i * 8 + 8].try_into().unwrap());
+        assert_eq!(k(n - 2), super::SECCOMP_RET_ALLOW);
+        assert_eq!(k(n - 1), super::SECCOMP_RET_USER_NOTIF);
+        // Each call's jump lands on the USER_NOTIF; the arch test's miss on the ALLOW.
+        for i in 0..super::FORWARDED.len() {
+            let at = 3 + i;
+            assert_eq!(at + 1 + prog[at * 8 + 2] as usize, n - 1);
+        }
+        assert_eq!(2 + prog[8 + 3] as usize, n - 2);
+    }
 }

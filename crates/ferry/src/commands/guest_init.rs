@@ -7,6 +7,13 @@
 //! it must never exit earlier, since the kernel kills every process of a PID namespace whose
 //! init exits. It runs one thread only: a second thread would take a PID of the namespace,
 //! which a restored tree may need.
+//!
+//! In a body's namespaces (`--home`), it is also the supervisor of Ferry's seccomp filter: the
+//! listeners of the tree's processes come through the hold socket (SCM_RIGHTS), and it answers
+//! `getppid`, `getpgrp`, `getpgid` and `getsid` with the values the home gave (see
+//! [`Supervisor`]). It names its UTS namespace after the home (`--hostname`). If it dies, the
+//! kernel kills every process of its namespace: no body ever sees ENOSYS from a call nobody
+//! answers.
 
 use anyhow::{bail, Context, Result};
 use std::os::fd::AsRawFd;
@@ -21,6 +28,140 @@ pub struct Args {
     /// raw wait status.
     #[arg(long)]
     pub report: Option<std::path::PathBuf>,
+    /// The host name of this UTS namespace (the body's home's).
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// "ROOT PPID PGID SID": the tree's root and its parent, process group and session at home.
+    #[arg(long)]
+    pub home: Option<String>,
+}
+
+/// The root of a body and its identities at home.
+#[derive(Debug, Clone, Copy)]
+struct HomeIds {
+    root: i32,
+    ppid: i32,
+    pgid: i32,
+    sid: i32,
+}
+
+fn parse_home(s: &str) -> Result<HomeIds> {
+    let v: Vec<i32> = s
+        .split_whitespace()
+        .map(|x| x.parse::<i32>())
+        .collect::<std::result::Result<_, _>>()
+        .with_context(|| format!("--home {s:?}: not four numbers"))?;
+    match v[..] {
+        [root, ppid, pgid, sid] => Ok(HomeIds {
+            root,
+            ppid,
+            pgid,
+            sid,
+        }),
+        _ => bail!("--home {s:?}: not four numbers"),
+    }
+}
+
+/// Tgid, parent, process group and session of thread `tid` (this namespace's numbers).
+fn ids_of(tid: i32) -> Option<(i32, i32, i32, i32)> {
+    let s = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let field = |key: &str| -> Option<i32> {
+        s.lines()
+            .find_map(|l| l.strip_prefix(key))?
+            .split_whitespace()
+            .last()?
+            .parse()
+            .ok()
+    };
+    Some((
+        field("Tgid:")?,
+        field("PPid:")?,
+        field("NSpgid:")?,
+        field("NSsid:")?,
+    ))
+}
+
+/// Answers the calls Ferry's filter hands over (ferry_engine::resources::seccomp::FORWARDED)
+/// as the home would. The tree was rebuilt with its root leading a session of its own (the
+/// engine's restore): its group and session read as the root's PID here, and stand for the
+/// root's group and session at home; the root's parent here (this init, or nobody) stands for
+/// its parent at home. Every other number is the tree's own and the same as at home.
+struct Supervisor {
+    home: HomeIds,
+    listeners: Vec<std::os::fd::OwnedFd>,
+    /// Calls answered, per process (this namespace's PID), and the time spent on them.
+    pub counts: std::collections::HashMap<i32, (u64, u64)>,
+}
+
+impl Supervisor {
+    /// The answer to notification `n`: a value, or an errno.
+    fn answer(&self, n: &ferry_sys::seccomp::Notif) -> std::result::Result<i64, i32> {
+        let h = self.home;
+        let target = |arg: u64| -> std::result::Result<i32, i32> {
+            match arg as i32 {
+                0 => Ok(n.pid),
+                p if p < 0 => Err(libc::ESRCH),
+                p => Ok(p),
+            }
+        };
+        let local = |tid: i32| ids_of(tid).ok_or(libc::ESRCH);
+        let nr = n.nr as i64;
+        if nr == libc::SYS_getppid {
+            let (tgid, ppid, _, _) = local(n.pid)?;
+            // The root's parent is outside the tree: here 0 (its maker) or 1 (this init).
+            return Ok(if tgid == h.root && ppid <= 1 {
+                h.ppid
+            } else {
+                ppid
+            } as i64);
+        }
+        let (is_sid, tid) = if nr == libc::SYS_getpgrp {
+            (false, n.pid)
+        } else if nr == libc::SYS_getpgid {
+            (false, target(n.args[0])?)
+        } else if nr == libc::SYS_getsid {
+            (true, target(n.args[0])?)
+        } else {
+            return Err(libc::ENOSYS);
+        };
+        let (_, _, pgid, sid) = local(tid)?;
+        Ok(match (is_sid, if is_sid { sid } else { pgid }) {
+            (true, v) if v == h.root => h.sid,
+            (false, v) if v == h.root => h.pgid,
+            (_, v) => v,
+        } as i64)
+    }
+
+    /// Takes and answers one notification waiting on listener `i`; false if the listener is
+    /// done (no process uses its filter any more).
+    fn serve(&mut self, i: usize) -> bool {
+        use std::os::fd::AsRawFd;
+        let fd = self.listeners[i].as_raw_fd();
+        let t = std::time::Instant::now();
+        let n = match ferry_sys::seccomp::recv(fd) {
+            Ok(n) => n,
+            // Its caller was interrupted (a signal) before we took it: nothing to answer.
+            Err(e) if e.errno == libc::ENOENT || e.errno == libc::EINTR => return true,
+            Err(e) => {
+                log::warn!("guest init: seccomp listener: {e}");
+                return false;
+            }
+        };
+        let (val, err) = match self.answer(&n) {
+            Ok(v) => (v, 0),
+            Err(e) => (0, e),
+        };
+        if let Err(e) = ferry_sys::seccomp::respond(fd, n.id, val, err, 0) {
+            if e.errno != libc::ENOENT {
+                log::warn!("guest init: answer call {} of thread {}: {e}", n.nr, n.pid);
+            }
+        }
+        let tgid = ids_of(n.pid).map_or(n.pid, |i| i.0);
+        let c = self.counts.entry(tgid).or_default();
+        c.0 += 1;
+        c.1 += t.elapsed().as_nanos() as u64;
+        true
+    }
 }
 
 /// Whether this init is the only process of its PID namespace (its /proc is the namespace's).
@@ -52,7 +193,18 @@ pub fn run(a: Args) -> Result<()> {
         bail!("`ferry __guest-init` only runs as PID 1 of the guest namespaces ferry makes");
     }
     let hold = ns::take_inherited_fd(a.hold_fd)
-        .with_context(|| format!("take the hold pipe (fd {})", a.hold_fd))?;
+        .with_context(|| format!("take the hold socket (fd {})", a.hold_fd))?;
+    if let Some(name) = &a.hostname {
+        ns::sethostname(name).with_context(|| format!("name the guest {name:?}"))?;
+    }
+    let mut sup = match &a.home {
+        Some(h) => Some(Supervisor {
+            home: parse_home(h)?,
+            listeners: Vec::new(),
+            counts: Default::default(),
+        }),
+        None => None,
+    };
     ns::block_signal(libc::SIGCHLD).context("block SIGCHLD")?;
     let sigchld = anon_fds::signalfd(
         1 << (libc::SIGCHLD - 1),
@@ -75,9 +227,13 @@ pub fn run(a: Args) -> Result<()> {
         if hold.is_none() && alone() {
             return Ok(());
         }
-        let mut fds = vec![sigchld.as_raw_fd()];
-        fds.extend(hold.as_ref().map(|h| h.as_raw_fd()));
-        let ready = match ns::poll_in(&fds, 1000) {
+        let mut fds = vec![sigchld.as_raw_fd(), -1];
+        fds[1] = hold.as_ref().map_or(-1, |h| h.as_raw_fd());
+        let listening = sup.as_ref().map_or(0, |s| s.listeners.len());
+        if let Some(s) = &sup {
+            fds.extend(s.listeners.iter().map(|l| l.as_raw_fd()));
+        }
+        let events = match ns::poll_events(&fds, 1000) {
             Ok(r) => r,
             Err(e) => {
                 log::warn!("guest init: {e}");
@@ -85,15 +241,37 @@ pub fn run(a: Args) -> Result<()> {
                 continue;
             }
         };
+        let ready: Vec<bool> = events.iter().map(|&e| e != 0).collect();
         if ready[0] {
             let mut buf = [0u8; 128];
             while matches!(fdops::read_fd(sigchld.as_raw_fd(), &mut buf), Ok(n) if n > 0) {}
         }
-        if ready.get(1) == Some(&true) {
-            let mut buf = [0u8; 64];
+        if ready[1] {
             let fd = hold.as_ref().map(|h| h.as_raw_fd()).unwrap_or(-1);
-            if !matches!(fdops::read_fd(fd, &mut buf), Ok(n) if n > 0) {
-                hold = None;
+            match ferry_sys::sockets::recv(fd, 64, libc::MSG_DONTWAIT) {
+                Ok(r) if !r.data.is_empty() => match sup.as_mut() {
+                    Some(s) => s.listeners.extend(r.rights),
+                    None => log::warn!("guest init: seccomp listeners for no home"),
+                },
+                Err(e) if e.errno == libc::EAGAIN || e.errno == libc::EINTR => {}
+                _ => hold = None,
+            }
+        }
+        if let Some(s) = sup.as_mut() {
+            let mut done = Vec::new();
+            for i in 0..listening {
+                let ev = events[2 + i];
+                if ev & libc::POLLIN != 0 {
+                    if !s.serve(i) {
+                        done.push(i);
+                    }
+                } else if ev != 0 {
+                    // Hung up: no process uses its filter any more.
+                    done.push(i);
+                }
+            }
+            for i in done.into_iter().rev() {
+                s.listeners.remove(i);
             }
         }
     }

@@ -94,6 +94,7 @@ pub fn run(a: Args) -> Result<()> {
         lazy: server
             .as_ref()
             .map(|s| s as &dyn ferry_engine::lazy::LazyMemory),
+        supervised: false,
     };
     let report = restore_with(&mut img, &opts)
         .and_then(|tree| tree.resume())

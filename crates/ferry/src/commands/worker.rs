@@ -289,6 +289,7 @@ fn serve_deputies(mut deputies: ferry_deputy::home::Deputies, mut out: impl Writ
 pub fn restore_worker(
     reports: Option<std::path::PathBuf>,
     cpu_cgroup: Option<std::path::PathBuf>,
+    home: Option<(String, String)>,
 ) -> Result<()> {
     let mut out = BufWriter::new(std::io::stdout().lock());
     let t0 = Instant::now();
@@ -299,7 +300,16 @@ pub fn restore_worker(
         Err(e) => return fail(&mut out, &e),
     };
     let open_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let held = match hold::rebuild(&mut img, reports.as_deref(), cpu_cgroup.as_deref()) {
+    let home = match home.map(|(h, ids)| hold::parse_home(h, &ids)).transpose() {
+        Ok(h) => h,
+        Err(e) => return fail(&mut out, &e),
+    };
+    let held = match hold::rebuild(
+        &mut img,
+        reports.as_deref(),
+        cpu_cgroup.as_deref(),
+        home.as_ref(),
+    ) {
         Ok(h) => h,
         Err(e) => return fail(&mut out, &e),
     };
@@ -342,8 +352,8 @@ pub fn restore_worker(
 /// Rebuilding a tree in namespaces of its own (so it keeps its PIDs, and its monotonic clocks
 /// never run backwards) and holding it stopped until the commit.
 mod hold {
-    use anyhow::{Context, Result};
-    use ferry_engine::guest_ns::GuestNamespaces;
+    use anyhow::{bail, Context, Result};
+    use ferry_engine::guest_ns::{GuestNamespaces, Home};
     use ferry_engine::restore::{
         restore_with, OpenImage, RestoreOptions, RestoreReport, RestoredTree,
     };
@@ -355,15 +365,35 @@ mod hold {
         tree: RestoredTree,
     }
 
+    /// A body's home: its host name and "ROOT PPID PGID SID".
+    pub fn parse_home(hostname: String, ids: &str) -> Result<Home> {
+        let v: Vec<i32> = ids
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<std::result::Result<_, _>>()
+            .with_context(|| format!("--home {ids:?}"))?;
+        let [root, ppid, pgid, sid] = v[..] else {
+            bail!("--home {ids:?}: not four numbers");
+        };
+        Ok(Home {
+            hostname,
+            root,
+            ppid,
+            pgid,
+            sid,
+        })
+    }
+
     pub fn rebuild<R: Read>(
         img: &mut OpenImage<R>,
         reports: Option<&Path>,
         cpu_cgroup: Option<&Path>,
+        home: Option<&Home>,
     ) -> Result<Held> {
         let exe = std::env::current_exe().context("find the ferry binary")?;
-        let guest = GuestNamespaces::create(&exe, img.tree.clocks, reports)
+        let guest = GuestNamespaces::create_for(&exe, img.tree.clocks, reports, home)
             .context("make namespaces for the guest")?;
-        let tree = match restore_with(
+        let tree = restore_with(
             img,
             &RestoreOptions {
                 guest: Some(&guest),
@@ -372,15 +402,22 @@ mod hold {
                 cpu_cgroup,
                 relays: true,
                 lazy: None,
+                supervised: home.is_some(),
             },
-        ) {
-            Ok(t) => t,
+        )
+        .map_err(anyhow::Error::from)
+        .and_then(|mut tree| {
+            // The init answers the tree's forwarded calls from now on.
+            guest.hand_listeners(tree.take_listeners())?;
+            Ok(tree)
+        });
+        match tree {
+            Ok(tree) => Ok(Held { guest, tree }),
             Err(e) => {
                 let _ = guest.kill();
-                return Err(anyhow::Error::from(e).context("rebuild the tree"));
+                Err(e.context("rebuild the tree"))
             }
-        };
-        Ok(Held { guest, tree })
+        }
     }
 
     impl Held {
