@@ -10,6 +10,12 @@
 //! 2. *exit*: the child exits with code 7 at a wall-clock deadline it was given; the time from
 //!    that deadline until the parent's `waitpid` returns (one machine: one wall clock).
 //!
+//! 3. *calls* (MOSIX Table 5.1's question, for the calls Ferry forwards): a C program makes
+//!    each of a few system calls `--calls` times in a row and reports the mean time per call,
+//!    at home and moved to b. Moved, `getppid`, `getpgrp` and `getsid` go through Ferry's
+//!    seccomp filter to b's guest init (the supervisor) and back; `getpid` and `uname` pass
+//!    the filter in the kernel (its cost for calls that stay local).
+//!
 //! The migration itself is not timed here (`ferry-bench migrate` does). See docs/benchmarks.md.
 
 use crate::common::{ferry_binary, markdown};
@@ -32,7 +38,62 @@ pub struct Args {
     /// TCP port of the benchmark's own local cluster (on 127.0.0.11 and .12).
     #[arg(long, default_value_t = 7395)]
     port: u16,
+    /// Calls of each kind per run of the *calls* measure.
+    #[arg(long, default_value_t = 20000)]
+    calls: u64,
+    /// Runs of the *calls* measure, at home and moved each.
+    #[arg(long, default_value_t = 5)]
+    call_runs: usize,
+    /// Only the *calls* measure.
+    #[arg(long)]
+    calls_only: bool,
 }
+
+/// The *calls* program: waits for GO to exist, then makes each call N times and writes
+/// "NAME NS-PER-CALL" lines to OUT (atomically).
+const CALLS_C: &str = r#"
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    long n = atol(argv[3]);
+    while (access(argv[1], F_OK)) usleep(2000);
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", argv[2]);
+    FILE *o = fopen(tmp, "w");
+    if (!o) return 3;
+    struct utsname u;
+#define M(name, call) { double t = now(); for (long i = 0; i < n; i++) { call; } \
+        fprintf(o, "%s %.1f\n", name, (now() - t) / n); }
+    M("getppid", syscall(SYS_getppid));
+    M("getpgrp", syscall(SYS_getpgrp));
+    M("getsid", syscall(SYS_getsid, 0));
+    M("getpid", syscall(SYS_getpid));
+    M("uname", uname(&u));
+    fclose(o);
+    rename(tmp, argv[2]);
+    return 0;
+}
+"#;
+
+/// The calls measured, in the program's order, and whether Ferry forwards them.
+const CALLS: [(&str, bool); 5] = [
+    ("getppid", true),
+    ("getpgrp", true),
+    ("getsid", true),
+    ("getpid", false),
+    ("uname", false),
+];
 
 /// A child that exits with 7 at `deadline` (seconds since the epoch), or dies of a signal.
 fn child(deadline: f64) -> Result<Child> {
@@ -92,6 +153,11 @@ pub fn run(a: Args) -> Result<()> {
         }
         Ok(())
     };
+    let calls = calls_table(&a, &moved)?;
+    if a.calls_only {
+        println!("{calls}");
+        return Ok(());
+    }
     let mut samples: [Vec<f64>; 4] = Default::default();
     eprintln!("ferry-bench: {} runs of each", a.runs);
     for _ in 0..a.runs {
@@ -157,5 +223,91 @@ pub fn run(a: Args) -> Result<()> {
         ]);
     }
     println!("{}", markdown(&lines));
+    println!();
+    println!("{calls}");
     Ok(())
+}
+
+/// The *calls* measure: per call, the median over the runs of its mean time at home and moved.
+fn calls_table(a: &Args, moved: &dyn Fn(&Child) -> Result<()>) -> Result<String> {
+    let dir = std::env::temp_dir().join(format!("ferry-bench-calls.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("make {}", dir.display()))?;
+    let src = dir.join("calls.c");
+    let bin = dir.join("calls");
+    std::fs::write(&src, CALLS_C)?;
+    let st = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .context("run gcc")?;
+    if !st.success() {
+        bail!("gcc could not build the calls program");
+    }
+    eprintln!(
+        "ferry-bench: calls: {} runs of {} calls each, at home and moved",
+        a.call_runs, a.calls
+    );
+    // [call][moved] -> ns per call, one per run.
+    let mut ns: Vec<[Vec<f64>; 2]> = CALLS.iter().map(|_| Default::default()).collect();
+    for run in 0..a.call_runs {
+        for (k, moving) in [false, true].into_iter().enumerate() {
+            let go = dir.join(format!("go-{run}-{k}"));
+            let out = dir.join(format!("out-{run}-{k}"));
+            let mut c = Command::new(&bin)
+                .arg(&go)
+                .arg(&out)
+                .arg(a.calls.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("start the calls program")?;
+            if moving {
+                moved(&c)?;
+            }
+            std::fs::write(&go, "")?;
+            let st = wait(&mut c)?;
+            if !st.success() {
+                bail!("the calls program ended with {st} (moved: {moving})");
+            }
+            let text =
+                std::fs::read_to_string(&out).with_context(|| format!("read {}", out.display()))?;
+            for (i, (name, _)) in CALLS.iter().enumerate() {
+                let v = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .with_context(|| format!("no {name} in {text:?}"))?;
+                ns[i][k].push(v);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut lines = vec![vec![
+        "call".to_string(),
+        "moved: handled".into(),
+        "at home µs".into(),
+        "moved µs".into(),
+        "added µs".into(),
+        "moved vs home".into(),
+    ]];
+    for (i, (name, forwarded)) in CALLS.iter().enumerate() {
+        let home = stats(&ns[i][0]).median / 1e3;
+        let there = stats(&ns[i][1]).median / 1e3;
+        lines.push(vec![
+            name.to_string(),
+            if *forwarded {
+                "forwarded (supervisor)".into()
+            } else {
+                "local (filter: ALLOW)".into()
+            },
+            format!("{home:.3}"),
+            format!("{there:.3}"),
+            format!("{:.3}", there - home),
+            format!("{:.1}x", there / home.max(1e-9)),
+        ]);
+    }
+    Ok(markdown(&lines))
 }

@@ -249,7 +249,13 @@ pub struct Bodies {
     /// (home, PID) -> the stop signal its home sent, delivered here as SIGSTOP (see
     /// [`Bodies::stop_signal`]); its stop is reported home as that signal's.
     stop_alias: Mutex<HashMap<(String, i32), i32>>,
+    /// "pid:[inode]" -> per process of the tree (its PID there): the calls its supervisor
+    /// answered and the nanoseconds it spent on them, as the guest init last reported.
+    calls: Mutex<HashMap<String, CallCounts>>,
 }
+
+/// Per thread of a body (its TID there): calls answered, and nanoseconds spent on them.
+type CallCounts = HashMap<i32, (u64, u64)>;
 
 fn pid_ns(pid: i32) -> Option<String> {
     std::fs::read_link(format!("/proc/{pid}/ns/pid"))
@@ -283,7 +289,41 @@ impl Bodies {
     pub fn forget(&self, host_pid: i32) {
         if let Some(ns) = pid_ns(host_pid) {
             self.map.lock().expect("bodies lock").remove(&ns);
+            self.calls.lock().expect("bodies lock").remove(&ns);
         }
+    }
+
+    /// A guest init's count: "NS calls PID CALLS NANOS". False if `line` is not one.
+    fn count(&self, line: &str) -> bool {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [ns, "calls", pid, calls, nanos] = f[..] else {
+            return false;
+        };
+        let (Ok(pid), Ok(calls), Ok(nanos)) = (pid.parse(), calls.parse(), nanos.parse()) else {
+            return true;
+        };
+        if self.map.lock().expect("bodies lock").contains_key(ns) {
+            self.calls
+                .lock()
+                .expect("bodies lock")
+                .entry(ns.to_string())
+                .or_default()
+                .insert(pid, (calls, nanos));
+        }
+        true
+    }
+
+    /// The calls forwarded by the tree whose root runs here as `host_pid`, and the time spent
+    /// answering them (nanoseconds).
+    pub fn forwarded(&self, host_pid: i32) -> (u64, u64) {
+        let Some(ns) = pid_ns(host_pid) else {
+            return (0, 0);
+        };
+        let calls = self.calls.lock().expect("bodies lock");
+        calls.get(&ns).map_or((0, 0), |per| {
+            per.values()
+                .fold((0, 0), |(c, t), (c2, t2)| (c + c2, t + t2))
+        })
     }
 
     /// The host PID of the process whose PID is `pid` in the guest tree at home on `home`.
@@ -350,6 +390,7 @@ impl Bodies {
         let ended = status & 0x7f != 0x7f && status != 0xffff;
         if pid == root && ended {
             m.remove(ns);
+            self.calls.lock().expect("bodies lock").remove(ns);
         }
         if status & 0xff == 0x7f && (status >> 8) & 0xff == libc::SIGSTOP {
             let alias = self
@@ -379,6 +420,9 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
             }
         };
         let line = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if node.bodies.count(&line) {
+            continue;
+        }
         let Some((home, msg)) = node.bodies.report(&line) else {
             continue;
         };

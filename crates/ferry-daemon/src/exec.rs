@@ -359,6 +359,8 @@ where
         kind: "remote-exec".into(),
         since_unix_ms: now_unix_ms(),
         home_ids: None,
+        forwarded_calls: 0,
+        forwarded_us: 0,
     });
     tracing::info!(event = "run-started", from = %from, home = %spec.home_node,
         home_pid = spec.home_pid, pid, uid = spec.uid, tty = spec.tty.is_some(),

@@ -578,6 +578,8 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         kind: "migrated".into(),
         since_unix_ms: offer.since_unix_ms,
         home_ids: offer.home_ids.clone(),
+        forwarded_calls: 0,
+        forwarded_us: 0,
     };
     // The copy is recorded before anyone may act on it: a restarted daemon finds it (its worker
     // resumes it should this daemon die now) and asks the source what became of it.

@@ -55,6 +55,17 @@ pub struct Node {
 }
 
 impl Node {
+    /// The processes under Ferry on this node (its guests), with what each body costs.
+    pub fn local_processes(&self) -> Vec<ProcInfo> {
+        let mut list = self.guests.list();
+        for p in &mut list {
+            let (calls, nanos) = self.bodies.forwarded(p.pid);
+            p.forwarded_calls = calls;
+            p.forwarded_us = nanos / 1000;
+        }
+        list
+    }
+
     pub fn name(&self) -> &str {
         &self.config.name
     }
@@ -591,7 +602,7 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
         }
         Msg::RelayOpen { pid, pipe } => crate::relay::serve_open(node, conn, pid, pipe).await,
         Msg::LocalProcesses => {
-            write_msg(&mut conn.stream, &Msg::Processes(node.guests.list())).await?;
+            write_msg(&mut conn.stream, &Msg::Processes(node.local_processes())).await?;
             Ok(())
         }
         Msg::LocalView => {
@@ -656,7 +667,7 @@ async fn serve_cli(node: &Arc<Node>, mut s: UnixStream) -> Result<()> {
     }
     match request {
         Msg::ListNodes => write_msg(&mut s, &Msg::Nodes(nodes(node))).await?,
-        Msg::LocalProcesses => write_msg(&mut s, &Msg::Processes(node.guests.list())).await?,
+        Msg::LocalProcesses => write_msg(&mut s, &Msg::Processes(node.local_processes())).await?,
         Msg::ListProcesses => {
             let all = processes(node).await;
             write_msg(&mut s, &Msg::Processes(all)).await?
@@ -749,7 +760,7 @@ pub fn nodes(node: &Node) -> Vec<NodeInfo> {
 
 /// Every node's guests, asked in parallel; a node that does not answer in time is skipped.
 async fn processes(node: &Arc<Node>) -> Vec<ProcInfo> {
-    let mut all = node.guests.list();
+    let mut all = node.local_processes();
     let mut asks = Vec::new();
     for m in node.membership.members() {
         let node = node.clone();

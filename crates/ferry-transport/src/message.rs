@@ -375,6 +375,13 @@ pub struct ProcInfo {
     /// A body's identities at home (see [`MigrateOffer::home_ids`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home_ids: Option<HomeIds>,
+    /// What a body costs: the system calls of its tree that Ferry's filter handed to its
+    /// supervisor on this node (docs/syscalls.md, "forwarded"), and the supervisor's time on
+    /// them, in microseconds. Zero for a process that is not a body.
+    #[serde(default)]
+    pub forwarded_calls: u64,
+    #[serde(default)]
+    pub forwarded_us: u64,
 }
 
 /// The cluster as one node sees it (`Msg::View`). Every struct here only ever gains fields,

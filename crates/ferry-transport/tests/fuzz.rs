@@ -52,6 +52,8 @@ fn messages() -> Vec<Msg> {
         kind: "migrated".into(),
         since_unix_ms: 1_700_000_000_000,
         home_ids: None,
+        forwarded_calls: 3,
+        forwarded_us: 40,
     };
     vec![
         Msg::Hello { node: "a".into() },

@@ -1358,7 +1358,7 @@ fn body_lost_with_its_node() -> Result<(), Failed> {
 /// gives: moved to b and back (in guest namespaces of its own both times), it prints exactly
 /// what it printed at home, its own filter still acting; and the shell's `wait` gets its exit
 /// code. Ferry's filter is not its own: moving it on from b (a capture of it) keeps its filter
-/// and leaves Ferry's out.
+/// and leaves Ferry's out. `ferry ps` counts the calls its supervisor answered.
 fn keeps_home_identities() -> Result<(), Failed> {
     let c = Cluster::up("homeids", 2);
     let dir = scratch("migration", "homeids");
@@ -1407,6 +1407,22 @@ fn keeps_home_identities() -> Result<(), Failed> {
     );
     migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
     let on_b = ask(2)?;
+    // What it cost, in `ferry ps`: the five calls of its answer went to its supervisor (the
+    // count reaches the daemon within a second or so).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = guest(&c, "a", pid).ok_or("the body is not in ferry ps")?;
+        let calls = row["forwarded_calls"].as_u64().unwrap_or(0);
+        if calls >= 5 {
+            assert!(calls < 100, "{row}");
+            assert_eq!(row["node"], "b", "{row}");
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("ferry ps never counted its forwarded calls: {row}").into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     migrate(&c, "b", pid, "a").map_err(|e| format!("b -> a: {e}"))?;
     let back = ask(3)?;
     assert_eq!(on_b, home, "on b");

@@ -62,23 +62,19 @@ fn parse_home(s: &str) -> Result<HomeIds> {
     }
 }
 
-/// Tgid, parent, process group and session of thread `tid` (this namespace's numbers).
-fn ids_of(tid: i32) -> Option<(i32, i32, i32, i32)> {
-    let s = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    let field = |key: &str| -> Option<i32> {
-        s.lines()
-            .find_map(|l| l.strip_prefix(key))?
-            .split_whitespace()
-            .last()?
-            .parse()
-            .ok()
-    };
-    Some((
-        field("Tgid:")?,
-        field("PPid:")?,
-        field("NSpgid:")?,
-        field("NSsid:")?,
-    ))
+/// Parent, process group and session of thread `tid` (this namespace's numbers), from
+/// /proc/TID/stat: the cheapest of /proc's files that has them.
+fn ids_of(tid: i32) -> Option<(i32, i32, i32)> {
+    let s = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
+    // "tid (comm) state ppid pgrp session ...": comm may hold anything but its last ')'.
+    let mut f = s[s.rfind(')')? + 1..].split_whitespace().skip(1);
+    let mut next = || f.next()?.parse::<i32>().ok();
+    Some((next()?, next()?, next()?))
+}
+
+/// Whether thread `tid` belongs to process `pid`.
+fn thread_of(tid: i32, pid: i32) -> bool {
+    tid == pid || std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
 }
 
 /// Answers the calls Ferry's filter hands over (ferry_engine::resources::seccomp::FORWARDED)
@@ -89,8 +85,10 @@ fn ids_of(tid: i32) -> Option<(i32, i32, i32, i32)> {
 struct Supervisor {
     home: HomeIds,
     listeners: Vec<std::os::fd::OwnedFd>,
-    /// Calls answered, per process (this namespace's PID), and the time spent on them.
-    pub counts: std::collections::HashMap<i32, (u64, u64)>,
+    /// Calls answered, per thread (this namespace's TID), and the time spent on them.
+    counts: std::collections::HashMap<i32, (u64, u64)>,
+    /// The processes whose counts changed since they were last reported.
+    changed: std::collections::BTreeSet<i32>,
 }
 
 impl Supervisor {
@@ -107,9 +105,9 @@ impl Supervisor {
         let local = |tid: i32| ids_of(tid).ok_or(libc::ESRCH);
         let nr = n.nr as i64;
         if nr == libc::SYS_getppid {
-            let (tgid, ppid, _, _) = local(n.pid)?;
+            let (ppid, _, _) = local(n.pid)?;
             // The root's parent is outside the tree: here 0 (its maker) or 1 (this init).
-            return Ok(if tgid == h.root && ppid <= 1 {
+            return Ok(if ppid <= 1 && thread_of(n.pid, h.root) {
                 h.ppid
             } else {
                 ppid
@@ -124,7 +122,7 @@ impl Supervisor {
         } else {
             return Err(libc::ENOSYS);
         };
-        let (_, _, pgid, sid) = local(tid)?;
+        let (_, pgid, sid) = local(tid)?;
         Ok(match (is_sid, if is_sid { sid } else { pgid }) {
             (true, v) if v == h.root => h.sid,
             (false, v) if v == h.root => h.pgid,
@@ -156,10 +154,11 @@ impl Supervisor {
                 log::warn!("guest init: answer call {} of thread {}: {e}", n.nr, n.pid);
             }
         }
-        let tgid = ids_of(n.pid).map_or(n.pid, |i| i.0);
-        let c = self.counts.entry(tgid).or_default();
+        // (Counted per thread: the daemon adds up the tree's.)
+        let c = self.counts.entry(n.pid).or_default();
         c.0 += 1;
         c.1 += t.elapsed().as_nanos() as u64;
+        self.changed.insert(n.pid);
         true
     }
 }
@@ -202,6 +201,7 @@ pub fn run(a: Args) -> Result<()> {
             home: parse_home(h)?,
             listeners: Vec::new(),
             counts: Default::default(),
+            changed: Default::default(),
         }),
         None => None,
     };
@@ -222,9 +222,23 @@ pub fn run(a: Args) -> Result<()> {
         Some((sock, ns.to_string_lossy().into_owned()))
     });
     let mut hold = Some(hold);
+    let mut counted = std::time::Instant::now();
+    // Woken only by forwarded calls last time round (no child changed, no timeout).
+    let mut busy = false;
     loop {
         reap(report.as_ref());
-        if hold.is_none() && alone() {
+        if let (Some(s), Some((sock, ns))) = (sup.as_mut(), report.as_ref()) {
+            // What the body costs, for `ferry ps`: at most every half second, when it changed.
+            if !s.changed.is_empty() && counted.elapsed() >= std::time::Duration::from_millis(500) {
+                for pid in std::mem::take(&mut s.changed) {
+                    let (calls, nanos) = s.counts.get(&pid).copied().unwrap_or_default();
+                    let _ = sock.send(format!("{ns} calls {pid} {calls} {nanos}\n").as_bytes());
+                }
+                counted = std::time::Instant::now();
+            }
+        }
+        // (Not after every answered call: listing /proc is the costliest thing done here.)
+        if hold.is_none() && !busy && alone() {
             return Ok(());
         }
         let mut fds = vec![sigchld.as_raw_fd(), -1];
@@ -242,6 +256,7 @@ pub fn run(a: Args) -> Result<()> {
             }
         };
         let ready: Vec<bool> = events.iter().map(|&e| e != 0).collect();
+        busy = !ready[0] && ready.iter().any(|&r| r);
         if ready[0] {
             let mut buf = [0u8; 128];
             while matches!(fdops::read_fd(sigchld.as_raw_fd(), &mut buf), Ok(n) if n > 0) {}
@@ -250,7 +265,14 @@ pub fn run(a: Args) -> Result<()> {
             let fd = hold.as_ref().map(|h| h.as_raw_fd()).unwrap_or(-1);
             match ferry_sys::sockets::recv(fd, 64, libc::MSG_DONTWAIT) {
                 Ok(r) if !r.data.is_empty() => match sup.as_mut() {
-                    Some(s) => s.listeners.extend(r.rights),
+                    Some(s) => {
+                        for l in &r.rights {
+                            if let Err(e) = ferry_sys::seccomp::sync_wake_up(l.as_raw_fd()) {
+                                log::debug!("guest init: seccomp listener: {e}");
+                            }
+                        }
+                        s.listeners.extend(r.rights)
+                    }
                     None => log::warn!("guest init: seccomp listeners for no home"),
                 },
                 Err(e) if e.errno == libc::EAGAIN || e.errno == libc::EINTR => {}

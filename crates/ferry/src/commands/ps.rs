@@ -1,6 +1,9 @@
 //! `ferry ps [--json]`: processes under Ferry across the cluster: where they are from, where
 //! they run, their PID in both places, and whose they are. (User names come from this
-//! machine's /etc/passwd: a cluster shares its users, as Sprite's did.)
+//! machine's /etc/passwd: a cluster shares its users, as Sprite's did.) For a body (a moved
+//! tree whose home is elsewhere), CALLS and CALL-US say what it costs: the system calls of its
+//! tree handed to its supervisor (docs/syscalls.md, "forwarded") and the time spent answering
+//! them (`forwarded_calls`, `forwarded_us` in `--json`).
 
 use super::client;
 use anyhow::{bail, Result};
@@ -32,8 +35,8 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
         return super::print_json(&rows);
     }
     println!(
-        "{:<8} {:>8} {:<8} {:>8} {:<8} {:<10} {:<11} {:>9}  COMMAND",
-        "HOME", "HOME-PID", "NODE", "PID", "USER", "STATE", "KIND", "SINCE"
+        "{:<8} {:>8} {:<8} {:>8} {:<8} {:<10} {:<11} {:>9} {:>7} {:>8}  COMMAND",
+        "HOME", "HOME-PID", "NODE", "PID", "USER", "STATE", "KIND", "SINCE", "CALLS", "CALL-US"
     );
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -42,7 +45,7 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
     for p in procs {
         let secs = now.saturating_sub(p.since_unix_ms) / 1000;
         println!(
-            "{:<8} {:>8} {:<8} {:>8} {:<8} {:<10} {:<11} {:>8}s  {}",
+            "{:<8} {:>8} {:<8} {:>8} {:<8} {:<10} {:<11} {:>8}s {:>7} {:>8}  {}",
             p.home_node,
             p.home_pid,
             p.node,
@@ -51,6 +54,8 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
             p.state,
             p.kind,
             secs,
+            p.forwarded_calls,
+            p.forwarded_us,
             p.command
         );
     }
