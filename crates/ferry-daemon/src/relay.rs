@@ -103,6 +103,20 @@ pub fn open_home_ends(relays: &[RelayedPipe]) -> Result<Vec<(u32, OwnedFd)>> {
     relays
         .iter()
         .map(|r| {
+            if r.pipe & ferry_image::RELAY_SOCKET != 0 {
+                // A socket cannot be opened again: the relay takes the process's own
+                // description (the deputy then closes its descriptor of it).
+                let fd = ferry_sys::pidfd::pidfd_open(r.pid)
+                    .and_then(|p| ferry_sys::pidfd::pidfd_getfd(&p, r.fd))
+                    .map_err(|e| {
+                        anyhow!(
+                            "PID {} fd {}: take its socket for relaying: {e}",
+                            r.pid,
+                            r.fd
+                        )
+                    })?;
+                return Ok((r.pipe, fd));
+            }
             let acc = if r.tty {
                 libc::O_RDWR | libc::O_NOCTTY
             } else if r.body_reads {
@@ -164,10 +178,9 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
                     Ok(other) => bail!("node {home} answered {}", kind(&other)),
                     Err(e) => bail!("node {home} did not answer: {e}"),
                 }
-                if pipe & ferry_image::RELAY_TTY != 0 {
-                    pump_tty(conn, fd, None, None).await
-                } else {
-                    pump(conn, fd, None).await
+                match duplex_of(pipe) {
+                    Some(mode) => pump_duplex(conn, fd, mode, None).await,
+                    None => pump(conn, fd, None).await,
                 }
             }
             .await;
@@ -194,10 +207,12 @@ pub async fn serve_open(node: &Arc<Node>, mut conn: Conn, pid: i32, pipe: u32) -
     write_msg(&mut conn.stream, &Msg::Done).await?;
     let peer = conn.peer.clone();
     let counter = node.relays.counter(pid);
-    let bytes = if pipe & ferry_image::RELAY_TTY != 0 {
-        pump_tty(conn, fd, Some(pid), Some(counter)).await?
-    } else {
-        pump(conn, fd, Some(counter)).await?
+    let bytes = match duplex_of(pipe) {
+        Some(Duplex::Tty { .. }) => {
+            pump_duplex(conn, fd, Duplex::Tty { gate: Some(pid) }, Some(counter)).await?
+        }
+        Some(mode) => pump_duplex(conn, fd, mode, Some(counter)).await?,
+        None => pump(conn, fd, Some(counter)).await?,
     };
     tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
     Ok(())
@@ -296,30 +311,59 @@ fn in_foreground(pid: i32) -> Option<bool> {
     Some(pgrp == tpgid)
 }
 
-/// What a terminal relay's reading thread found.
+/// What a two-way relay's reading thread found.
 enum TtyOut {
     Data(Vec<u8>),
     Winsize([u16; 4]),
+    /// End of file from our side of the descriptor.
     Eof,
+    /// Our side can no longer be written (its peer is gone): the relay ends.
+    Broken,
 }
 
-/// Moves a terminal's bytes both ways between `fd` and the connection: at home `fd` is the
-/// home terminal (a description of our own, not our controlling terminal) and `gate` the tree's
+/// The two-way relays: a terminal (at home, `gate` is the tree's root: see `pump_duplex`), or
+/// a UNIX stream socket (each way ends by itself: end of file one way is a shutdown the other).
+#[derive(Clone, Copy)]
+enum Duplex {
+    Tty { gate: Option<i32> },
+    Socket,
+}
+
+/// The kind of relay an id names (see `ferry_image::RELAY_TTY`, `RELAY_SOCKET`).
+fn duplex_of(id: u32) -> Option<Duplex> {
+    if id & ferry_image::RELAY_TTY != 0 {
+        Some(Duplex::Tty { gate: None })
+    } else if id & ferry_image::RELAY_SOCKET != 0 {
+        Some(Duplex::Socket)
+    } else {
+        None
+    }
+}
+
+/// Moves bytes both ways between `fd` and the connection. A terminal: at home `fd` is the home
+/// terminal (a description of our own, not our controlling terminal) and `gate` the tree's
 /// root there, whose input is read only while its group is in the foreground (else the shell
 /// at home reads it) and whose window size is sent on when it changes; at the body's node `fd`
-/// is the master of the body's pty. Ends when either side does. Returns the bytes moved.
-async fn pump_tty(
+/// is the master of the body's pty; the relay ends when either side does. A socket: end of file
+/// read on one side is a shutdown(SHUT_WR) on the other, and the relay ends when both ways
+/// have, or a write fails. Returns the bytes moved.
+async fn pump_duplex(
     conn: Conn,
     fd: OwnedFd,
-    gate: Option<i32>,
+    mode: Duplex,
     counter: Option<Arc<AtomicU64>>,
 ) -> Result<u64> {
+    let gate = match mode {
+        Duplex::Tty { gate } => gate,
+        Duplex::Socket => None,
+    };
+    let socket = matches!(mode, Duplex::Socket);
     let (mut rx, mut tx) = tokio::io::split(conn.stream);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let fd = Arc::new(fd);
     let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<TtyOut>(16);
     let reader = {
-        let (fd, stop) = (fd.clone(), stop.clone());
+        let (fd, stop, out_tx) = (fd.clone(), stop.clone(), out_tx.clone());
         std::thread::spawn(move || {
             let raw = fd.as_raw_fd();
             let mut buf = vec![0u8; 1 << 16];
@@ -340,10 +384,7 @@ async fn pump_tty(
                             std::thread::sleep(Duration::from_millis(50));
                             continue;
                         }
-                        None => {
-                            let _ = out_tx.blocking_send(TtyOut::Eof);
-                            return;
-                        }
+                        None => break,
                     }
                 }
                 match ferry_sys::ns::poll_in(&[raw], 100) {
@@ -351,30 +392,42 @@ async fn pump_tty(
                     Ok(_) => continue,
                     Err(_) => break,
                 }
-                match ferry_sys::fdops::read_fd(raw, &mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        if out_tx
-                            .blocking_send(TtyOut::Data(buf[..n].to_vec()))
-                            .is_err()
-                        {
+                // The shell may have taken the terminal back while we waited.
+                if gate.is_some_and(|root| in_foreground(root) == Some(false)) {
+                    continue;
+                }
+                let got = if socket {
+                    ferry_sys::sockets::recv(raw, buf.len(), libc::MSG_DONTWAIT).map(|r| r.data)
+                } else {
+                    ferry_sys::fdops::read_fd(raw, &mut buf).map(|n| buf[..n].to_vec())
+                };
+                match got {
+                    Ok(d) if d.is_empty() => break,
+                    Ok(d) => {
+                        if out_tx.blocking_send(TtyOut::Data(d)).is_err() {
                             return;
                         }
                     }
                     Err(e) if e.errno == libc::EAGAIN || e.errno == libc::EINTR => {}
-                    // EIO: the last slave closed (the body's), or the terminal hung up.
+                    // EIO: the last slave closed (the body's), or the terminal hung up;
+                    // ECONNRESET: the peer closed with data unread.
                     Err(_) => break,
                 }
             }
             let _ = out_tx.blocking_send(TtyOut::Eof);
         })
     };
+    // Bytes to write; an empty one is end of file from the far side.
     let (in_tx, in_rx) = std::sync::mpsc::channel::<Vec<u8>>();
     let writer = {
         let (fd, stop) = (fd.clone(), stop.clone());
         std::thread::spawn(move || {
             let raw = fd.as_raw_fd();
             for data in in_rx {
+                if data.is_empty() {
+                    let _ = ferry_sys::sockets::shutdown(raw, libc::SHUT_WR);
+                    continue;
+                }
                 let mut at = 0;
                 while at < data.len() {
                     if stop.load(Ordering::Relaxed) {
@@ -385,7 +438,10 @@ async fn pump_tty(
                         Err(e) if e.errno == libc::EAGAIN || e.errno == libc::EINTR => {
                             std::thread::sleep(Duration::from_millis(5))
                         }
-                        Err(_) => return,
+                        Err(_) => {
+                            let _ = out_tx.blocking_send(TtyOut::Broken);
+                            return;
+                        }
                     }
                 }
             }
@@ -397,8 +453,12 @@ async fn pump_tty(
             c.fetch_add(n as u64, Ordering::Relaxed);
         }
     };
+    let (mut sent_end, mut got_end) = (false, false);
     let r: Result<()> = async {
         loop {
+            if sent_end && got_end {
+                return Ok(());
+            }
             tokio::select! {
                 out = out_rx.recv() => match out {
                     Some(TtyOut::Data(d)) => {
@@ -409,12 +469,20 @@ async fn pump_tty(
                     Some(TtyOut::Winsize(size)) => {
                         write_msg(&mut tx, &Msg::RelayWinsize { size }).await?;
                     }
-                    Some(TtyOut::Eof) | None => {
-                        let _ = write_end(&mut tx).await;
-                        return Ok(());
+                    Some(TtyOut::Eof) => {
+                        if !sent_end {
+                            let _ = write_end(&mut tx).await;
+                            if !socket {
+                                return Ok(());
+                            }
+                            sent_end = true;
+                        }
                     }
+                    // Our writer found the far side's data can no longer be delivered, or
+                    // both threads are gone.
+                    Some(TtyOut::Broken) | None => return Ok(()),
                 },
-                frame = read_frame(&mut rx) => match frame {
+                frame = read_frame(&mut rx), if !got_end => match frame {
                     Ok(Frame::Data(d)) => {
                         total += d.len() as u64;
                         count(d.len());
@@ -422,10 +490,14 @@ async fn pump_tty(
                             return Ok(());
                         }
                     }
-                    Ok(Frame::Msg(Msg::RelayWinsize { size })) if gate.is_none() => {
+                    Ok(Frame::Msg(Msg::RelayWinsize { size })) if gate.is_none() && !socket => {
                         let _ = ferry_sys::tty::set_winsize(fd.as_raw_fd(), size);
                     }
-                    Ok(Frame::Msg(m)) => bail!("{} message inside a terminal relay", kind(&m)),
+                    Ok(Frame::Msg(m)) => bail!("{} message inside a two-way relay", kind(&m)),
+                    Ok(Frame::End) if socket => {
+                        let _ = in_tx.send(Vec::new());
+                        got_end = true;
+                    }
                     Ok(Frame::End) | Err(FrameError::Closed) => return Ok(()),
                     Err(e) => bail!("relay stream: {e}"),
                 },

@@ -174,8 +174,8 @@ pub fn capture_then<W: Write>(
         tree.processes.push(p);
     }
     refuse_orphaned_groups(&tree)?;
-    report.relays = relayed_pipes(&tree)?;
     crate::resources::sockets::finish_capture(frozen, &mut tree)?;
+    report.relays = relayed_pipes(&tree)?;
     tree.shmem = objects.shmem.clone();
     tree.ghosts = objects.ghosts.clone();
     // Everything was captured with our PIDs; the image holds the tree's own.
@@ -261,6 +261,27 @@ fn relayed_pipes(tree: &Tree) -> Result<Vec<RelayedPipe>> {
                         tty: false,
                     }),
                 }
+            }
+        }
+    }
+    // UNIX sockets connected to a process at home: one relay per socket description.
+    for p in &tree.processes {
+        for f in &p.fds {
+            let Some(d) = tree.files.get(f.file as usize) else {
+                continue;
+            };
+            let ferry_image::FileKind::Socket(s) = &d.kind else {
+                continue;
+            };
+            let id = ferry_image::RELAY_SOCKET | d.id;
+            if s.relayed && !out.iter().any(|r| r.pipe == id) {
+                out.push(RelayedPipe {
+                    pipe: id,
+                    pid: p.pid,
+                    fd: f.fd,
+                    body_reads: false,
+                    tty: false,
+                });
             }
         }
     }

@@ -480,6 +480,16 @@ pub fn restore_with<R: Read>(
         ferry_image::FileKind::Tty(t) if t.relayed.is_some() => Some(t.index),
         _ => None,
     });
+    let relayed_socket = img.tree.files.iter().find_map(|d| match &d.kind {
+        ferry_image::FileKind::Socket(s) if s.relayed => Some(s.ino),
+        _ => None,
+    });
+    if let (Some(ino), false) = (relayed_socket, opts.relays) {
+        return Err(Error::BadImage(format!(
+            "socket:[{ino}] is relayed from the tree's home node: only the migration that made \
+             this image can rebuild it"
+        )));
+    }
     if let (Some(index), false) = (relayed_tty, opts.relays) {
         return Err(Error::BadImage(format!(
             "/dev/pts/{index} is a terminal relayed from the tree's home node: only the \

@@ -19,7 +19,7 @@ pub use anon_inodes::*;
 pub use model::*;
 pub use sockets::*;
 pub use stream::{ImageError, ImageReader, ImageWriter, Item, Record};
-pub use tty::{PtyState, Termios, TtyDesc, RELAY_TTY};
+pub use tty::{PtyState, Termios, TtyDesc, RELAY_SOCKET, RELAY_TTY};
 pub use validate::validate;
 
 /// The 8 bytes every image starts with.

@@ -33,6 +33,12 @@ pub struct SocketDesc {
     /// whose peer closed without reading everything.
     #[serde(default)]
     pub error: i32,
+    /// A UNIX stream socket connected to a process at the tree's home (outside the tree):
+    /// rebuilt by a migration as one end of a fresh pair whose other end the daemons relay to
+    /// the home's socket (see ARCHITECTURE.md, "Relays"); its queue stays at home. Any other
+    /// restore refuses it.
+    #[serde(default)]
+    pub relayed: bool,
     /// For a TCP connection, established or half-closed (`state` is `Connected`, `queue` holds
     /// the bytes received and not yet read): what TCP repair mode needs to make it again. For
     /// TCP `shutdown` says what this end has shut down (`read`: shutdown(SHUT_RD) here or the

@@ -23,6 +23,9 @@ pub struct TtyDesc {
 /// Relay ids (`RelayOpen`) of terminals: this bit and the pts number. (Pipes use their
 /// `Pipe::id`.)
 pub const RELAY_TTY: u32 = 1 << 31;
+/// Relay ids of UNIX sockets connected to a process at home: this bit and the socket's
+/// `FileDesc::id`.
+pub const RELAY_SOCKET: u32 = 1 << 30;
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
 pub struct PtyState {

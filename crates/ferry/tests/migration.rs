@@ -64,6 +64,10 @@ fn main() {
             relayed_pipe_reader_gone,
         ),
         Trial::test(
+            "a_client_talks_on_to_its_server_at_home_over_a_unix_socket",
+            unix_client_of_a_home_server,
+        ),
+        Trial::test(
             "a_shell_job_under_a_terminal_moves_stops_resumes_and_is_interrupted",
             shell_job_under_a_terminal,
         ),
@@ -1118,6 +1122,118 @@ fn relayed_pipe_reader_gone() -> Result<(), Failed> {
     assert_eq!(
         got, want,
         "the reader at home did not get the moved writer's lines"
+    );
+    Ok(())
+}
+
+/// A server at home and its client, connected by a UNIX stream socket; the client moves.
+const UNIX_SERVER: &str = r#"
+import os, sys, socket
+d = sys.argv[1]
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(d + '/srv.sock')
+srv.listen(1)
+open(d + '/srv.ready', 'w').close()
+c, _ = srv.accept()
+f = c.makefile('rwb', buffering=0)
+n = 0
+for line in f:
+    n += 1
+    assert line == b'ping %d\n' % n, (line, n)
+    c.sendall(b'pong %d\n' % n)
+c.sendall(b'bye after %d\n' % n)
+c.close()
+open(d + '/srv.done', 'w').write(str(n))
+"#;
+
+const UNIX_CLIENT: &str = r#"
+import os, sys, socket, time
+d = sys.argv[1]
+c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+c.connect(d + '/srv.sock')
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+f = c.makefile('rb', buffering=0)
+for i in range(1, 61):
+    c.sendall(b'ping %d\n' % i)
+    assert f.readline() == b'pong %d\n' % i
+    time.sleep(0.05)
+c.shutdown(socket.SHUT_WR)
+rest = f.read()
+open(d + '/client.done', 'w').write(rest.decode())
+"#;
+
+/// A client moves while it talks to a server that stays home over a UNIX stream socket: the
+/// conversation goes on through the relay, in order; its shutdown reaches the server, and the
+/// server's last words and close reach it.
+fn unix_client_of_a_home_server() -> Result<(), Failed> {
+    let c = Cluster::up("unixrelay", 2);
+    let dir = scratch("migration", "unixrelay");
+    let mut server = UnixServer(
+        Command::new("python3")
+            .args(["-c", UNIX_SERVER])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("srv.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dir.join("srv.ready").exists() {
+        if Instant::now() > deadline {
+            return Err("the server did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut client = UnixServer(
+        Command::new("python3")
+            .args(["-c", UNIX_CLIENT])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("client.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the client")?;
+    std::thread::sleep(Duration::from_millis(300));
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the client did not move: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let st = loop {
+        if let Some(st) = client.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the client did not finish\n{}{}\n{}",
+                std::fs::read_to_string(dir.join("client.err")).unwrap_or_default(),
+                std::fs::read_to_string(dir.join("srv.err")).unwrap_or_default(),
+                c.log("a") + &c.log("b")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let srv = server.0.wait().unwrap();
+    let err = || {
+        std::fs::read_to_string(dir.join("client.err")).unwrap_or_default()
+            + &std::fs::read_to_string(dir.join("srv.err")).unwrap_or_default()
+    };
+    assert!(
+        st.success(),
+        "the client failed: {st:?}\n{}\n{}",
+        err(),
+        c.log("a") + &c.log("b")
+    );
+    assert!(srv.success(), "the server failed: {srv:?}\n{}", err());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("srv.done")).unwrap_or_default(),
+        "60"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("client.done")).unwrap_or_default(),
+        "bye after 60\n"
     );
     Ok(())
 }

@@ -310,6 +310,7 @@ pub fn open_descriptions(
     let dev = guest.map_or_else(|| std::path::PathBuf::from("/dev"), |g| g.dev_dir());
     drop(super::locks::Deferred::take()); // anything an earlier, failed restore left
     drop(super::tty::take_relayed());
+    drop(super::sockets::take_relayed());
     let me = std::process::id() as i32;
     // The first descriptor of each description: in whose name, and with whose rights, it is
     // opened.
@@ -520,6 +521,7 @@ pub fn open_descriptions(
         out.insert(d.id, fd);
     }
     let mut relays = super::tty::take_relayed();
+    relays.extend(super::sockets::take_relayed());
     for p in tree.pipes.iter().filter(|p| p.relayed) {
         let ends = pipe_ends.get_mut(&p.id).expect("every pipe was made above");
         match (ends.0.take(), ends.1.take()) {

@@ -666,6 +666,16 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
             continue;
         };
         if peer_ino != 0 {
+            if !by_ino.contains_key(&peer_ino)
+                && frozen.relay_pipes
+                && s.sock_type == SockType::Stream
+            {
+                // Relayed from home: what waits in it stays there, read by the relay.
+                s.relayed = true;
+                s.state = SockState::Connected { peer_ino: 0 };
+                s.queue.clear();
+                continue;
+            }
             if !by_ino.contains_key(&peer_ino) {
                 return Err(refuse(
                     id,
@@ -787,6 +797,8 @@ fn apply_shutdown(s: RawFd, sh: &Shutdown) {
 thread_local! {
     /// Sockets made for the tree being restored, by file id, until each is asked for.
     static MADE: RefCell<HashMap<u32, OwnedFd>> = RefCell::new(HashMap::new());
+    /// The relay's ends of relayed sockets (`SocketDesc::relayed`), by relay id.
+    static RELAYED: RefCell<Vec<(u32, OwnedFd)>> = const { RefCell::new(Vec::new()) };
     /// What the last build of the sockets left for [`Deferred::complete`].
     static DEFERRED: RefCell<Deferred> = RefCell::new(Deferred::default());
 }
@@ -970,6 +982,11 @@ pub fn open(
     }
     MADE.with(|m| m.borrow_mut().remove(&d.id))
         .ok_or_else(|| Error::BadImage(format!("file {}: socket was not rebuilt", d.id)))
+}
+
+/// The relay's ends of the relayed sockets the last rebuild made (and forgets them).
+pub fn take_relayed() -> Vec<(u32, OwnedFd)> {
+    RELAYED.with(|r| std::mem::take(&mut *r.borrow_mut()))
 }
 
 /// Completes state that refers to the process's descriptor numbers, once all are installed.
@@ -1396,6 +1413,11 @@ impl<'a> Builder<'a> {
     fn finish(&mut self) {
         for (owner, p) in std::mem::take(&mut self.phantoms) {
             let s = self.sock(owner);
+            if s.relayed {
+                let id = ferry_image::RELAY_SOCKET | self.socks[owner].0;
+                RELAYED.with(|r| r.borrow_mut().push((id, p)));
+                continue;
+            }
             if s.error != 0 && s.sock_type != SockType::Dgram {
                 // A peer that closes with unread data resets the connection (ECONNRESET).
                 let _ = sk::send(self.fd(owner), &[0], None, &[], libc::MSG_DONTWAIT);

@@ -826,7 +826,8 @@ impl<'a> Builder<'a> {
                 End::Real(j) => self.sock(*j).local.is_some(),
                 End::Phantom { name, .. } => name.is_some(),
             };
-            if s.sock_type == SockType::Dgram || (s.local.is_none() && !other_named) {
+            // A relayed socket's pair is unnamed: its other end is the relay's.
+            if s.sock_type == SockType::Dgram || s.relayed || (s.local.is_none() && !other_named) {
                 plain.push((i, other));
             } else {
                 named.push((End::Real(i), other));
