@@ -172,8 +172,10 @@ impl<'a> Cluster<'a> {
         let o = self.ferry(node, args).output()?;
         if !o.status.success() {
             bail!(
-                "ferry {} failed: {}",
+                "ferry {} failed ({}): {}{}",
                 args.join(" "),
+                o.status,
+                String::from_utf8_lossy(&o.stdout),
                 String::from_utf8_lossy(&o.stderr)
             );
         }
@@ -270,8 +272,9 @@ fn eviction_table(ferry: &Path, port: u16, evictions: usize) -> Result<String> {
     for guests in [1usize, 3] {
         let kids: Vec<Killed> = (0..guests)
             .map(|_| {
+                // One process without children: nothing in it starts or ends mid-move.
                 Command::new("setsid")
-                    .args(["sh", "-c", "while :; do sleep 0.1; done"])
+                    .args(["sleep", "3600"])
                     .current_dir(&dir)
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
@@ -310,7 +313,23 @@ fn eviction_table(ferry: &Path, port: u16, evictions: usize) -> Result<String> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    // The guests must hold nothing of whatever started the benchmark: a pipe inherited from it
+    // is shared with a process that stays behind, which a move from a guest's node refuses.
+    for fd in std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&fd| fd > 2)
+    {
+        // SAFETY: fcntl on a descriptor number; at worst EBADF.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
     let ferry = ferry_binary(a.ferry.as_deref())?;
+    let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "ferry: {}; load average at the start: {}",
+        ferry.display(),
+        load().trim()
+    );
     println!(
         "Host selection, the policy alone (median):\n\n{}",
         policy_table()
@@ -324,5 +343,6 @@ pub fn run(a: Args) -> Result<()> {
         "Eviction (Sprite: 3.44 s to free a host, 3.26 guests on average):\n\n{}",
         eviction_table(&ferry, a.port, a.evictions)?
     );
+    println!("load average at the end: {}", load().trim());
     Ok(())
 }

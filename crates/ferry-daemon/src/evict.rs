@@ -82,13 +82,20 @@ async fn evict_one(node: &Arc<Node>, g: ProcInfo) -> EvictedGuest {
         } else {
             let mut errors = Vec::new();
             let mut to = None;
-            for d in dests {
-                match move_to(node, g.pid, &d).await {
-                    Ok(()) => {
-                        to = Some(d);
-                        break;
+            // Twice each: a move can fail for a passing reason (a short-lived child of the
+            // tree ending between the preflight and the freeze).
+            'dests: for d in dests {
+                for attempt in 0..2 {
+                    if attempt > 0 {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
-                    Err(e) => errors.push(format!("to {d}: {e}")),
+                    match move_to(node, g.pid, &d).await {
+                        Ok(()) => {
+                            to = Some(d);
+                            break 'dests;
+                        }
+                        Err(e) => errors.push(format!("to {d}: {e}")),
+                    }
                 }
             }
             to.ok_or_else(|| format!("{}; it keeps running here", errors.join("; ")))

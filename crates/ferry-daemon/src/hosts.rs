@@ -505,7 +505,8 @@ fn view(node: &Node) -> Vec<(String, NodeLoad)> {
 
 /// A host's answer to `GrantHost`, decided under its lock.
 fn grant_here(node: &Arc<Node>, want: HostGrant, reclaim: bool) -> Result<(), String> {
-    let cluster = view(node);
+    // The cluster's holdings matter only to a fairness claim.
+    let cluster = if reclaim { view(node) } else { Vec::new() };
     let refs: Vec<(&str, &NodeLoad)> = cluster.iter().map(|(n, l)| (n.as_str(), l)).collect();
     let reclaimed = {
         let own = node.hosts.own_now(node);
