@@ -208,6 +208,7 @@ fn request_table(ferry: &Path, port: u16, requests: usize) -> Result<String> {
         "daemon (ms)".into(),
         "of which policy (µs)".into(),
         "release (ms)".into(),
+        "no host".into(),
     ]];
     for sim in [0usize, 1000] {
         let c = Cluster::up(ferry, port, sim)?;
@@ -219,18 +220,28 @@ fn request_table(ferry: &Path, port: u16, requests: usize) -> Result<String> {
         );
         let h = holder.0.id().to_string();
         let (mut wall, mut daemon, mut pol, mut rel) = (vec![], vec![], vec![], vec![]);
+        let mut failed = 0;
         for i in 0..requests + 5 {
             let t = Instant::now();
-            let r = c.json(
-                "a",
-                &[
-                    "hosts", "get", "1", "--class", "cc", "--holder", &h, "--json",
-                ],
-            )?;
+            let o = c
+                .ferry(
+                    "a",
+                    &[
+                        "hosts", "get", "1", "--class", "cc", "--holder", &h, "--json",
+                    ],
+                )
+                .output()?;
             let w = t.elapsed().as_secs_f64() * 1e3;
-            let host = r["hosts"][0].as_str().unwrap_or("").to_string();
-            if host.is_empty() {
-                bail!("no host granted: {r}");
+            let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            if r["hosts"][0].as_str().is_none() {
+                // Reported, not fatal: on a loaded machine a host may not answer in time.
+                eprintln!(
+                    "ferry-bench: request {i} got no host: {}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                failed += 1;
+                continue;
             }
             let t = Instant::now();
             let st = c
@@ -254,6 +265,7 @@ fn request_table(ferry: &Path, port: u16, requests: usize) -> Result<String> {
             format!("{:.2}", median(daemon)),
             format!("{:.0}", median(pol)),
             format!("{:.2}", median(rel)),
+            failed.to_string(),
         ]);
     }
     Ok(markdown(&rows))

@@ -494,9 +494,26 @@ async fn expire(node: &Arc<Node>) {
 /// The cluster as this node sees it: itself, the live members with a load, the simulated.
 fn view(node: &Node) -> Vec<(String, NodeLoad)> {
     let mut v = vec![(node.name().to_string(), node.hosts.own_now(node))];
+    // What this node's processes hold, this node knows better than the gossip, which lags a
+    // second: a grant of ours that we gave back is gone already.
+    let held: Vec<(String, String, i32)> = node
+        .hosts
+        .lock()
+        .held
+        .iter()
+        .map(|h| (h.host.clone(), h.class.clone(), h.holder))
+        .collect();
+    let me = node.name();
     for m in node.membership.members() {
-        if let Some(l) = m.load {
-            v.push((m.id.name, l));
+        if let Some(mut l) = m.load {
+            let host = m.id.name;
+            l.grants.retain(|g| {
+                g.requester != me
+                    || held
+                        .iter()
+                        .any(|(h, c, p)| *h == host && *c == g.class && *p == g.holder)
+            });
+            v.push((host, l));
         }
     }
     v.extend(node.hosts.sim.lock().expect("sim lock").iter().cloned());
