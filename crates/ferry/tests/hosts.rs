@@ -40,13 +40,15 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-/// Counts in `dir/count`, one numbered line every 0.1 s.
+/// Counts in `dir/count`, one numbered line every 0.1 s: one process, no children (a child
+/// that ends between a migration's preflight and its freeze fails the move).
 fn counter(dir: &Path) -> Child {
     Command::new("setsid")
         .args([
-            "sh",
+            "python3",
             "-c",
-            "exec 3>>count; i=0; while :; do i=$((i+1)); echo $i >&3; sleep 0.1; done",
+            "import time\nf = open('count', 'a')\ni = 0\nwhile True:\n    i += 1\n    \
+             f.write(f'{i}\\n')\n    f.flush()\n    time.sleep(0.1)\n",
         ])
         .current_dir(dir)
         .stdin(Stdio::null())
