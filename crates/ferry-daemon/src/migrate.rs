@@ -40,9 +40,10 @@ pub async fn send(
     cli: &mut UnixStream,
     pid: i32,
     to: &str,
+    memory: &str,
 ) -> Result<MigrateReport> {
     let t0 = Instant::now();
-    let r = send_counted(node.clone(), cli, pid, to).await;
+    let r = send_counted(node.clone(), cli, pid, to, memory).await;
     match &r {
         Ok(_) => node.metrics.migration_out(Ok(t0.elapsed())),
         Err(e) => node.metrics.migration_out(Err(&format!("{e:#}"))),
@@ -55,8 +56,14 @@ async fn send_counted(
     cli: &mut UnixStream,
     pid: i32,
     to: &str,
+    memory: &str,
 ) -> Result<MigrateReport> {
     let t0 = Instant::now();
+    let memory = match memory {
+        "" => "auto",
+        m @ ("eager" | "precopy" | "auto") => m,
+        other => bail!("unknown memory mode {other:?} (eager, precopy or auto)"),
+    };
     if to == node.name() {
         bail!("PID {pid} is already on node {to}");
     }
@@ -72,7 +79,12 @@ async fn send_counted(
     progress(cli, "preflight", 0).await;
     // A tree leaving its home relays the pipes it shares with processes that stay (its deputies
     // stay with them); a guest moving on has no home here to relay from.
-    let mut args = vec!["__capture-worker".to_string(), host_pid.to_string()];
+    let mut args = vec![
+        "__capture-worker".to_string(),
+        host_pid.to_string(),
+        "--memory".into(),
+        memory.into(),
+    ];
     if guest.is_none() {
         args.push("--relay-pipes".into());
     }
@@ -346,6 +358,10 @@ async fn transfer(
             .await
             .map_err(|e| anyhow!("capture worker: {e}"))?;
         match frame {
+            Frame::Msg(Msg::MemoryPlan(plan)) => {
+                report.memory = plan;
+                progress(cli, "freeze", report.wire_bytes).await;
+            }
             Frame::Msg(Msg::Frozen) => {
                 frozen_at = Some(Instant::now());
                 progress(cli, "capture", 0).await;
@@ -377,6 +393,13 @@ async fn transfer(
                 report.image_bytes = image_bytes;
                 *relays = r;
                 break;
+            }
+            Frame::Msg(Msg::CapturedMemory {
+                frozen_bytes,
+                inherited_bytes,
+            }) => {
+                report.memory.frozen_bytes = frozen_bytes;
+                report.memory.inherited_bytes = inherited_bytes;
             }
             Frame::Msg(Msg::Error { message }) => {
                 *worker_gave_up = true;

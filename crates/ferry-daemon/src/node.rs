@@ -672,8 +672,8 @@ async fn serve_cli(node: &Arc<Node>, mut s: UnixStream) -> Result<()> {
             let all = processes(node).await;
             write_msg(&mut s, &Msg::Processes(all)).await?
         }
-        Msg::Migrate { pid, to } => {
-            let reply = match migrate::send(node.clone(), &mut s, pid, &to).await {
+        Msg::Migrate { pid, to, memory } => {
+            let reply = match migrate::send(node.clone(), &mut s, pid, &to, &memory).await {
                 Ok(report) => Msg::Migrated(report),
                 Err(e) => {
                     let message = format!("{e:#}");

@@ -8,6 +8,7 @@ use crate::procfs;
 use crate::resources::{files::FdCapture, jobctl, memory, process, signals, threads};
 use ferry_image::{ImageWriter, Process, Source, Tree};
 use ferry_inject::Injector;
+use std::collections::HashMap;
 use std::io::Write;
 use std::time::Instant;
 
@@ -23,6 +24,8 @@ pub struct CaptureReport {
     pub pages_written: u64,
     pub zero_pages_skipped: u64,
     pub memory_bytes: u64,
+    /// Bytes of memory left out because the restorer has them (`Process::inherited`).
+    pub inherited_bytes: u64,
     pub image_bytes: u64,
     pub state_ms: f64,
     pub memory_ms: f64,
@@ -62,6 +65,18 @@ pub fn capture<W: Write>(frozen: &FrozenTree, out: W) -> Result<(W, CaptureRepor
 pub fn capture_then<W: Write>(
     frozen: &FrozenTree,
     out: W,
+    before_image: impl FnOnce() -> Result<()>,
+) -> Result<(W, CaptureReport)> {
+    capture_with(frozen, out, &HashMap::new(), before_image)
+}
+
+/// [`capture_then`], leaving out of the image the pages of `inherited` (by our PIDs: sorted,
+/// disjoint ranges of pages the restorer has already and the process has not written since)
+/// that still hold data of their own: the image names them as `Process::inherited` instead.
+pub fn capture_with<W: Write>(
+    frozen: &FrozenTree,
+    out: W,
+    inherited: &HashMap<i32, Vec<(u64, u64)>>,
     before_image: impl FnOnce() -> Result<()>,
 ) -> Result<(W, CaptureReport)> {
     let t0 = Instant::now();
@@ -194,6 +209,12 @@ pub fn capture_then<W: Write>(
         what: "write the image".into(),
         source: e,
     };
+    for (p, host) in tree.processes.iter_mut().zip(&hosts) {
+        if let (Some(keep), None) = (inherited.get(host), p.zombie_status) {
+            p.inherited = memory::inherited_pages(*host, &p.vmas, keep)?;
+            report.inherited_bytes += p.inherited.iter().map(|(s, e)| e - s).sum::<u64>();
+        }
+    }
     let mut w = ImageWriter::new(out).map_err(io)?;
     w.write_tree(&tree).map_err(io)?;
     // Shared objects before memory (format version 2): a restore fills them before it maps
@@ -202,7 +223,7 @@ pub fn capture_then<W: Write>(
     let mut stats = memory::PageStats::default();
     for (p, host) in tree.processes.iter().zip(hosts) {
         if p.zombie_status.is_none() {
-            memory::write_pages(host, p.pid, &p.vmas, &mut w, &mut stats)?;
+            memory::write_pages(host, p, &mut w, &mut stats)?;
         }
     }
     let (out, total) = w.finish().map_err(io)?;

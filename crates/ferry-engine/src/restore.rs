@@ -20,6 +20,7 @@ use ferry_image::stream::ObjectRef;
 use ferry_image::{ImageReader, Item, Process, Tree, Vma};
 use ferry_sys::proc_mem::ProcMem;
 use ferry_sys::ptrace;
+use ferry_sys::PAGE_SIZE;
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::PathBuf;
@@ -57,7 +58,11 @@ struct Records<R: Read> {
 /// Reads an image's header and its tree (the first record), and checks the tree's consistency.
 /// Nothing else is read: [`restore_with`] streams the rest.
 pub fn open<R: Read>(input: R) -> Result<OpenImage<R>> {
-    let mut reader = ImageReader::new(input)?;
+    open_reader(ImageReader::new(input)?)
+}
+
+/// [`open`], from a reader whose header is read already.
+pub fn open_reader<R: Read>(mut reader: ImageReader<R>) -> Result<OpenImage<R>> {
     let tree = reader.read_tree()?;
     Ok(OpenImage {
         tree,
@@ -173,6 +178,8 @@ pub struct RestoreReport {
     pub guest_init_host_pid: Option<i32>,
     pub threads: usize,
     pub memory_bytes: u64,
+    /// Bytes of memory taken from an earlier transfer (`Process::inherited`).
+    pub inherited_bytes: u64,
     /// Bytes of memory and shared-object contents in the image.
     pub data_bytes: u64,
     pub build_ms: f64,
@@ -190,6 +197,12 @@ pub struct RestoreReport {
     /// Whether private anonymous memory was left to a page server ([`RestoreOptions::lazy`]).
     pub memory_lazy: bool,
     pub finish_ms: f64,
+}
+
+/// Where the pages a process inherits (`Process::inherited`: pre-copy rounds, a parent
+/// image) come from: the page of image process `pid` at `addr`, if held.
+pub trait InheritedPages: std::fmt::Debug {
+    fn page(&self, pid: i32, addr: u64) -> Option<&[u8]>;
 }
 
 /// How and where to rebuild a tree.
@@ -219,6 +232,9 @@ pub struct RestoreOptions<'a> {
     /// (`resources::seccomp::install_forwarding`), whose listeners
     /// [`RestoredTree::take_listeners`] hands over to the supervisor.
     pub supervised: bool,
+    /// Pages that came ahead of the image (pre-copy rounds, a parent image): those the image
+    /// names as `Process::inherited` are taken from here.
+    pub pages: Option<&'a dyn InheritedPages>,
 }
 
 /// The PIDs and TIDs of an image.
@@ -561,6 +577,7 @@ pub fn restore_with<R: Read>(
         lazy: opts.lazy,
         supervised: opts.supervised,
         listeners: Vec::new(),
+        pages: opts.pages,
     };
     let mut exiting_leaders = Vec::new();
     match build(&mut cx, &mut husks, &mut live, &mut exiting_leaders, t0) {
@@ -607,6 +624,7 @@ struct BuildContext<'a, R: Read> {
     lazy: Option<&'a dyn crate::lazy::LazyMemory>,
     supervised: bool,
     listeners: Vec<std::os::fd::OwnedFd>,
+    pages: Option<&'a dyn InheritedPages>,
 }
 
 fn build<R: Read>(
@@ -669,6 +687,13 @@ fn build<R: Read>(
         memory::restore_mappings(h, p, cx.objects)?;
     }
     if let Some(lazy) = cx.lazy {
+        if let Some(p) = live.iter().find(|(p, _)| !p.inherited.is_empty()) {
+            return Err(Error::BadImage(format!(
+                "PID {}: the image takes pages from an earlier transfer (pre-copy, or a parent \
+                 image), which a lazy restore does not serve yet",
+                p.0.pid
+            )));
+        }
         let processes = live
             .iter()
             .map(|(p, h)| crate::lazy::prepare(h, p))
@@ -685,6 +710,7 @@ fn build<R: Read>(
             cx.objects,
             cx.buf,
             &live,
+            cx.pages,
             &mut report,
         )?;
     }
@@ -795,6 +821,7 @@ fn stream_memory<R: Read>(
     objects: &RestoreObjects,
     buf: &mut [u8],
     live: &[(&Process, &Husk)],
+    pages: Option<&dyn InheritedPages>,
     report: &mut RestoreReport,
 ) -> Result<()> {
     // Dropped (closed, which unregisters their ranges) when the memory is in place.
@@ -803,6 +830,11 @@ fn stream_memory<R: Read>(
         .map(|(p, h)| AnonFiller::open(h, &p.vmas))
         .collect::<Result<Vec<_>>>()?;
     report.memory_filled_by_uffd = fillers.iter().all(Option::is_some);
+    // Pages the image does not carry, from the transfer before it; the image's own records
+    // come after and may overwrite them.
+    for ((p, h), f) in live.iter().zip(&fillers) {
+        report.inherited_bytes += fill_inherited(p, h, f.as_ref(), pages, buf)?;
+    }
     let by_pid: HashMap<i32, (&Process, i32, &ProcMem, Option<&AnonFiller>)> = live
         .iter()
         .zip(&fillers)
@@ -936,6 +968,54 @@ fn stream_memory<R: Read>(
         report.pages_write_ms = writing.as_secs_f64() * 1e3;
         outcome
     })
+}
+
+/// Writes the pages `p` inherits (`Process::inherited`) from `pages` into its husk, in runs
+/// of up to `buf`'s size. Returns the bytes written.
+fn fill_inherited(
+    p: &Process,
+    h: &Husk,
+    filler: Option<&AnonFiller>,
+    pages: Option<&dyn InheritedPages>,
+    buf: &mut [u8],
+) -> Result<u64> {
+    if p.inherited.is_empty() {
+        return Ok(0);
+    }
+    let Some(pages) = pages else {
+        return Err(Error::BadImage(format!(
+            "PID {}: the image takes {} pages from an earlier transfer (pre-copy, or a parent \
+             image), and none was given",
+            p.pid,
+            p.inherited
+                .iter()
+                .map(|(s, e)| (e - s) / PAGE_SIZE)
+                .sum::<u64>()
+        )));
+    };
+    let page = PAGE_SIZE as usize;
+    let mut total = 0;
+    for &(s, e) in &p.inherited {
+        let mut at = s;
+        while at < e {
+            let n = (((e - at) as usize).min(buf.len()) / page).max(1);
+            for k in 0..n {
+                let a = at + (k * page) as u64;
+                let got = pages.page(p.pid, a).ok_or_else(|| {
+                    Error::BadImage(format!(
+                        "PID {}: page {a:x}, which the image takes from an earlier transfer, \
+                         never arrived",
+                        p.pid
+                    ))
+                })?;
+                buf[k * page..(k + 1) * page].copy_from_slice(got);
+            }
+            memory::restore_pages(h.host, h.mem(), filler, &p.vmas, at, &buf[..n * page])?;
+            at += (n * page) as u64;
+            total += (n * page) as u64;
+        }
+    }
+    Ok(total)
 }
 
 /// Puts a freshly forked husk (a child of `parent`) into its session and process group.

@@ -24,10 +24,14 @@ pub use validate::validate;
 
 /// The 8 bytes every image starts with.
 pub const MAGIC: [u8; 8] = *b"FERRYIMG";
+/// The magic of a page stream (memory sent ahead of an image: pre-copy rounds).
+pub const PAGES_MAGIC: [u8; 8] = *b"FERRYPGS";
 /// Bumped whenever a change would make an older reader misread an image. Version 2 puts the
 /// contents of shared objects before memory (version 1 put them after), so that a restore can
-/// stream memory into processes whose shared mappings are already filled.
-pub const FORMAT_VERSION: u32 = 2;
+/// stream memory into processes whose shared mappings are already filled. Version 3 lets a
+/// process take pages from an earlier transfer (`Process::inherited`), which an older reader
+/// would leave zero.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest version this Ferry still reads.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// The image file inside a checkpoint directory.

@@ -116,6 +116,13 @@ pub struct Process {
     /// has audit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loginuid: Option<u32>,
+    /// Pages of this process that the image does not carry because whoever restores it has
+    /// them already from an earlier transfer: the pre-copy rounds of a migration, or the
+    /// parent image of an incremental checkpoint (`Tree::parent`). Page-aligned
+    /// `[start, end)` ranges inside its private mappings; every page of them must be
+    /// supplied, or the restore fails.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inherited: Vec<(u64, u64)>,
     /// membarrier(2) registrations of the address space: the MEMBARRIER_CMD_REGISTER_*
     /// commands it issued (MEMBARRIER_CMD_GET_REGISTRATIONS).
     #[serde(default, skip_serializing_if = "is_zero")]

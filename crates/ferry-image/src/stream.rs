@@ -1,7 +1,7 @@
 //! Framing: header, checksummed records, end marker. Writers and readers over any byte stream.
 
 use crate::model::Tree;
-use crate::{FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION};
+use crate::{FORMAT_VERSION, MAGIC, OLDEST_READABLE_VERSION, PAGES_MAGIC};
 use std::io::{Read, Write};
 use xxhash_rust::xxh3::Xxh3;
 
@@ -137,8 +137,18 @@ pub struct ImageWriter<W: Write> {
 }
 
 impl<W: Write> ImageWriter<W> {
-    pub fn new(mut out: W) -> std::io::Result<Self> {
-        out.write_all(&MAGIC)?;
+    pub fn new(out: W) -> std::io::Result<Self> {
+        Self::with_magic(out, MAGIC)
+    }
+
+    /// A page stream: records of pages (no tree) and an end marker, framed as an image is,
+    /// under its own magic. Pre-copy rounds send one ahead of a migration's image.
+    pub fn new_pages(out: W) -> std::io::Result<Self> {
+        Self::with_magic(out, PAGES_MAGIC)
+    }
+
+    fn with_magic(mut out: W, magic: [u8; 8]) -> std::io::Result<Self> {
+        out.write_all(&magic)?;
         out.write_all(&FORMAT_VERSION.to_le_bytes())?;
         out.write_all(&0u32.to_le_bytes())?;
         Ok(ImageWriter {
@@ -228,6 +238,11 @@ impl<W: Write> ImageWriter<W> {
         Ok((self.out, self.bytes_written))
     }
 
+    /// Flushes what was written so far to the sink.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+
     pub fn bytes_written(&self) -> u64 {
         self.bytes_written
     }
@@ -242,6 +257,8 @@ impl<W: Write> ImageWriter<W> {
 pub struct ImageReader<R: Read> {
     input: R,
     version: u32,
+    /// A page stream ([`ImageWriter::new_pages`]), not an image.
+    pages: bool,
     index: u64,
     done: bool,
     /// The streamed record whose data is being read.
@@ -290,7 +307,7 @@ impl<R: Read> ImageReader<R> {
         let mut head = [0u8; 16];
         read_full(&mut input, &mut head, "the header")?;
         let magic: [u8; 8] = head[0..8].try_into().expect("8 bytes");
-        if magic != MAGIC {
+        if magic != MAGIC && magic != PAGES_MAGIC {
             return Err(ImageError::BadMagic(magic));
         }
         let version = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
@@ -309,6 +326,7 @@ impl<R: Read> ImageReader<R> {
         Ok(ImageReader {
             input,
             version,
+            pages: magic == PAGES_MAGIC,
             index: 0,
             done: false,
             open: None,
@@ -319,6 +337,11 @@ impl<R: Read> ImageReader<R> {
     /// memory, version 2 before).
     pub fn version(&self) -> u32 {
         self.version
+    }
+
+    /// Whether this is a page stream rather than an image.
+    pub fn is_pages(&self) -> bool {
+        self.pages
     }
 
     /// The byte source, positioned after what was read.
@@ -332,6 +355,11 @@ impl<R: Read> ImageReader<R> {
     /// the same way everywhere, with an error naming what is wrong.
     pub fn read_tree(&mut self) -> Result<Tree, ImageError> {
         let index = self.index;
+        if self.pages {
+            return Err(ImageError::Header(
+                "this is a page stream (pre-copied memory), not an image".into(),
+            ));
+        }
         if index != 0 {
             return Err(ImageError::Malformed {
                 index,

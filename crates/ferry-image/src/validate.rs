@@ -62,6 +62,19 @@ pub fn validate(t: &Tree) -> Result<(), String> {
         if p.zombie_status.is_some() {
             continue;
         }
+        for &(s, e) in &p.inherited {
+            let page = PAGE_SIZE;
+            let inside = p
+                .vmas
+                .iter()
+                .any(|v| !v.shared && v.start <= s && e <= v.end);
+            if s % page != 0 || e % page != 0 || s >= e || !inside {
+                return Err(format!(
+                    "PID {}: inherited pages {s:x}-{e:x} are not whole pages of one private mapping",
+                    p.pid
+                ));
+            }
+        }
         if p.leader_exited {
             if p.threads.is_empty() || p.threads.iter().any(|t| t.tid == p.pid) {
                 return Err(format!(

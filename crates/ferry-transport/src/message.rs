@@ -87,6 +87,9 @@ pub enum Msg {
     Migrate {
         pid: i32,
         to: String,
+        /// How memory moves: "eager", "precopy" or "auto" (empty, from an older CLI: auto).
+        #[serde(default)]
+        memory: String,
     },
     /// Whether this node takes guests from now on (the owner wants the machine, or lends it).
     SetAccepting {
@@ -118,12 +121,21 @@ pub enum Msg {
     },
     /// Daemon to capture worker: freeze and stream the image.
     Go,
+    /// Capture worker, before `Frozen`: how memory moved (pre-copy rounds, with the tree
+    /// running, were streamed ahead of the image).
+    MemoryPlan(Box<MemoryPlan>),
     Frozen,
     Captured {
         image_bytes: u64,
         /// Pipes shared with processes outside the tree, to relay (a migration from home).
         #[serde(default)]
         relays: Vec<RelayedPipe>,
+    },
+    /// Capture worker, before `Captured`: memory the image carried, and memory it left to
+    /// the pre-copy rounds.
+    CapturedMemory {
+        frozen_bytes: u64,
+        inherited_bytes: u64,
     },
     /// Daemon to capture worker at the commit point: destroy the original.
     Kill,
@@ -466,6 +478,35 @@ pub struct MigrateReport {
     pub dest_load_ms: f64,
     #[serde(default)]
     pub dest_rebuild_ms: f64,
+    /// How memory moved, and why (absent from older daemons).
+    #[serde(default)]
+    pub memory: Box<MemoryPlan>,
+}
+
+/// How a migration moved memory: the mode used, why, and its pre-copy rounds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct MemoryPlan {
+    /// "eager" (all memory during the freeze) or "precopy".
+    pub mode: String,
+    /// Why this mode (for `auto`: the size, dirty rate and link speed it was chosen from).
+    pub reason: String,
+    /// The pre-copy rounds, with the tree running.
+    pub rounds: Vec<PrecopyRound>,
+    /// The tree was stopped this long to start dirty tracking (before the rounds).
+    pub setup_stop_ms: f64,
+    /// Bytes of memory the image took from the rounds instead of carrying them.
+    pub inherited_bytes: u64,
+    /// Bytes of memory the image itself carried (sent during the freeze).
+    pub frozen_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct PrecopyRound {
+    /// Bytes found written since the round before (the first: all private memory).
+    pub dirty_bytes: u64,
+    /// Bytes sent (dirty pages holding data, all-zero pages left out).
+    pub sent_bytes: u64,
+    pub ms: f64,
 }
 
 /// What a request for hosts got.

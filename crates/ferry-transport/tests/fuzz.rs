@@ -165,7 +165,20 @@ fn messages() -> Vec<Msg> {
         Msg::Migrate {
             pid: 10,
             to: "c".into(),
+            memory: "precopy".into(),
         },
+        Msg::MemoryPlan(Box::new(ferry_transport::message::MemoryPlan {
+            mode: "precopy".into(),
+            reason: "asked".into(),
+            rounds: vec![ferry_transport::message::PrecopyRound {
+                dirty_bytes: 1 << 20,
+                sent_bytes: 4096,
+                ms: 1.5,
+            }],
+            setup_stop_ms: 2.0,
+            inherited_bytes: 8192,
+            frozen_bytes: 4096,
+        })),
         Msg::SetAccepting { accepting: false },
         Msg::Done,
         Msg::Progress {

@@ -71,6 +71,9 @@ enum Command {
         pid: i32,
         #[arg(long)]
         relay_pipes: bool,
+        /// eager, precopy or auto.
+        #[arg(long, default_value = "eager")]
+        memory: String,
     },
     /// Engine worker of a daemon: receive and rebuild a tree (internal).
     #[command(name = "__restore-worker", hide = true)]
@@ -149,9 +152,11 @@ fn main() {
             hostname,
             home,
         } => commands::worker::restore_worker(reports, cpu_cgroup, hostname.zip(home)),
-        Command::CaptureWorker { pid, relay_pipes } => {
-            commands::worker::capture_worker(pid, relay_pipes)
-        }
+        Command::CaptureWorker {
+            pid,
+            relay_pipes,
+            memory,
+        } => commands::worker::capture_worker(pid, relay_pipes, &memory),
     };
     if let Err(e) = result {
         eprintln!("ferry: {e:#}");

@@ -1069,6 +1069,7 @@ fn run_held(suite: &Suite, resume: bool) -> Result<(), Failed> {
             relays: false,
             lazy: None,
             supervised: false,
+            pages: None,
         },
     )
     .map_err(|e| run.report(&format!("restore_with: {e}")))?;

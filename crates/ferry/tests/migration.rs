@@ -26,6 +26,14 @@ fn main() {
         ),
         Trial::test("source_dies_after_commit", source_dies_after_commit),
         Trial::test(
+            "precopy_moves_a_fast_writer_intact",
+            precopy_moves_a_fast_writer,
+        ),
+        Trial::test(
+            "a_failed_precopy_round_leaves_the_process_running",
+            precopy_round_fails,
+        ),
+        Trial::test(
             "destination_daemon_dies_after_rebuild",
             destination_dies_after_rebuild,
         ),
@@ -97,22 +105,7 @@ fn victim_binary(name: &str) -> PathBuf {
 }
 
 fn ticker_binary() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-                .join(format!("ticker-{}", std::process::id()));
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/victims/ticker.c");
-            let st = Command::new("gcc")
-                .args(["-O2", "-o"])
-                .arg(&out)
-                .arg(&src)
-                .status()
-                .unwrap();
-            assert!(st.success(), "build ticker");
-            out
-        })
-        .clone()
+    victim_binary("ticker")
 }
 
 /// A victim's stdout and stderr: files beside it, which every node has. (Inherited, they would
@@ -142,10 +135,24 @@ struct Status {
 
 impl Ticker {
     fn start(dir: &Path, mib: u32) -> Ticker {
+        Ticker::start_as(dir, ticker_binary(), &[&mib.to_string()])
+    }
+
+    /// tests/victims/dirtier.c: `mib` of memory, `rate` pages written per second (one in 64
+    /// dropped), all of it checked against its own table of versions every second.
+    fn dirtier(dir: &Path, mib: u32, rate: u32) -> Ticker {
+        Ticker::start_as(
+            dir,
+            victim_binary("dirtier"),
+            &[&mib.to_string(), &rate.to_string()],
+        )
+    }
+
+    fn start_as(dir: &Path, binary: PathBuf, args: &[&str]) -> Ticker {
         let status = dir.join("ticker.status");
         let (out, err) = victim_output(dir, "ticker");
-        let child = Command::new(ticker_binary())
-            .arg(mib.to_string())
+        let child = Command::new(binary)
+            .args(args)
             .arg(&status)
             .stdin(Stdio::null())
             .stdout(out)
@@ -437,6 +444,100 @@ fn destination_killed_mid_transfer() -> Result<(), Failed> {
     assert!(e.contains("keeps running on a"), "{e}");
     assert!(pid_alive(pid));
     t.assert_alive("after the destination died mid-transfer");
+    Ok(())
+}
+
+/// Pre-copy (`--memory precopy`) of a process that dirties a third of its memory per second
+/// and drops pages as it goes: rounds are made while it runs, the image takes most of its
+/// memory from them, and every page arrives current (the victim checks all of them against
+/// its own table each second), there and back again.
+fn precopy_moves_a_fast_writer() -> Result<(), Failed> {
+    let c = Cluster::up("precopy", 2);
+    let dir = scratch("migration", "precopy");
+    let t = Ticker::dirtier(&dir, 48, 4096);
+    let pid = t.pid();
+    for (from, to) in [("a", "b"), ("b", "a")] {
+        let o = c.run(
+            from,
+            &[
+                "migrate",
+                &pid.to_string(),
+                "--to",
+                to,
+                "--memory",
+                "precopy",
+                "--json",
+            ],
+        );
+        if !o.status.success() {
+            return Err(format!("{from} -> {to}: {}", text(&o)).into());
+        }
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let m = &r["memory"];
+        assert_eq!(m["mode"], "precopy", "{r}");
+        let rounds = m["rounds"].as_array().unwrap();
+        assert!(!rounds.is_empty(), "no pre-copy round: {r}");
+        assert!(
+            rounds[0]["sent_bytes"].as_u64().unwrap() > 40 << 20,
+            "the first round did not copy the memory: {r}"
+        );
+        assert!(
+            m["inherited_bytes"].as_u64().unwrap() > 20 << 20,
+            "the image did not take the rounds' pages: {r}"
+        );
+        // A full check of every page takes the victim a second.
+        std::thread::sleep(Duration::from_millis(1300));
+        t.assert_alive(&format!("after a pre-copy {from} -> {to}"));
+    }
+    Ok(())
+}
+
+/// The destination dies while pre-copy rounds run: the migration fails and the process runs
+/// on at the source, its memory intact and no longer tracked.
+fn precopy_round_fails() -> Result<(), Failed> {
+    let c = Cluster::up("precopy-fail", 2);
+    let dir = scratch("migration", "precopy-fail");
+    let t = Ticker::dirtier(&dir, 256, 2048);
+    let pid = t.pid();
+    let m = c
+        .ferry("a")
+        .args([
+            "migrate",
+            &pid.to_string(),
+            "--to",
+            "b",
+            "--memory",
+            "precopy",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.log("b").contains("migrate-in") {
+        assert!(Instant::now() < deadline, "b never received the offer");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Into the first round.
+    std::thread::sleep(Duration::from_millis(300));
+    kill_host_pid(c.daemon_pid("b") as i64);
+    let o = m.wait_with_output().unwrap();
+    let e = text(&o);
+    assert!(
+        !o.status.success(),
+        "migration to a killed node succeeded: {e}"
+    );
+    assert!(e.contains("keeps running on a"), "{e}");
+    assert!(pid_alive(pid));
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    assert!(
+        !smaps
+            .lines()
+            .any(|l| l.starts_with("VmFlags:") && l.contains(" uw")),
+        "PID {pid} is still write-protect tracked"
+    );
+    std::thread::sleep(Duration::from_millis(1300));
+    t.assert_alive("after the destination died during pre-copy");
     Ok(())
 }
 

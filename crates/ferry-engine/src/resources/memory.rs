@@ -111,6 +111,43 @@ fn dumpable_pages(pid: i32, pagemap: &std::fs::File, v: &Vma) -> Result<Vec<bool
         .collect())
 }
 
+/// The pages of `keep` that hold data of their own in `vmas` (private mappings of `pid`, a
+/// frozen process), per mapping: what the image leaves to the restorer's earlier copy.
+pub fn inherited_pages(pid: i32, vmas: &[Vma], keep: &[(u64, u64)]) -> Result<Vec<(u64, u64)>> {
+    let pagemap =
+        std::fs::File::open(format!("/proc/{pid}/pagemap")).ctx(pid, || "open pagemap".into())?;
+    let mut out = Vec::new();
+    for v in vmas {
+        if v.shared
+            || !matches!(
+                v.backing,
+                Backing::Anonymous | Backing::File { .. } | Backing::Shmem { .. }
+            )
+            || !keep.iter().any(|&(s, e)| s < v.end && v.start < e)
+        {
+            continue;
+        }
+        let present = dumpable_pages(pid, &pagemap, v)?;
+        for (i, p) in present.iter().enumerate() {
+            let a = v.start + i as u64 * PAGE_SIZE;
+            if *p && covers(keep, a) {
+                // Ranges never span two mappings (a restore checks each lies in one).
+                match out.last_mut() {
+                    Some((_, e)) if *e == a && a != v.start => *e = a + PAGE_SIZE,
+                    _ => out.push((a, a + PAGE_SIZE)),
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether the page at `addr` lies in `ranges` (sorted and disjoint).
+fn covers(ranges: &[(u64, u64)], addr: u64) -> bool {
+    let i = ranges.partition_point(|&(_, e)| e <= addr);
+    matches!(ranges.get(i), Some(&(s, e)) if s <= addr && addr + PAGE_SIZE <= e)
+}
+
 pub(crate) fn is_zero(bytes: &[u8]) -> bool {
     let words = bytes.chunks_exact(8);
     let tail = words.remainder();
@@ -141,11 +178,12 @@ pub struct PageStats {
 /// into the page cache or a socket on the other.)
 pub fn write_pages<W: Write>(
     pid: i32,
-    image_pid: i32,
-    vmas: &[Vma],
+    proc: &Process,
     out: &mut ImageWriter<W>,
     stats: &mut PageStats,
 ) -> Result<()> {
+    let (image_pid, vmas) = (proc.pid, &proc.vmas[..]);
+    let inherited = &proc.inherited[..];
     let pagemap =
         std::fs::File::open(format!("/proc/{pid}/pagemap")).ctx(pid, || "open pagemap".into())?;
     let mem = ProcMem::open(pid).ctx(pid, || "open /proc/PID/mem".into())?;
@@ -160,8 +198,14 @@ pub fn write_pages<W: Write>(
         {
             continue;
         }
-        let present = dumpable_pages(pid, &pagemap, v)?;
+        let mut present = dumpable_pages(pid, &pagemap, v)?;
         stats.pages_scanned += present.len() as u64;
+        if !inherited.is_empty() {
+            for (i, p) in present.iter_mut().enumerate() {
+                let a = v.start + i as u64 * PAGE_SIZE;
+                *p = *p && !covers(inherited, a);
+            }
+        }
         let mut i = 0;
         while i < present.len() {
             if !present[i] {

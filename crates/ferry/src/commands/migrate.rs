@@ -13,6 +13,12 @@ pub struct Args {
     /// The node to move it to.
     #[arg(long)]
     pub to: String,
+    /// How memory moves: `eager` (all of it while the tree stands still), `precopy` (copied
+    /// while it runs, then what it dirtied, in rounds; a short freeze sends the rest), or
+    /// `auto` (chosen from the tree's size, its dirty rate and the link's speed; the report
+    /// says which and why).
+    #[arg(long, default_value = "auto", value_parser = ["eager", "precopy", "auto"])]
+    pub memory: String,
     /// Print a machine-readable report.
     #[arg(long)]
     pub json: bool,
@@ -27,6 +33,7 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
             &Msg::Migrate {
                 pid: a.pid,
                 to: a.to.clone(),
+                memory: a.memory.clone(),
             },
         )
         .await?;
@@ -79,5 +86,27 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
         report.wire_bytes as f64 / (1 << 20) as f64,
         report.total_ms
     );
+    let m = &report.memory;
+    if !m.mode.is_empty() {
+        println!("memory: {} ({})", m.mode, m.reason);
+    }
+    for (i, r) in m.rounds.iter().enumerate() {
+        println!(
+            "  round {}: {:.1} MiB dirty, {:.1} MiB sent, {:.0} ms",
+            i + 1,
+            r.dirty_bytes as f64 / (1 << 20) as f64,
+            r.sent_bytes as f64 / (1 << 20) as f64,
+            r.ms
+        );
+    }
+    if !m.rounds.is_empty() {
+        println!(
+            "  frozen: {:.1} MiB sent with the image, {:.1} MiB taken from the rounds; \
+             tracking started with a {:.1} ms stop",
+            m.frozen_bytes as f64 / (1 << 20) as f64,
+            m.inherited_bytes as f64 / (1 << 20) as f64,
+            m.setup_stop_ms
+        );
+    }
     Ok(())
 }

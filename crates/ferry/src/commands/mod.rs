@@ -17,6 +17,7 @@ pub mod make_shell;
 pub mod migrate;
 pub mod node_init;
 pub mod nodes;
+pub mod precopy;
 pub mod ps;
 pub mod restore;
 pub mod run;

@@ -95,6 +95,7 @@ pub fn run(a: Args) -> Result<()> {
             .as_ref()
             .map(|s| s as &dyn ferry_engine::lazy::LazyMemory),
         supervised: false,
+        pages: None,
     };
     let report = restore_with(&mut img, &opts)
         .and_then(|tree| tree.resume())

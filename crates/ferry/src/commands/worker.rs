@@ -4,7 +4,7 @@
 //! the tree, a restore worker kills what it built.
 
 use anyhow::{Context, Result};
-use ferry_engine::checkpoint::capture_then;
+use ferry_engine::checkpoint::capture_with;
 use ferry_engine::freeze::FrozenTree;
 use ferry_engine::names::SocketFilesAside;
 use ferry_transport::frame::blocking::{read_frame, write_end, write_msg, DataReader, DataWriter};
@@ -12,7 +12,7 @@ use ferry_transport::{Frame, Msg};
 use std::io::{BufWriter, Write};
 use std::time::Instant;
 
-fn next_command(input: &mut impl std::io::Read) -> Option<Msg> {
+pub(crate) fn next_command(input: &mut impl std::io::Read) -> Option<Msg> {
     match read_frame(input) {
         Ok(Frame::Msg(m)) => Some(m),
         other => {
@@ -75,9 +75,10 @@ fn describe_tree(pid: i32) -> Result<(u64, u32, String)> {
     Ok((rss, uid, command))
 }
 
-/// `ferry __capture-worker PID [--relay-pipes]`: with `relay_pipes` (a tree leaving its home),
-/// pipes it shares with processes outside it are captured to be relayed, not refused.
-pub fn capture_worker(pid: i32, relay_pipes: bool) -> Result<()> {
+/// `ferry __capture-worker PID [--relay-pipes] --memory MODE`: with `relay_pipes` (a tree
+/// leaving its home), pipes it shares with processes outside it are captured to be relayed,
+/// not refused; `memory` says how memory moves (eager, precopy, auto).
+pub fn capture_worker(pid: i32, relay_pipes: bool, memory: &str) -> Result<()> {
     ferry_sys::process::set_parent_death_signal(libc::SIGTERM).context("watch the daemon")?;
     let cancel = ferry_engine::cancel::flag();
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
@@ -105,18 +106,32 @@ pub fn capture_worker(pid: i32, relay_pipes: bool) -> Result<()> {
     if !matches!(next_command(&mut input), Some(Msg::Go)) {
         return Ok(());
     }
+    let (precopy, plan) = match super::precopy::run(pid, memory, memory_bytes, &mut input, &mut out)
+    {
+        Ok(super::precopy::Outcome::Freeze(p, plan)) => (p, plan),
+        Ok(super::precopy::Outcome::Stopped { thaw }) => {
+            if thaw {
+                write_msg(&mut out, &Msg::Thawed)?;
+            }
+            return Ok(());
+        }
+        Err(e) => return fail(&mut out, &e.context(format!("pre-copy PID {pid}"))),
+    };
+    write_msg(&mut out, &Msg::MemoryPlan(Box::new(plan)))?;
     let mut frozen = match FrozenTree::freeze(pid).with_context(|| format!("freeze PID {pid}")) {
         Ok(f) => f,
         Err(e) => return fail(&mut out, &e),
     };
     frozen.relay_pipes = relay_pipes;
     write_msg(&mut out, &Msg::Frozen)?;
+    // The pages the destination has and the tree has not written since.
+    let inherited = precopy.map(|p| p.finish()).unwrap_or_default();
     // Frames of up to 1 MiB however small the engine's writes.
     let framed = BufWriter::with_capacity(1 << 20, DataWriter(&mut out));
     // The socket files go aside once the tree is captured and before its image leaves: the
     // destination rebuilds as the image streams in, binding them as soon as it has the tree.
     let mut aside = None;
-    let captured = capture_then(&frozen, framed, || {
+    let captured = capture_with(&frozen, framed, &inherited, || {
         aside = Some(SocketFilesAside::set_aside(&frozen)?);
         Ok(())
     })
@@ -145,6 +160,13 @@ pub fn capture_worker(pid: i32, relay_pipes: bool) -> Result<()> {
             return fail(&mut out, &e.context(format!("capture PID {pid}")));
         }
     };
+    write_msg(
+        &mut out,
+        &Msg::CapturedMemory {
+            frozen_bytes: report.memory_bytes,
+            inherited_bytes: report.inherited_bytes,
+        },
+    )?;
     write_msg(
         &mut out,
         &Msg::Captured {
@@ -284,8 +306,24 @@ fn serve_deputies(mut deputies: ferry_deputy::home::Deputies, mut out: impl Writ
     }
 }
 
-/// `ferry __restore-worker`: the image arrives on stdin as data frames, and the tree is rebuilt
-/// as it streams in.
+/// Reads the stream's page stream of pre-copy rounds, if it starts with one, into `cache`;
+/// then opens the image that follows.
+fn open_after_pages<R: std::io::Read>(
+    input: R,
+    cache: &mut ferry_memory::cache::PageCache,
+) -> Result<ferry_engine::restore::OpenImage<R>> {
+    let mut reader = ferry_image::ImageReader::new(input)?;
+    if reader.is_pages() {
+        cache
+            .load(&mut reader)
+            .context("receive the pre-copied memory")?;
+        reader = ferry_image::ImageReader::new(reader.into_inner())?;
+    }
+    Ok(ferry_engine::restore::open_reader(reader)?)
+}
+
+/// `ferry __restore-worker`: the image arrives on stdin as data frames (after the pages of
+/// pre-copy rounds, if any), and the tree is rebuilt as it streams in.
 pub fn restore_worker(
     reports: Option<std::path::PathBuf>,
     cpu_cgroup: Option<std::path::PathBuf>,
@@ -293,7 +331,8 @@ pub fn restore_worker(
 ) -> Result<()> {
     let mut out = BufWriter::new(std::io::stdout().lock());
     let t0 = Instant::now();
-    let mut img = match ferry_engine::restore::open(DataReader::new(std::io::stdin().lock()))
+    let mut cache = ferry_memory::cache::PageCache::new();
+    let mut img = match open_after_pages(DataReader::new(std::io::stdin().lock()), &mut cache)
         .context("receive the image")
     {
         Ok(i) => i,
@@ -306,6 +345,7 @@ pub fn restore_worker(
     };
     let held = match hold::rebuild(
         &mut img,
+        &cache,
         reports.as_deref(),
         cpu_cgroup.as_deref(),
         home.as_ref(),
@@ -386,6 +426,7 @@ mod hold {
 
     pub fn rebuild<R: Read>(
         img: &mut OpenImage<R>,
+        pages: &ferry_memory::cache::PageCache,
         reports: Option<&Path>,
         cpu_cgroup: Option<&Path>,
         home: Option<&Home>,
@@ -403,6 +444,7 @@ mod hold {
                 relays: true,
                 lazy: None,
                 supervised: home.is_some(),
+                pages: Some(pages),
             },
         )
         .map_err(anyhow::Error::from)

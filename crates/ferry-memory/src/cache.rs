@@ -1,0 +1,123 @@
+//! The receiving side's store of pages that came before the image naming them: pre-copy
+//! rounds, or a parent image's pages. A page sent again replaces the one before.
+
+use crate::{Error, RangeSet, Result, PAGE};
+use ferry_image::{ImageReader, Item};
+use std::collections::HashMap;
+use std::io::Read;
+
+/// Pages are kept in slabs of this many bytes.
+const SLAB: usize = 64 << 20;
+
+impl std::fmt::Debug for PageCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PageCache({} pages)", self.index.len())
+    }
+}
+
+#[derive(Default)]
+pub struct PageCache {
+    /// (image PID, page address) -> offset in the slabs.
+    index: HashMap<(i32, u64), usize>,
+    slabs: Vec<Vec<u8>>,
+}
+
+impl PageCache {
+    pub fn new() -> PageCache {
+        PageCache::default()
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.index.len() as u64 * PAGE
+    }
+
+    /// Stores the pages of `data` (whole pages) at `addr` of process `pid`.
+    pub fn insert(&mut self, pid: i32, addr: u64, data: &[u8]) {
+        for (i, page) in data.chunks_exact(PAGE as usize).enumerate() {
+            let at = addr + i as u64 * PAGE;
+            let off = match self.index.get(&(pid, at)) {
+                Some(&off) => off,
+                None => {
+                    let need_slab = self
+                        .slabs
+                        .last()
+                        .is_none_or(|s| s.len() + PAGE as usize > SLAB);
+                    if need_slab {
+                        self.slabs.push(Vec::with_capacity(SLAB));
+                    }
+                    let n = self.slabs.len() - 1;
+                    let slab = &mut self.slabs[n];
+                    let off = n * SLAB + slab.len();
+                    slab.resize(slab.len() + PAGE as usize, 0);
+                    self.index.insert((pid, at), off);
+                    off
+                }
+            };
+            let (n, o) = (off / SLAB, off % SLAB);
+            self.slabs[n][o..o + PAGE as usize].copy_from_slice(page);
+        }
+    }
+
+    /// The page at `addr` of `pid`, if held.
+    pub fn get(&self, pid: i32, addr: u64) -> Option<&[u8]> {
+        let off = *self.index.get(&(pid, addr))?;
+        let (n, o) = (off / SLAB, off % SLAB);
+        Some(&self.slabs[n][o..o + PAGE as usize])
+    }
+
+    /// Whether every page of `ranges` of `pid` is held; the first one missing otherwise.
+    pub fn missing(&self, pid: i32, ranges: &RangeSet) -> Option<u64> {
+        ranges.ranges().iter().find_map(|&(s, e)| {
+            (s..e)
+                .step_by(PAGE as usize)
+                .find(|a| !self.index.contains_key(&(pid, *a)))
+        })
+    }
+
+    /// Keeps only the pages of `pid` in `ranges` (the others are dropped), for every PID of
+    /// `keep`; the pages of PIDs not named are dropped.
+    pub fn retain(&mut self, keep: &HashMap<i32, RangeSet>) {
+        self.index
+            .retain(|(pid, a), _| keep.get(pid).is_some_and(|r| r.covers(*a, *a + PAGE)));
+    }
+
+    /// Reads the page records of a page stream (or of an image after its tree) up to its end
+    /// marker into the cache; objects are skipped. Returns the bytes read.
+    pub fn load<R: Read>(&mut self, r: &mut ImageReader<R>) -> Result<u64> {
+        let mut total = 0;
+        let mut buf = Vec::new();
+        loop {
+            match r.next_item()? {
+                Some(Item::Pages { pid, addr, len }) => {
+                    if addr % PAGE != 0 || len % PAGE != 0 {
+                        return Err(Error::Other(format!(
+                            "pages of PID {pid} at {addr:x} ({len} bytes) are not whole pages"
+                        )));
+                    }
+                    buf.resize(len as usize, 0);
+                    r.read_data(&mut buf)?;
+                    r.end_record()?;
+                    self.insert(pid, addr, &buf);
+                    total += len;
+                }
+                Some(Item::Object { len, .. }) => {
+                    buf.resize(len as usize, 0);
+                    r.read_data(&mut buf)?;
+                    r.end_record()?;
+                }
+                Some(Item::End { .. }) => return Ok(total),
+                Some(Item::Tree(_)) => {
+                    return Err(Error::Other("a tree record among the pages".into()))
+                }
+                None => return Err(Error::Other("the page stream has already ended".into())),
+            }
+        }
+    }
+}
+
+impl ferry_engine::restore::InheritedPages for PageCache {
+    fn page(&self, pid: i32, addr: u64) -> Option<&[u8]> {
+        self.get(pid, addr)
+    }
+}
