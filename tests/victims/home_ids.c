@@ -7,6 +7,7 @@
  * ...), appends to DIR/ids the line
  *   N ppid=.. pgrp=.. pgid=.. sid=.. sid_self=.. host=.. own=..
  * (own: the errno of getpriority, 13 while its own filter acts). On DIR/done it exits with 5.
+ * Each SIGUSR1 it receives appends "si_code si_pid si_value" to DIR/sigs.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -16,11 +17,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <unistd.h>
+
+static volatile sig_atomic_t got;
+static volatile int got_code, got_pid, got_value;
+
+static void on_usr1(int sig, siginfo_t *si, void *uc) {
+    (void)sig;
+    (void)uc;
+    got_code = si->si_code;
+    got_pid = si->si_pid;
+    got_value = si->si_value.sival_int;
+    got = 1;
+}
 
 static int exists(const char *dir, const char *name) {
     char p[4096];
@@ -34,6 +48,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *dir = argv[1];
+    struct sigaction sa = {.sa_sigaction = on_usr1, .sa_flags = SA_SIGINFO | SA_RESTART};
+    sigaction(SIGUSR1, &sa, NULL);
     struct sock_filter f[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_getpriority, 0, 1),
@@ -69,6 +85,13 @@ int main(int argc, char **argv) {
                     (int)syscall(SYS_getsid, getpid()), u.nodename, own);
             fclose(o);
             n++;
+        }
+        if (got) {
+            got = 0;
+            snprintf(p, sizeof p, "%s/sigs", dir);
+            FILE *o = fopen(p, "a");
+            fprintf(o, "%d %d %d\n", got_code, got_pid, got_value);
+            fclose(o);
         }
         if (exists(dir, "done"))
             return 5;

@@ -168,12 +168,12 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
                     }
                 }
                 frame = worker.next_frame() => match frame {
-                    Ok(Frame::Msg(Msg::DeputySignal { pid, sig })) => {
+                    Ok(Frame::Msg(Msg::DeputySignal { pid, sig, queued })) => {
                         node.deputies.count_signal(pid);
                         node.metrics.signal_forwarded();
                         let node = node.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = signal_body(&node, pid, sig).await {
+                            if let Err(e) = signal_body(&node, pid, sig, queued).await {
                                 tracing::warn!(event = "signal-body-failed", pid, sig,
                                     error = %format!("{e:#}"));
                             }
@@ -183,7 +183,7 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
                         tracing::info!(event = "deputy-ended", pid, status, mirrored);
                         if !mirrored {
                             // Killed at home: its body goes too.
-                            if let Err(e) = signal_body(&node, pid, libc::SIGKILL).await {
+                            if let Err(e) = signal_body(&node, pid, libc::SIGKILL, None).await {
                                 tracing::warn!(event = "signal-body-failed", pid,
                                     error = %format!("{e:#}"));
                             }
@@ -214,12 +214,17 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
 }
 
 /// Asks the node running the body of `pid` to deliver `sig` to it.
-async fn signal_body(node: &Node, pid: i32, sig: i32) -> Result<()> {
+async fn signal_body(
+    node: &Node,
+    pid: i32,
+    sig: i32,
+    queued: Option<ferry_transport::message::SigQueued>,
+) -> Result<()> {
     let to = node
         .deputies
         .body_node(pid)
         .ok_or_else(|| anyhow!("PID {pid} is no deputy here"))?;
-    ask(node, &to, Msg::SignalBody { pid, sig }).await
+    ask(node, &to, Msg::SignalBody { pid, sig, queued }).await
 }
 
 /// Sends `msg` to node `to` on a connection of its own and waits for `Done` (or its error).
@@ -449,11 +454,19 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
 /// Serves a peer's `SignalBody`, `BodyStatus` or `BodyMoved`; `from` is the certified peer.
 pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
     let r = match msg {
-        Msg::SignalBody { pid, sig } => match node.bodies.host_pid(from, pid) {
+        Msg::SignalBody { pid, sig, queued } => match node.bodies.host_pid(from, pid) {
             Some(host) => {
                 let sig = node.bodies.stop_signal(from, pid, host, sig);
                 ferry_sys::pidfd::pidfd_open(host)
-                    .and_then(|fd| ferry_sys::pidfd::pidfd_send_signal(&fd, sig))
+                    .and_then(|fd| match queued {
+                        // As the home saw it: its sender (a home PID, which the body's
+                        // namespace numbers alike) and value. The kernel takes only negative
+                        // codes from us; a forged SI_USER or kernel code is refused there.
+                        Some(q) if q.code < 0 => ferry_sys::pidfd::pidfd_send_siginfo(
+                            &fd, sig, q.code, q.pid, q.uid, q.value,
+                        ),
+                        _ => ferry_sys::pidfd::pidfd_send_signal(&fd, sig),
+                    })
                     .map_err(|e| anyhow!("signal {sig} to PID {pid} (here {host}): {e}"))
             }
             None => Err(anyhow!("no body of PID {pid} from {from} runs here")),

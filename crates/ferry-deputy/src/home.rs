@@ -32,6 +32,9 @@ const PAGE: u64 = 4096;
 /// The signals whose default action stops a process.
 const STOP_SIGNALS: [i32; 4] = [libc::SIGSTOP, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
 
+/// si_code of tkill/tgkill: not one anybody may send on another's behalf.
+const SI_TKILL: i32 = -6;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("deputy PID {pid}: {what}: {source}")]
@@ -61,7 +64,13 @@ pub type Result<T> = std::result::Result<T, Error>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// Signal `sig` was sent to deputy `pid` at home (and held back there): its body's.
-    Signal { pid: i32, sig: i32 },
+    /// `queued`: (si_code, si_pid, si_uid, si_value) of one sent with a negative si_code that
+    /// may be given again (sigqueue and the like; not SI_TKILL).
+    Signal {
+        pid: i32,
+        sig: i32,
+        queued: Option<(i32, i32, u32, u64)>,
+    },
     /// Deputy `pid` ended with wait status `status`: as its body did (`mirrored`), or killed at
     /// home (SIGKILL, which no tracer can hold back: the body must follow).
     Ended {
@@ -465,7 +474,15 @@ impl Deputies {
                 // which has children of its own.
                 let forward = !(sig == libc::SIGCHLD && code > 0);
                 if forward && ending.is_none() {
-                    self.queued.push(Event::Signal { pid, sig });
+                    // struct siginfo on x86_64: si_code at 8; si_pid, si_uid, si_value at 16.
+                    let word = |at: usize| {
+                        u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]])
+                    };
+                    let queued = (code < 0 && code != SI_TKILL).then(|| {
+                        let value = u64::from_ne_bytes(info[24..32].try_into().unwrap_or([0; 8]));
+                        (code, word(16) as i32, word(20), value)
+                    });
+                    self.queued.push(Event::Signal { pid, sig, queued });
                 }
                 if let Err(e) = ptrace::syscall(tid, 0) {
                     log::warn!("deputy PID {pid}: hold back signal {sig}: {e}");

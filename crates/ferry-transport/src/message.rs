@@ -158,6 +158,9 @@ pub enum Msg {
     DeputySignal {
         pid: i32,
         sig: i32,
+        /// Sent with a sender's siginfo the body can be given too (sigqueue).
+        #[serde(default)]
+        queued: Option<SigQueued>,
     },
     /// Deputies' worker to its daemon: deputy `pid` ended with wait status `status`, as its
     /// body did (`mirrored`) or killed at home.
@@ -170,6 +173,9 @@ pub enum Msg {
     SignalBody {
         pid: i32,
         sig: i32,
+        /// Deliver it with this siginfo (as the home saw it) rather than as a plain kill.
+        #[serde(default)]
+        queued: Option<SigQueued>,
     },
     /// Body's node to home, and a daemon to its deputies' worker: the body of home PID `pid`
     /// ended, stopped or continued: `status` is the raw wait status its parent there saw.
@@ -303,6 +309,17 @@ pub struct MigrateOffer {
     /// body's calls are answered where it runs.
     #[serde(default)]
     pub home_ids: Option<HomeIds>,
+}
+
+/// What a signal sent with `sigqueue` (or another negative `si_code`, but SI_TKILL) carried, as
+/// the home saw it: a body receives it with the same si_code, sender and value. (The kernel
+/// lets nobody forge a kill()'s SI_USER or a kernel's code: those arrive as from nobody.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SigQueued {
+    pub code: i32,
+    pub pid: i32,
+    pub uid: u32,
+    pub value: u64,
 }
 
 /// A moved root's identities at home: the home's host name, and the root's parent, process

@@ -1575,7 +1575,8 @@ fn body_lost_with_its_node() -> Result<(), Failed> {
 /// gives: moved to b and back (in guest namespaces of its own both times), it prints exactly
 /// what it printed at home, its own filter still acting; and the shell's `wait` gets its exit
 /// code. Ferry's filter is not its own: moving it on from b (a capture of it) keeps its filter
-/// and leaves Ferry's out. `ferry ps` counts the calls its supervisor answered.
+/// and leaves Ferry's out. `ferry ps` counts the calls its supervisor answered. A signal
+/// queued to it at home (sigqueue) reaches the body with its si_code and value.
 fn keeps_home_identities() -> Result<(), Failed> {
     let c = Cluster::up("homeids", 2);
     let dir = scratch("migration", "homeids");
@@ -1612,6 +1613,32 @@ fn keeps_home_identities() -> Result<(), Failed> {
             std::thread::sleep(Duration::from_millis(10));
         }
     };
+    // `kill -q V -USR1 PID` (sigqueue) from a process at home: the handler sees SI_QUEUE and
+    // the value, at home and moved alike; the sender's PID at home (moved: 0, which the kernel
+    // gives a sender outside the body's PID namespace: docs/limitations.md).
+    let sigqueue = |value: i32, moved: bool| -> Result<(), Failed> {
+        let sent = std::fs::read_to_string(dir.join("sigs")).unwrap_or_default();
+        let mut kill = Command::new("/usr/bin/kill")
+            .args(["-s", "USR1", "-q", &value.to_string(), &pid.to_string()])
+            .spawn()
+            .unwrap();
+        let sender = kill.id() as i32;
+        assert!(kill.wait().unwrap().success());
+        let want = format!("{} {} {value}", -1, if moved { 0 } else { sender });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let sigs = std::fs::read_to_string(dir.join("sigs")).unwrap_or_default();
+            if let Some(got) = sigs.strip_prefix(&sent).and_then(|s| s.lines().next()) {
+                assert_eq!(got, want, "si_code, si_pid, si_value (SI_QUEUE is -1)");
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("signal {value} never arrived: {sigs:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    sigqueue(41, false)?;
     let home = ask(1)?;
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     assert_eq!(
@@ -1624,6 +1651,7 @@ fn keeps_home_identities() -> Result<(), Failed> {
     );
     migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
     let on_b = ask(2)?;
+    sigqueue(42, true)?;
     // What it cost, in `ferry ps`: the five calls of its answer went to its supervisor (the
     // count reaches the daemon within a second or so).
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -243,7 +243,18 @@ fn serve_deputies(mut deputies: ferry_deputy::home::Deputies, mut out: impl Writ
     loop {
         for ev in deputies.poll() {
             let msg = match ev {
-                Event::Signal { pid, sig } => Msg::DeputySignal { pid, sig },
+                Event::Signal { pid, sig, queued } => Msg::DeputySignal {
+                    pid,
+                    sig,
+                    queued: queued.map(|(code, pid, uid, value)| {
+                        ferry_transport::message::SigQueued {
+                            code,
+                            pid,
+                            uid,
+                            value,
+                        }
+                    }),
+                },
                 Event::Ended {
                     pid,
                     status,
