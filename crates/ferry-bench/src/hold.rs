@@ -60,6 +60,9 @@ pub struct Shape {
     pub children: usize,
     /// Descriptors: pipes, two descriptors each.
     pub fds: usize,
+    /// Address space reserved for memory (MiB), of which only the touched part is ever
+    /// written (so only that is in an image); 0: just what is touched.
+    pub reserve_mib: usize,
 }
 
 impl Shape {
@@ -90,6 +93,7 @@ impl Shape {
             format!("--threads={}", self.threads),
             format!("--children={}", self.children),
             format!("--fds={}", self.fds),
+            format!("--reserve-mib={}", self.reserve_mib),
         ]
     }
 
@@ -196,7 +200,10 @@ pub fn run(mib: usize, dir: &Path, shape: Shape) -> Result<()> {
         })
         .collect::<std::io::Result<_>>()
         .context("start the benchmark's threads")?;
-    let mut words: Vec<u64> = vec![0; mib << 17];
+    // Reserved (address space never touched, so never in an image), of which the first `mib`
+    // MiB are touched.
+    let mut words: Vec<u64> = Vec::with_capacity(shape.reserve_mib.max(mib) << 17);
+    words.resize(mib << 17, 0);
     fill(&mut words, 0x5eed ^ mib as u64);
     let sum = checksum(&words);
     write_atomic(

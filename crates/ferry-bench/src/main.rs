@@ -15,6 +15,7 @@ mod engine;
 mod floor;
 mod hold;
 mod hosts;
+mod lazy;
 mod make;
 mod migrate;
 mod remote_exec;
@@ -47,6 +48,10 @@ enum Command {
     /// `wait` sees the death, and the body's exit until the parent's `wait` sees it, against
     /// the same for a child that never moved.
     Deputy(deputy::Args),
+    /// Lazy restore (copy-on-reference, `ferry restore --lazy`) against an ordinary one, for
+    /// processes reserving 1 MiB to 8 GiB and touching 64 MiB or all of it: time until the
+    /// tree runs, until the image is no longer needed, and a fault's cost.
+    Lazy(lazy::Args),
     /// Host selection over 10 to 10,000 nodes (the policy), a request through a daemon holding
     /// 1,000 simulated gossip entries, and the time eviction takes to free a node.
     Hosts(hosts::Args),
@@ -67,6 +72,9 @@ enum Command {
         children: usize,
         #[arg(long, default_value_t = 0)]
         fds: usize,
+        /// Address space to reserve (MiB), of which only the first MIB are touched.
+        #[arg(long, default_value_t = 0)]
+        reserve_mib: usize,
     },
 }
 
@@ -86,6 +94,7 @@ fn main() {
             threads,
             children,
             fds,
+            reserve_mib,
         } => hold::run(
             mib,
             &dir,
@@ -94,8 +103,10 @@ fn main() {
                 threads,
                 children,
                 fds,
+                reserve_mib,
             },
         ),
+        Command::Lazy(a) => lazy::run(a),
     };
     if let Err(e) = result {
         eprintln!("ferry-bench: {e:#}");

@@ -21,6 +21,7 @@
 
 pub mod cache;
 pub mod dirty;
+pub mod guard;
 pub mod pageset;
 pub mod precopy;
 pub mod ranges;

@@ -16,6 +16,7 @@
 //! killed with SIGKILL (a fault-blocked thread dies in its fault) and the error names the
 //! process, the address and why: nothing is left waiting for a page that will never come.
 
+use crate::guard::Guardian;
 use crate::ranges::{RangeMap, Src};
 use crate::source::PageSource;
 use ferry_engine::lazy::{LazyMemory, LazyProcess};
@@ -30,7 +31,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How a server serves.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Pages copied after the faulting one, when the source holds them and the process lacks
     /// them (Accent measured 1 as always worth it).
@@ -40,6 +41,9 @@ pub struct Options {
     pub push_after: Duration,
     /// Bytes the background push copies between two looks at the faults.
     pub push_piece: usize,
+    /// The ferry binary, to run the lazy phase's guardian ([`crate::guard`]); `None`: no
+    /// guardian (the tree's memory then depends on this process staying alive).
+    pub guardian: Option<std::path::PathBuf>,
 }
 
 impl Default for Options {
@@ -48,6 +52,7 @@ impl Default for Options {
             prefetch: 1,
             push_after: Duration::ZERO,
             push_piece: 256 << 10,
+            guardian: None,
         }
     }
 }
@@ -79,6 +84,8 @@ pub struct Stats {
     pub source_bytes: u64,
     /// From the hand-over until the last page was in and the source let go.
     pub dependency_ms: f64,
+    /// Address spaces that ended (their process exited or was killed) still owed pages.
+    pub ended_owing: u64,
 }
 
 /// One served address space.
@@ -147,6 +154,10 @@ impl LazyMemory for LazyServer {
             .expect("not poisoned")
             .take()
             .ok_or("this page server was already started")?;
+        let mut guardian = match &self.opts.guardian {
+            Some(exe) => Some(Guardian::start(exe)?),
+            None => None,
+        };
         let mut spaces = Vec::new();
         let mut pidfds = Vec::new();
         let mut stats = Stats {
@@ -198,6 +209,10 @@ impl LazyMemory for LazyServer {
                     }
                 }
             }
+            if let Some(g) = guardian.as_mut() {
+                g.process(p.host_pid)?;
+                g.uffd(&p.uffd)?;
+            }
             write_eager(&mut *source, &p, &eager)?;
             stats.owed_bytes += owed.bytes();
             let wipe_on_fork = p
@@ -222,7 +237,7 @@ impl LazyMemory for LazyServer {
                 fill_now(&mut *source, space, p.pid, s, e)?;
             }
         }
-        let opts = self.opts;
+        let opts = self.opts.clone();
         let t0 = Instant::now();
         *self.handed_over.lock().expect("not poisoned") = Some(t0);
         let handle = std::thread::Builder::new()
@@ -235,12 +250,14 @@ impl LazyMemory for LazyServer {
                     stats,
                     buf: Vec::new(),
                     t0,
+                    guardian,
                 };
                 let r = s.run();
+                let guardian = s.guardian.take();
                 s.stats.source_bytes = s.source.bytes_delivered();
                 s.stats.dependency_ms = t0.elapsed().as_secs_f64() * 1e3;
-                match r {
-                    Ok(()) => Ok(s.stats),
+                let r = match r {
+                    Ok(()) => Ok(std::mem::take(&mut s.stats)),
                     Err(e) => {
                         let killed = kill_tree(&pidfds);
                         Err(format!(
@@ -249,7 +266,13 @@ impl LazyMemory for LazyServer {
                             killed
                         ))
                     }
+                };
+                // Our descriptors close first: nothing is owed, or the tree is dead.
+                drop(s);
+                if let Some(g) = guardian {
+                    g.done();
                 }
+                r
             })
             .map_err(|e| format!("start the page server thread: {e}"))?;
         *self.thread.lock().expect("not poisoned") = Some(handle);
@@ -327,7 +350,7 @@ fn fill_now(
 }
 
 /// Every process of the tree (by pidfd) and every process descended from them since, killed.
-fn kill_tree(pidfds: &[(i32, OwnedFd)]) -> usize {
+pub(crate) fn kill_tree(pidfds: &[(i32, OwnedFd)]) -> usize {
     // Descendants first collected, then all killed: a parent killed first would let its
     // children be adopted elsewhere, out of our sight.
     let mut all: Vec<i32> = Vec::new();
@@ -388,6 +411,7 @@ struct Serving {
     stats: Stats,
     buf: Vec<u8>,
     t0: Instant,
+    guardian: Option<Guardian>,
 }
 
 const PAGE: u64 = PAGE_SIZE;
@@ -397,7 +421,9 @@ impl Serving {
         let mut next_push = 0usize;
         loop {
             // Address spaces whose process is gone (their descriptors close here).
+            let before = self.spaces.len();
             self.spaces.retain(|s| !s.dead);
+            self.stats.ended_owing += (before - self.spaces.len()) as u64;
             if self.spaces.iter().all(|s| s.owed.is_empty()) {
                 return Ok(());
             }
@@ -412,6 +438,7 @@ impl Serving {
             let fds: Vec<i32> = self.spaces.iter().map(|s| s.uffd.as_raw_fd()).collect();
             let ready = ferry_sys::ns::poll_in(&fds, timeout)
                 .map_err(|e| format!("wait for page faults: {e}"))?;
+            let any = ready.iter().any(|r| *r);
             for (i, r) in ready.into_iter().enumerate().rev() {
                 if r {
                     self.drain(i)?;
@@ -419,6 +446,27 @@ impl Serving {
             }
             if pushing {
                 next_push = self.push_piece(next_push)?;
+            } else if !any {
+                self.find_dead();
+            }
+        }
+    }
+
+    /// Marks the address spaces whose process is gone (while the push waits, nothing else
+    /// would notice: the kernel says nothing on a userfaultfd when its process exits). The
+    /// probe is a zero page at the lowest address a mapping may have; where the space has
+    /// nothing registered there it can only fail, with ESRCH once the process is gone.
+    fn find_dead(&mut self) {
+        const PROBE: u64 = 0x10000;
+        for s in &mut self.spaces {
+            if s.owed.is_empty() || s.view.get(PROBE).is_some() {
+                continue;
+            }
+            if let Err((e, _)) = uffd::zeropage(s.uffd.as_fd(), PROBE, PAGE) {
+                if e.errno == libc::ESRCH {
+                    s.dead = true;
+                    s.owed = RangeMap::default();
+                }
             }
         }
     }
@@ -488,6 +536,9 @@ impl Serving {
                     format!("a process forked from {}", parent.label)
                 };
                 let wipe_on_fork = parent.wipe_on_fork.clone();
+                if let Some(g) = self.guardian.as_mut() {
+                    g.uffd(&child)?;
+                }
                 self.spaces.push(Space {
                     uffd: child,
                     label,

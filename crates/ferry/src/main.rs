@@ -92,6 +92,9 @@ enum Command {
         #[arg(long, requires = "hostname")]
         home: Option<String>,
     },
+    /// The guardian of a lazy restore's page server (internal): see ferry_memory::guard.
+    #[command(name = "__lazy-guard", hide = true)]
+    LazyGuard { server_pid: i32 },
     #[command(name = "__guest-init", hide = true)]
     GuestInit(commands::guest_init::Args),
     #[command(name = "__node-init", hide = true)]
@@ -157,6 +160,7 @@ fn main() {
             relay_pipes,
             memory,
         } => commands::worker::capture_worker(pid, relay_pipes, &memory),
+        Command::LazyGuard { server_pid } => commands::restore::lazy_guard(server_pid),
     };
     if let Err(e) = result {
         eprintln!("ferry: {e:#}");

@@ -162,7 +162,7 @@ fn main() {
         }));
     }
     if "ns_extra".contains(&filter) || filter.is_empty() {
-        let extras: [(&str, ExtraTrial); 8] = [
+        let extras: [(&str, ExtraTrial); 9] = [
             ("clone_beside_original", run_clone_beside_original),
             ("listener_beside_original", run_listener_beside_original),
             ("clocks_ahead", run_clocks_ahead),
@@ -171,6 +171,7 @@ fn main() {
             ("held_then_resumed", |s| run_held(s, true)),
             ("exit_kill", run_exit_kill),
             ("lazy_corrupted_page_kills", run_lazy_corrupted),
+            ("lazy_restorer_killed", run_lazy_restorer_killed),
         ];
         for (name, f) in extras {
             let s = suite.clone();
@@ -523,6 +524,69 @@ fn run_lazy_corrupted(suite: &Suite) -> Result<(), Failed> {
         return Err(run.report(&format!(
             "the program gave a verdict on corrupted memory: {:?}",
             fs::read_to_string(run.file("result")).unwrap_or_default()
+        )));
+    }
+    run.finish()
+}
+
+/// `ferry restore --lazy` killed with SIGKILL while pages are owed (the push held back): its
+/// userfaultfds close with it, and without its guardian the kernel would zero-fill every owed
+/// page. The tree must be killed instead (its guardian says so): after `go` it must give no
+/// verdict (on zeroed memory it would FAIL, or crash) and be gone.
+fn run_lazy_restorer_killed(suite: &Suite) -> Result<(), Failed> {
+    let mut run = start(suite, "thr_lazy_same_pages", "lazy_killed")?;
+    run.wait_ready()?;
+    let ck = run.checkpoint(1, &[])?;
+    if !ck.success() {
+        return Err(run.report("ferry checkpoint failed"));
+    }
+    run.wait_tree_gone(1)?;
+    let dir = run.image(1).to_string_lossy().into_owned();
+    // Its guardian inherits its stderr and says there what it did.
+    let err_path = run.base.join("restore-lazy.stderr");
+    let err = File::create(&err_path).map_err(|e| run.report(&format!("create: {e}")))?;
+    let mut child = Command::new(run.ferry_bin())
+        .args([
+            "restore",
+            "--dir",
+            &dir,
+            "--lazy",
+            "--push-after-ms",
+            "600000",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(err)
+        .spawn()
+        .map_err(|e| run.report(&format!("run ferry restore --lazy: {e}")))?;
+    let mut first = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    io::BufRead::read_line(&mut io::BufReader::new(stdout), &mut first)
+        .map_err(|e| run.report(&format!("read ferry's output: {e}")))?;
+    let _ = child.kill();
+    let _ = child.wait();
+    if first.trim().parse::<i32>().ok() != Some(run.root) {
+        return Err(run.report(&format!(
+            "ferry restore --lazy printed {first:?}, not the root's PID {}",
+            run.root
+        )));
+    }
+    run.touch("go")?;
+    if !wait_gone(run.root, TREE_GONE_TIMEOUT) {
+        return Err(run.report("the tree still runs after its page server was killed"));
+    }
+    if run.file("result").exists() {
+        return Err(run.report(&format!(
+            "the program ran on without its memory and said {:?}",
+            fs::read_to_string(run.file("result")).unwrap_or_default()
+        )));
+    }
+    // Gone, but killed, not crashed on zeroed memory: the guardian says so.
+    let said = fs::read_to_string(&err_path).unwrap_or_default();
+    if !said.contains("the tree was killed") {
+        return Err(run.report(&format!(
+            "the tree is gone, but nothing killed it (it died on its own, its memory lost): \
+             {said:?}"
         )));
     }
     run.finish()

@@ -79,6 +79,7 @@ pub fn run(a: Args) -> Result<()> {
             ferry_memory::Options {
                 prefetch: a.prefetch,
                 push_after: std::time::Duration::from_millis(a.push_after_ms),
+                guardian: Some(std::env::current_exe().context("find the ferry executable")?),
                 ..Default::default()
             },
         ))
@@ -126,8 +127,16 @@ pub fn run(a: Args) -> Result<()> {
                 lazy: stats,
             })?;
         } else {
+            let how = if stats.ended_owing > 0 {
+                format!(
+                    "{} of the tree's address spaces ended before all their pages were in",
+                    stats.ended_owing
+                )
+            } else {
+                "every page is in".to_string()
+            };
             eprintln!(
-                "ferry: every page is in: the image was needed for {released_ms:.1} ms after \
+                "ferry: {how}: the image was needed for {released_ms:.1} ms after \
                  the tree ran ({} faults, {} pages brought by faults, {} pushed, {} zero; {} \
                  forks, {} mremaps, {} munmaps, {} madvises followed)",
                 stats.faults,
@@ -140,6 +149,25 @@ pub fn run(a: Args) -> Result<()> {
                 stats.removes
             );
         }
+    }
+    Ok(())
+}
+
+/// `ferry __lazy-guard SERVER_PID`: see `ferry_memory::guard`. It outlives a Ctrl-C, a hang-up
+/// or a SIGTERM that ends the restoring ferry, so as to kill the tree that ferry was serving.
+pub fn lazy_guard(server_pid: i32) -> Result<()> {
+    let ignored = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGQUIT,
+    ] {
+        signal_hook::flag::register(sig, ignored.clone()).context("hold back a signal")?;
+    }
+    let killed = ferry_memory::guard::guard_main(server_pid).map_err(anyhow::Error::msg)?;
+    if killed {
+        std::process::exit(2);
     }
     Ok(())
 }
