@@ -8,6 +8,7 @@
 //! limit) and with writing the same bytes to the image directory's disk.
 //! See docs/benchmarks.md.
 
+mod balance;
 mod common;
 mod criu;
 mod deputy;
@@ -55,6 +56,10 @@ enum Command {
     /// Host selection over 10 to 10,000 nodes (the policy), a request through a daemon holding
     /// 1,000 simulated gossip entries, and the time eviction takes to free a node.
     Hosts(hosts::Args),
+    /// DUNES Fig 4.5's workload (a writer feeding two readers at 10:1, an independent
+    /// process) under automatic load balancing, Algorithm 1 against Algorithm 3, on 2 and 3
+    /// emulated half-CPU nodes.
+    Balance(balance::Args),
     /// (Internal) the process being checkpointed: fills MIB MiB of memory
     /// with non-zero pseudo-random data, writes `ready` in its cwd, waits
     /// for `go`, checks its memory and writes `result`.
@@ -87,6 +92,7 @@ fn main() {
         Command::Make(a) => make::run(a),
         Command::Deputy(a) => deputy::run(a),
         Command::Hosts(a) => hosts::run(a),
+        Command::Balance(a) => balance::run(a),
         Command::Hold {
             mib,
             dir,

@@ -35,8 +35,9 @@ const DECAY_SECS: f64 = 2.0;
 #[derive(Debug, Clone)]
 struct Handed {
     start_time: u64,
-    /// Since when it is on this node (for the minimum stay).
-    since: Instant,
+    /// When it arrived here, if another node's balancer sent it (for the minimum stay); None
+    /// for a process handed over where it runs.
+    since: Option<Instant>,
     origin: String,
 }
 
@@ -123,8 +124,9 @@ impl Balancer {
         (s.demand as f32, s.capacity as f32)
     }
 
-    /// Hands `pid` (a PID on this node) to the balancer.
-    pub fn add(&self, pid: i32, origin: &str) -> anyhow::Result<()> {
+    /// Hands `pid` (a PID on this node) to the balancer; `arrived`: it was just sent here by
+    /// another node's balancer (its minimum stay starts now).
+    pub fn add(&self, pid: i32, origin: &str, arrived: bool) -> anyhow::Result<()> {
         let Some(start_time) = crate::state::start_time(pid) else {
             anyhow::bail!("no process {pid} on this node");
         };
@@ -135,7 +137,7 @@ impl Balancer {
             pid,
             Handed {
                 start_time,
-                since: Instant::now(),
+                since: arrived.then(Instant::now),
                 origin: origin.to_string(),
             },
         );
@@ -368,7 +370,7 @@ pub async fn run(node: Arc<Node>) {
                     if let Some(start_time) = crate::state::start_time(pid) {
                         e.insert(Handed {
                             start_time,
-                            since: Instant::now(),
+                            since: None,
                             origin: "allowed by the config".into(),
                         });
                     }
@@ -389,8 +391,10 @@ pub async fn run(node: Arc<Node>) {
                 if let Some((t0, c0)) = w.cpu_ticks {
                     let secs = now.duration_since(t0).as_secs_f64();
                     if secs >= 0.9 {
+                        // Averaged like the demand (ticks are coarse: 10 ms).
                         let cpu = ticks.saturating_sub(c0) as f64 / 100.0 / secs;
-                        w.cpu = cpu;
+                        let a = 1.0 - (-secs / DECAY_SECS).exp();
+                        w.cpu += (cpu - w.cpu) * a;
                         w.cpu_ticks = Some((now, ticks));
                     }
                 } else {
@@ -450,7 +454,7 @@ async fn decide(node: &Arc<Node>, cfg: &BalanceConfig, rates: HashMap<i32, f64>)
                 rate_bps: rates.get(pid).copied().unwrap_or(w.rate_bps),
                 memory_bytes: w.memory_bytes,
                 watched_secs: w.first.map_or(0.0, |f| now.duration_since(f).as_secs_f64()),
-                stayed_secs: now.duration_since(h.since).as_secs_f64(),
+                stayed_secs: h.since.map(|t| now.duration_since(t).as_secs_f64()),
             });
         }
         for c in &candidates {
@@ -608,10 +612,11 @@ pub fn adopt(node: &Node, from: &str, home_node: &str, home_pid: i32) -> Msg {
         .into_iter()
         .find(|g| g.home_node == home_node && g.home_pid == home_pid);
     match guest {
-        Some(g) => match node
-            .balancer
-            .add(g.pid, &format!("moved here by the balancer of {from}"))
-        {
+        Some(g) => match node.balancer.add(
+            g.pid,
+            &format!("moved here by the balancer of {from}"),
+            true,
+        ) {
             Ok(()) => {
                 node.balancer.lock().last_move = Some(Instant::now());
                 Msg::Done

@@ -708,7 +708,7 @@ async fn serve_cli(node: &Arc<Node>, mut s: UnixStream) -> Result<()> {
         Msg::BalanceAdd { pid } => {
             let reply = match node
                 .balancer
-                .add(pid, "handed over with `ferry balance add`")
+                .add(pid, "handed over with `ferry balance add`", false)
             {
                 Ok(()) => Msg::Done,
                 Err(e) => Msg::error(format!("{e:#}")),

@@ -7,9 +7,10 @@
 //! 1. Take the least loaded node that may take guests. If this node's load (runnable demand
 //!    per CPU of capacity) exceeds it by less than `theta1`, nothing moves.
 //! 2. Choose the process (`choose_victim`): [`Algorithm::Cpu`] (DUNES Algorithm 1) takes the
-//!    one with the highest CPU demand; [`Algorithm::Coupling`] (Algorithm 3) the one with the
-//!    highest average normalized rank of CPU demand (higher is better) and data rate (lower is
-//!    better): a busy process that talks little.
+//!    one using the most CPU; [`Algorithm::Coupling`] (Algorithm 3) the one with the highest
+//!    average normalized rank of CPU use (higher is better) and data rate (lower is better): a
+//!    busy process that talks little. (Demand, the time a process wants a CPU, decides whether
+//!    it is CPU-bound and what a move does to the loads; use, the CPU it got, ranks.)
 //! 3. Predict the imbalance after the move; unless it shrinks by at least `theta2`, nothing
 //!    moves (this is the hysteresis that stops a lone process from bouncing between two idle
 //!    nodes).
@@ -32,9 +33,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Algorithm {
-    /// Algorithm 1: the highest CPU demand, whatever it talks to.
+    /// Algorithm 1: the highest CPU use, whatever it talks to.
     Cpu,
-    /// Algorithm 3: CPU demand and measured data rate, by average normalized rank, and a move
+    /// Algorithm 3: CPU use and measured data rate, by average normalized rank, and a move
     /// only if its predicted gain beats its cost.
     #[default]
     Coupling,
@@ -195,8 +196,10 @@ pub struct Candidate {
     pub memory_bytes: u64,
     /// How long this node has watched it.
     pub watched_secs: f64,
-    /// How long it has been on this node (since it arrived, or was handed over here).
-    pub stayed_secs: f64,
+    /// How long it has been on this node since another node's balancer sent it here (None for
+    /// a process handed over where it runs: it may move as soon as it is watched long enough).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stayed_secs: Option<f64>,
 }
 
 /// What the balancer decided, and why.
@@ -263,14 +266,16 @@ pub fn choose_victim(alg: Algorithm, weight_cpu: f64, c: &[Candidate]) -> Option
     }
     match alg {
         Algorithm::Cpu => {
-            let (i, v) = c
-                .iter()
-                .enumerate()
-                .max_by(|(_, a), (_, b)| a.demand.total_cmp(&b.demand).then(b.pid.cmp(&a.pid)))?;
-            Some((i, format!("highest CPU demand ({:.2})", v.demand)))
+            let (i, v) = c.iter().enumerate().max_by(|(_, a), (_, b)| {
+                a.cpu
+                    .total_cmp(&b.cpu)
+                    .then(a.demand.total_cmp(&b.demand))
+                    .then(b.pid.cmp(&a.pid))
+            })?;
+            Some((i, format!("highest CPU use ({:.2} CPU)", v.cpu)))
         }
         Algorithm::Coupling => {
-            let cpu = ranks(&c.iter().map(|x| x.demand).collect::<Vec<_>>());
+            let cpu = ranks(&c.iter().map(|x| x.cpu).collect::<Vec<_>>());
             // Less data is better: rank the negated rates.
             let quiet = ranks(&c.iter().map(|x| -x.rate_bps).collect::<Vec<_>>());
             let score: Vec<f64> = cpu
@@ -287,9 +292,9 @@ pub fn choose_victim(alg: Algorithm, weight_cpu: f64, c: &[Candidate]) -> Option
             Some((
                 i,
                 format!(
-                    "best rank {:.2} of CPU demand ({:.2}) and data rate ({})",
+                    "best rank {:.2} of CPU use ({:.2} CPU) and data rate ({})",
                     score[i],
-                    c[i].demand,
+                    c[i].cpu,
                     human_rate(c[i].rate_bps)
                 ),
             ))
@@ -368,17 +373,23 @@ pub fn plan(
     }
     let settled: Vec<&Candidate> = candidates
         .iter()
-        .filter(|c| c.stayed_secs >= cfg.min_stay_secs as f64)
+        .filter(|c| c.stayed_secs.is_none_or(|s| s >= cfg.min_stay_secs as f64))
         .collect();
     if settled.is_empty() {
         let c = candidates
             .iter()
-            .max_by(|a, b| a.stayed_secs.total_cmp(&b.stayed_secs))
+            .max_by(|a, b| {
+                a.stayed_secs
+                    .unwrap_or(0.0)
+                    .total_cmp(&b.stayed_secs.unwrap_or(0.0))
+            })
             .expect("not empty");
         return Plan::stay(format!(
             "every process handed over arrived less than the minimum stay ({} s) ago (the \
              longest here, PID {}, {:.0} s)",
-            cfg.min_stay_secs, c.pid, c.stayed_secs
+            cfg.min_stay_secs,
+            c.pid,
+            c.stayed_secs.unwrap_or(0.0)
         ));
     }
     let open: Vec<&NodeView> = others.iter().filter(|n| n.open).collect();
@@ -533,7 +544,7 @@ mod tests {
             rate_bps,
             memory_bytes: 4 << 20,
             watched_secs: 100.0,
-            stayed_secs: 100.0,
+            stayed_secs: None,
         }
     }
 
@@ -627,7 +638,7 @@ mod tests {
         let b = [node("b", 0.0, 1.0)];
         let mut fresh = dunes();
         for c in &mut fresh {
-            c.stayed_secs = 2.0;
+            c.stayed_secs = Some(2.0);
         }
         let reason = |p: Plan| match p {
             Plan::Stay { reason, .. } => reason,
