@@ -23,8 +23,13 @@ pub struct Args {
     #[arg(long)]
     pub ferry: Option<PathBuf>,
     /// Chunks (64 KiB) Gw writes to Grs; Grl gets one in ten.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 6000)]
     pub chunks: u64,
+    /// Units of computation (16 xorshift rounds) Gw does per chunk; Grs does a third of that
+    /// per chunk it reads, Grl ten times as much per chunk (so the readers need the same CPU).
+    /// Fewer units per chunk: more communication for the same computation.
+    #[arg(long, default_value_t = 15000)]
+    pub units: u64,
     /// Rounds (40 ms of CPU, 60 ms asleep) of I.
     #[arg(long, default_value_t = 100)]
     pub rounds: u64,
@@ -40,9 +45,6 @@ pub struct Args {
 }
 
 const SOURCE: &str = include_str!("balance/dunes.c");
-/// Units of work per chunk read: Grs every chunk, Grl one in ten (so ten times as much).
-const GRS_UNITS: &str = "20000";
-const GRL_UNITS: &str = "200000";
 
 struct Cluster<'a> {
     ferry: &'a Path,
@@ -184,13 +186,18 @@ fn run_one(ferry: &Path, bin: &Path, a: &Args, nodes: usize, alg: &str) -> Resul
     let (rl_r, rl_w) = std::io::pipe()?;
     let t0 = Instant::now();
     let chunks = a.chunks.to_string();
+    let (w_units, rs_units, rl_units) = (
+        a.units.to_string(),
+        (a.units / 3).to_string(),
+        (a.units * 10 / 3).to_string(),
+    );
     let rounds = a.rounds.to_string();
     let mut ps = vec![
         Proc {
             role: "Gw",
             child: start(
                 &procs,
-                &[&bin_s, "writer", &chunks],
+                &[&bin_s, "writer", &chunks, &w_units],
                 Stdio::null(),
                 Stdio::from(rs_w),
                 Stdio::from(rl_w),
@@ -201,7 +208,7 @@ fn run_one(ferry: &Path, bin: &Path, a: &Args, nodes: usize, alg: &str) -> Resul
             role: "Grs",
             child: start(
                 &procs,
-                &[&bin_s, "reader", GRS_UNITS],
+                &[&bin_s, "reader", &rs_units],
                 Stdio::from(rs_r),
                 Stdio::null(),
                 Stdio::null(),
@@ -212,7 +219,7 @@ fn run_one(ferry: &Path, bin: &Path, a: &Args, nodes: usize, alg: &str) -> Resul
             role: "Grl",
             child: start(
                 &procs,
-                &[&bin_s, "reader", GRL_UNITS],
+                &[&bin_s, "reader", &rl_units],
                 Stdio::from(rl_r),
                 Stdio::null(),
                 Stdio::null(),

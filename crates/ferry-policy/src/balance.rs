@@ -452,25 +452,35 @@ pub fn plan(
             cfg.theta1
         ));
     }
+    // The choice is made among all CPU-bound candidates; one chosen before it was watched long
+    // enough waits (choosing among the older ones only would favour whoever was handed first).
     let eligible: Vec<Candidate> = settled
         .iter()
-        .filter(|c| c.watched_secs >= cfg.min_age_secs as f64 && c.demand >= cfg.min_demand)
+        .filter(|c| c.demand >= cfg.min_demand)
         .map(|c| (*c).clone())
         .collect();
     if eligible.is_empty() {
         return Plan::stay(format!(
             "overloaded (load {:.2} against {:.2} on {}), but no process handed over here is \
-             CPU-bound (demand >= {}) and watched for {} s",
+             CPU-bound (demand >= {})",
             me.ratio(),
             dst.ratio(),
             dst.name,
-            cfg.min_demand,
-            cfg.min_age_secs
+            cfg.min_demand
         ));
     }
     let (i, why) =
         choose_victim(cfg.algorithm, cfg.weight_cpu, &eligible).expect("eligible is not empty");
     let v = &eligible[i];
+    if v.watched_secs < cfg.min_age_secs as f64 {
+        return Plan::Stay {
+            pid: Some(v.pid),
+            reason: format!(
+                "PID {} ({why}) would go, but it has been watched {:.1} s only (min_age_secs = {})",
+                v.pid, v.watched_secs, cfg.min_age_secs
+            ),
+        };
+    }
     let after_src = NodeView {
         demand: (me.demand - v.demand).max(0.0),
         ..me.clone()
@@ -660,6 +670,21 @@ mod tests {
             })
             .collect();
         assert!(reason(plan(&c, &me, &b, &idle, None)).contains("CPU-bound"));
+    }
+
+    #[test]
+    fn a_victim_watched_too_briefly_waits_and_is_not_replaced_by_an_older_one() {
+        let me = node("a", 2.8, 1.0);
+        let b = [node("b", 0.0, 1.0)];
+        let mut c = dunes();
+        c[3].watched_secs = 0.5; // I, the one Algorithm 3 wants, was handed over last
+        match plan(&cfg(Algorithm::Coupling), &me, &b, &c, None) {
+            Plan::Stay { pid, reason } => {
+                assert_eq!(pid, Some(4));
+                assert!(reason.contains("watched"), "{reason}");
+            }
+            p => panic!("{p:?}"),
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 /* DUNES Fig 4.4's processes (Cruz & Park, §4.4.1), for `ferry-bench balance`.
  *
- *   dunes writer CHUNKS   Gw: per 64 KiB chunk, WORK units of computation, then the chunk
- *                         to stdout (Grs) and, every tenth chunk, to stderr (Grl): 10:1.
+ *   dunes writer CHUNKS UNITS
+ *                         Gw: per 64 KiB chunk, UNITS of computation, then the chunk to
+ *                         stdout (Grs) and, every tenth chunk, to stderr (Grl): 10:1.
  *   dunes reader UNITS    Grs / Grl: UNITS of computation per chunk read from stdin.
  *   dunes independent N   I: N rounds of 40 ms of CPU time and 60 ms of sleep (CPU
  *                         utilization 0.4 alone; DUNES' I had 0.65, but there Gw used more
@@ -19,7 +20,6 @@
 #include <unistd.h>
 
 #define CHUNK 65536
-#define WORK 60000 /* units per chunk written (Gw) */
 
 static volatile uint64_t sink;
 
@@ -48,11 +48,11 @@ static int put(int fd, const char *b, size_t n) {
 
 int main(int argc, char **argv) {
     static char buf[CHUNK];
-    if (argc >= 3 && !strcmp(argv[1], "writer")) {
-        long chunks = atol(argv[2]);
+    if (argc >= 4 && !strcmp(argv[1], "writer")) {
+        long chunks = atol(argv[2]), units = atol(argv[3]);
         memset(buf, 'x', sizeof buf);
         for (long i = 0; i < chunks; i++) {
-            work(WORK);
+            work(units);
             if (put(1, buf, CHUNK)) return 2;
             if (i % 10 == 0 && put(2, buf, CHUNK)) return 3;
         }
@@ -83,6 +83,6 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
-    fprintf(stderr, "usage: dunes writer CHUNKS | reader UNITS | independent ROUNDS\n");
+    fprintf(stderr, "usage: dunes writer CHUNKS UNITS | reader UNITS | independent ROUNDS\n");
     return 1;
 }
