@@ -919,3 +919,58 @@ pub async fn serve_cli(node: &Arc<Node>, msg: Msg) -> Msg {
         other => Msg::error(format!("unexpected {}", kind(&other))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(owner: &str) -> anyhow::Result<crate::Config> {
+        crate::Config::parse(&format!(
+            "name = \"a\"\nlisten = \"127.0.0.1:7070\"\ndata_dir = \"/tmp/x\"\n\
+             [credentials]\nca_cert = \"c\"\ncert = \"d\"\nkey = \"e\"\n{owner}"
+        ))
+    }
+
+    #[test]
+    fn the_owner_table() {
+        let c = config("").unwrap();
+        assert!(c.owner.is_default());
+        assert_eq!(policy_of(&c), AcceptPolicy::Always);
+        assert_eq!(c.owner.thresholds(), IdleThresholds::default());
+        assert!(c.owner.watch().contains(&PathBuf::from("/dev/input")));
+        assert!(c.owner.watch().contains(&PathBuf::from("/dev/pts")));
+        let c = config(
+            "[owner]\naccept = \"idle\"\nload_below = 2.5\ninput_idle_secs = 5\n\
+             input_watch = [\"/dev/pts/3\"]\n",
+        )
+        .unwrap();
+        assert_eq!(policy_of(&c), AcceptPolicy::Idle);
+        assert_eq!(c.owner.thresholds().load_below, 2.5);
+        assert_eq!(c.owner.thresholds().input_idle_secs, 5);
+        assert_eq!(c.owner.watch(), [PathBuf::from("/dev/pts/3")]);
+        // It survives the round trip `ferry cluster up` makes.
+        let again = crate::Config::parse(&c.to_toml().unwrap()).unwrap();
+        assert_eq!(again.owner, c.owner);
+        assert!(config("[owner]\naccept = \"sometimes\"\n").is_err());
+        assert!(
+            config("[owner]\nidle_secs = 5\n").is_err(),
+            "unknown keys are refused"
+        );
+        let never = crate::Config::parse(
+            "name = \"a\"\nlisten = \"127.0.0.1:7070\"\ndata_dir = \"/tmp/x\"\n\
+             accept_guests = false\n[credentials]\nca_cert = \"c\"\ncert = \"d\"\nkey = \"e\"\n",
+        )
+        .unwrap();
+        assert_eq!(policy_of(&never), AcceptPolicy::Never);
+    }
+
+    #[test]
+    fn simulated_nodes_rank_below_real_ones() {
+        let sim = simulated_nodes(1000);
+        assert_eq!(sim.len(), 1000);
+        assert!(sim
+            .iter()
+            .all(|(_, l)| l.console_idle_secs.is_some_and(|s| s < 3600)));
+        assert!(sim.iter().any(|(_, l)| !l.grants.is_empty()));
+    }
+}
