@@ -482,3 +482,62 @@ pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
         },
     }
 }
+
+/// The init of the PID namespace `ns` ("pid:[inode]"), by its PID here.
+fn init_of(ns: &str) -> Option<i32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|&p| inner_pid(p) == Some(1) && pid_ns(p).as_deref() == Some(ns))
+}
+
+/// Watches the guest init of the body whose root runs here as `host_pid`: it reports the
+/// body's end and answers its forwarded calls. If it dies first (the kernel then kills every
+/// process of its namespace, the body with it, and nobody reports it), the home is told the
+/// body was killed (SIGKILL, which its deputy mirrors for its parent), with a log line here.
+pub fn watch_supervisor(node: Arc<Node>, host_pid: i32) {
+    let Some(ns) = pid_ns(host_pid) else {
+        return;
+    };
+    let Some(init) = init_of(&ns) else {
+        return;
+    };
+    let Ok(pidfd) = ferry_sys::pidfd::pidfd_open(init) else {
+        return;
+    };
+    tokio::spawn(async move {
+        use std::os::fd::AsRawFd;
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            // A pidfd reads as ready once its process has exited.
+            if ferry_sys::ns::poll_in(&[pidfd.as_raw_fd()], 0).is_ok_and(|r| r[0]) {
+                break;
+            }
+        }
+        // Its last reports may still be on their way: the body's root ending forgets it.
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let gone = node.bodies.map.lock().expect("bodies lock").remove(&ns);
+        node.bodies.calls.lock().expect("bodies lock").remove(&ns);
+        let Some((home, root)) = gone else {
+            return;
+        };
+        tracing::error!(event = "guest-init-died", home = %home, pid = root, init,
+            "the body's supervisor (its guest init) died: the kernel killed the body");
+        let msg = Msg::BodyStatus {
+            pid: root,
+            status: libc::SIGKILL,
+        };
+        let r = if home == node.name() {
+            let me = node.name().to_string();
+            node.deputies.body_ended(&me, root, libc::SIGKILL)
+        } else {
+            ask(&node, &home, msg).await
+        };
+        if let Err(e) = r {
+            tracing::warn!(event = "report-home-failed", home = %home,
+                error = %format!("{e:#}"));
+        }
+    });
+}

@@ -718,6 +718,7 @@ async fn finish_held(
     tracing::info!(event = "guest-running", home = %info.home_node, home_pid = info.home_pid,
         pid = info.pid);
     node.bodies.add(info.pid, &info.home_node, info.home_pid);
+    crate::deputies::watch_supervisor(node.clone(), info.pid);
     crate::relay::dial_home(
         node.clone(),
         info.home_node.clone(),

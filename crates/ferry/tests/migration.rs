@@ -83,6 +83,10 @@ fn main() {
             "a_moved_process_keeps_its_home_identities",
             keeps_home_identities,
         ),
+        Trial::test(
+            "a_body_whose_supervisor_dies_is_killed_and_its_parent_told",
+            supervisor_dies,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -1682,6 +1686,31 @@ fn keeps_home_identities() -> Result<(), Failed> {
     }
     let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
     assert_eq!(status.trim(), "5", "what the shell's wait got");
+    Ok(())
+}
+
+/// The guest init on b (the body's supervisor: it answers its forwarded calls and reports its
+/// end) is killed: the kernel kills the body with it, and b tells the home, whose deputy ends
+/// as SIGKILL for its parent. Nothing waits forever.
+fn supervisor_dies() -> Result<(), Failed> {
+    let c = Cluster::up("supdies", 2);
+    let dir = scratch("migration", "supdies");
+    let mut t = Ticker::start(&dir, 4);
+    let home = t.pid();
+    let r = migrate(&c, "a", home, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let body = r["dest_pid"].as_i64().ok_or("no dest_pid")? as i32;
+    let body = c.host_pid("b", body).ok_or("the body is not on b")?;
+    let init = common::parent_pid(body).ok_or("the body has no parent")?;
+    assert!(
+        common::is_guest_init(init),
+        "the body's parent {init} is no guest init"
+    );
+    kill_host_pid(init as i64);
+    let st = t
+        .wait_end(Duration::from_secs(15))
+        .ok_or("the deputy outlived its body's supervisor")?;
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
     Ok(())
 }
 
