@@ -79,12 +79,21 @@ async fn write_raw<W: AsyncWrite + Unpin>(
 }
 
 pub async fn write_msg<W: AsyncWrite + Unpin>(w: &mut W, msg: &Msg) -> Result<(), FrameError> {
-    let mut buf = Vec::new();
-    ciborium::into_writer(msg, &mut buf)
-        .map_err(|e| FrameError::malformed(format!("encode {msg:?}: {e}")))?;
-    write_raw(w, KIND_MSG, &buf).await?;
+    let frame = encode_msg(msg)?;
+    w.write_all(&frame).await?;
     w.flush().await?;
     Ok(())
+}
+
+/// A whole `Msg` frame, header and payload in one buffer: one write, hence one TLS record
+/// (or one socket write) per message rather than two.
+fn encode_msg(msg: &Msg) -> Result<Vec<u8>, FrameError> {
+    let mut buf = vec![0u8; 5];
+    ciborium::into_writer(msg, &mut buf)
+        .map_err(|e| FrameError::malformed(format!("encode {msg:?}: {e}")))?;
+    let head = header(KIND_MSG, buf.len() - 5)?;
+    buf[..5].copy_from_slice(&head);
+    Ok(buf)
 }
 
 /// Writes stream bytes, cut into frames of at most [`DATA_CHUNK`]. Not flushed: callers stream.
@@ -142,11 +151,7 @@ pub mod blocking {
     }
 
     pub fn write_msg<W: Write>(w: &mut W, msg: &Msg) -> Result<(), FrameError> {
-        let mut buf = Vec::new();
-        ciborium::into_writer(msg, &mut buf)
-            .map_err(|e| FrameError::malformed(format!("encode {msg:?}: {e}")))?;
-        w.write_all(&header(KIND_MSG, buf.len())?)?;
-        w.write_all(&buf)?;
+        w.write_all(&encode_msg(msg)?)?;
         w.flush()?;
         Ok(())
     }
