@@ -277,6 +277,10 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
         Ok(SocketAddr::from((ip, a.port)))
     };
     let exe = std::env::current_exe().context("find the ferry binary")?;
+    if let Some((cg, _)) = &quota {
+        std::fs::create_dir_all(cg).with_context(|| format!("make cgroup {}", cg.display()))?;
+        cluster_cpu::weigh_cluster(cg, names.len())?;
+    }
     for (i, name) in names.iter().enumerate() {
         let data_dir = dir.join(name);
         std::fs::create_dir_all(&data_dir)?;

@@ -72,6 +72,15 @@ pub fn make_node_cgroup(cluster: &Path, name: &str, quota_us: u64) -> Result<Pat
     Ok(dir)
 }
 
+/// Gives the cluster's cgroup the weight of `nodes` machines (`cpu.shares`, 1024 each, as
+/// each node's own): when this machine is busy with other work, the cluster's nodes get what
+/// as many separate processes' groups would, not one group's share split among them all.
+pub fn weigh_cluster(cluster: &Path, nodes: usize) -> Result<()> {
+    let p = cluster.join("cpu.shares");
+    let w = 1024 * nodes.max(1);
+    std::fs::write(&p, w.to_string()).with_context(|| format!("write {w} to {}", p.display()))
+}
+
 /// Removes the cluster's cgroups once its nodes are down. Processes still in them (guests of
 /// the first node, which is this machine and whose guests outlive its daemon) go back to the
 /// hierarchy's root, the CPU cgroup of everything else here.
