@@ -144,7 +144,7 @@ fn usable(n: &NodeInfo) -> bool {
     (n.state == "self" || n.state == "alive")
         && n.load
             .as_ref()
-            .is_some_and(|l| l.accepting && !l.stale && !l.owner_present())
+            .is_some_and(|l| l.accepting && !l.stale && !l.owner.draining && !l.owner_present())
 }
 
 #[derive(Debug)]
@@ -212,6 +212,18 @@ fn build(o: Options, node: Option<&str>) -> Result<i32> {
             );
         }
     }
+    // Without --nodes, the hosts come from the cluster's host selection (longest idle first,
+    // one build per host at a time, fair between users): granted to this process, returned
+    // when it ends. If none can be granted (or the daemon does not grant hosts), the build
+    // uses every node that takes guests now.
+    let granted = match &o.nodes {
+        Some(_) => None,
+        None => grant_hosts(node, &all, &here),
+    };
+    let wanted = |n: &NodeInfo| match &granted {
+        Some(hosts) => hosts.contains(&n.name) || (n.name == here && !o.elsewhere),
+        None => wanted(n),
+    };
     let mut slots: Vec<Slot> = all
         .iter()
         .filter(|n| wanted(n))
@@ -321,6 +333,16 @@ fn build(o: Options, node: Option<&str>) -> Result<i32> {
             started.elapsed().as_secs_f64()
         );
     }
+    if granted.is_some() {
+        let _ = ask_blocking(
+            node,
+            &Msg::HostsRelease {
+                holder: std::process::id() as i32,
+                class: Some(HOST_CLASS.to_string()),
+                hosts: Vec::new(),
+            },
+        );
+    }
     use std::os::unix::process::ExitStatusExt;
     Ok(match (status.code(), status.signal()) {
         (Some(c), _) => c,
@@ -330,6 +352,44 @@ fn build(o: Options, node: Option<&str>) -> Result<i32> {
         }
         _ => 2,
     })
+}
+
+/// The class `ferry make` asks hosts for: a host runs one build at a time.
+const HOST_CLASS: &str = "make";
+
+/// Asks this node's daemon for every other usable node, for this build; the hosts granted, or
+/// None if none was (the caller then takes every usable node).
+fn grant_hosts(node: Option<&str>, all: &[NodeInfo], here: &str) -> Option<Vec<String>> {
+    let count = all.iter().filter(|n| n.name != here && usable(n)).count();
+    if count == 0 {
+        return None;
+    }
+    let uid = ferry_sys::spawn::ids().ok()?.0;
+    let answer = ask_blocking(
+        node,
+        &Msg::HostsGet {
+            count: count as u32,
+            class: HOST_CLASS.to_string(),
+            uid,
+            holder: std::process::id() as i32,
+        },
+    );
+    match answer {
+        Ok(Msg::HostsGranted(r)) if !r.hosts.is_empty() => {
+            log::info!(
+                "ferry make: granted hosts {} (of {} considered, {:.1} ms)",
+                r.hosts.join(", "),
+                r.considered,
+                r.total_ms
+            );
+            Some(r.hosts)
+        }
+        Ok(_) => None,
+        Err(e) => {
+            log::info!("ferry make: no hosts granted ({e:#}); using every node that takes guests");
+            None
+        }
+    }
 }
 
 /// Ranks the slots by how idle their node is (`NodeLoad::busyness`).
