@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 const LOG_KEPT: usize = 500;
 /// A decision not to move is logged again, unchanged, at most this often.
 const STAY_RELOG: Duration = Duration::from_secs(30);
+/// A `BalanceAdopt` is taken only from the node that sent the guest, this soon after.
+const ADOPT_WINDOW: Duration = Duration::from_secs(60);
 /// A process whose migration failed is not tried again for this long.
 const FAILED_BACKOFF: Duration = Duration::from_secs(30);
 /// Sampling period of runnable threads, and the decay of their averages.
@@ -54,6 +56,9 @@ struct Watch {
 #[derive(Default)]
 struct State {
     handed: HashMap<i32, Handed>,
+    /// Guests that arrived here, by (home node, home PID): the node that sent each, and when
+    /// (only that node's `BalanceAdopt` is taken, for a minute).
+    arrivals: HashMap<(String, i32), (String, Instant)>,
     watched: HashMap<i32, Watch>,
     demand: f64,
     capacity: f64,
@@ -143,6 +148,24 @@ impl Balancer {
         );
         tracing::info!(event = "balance-handed", pid, origin);
         Ok(())
+    }
+
+    /// A tree from `from` whose home identity is (`home_node`, `home_pid`) runs here now.
+    pub fn arrived(&self, from: &str, home_node: &str, home_pid: i32) {
+        let mut s = self.lock();
+        s.arrivals.retain(|_, (_, t)| t.elapsed() < ADOPT_WINDOW);
+        s.arrivals.insert(
+            (home_node.to_string(), home_pid),
+            (from.to_string(), Instant::now()),
+        );
+    }
+
+    /// Whether `from` sent the guest (`home_node`, `home_pid`) here within the last minute.
+    fn sent_by(&self, from: &str, home_node: &str, home_pid: i32) -> bool {
+        self.lock()
+            .arrivals
+            .get(&(home_node.to_string(), home_pid))
+            .is_some_and(|(f, t)| f == from && t.elapsed() < ADOPT_WINDOW)
     }
 
     /// The decisions logged, oldest first.
@@ -604,8 +627,16 @@ async fn decide(node: &Arc<Node>, cfg: &BalanceConfig, rates: HashMap<i32, f64>)
 }
 
 /// A peer's `BalanceAdopt`: the guest with this home identity, which `from`'s balancer just
-/// sent here, is handed to this node's balancer, its minimum stay starting now.
+/// sent here, is handed to this node's balancer, its minimum stay starting now. Taken only from
+/// the node that sent it (recorded by the migration: [`Balancer::arrived`]).
 pub fn adopt(node: &Node, from: &str, home_node: &str, home_pid: i32) -> Msg {
+    if !node.balancer.sent_by(from, home_node, home_pid) {
+        return Msg::error(format!(
+            "node {from} did not send the guest from {home_node} with home PID {home_pid} here \
+             (in the last {} s)",
+            ADOPT_WINDOW.as_secs()
+        ));
+    }
     let guest = node
         .guests
         .list()
@@ -626,5 +657,20 @@ pub fn adopt(node: &Node, from: &str, home_node: &str, home_pid: i32) -> Msg {
         None => Msg::error(format!(
             "no guest here from {home_node} with home PID {home_pid}"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_sender_may_hand_over_a_guest_it_sent() {
+        let b = Balancer::new(BalanceConfig::default());
+        b.arrived("a", "a", 42);
+        assert!(b.sent_by("a", "a", 42));
+        assert!(!b.sent_by("c", "a", 42), "another member");
+        assert!(!b.sent_by("a", "a", 43), "another guest");
+        assert!(!b.sent_by("a", "b", 42), "another home");
     }
 }

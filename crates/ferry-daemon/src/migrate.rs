@@ -725,6 +725,11 @@ async fn finish_held(
         info.home_pid,
         relay_ends,
     );
+    if let Some(c) = &conn {
+        // Its balancer may hand it to ours (crate::balancer::adopt).
+        node.balancer
+            .arrived(&c.peer, &info.home_node, info.home_pid);
+    }
     node.guests.add(info);
     node.store.remove_or_log(state::HELD, key);
     if let Some(conn) = conn {
