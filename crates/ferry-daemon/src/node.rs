@@ -41,8 +41,6 @@ pub struct Node {
     pub accepting: AtomicBool,
     /// The owner's policy and this host's grants (crate::hosts).
     pub hosts: crate::hosts::Hosts,
-    /// Test-only fault injection (FERRY_FAULT=node:point), see [`Node::fault`].
-    fault: Option<String>,
     /// The ferry binary, run as engine workers.
     pub exe: PathBuf,
     /// What this daemon counts (crate::metrics), and the CPU use of its guests.
@@ -99,8 +97,10 @@ impl Node {
             .with_context(|| format!("reach node {name}"))
     }
 
-    /// Fault injection for the test suite: when FERRY_FAULT is `NAME:POINT` for this node and
-    /// `point` is reached, the daemon dies on the spot, as if the machine had crashed there.
+    /// Fault injection for the test suite (fail points of the `fail` crate, built with the
+    /// `failpoints` feature only): when the fail point `NAME:POINT` (NAME: this node's) is set to
+    /// `return` (`FAILPOINTS=b:exit-after-rebuilt=return`) and `point` is reached, the daemon
+    /// dies on the spot, as if the machine had crashed there.
     /// Points, source: `exit-before-outcome` (the destination has rebuilt, nothing decided),
     /// `exit-after-outcome` (committed durably, the original not yet killed), `exit-after-kill`
     /// (the original killed or deputized, `Commit` not sent), `exit-after-commit` (after
@@ -112,7 +112,7 @@ impl Node {
         }
     }
 
-    /// Whether FERRY_FAULT names `point` for this node (logged when it does): for points where
+    /// Whether the fail point `NAME:POINT` returns (logged when it does): for points where
     /// the daemon does something other than die. `abort-after-rebuilt` (destination): the
     /// tree is rebuilt, then thrown away, and the migration aborted, as if the destination had
     /// run out of something at the last moment. `cut-link-after-rebuilt` (destination): after
@@ -122,11 +122,12 @@ impl Node {
     /// after the outcome is recorded, or between the kill and `Commit`, for a test to kill the
     /// worker or cut the link there.
     pub fn fault_at(&self, point: &str) -> bool {
-        let hit = self.fault.as_deref() == Some(point);
-        if hit {
+        fail::fail_point!(&format!("{}:{point}", self.name()), |_| {
             tracing::error!(event = "fault-injected", point);
-        }
-        hit
+            true
+        });
+        let _ = point;
+        false
     }
 
     /// This node's load as last published, with its owner's state and grants as they are now.
@@ -202,10 +203,6 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     let membership = Membership::start(me, incarnation, creds.clone(), config.peers.clone());
     let hosts = crate::hosts::Hosts::new(&config);
     let accepting = hosts.accepts().is_ok();
-    let fault = std::env::var("FERRY_FAULT").ok().and_then(|f| {
-        let (node, point) = f.split_once(':')?;
-        (node == config.name).then(|| point.to_string())
-    });
     let store = Arc::new(crate::state::Store::open(&config.data_dir)?);
     let balancer = crate::balancer::Balancer::new(config.balance.clone());
     let node = Arc::new(Node {
@@ -221,7 +218,6 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         relays: Default::default(),
         accepting: AtomicBool::new(accepting),
         hosts,
-        fault,
         exe,
         metrics: Default::default(),
         cpu: Default::default(),

@@ -58,27 +58,32 @@ pub enum InjectError {
 
 pub type Result<T> = std::result::Result<T, InjectError>;
 
-/// Test-only fault injection: with `FERRY_INJECT_FAULT=POINT:N` in its environment, the tracer
-/// kills itself with SIGKILL the Nth time it reaches POINT, one of the instants at which a
-/// thread holds something of an injection: `parked` (registers and frame set, mask not yet
-/// blocked), `entry` (at the entry stop, before the call is set up), `call` (the call set up at
-/// the entry stop), `exit` (at the exit stop), `back` (at the interrupt stop, before the mask
-/// is put back), `mask` (the mask put back, not yet the registers), `batch` (a husk running a
-/// batch of calls: [`batch`]).
-fn fault(point: &str) {
-    static FAULT: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
-    static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let Some((at, n)) = FAULT.get_or_init(|| {
-        let v = std::env::var("FERRY_INJECT_FAULT").ok()?;
-        let (p, n) = v.split_once(':')?;
-        Some((p.to_string(), n.parse().ok()?))
-    }) else {
-        return;
-    };
-    if at == point && SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == *n {
-        log::warn!("FERRY_INJECT_FAULT: killing the tracer at {point}");
-        ferry_sys::process::kill_self();
+/// Configures the fail points of this process from `FAILPOINTS` (the `fail` crate's format,
+/// `NAME=ACTIONS;...`), once, at the start of every `ferry` process (CLI, daemon, workers). A
+/// no-op unless the `failpoints` feature is on (the test suite's builds): release builds carry no
+/// fail points and read no configuration.
+pub fn setup_failpoints() {
+    #[cfg(feature = "failpoints")]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // The scenario holds a lock for its lifetime: kept for the whole process.
+        ONCE.call_once(|| std::mem::forget(fail::FailScenario::setup()));
     }
+}
+
+/// Test-only fail points (`fail` crate, feature `failpoints`): the tracer kills itself with
+/// SIGKILL when the fail point named POINT returns, at one of the instants at which a thread
+/// holds something of an injection: `parked` (registers and frame set, mask not yet blocked),
+/// `entry` (at the entry stop, before the call is set up), `call` (the call set up at the entry
+/// stop), `exit` (at the exit stop), `back` (at the interrupt stop, before the mask is put back),
+/// `mask` (the mask put back, not yet the registers), `batch` (a husk running a batch of calls:
+/// [`batch`]). The Nth time: `FAILPOINTS=entry=2*off->return`.
+fn fault(point: &str) {
+    fail::fail_point!(point, |_| {
+        log::warn!("fail point {point}: killing the tracer");
+        ferry_sys::process::kill_self();
+    });
+    let _ = point;
 }
 
 /// The red zone below the stack pointer the x86_64 ABI lets leaf functions use; never touched.

@@ -102,6 +102,8 @@ enum Command {
 }
 
 fn main() {
+    // Test builds only (feature `failpoints`): the fail points FAILPOINTS sets.
+    ferry_inject::setup_failpoints();
     // Run by make as its shell (`ferry make`): no subcommand, make's arguments.
     let argv0 = std::env::args_os().next().unwrap_or_default();
     if std::path::Path::new(&argv0)

@@ -1,5 +1,5 @@
 //! The commit protocol of a migration and a daemon's durable records, under injected faults
-//! (FERRY_FAULT=NODE:POINT, see `Node::fault`): a daemon dies at a step, or the migration's
+//! (fail points `FAILPOINTS=NODE:POINT=return`, see `Node::fault`): a daemon dies at a step, or the migration's
 //! link is cut there, and is restarted or not. After the dust settles exactly one copy of the
 //! ticking victim runs (the processes running its command line are counted, and its status
 //! file must keep counting), and a copy away from home is listed by `ferry ps` with its home
@@ -202,7 +202,7 @@ fn restart(c: &Cluster, node: &str) {
         .arg("daemon")
         .arg("--config")
         .arg(data.join("ferry.toml"))
-        .env_remove("FERRY_FAULT")
+        .env_remove("FAILPOINTS")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
@@ -292,7 +292,10 @@ fn exactly_one(
 /// b dies right after sending `Rebuilt`: a commits; b's worker lets the copy run; the restarted
 /// b finds the copy it held, asks a, and lists it.
 fn destination_dies_after_rebuilt() -> Result<(), Failed> {
-    let c = shared("cp-rebuilt", &[("FERRY_FAULT", "b:exit-after-rebuilt")]);
+    let c = shared(
+        "cp-rebuilt",
+        &[("FAILPOINTS", "b:exit-after-rebuilt=return")],
+    );
     let dir = scratch("commit_protocol", "rebuilt");
     let t = Ticker::start(&dir);
     let r = migrate(&c, "a", t.pid(), "b");
@@ -308,7 +311,10 @@ fn destination_dies_after_rebuilt() -> Result<(), Failed> {
 /// a dies after recording `committed`, before telling its worker to kill: the worker thaws the
 /// original. Restarted, a kills it (the outcome stands), and b runs the copy.
 fn source_dies_after_outcome() -> Result<(), Failed> {
-    let c = shared("cp-outcome", &[("FERRY_FAULT", "a:exit-after-outcome")]);
+    let c = shared(
+        "cp-outcome",
+        &[("FAILPOINTS", "a:exit-after-outcome=return")],
+    );
     let dir = scratch("commit_protocol", "outcome");
     let t = Ticker::start(&dir);
     let _ = migrate(&c, "a", t.pid(), "b").expect_err("the source daemon dies");
@@ -323,7 +329,10 @@ fn source_dies_after_outcome() -> Result<(), Failed> {
 /// runs its copy once a is declared dead: two copies, for now. Restarted, a finds the migration
 /// undecided, asks b, hears that b ran the copy, decides "committed" and kills the original.
 fn source_dies_undecided() -> Result<(), Failed> {
-    let c = shared("cp-undecided", &[("FERRY_FAULT", "a:exit-before-outcome")]);
+    let c = shared(
+        "cp-undecided",
+        &[("FAILPOINTS", "a:exit-before-outcome=return")],
+    );
     let dir = scratch("commit_protocol", "undecided");
     let t = Ticker::start(&dir);
     let _ = migrate(&c, "a", t.pid(), "b").expect_err("the source daemon dies");
@@ -348,7 +357,7 @@ fn source_dies_undecided() -> Result<(), Failed> {
 /// a dies after killing the original and is never restarted: b cannot ask, waits, and runs
 /// its copy once the membership declares a dead (it must not kill the only copy).
 fn source_dies_after_kill() -> Result<(), Failed> {
-    let c = shared("cp-kill", &[("FERRY_FAULT", "a:exit-after-kill")]);
+    let c = shared("cp-kill", &[("FAILPOINTS", "a:exit-after-kill=return")]);
     let dir = scratch("commit_protocol", "kill");
     let t = Ticker::start(&dir);
     let _ = migrate(&c, "a", t.pid(), "b").expect_err("the source daemon dies");
@@ -362,7 +371,10 @@ fn source_dies_after_kill() -> Result<(), Failed> {
 /// connection and reads nothing more from it; gossip goes on). b asks a on a new connection;
 /// whichever way a decided, exactly one copy runs, and a copy on b is listed.
 fn link_cut_after_rebuilt() -> Result<(), Failed> {
-    let c = shared("cp-cut", &[("FERRY_FAULT", "b:cut-link-after-rebuilt")]);
+    let c = shared(
+        "cp-cut",
+        &[("FAILPOINTS", "b:cut-link-after-rebuilt=return")],
+    );
     let dir = scratch("commit_protocol", "cut");
     let t = Ticker::start(&dir);
     let _ = migrate(&c, "a", t.pid(), "b");
@@ -378,7 +390,7 @@ fn packets_dropped_after_kill() -> Result<(), Failed> {
     let c = Cluster::up_as(
         "cp-drop",
         2,
-        &[("FERRY_FAULT", "a:pause-after-kill")],
+        &[("FAILPOINTS", "a:pause-after-kill=return")],
         Isolation::Separate,
     );
     let slot = c.net_slot().ok_or("no network for separate nodes")?;
@@ -420,7 +432,10 @@ fn packets_dropped_after_kill() -> Result<(), Failed> {
 /// The capture worker is killed outright after a recorded "committed" and before the kill:
 /// its death lets the original go, and the daemon kills it itself (the outcome stands).
 fn worker_killed_after_outcome() -> Result<(), Failed> {
-    let c = shared("cp-worker", &[("FERRY_FAULT", "a:pause-after-outcome")]);
+    let c = shared(
+        "cp-worker",
+        &[("FAILPOINTS", "a:pause-after-outcome=return")],
+    );
     let dir = scratch("commit_protocol", "worker");
     let t = Ticker::start(&dir);
     let mut cli = c

@@ -546,7 +546,7 @@ fn precopy_round_fails() -> Result<(), Failed> {
 }
 
 fn source_dies_after_commit() -> Result<(), Failed> {
-    let c = Cluster::up_with("commit", 2, &[("FERRY_FAULT", "a:exit-after-commit")]);
+    let c = Cluster::up_with("commit", 2, &[("FAILPOINTS", "a:exit-after-commit=return")]);
     let dir = scratch("migration", "commit");
     let t = Ticker::start(&dir, 8);
     let pid = t.pid();
@@ -582,7 +582,11 @@ fn source_dies_after_commit() -> Result<(), Failed> {
 }
 
 fn destination_dies_after_rebuild() -> Result<(), Failed> {
-    let c = Cluster::up_with("rebuilt", 2, &[("FERRY_FAULT", "b:exit-after-rebuilt")]);
+    let c = Cluster::up_with(
+        "rebuilt",
+        2,
+        &[("FAILPOINTS", "b:exit-after-rebuilt=return")],
+    );
     let dir = scratch("migration", "rebuilt");
     let t = Ticker::start(&dir, 8);
     let pid = t.pid();
@@ -663,7 +667,11 @@ fn names_in(dir: &Path) -> Vec<String> {
 /// original must be back under its name, serving; then a migration that commits must leave
 /// the name to the copy and nothing aside.
 fn socket_file_after_abort() -> Result<(), Failed> {
-    let c = Cluster::up_with("names", 3, &[("FERRY_FAULT", "b:abort-after-rebuilt")]);
+    let c = Cluster::up_with(
+        "names",
+        3,
+        &[("FAILPOINTS", "b:abort-after-rebuilt=return")],
+    );
     let dir = scratch("migration", "names");
     let sock_dir = dir.join("sockets");
     std::fs::create_dir_all(&sock_dir).unwrap();
@@ -769,7 +777,7 @@ fn tcp_pair_goes_on(dir: &Path, pid: i32, more: u64, when: &str) -> Result<(), F
 /// which goes on carrying data in the copy, and leaves nothing on the port behind (the original
 /// closed in repair mode: no FIN, no reset, no TIME_WAIT).
 fn tcp_connection_after_abort() -> Result<(), Failed> {
-    let c = Cluster::up_with("tcp", 3, &[("FERRY_FAULT", "b:abort-after-rebuilt")]);
+    let c = Cluster::up_with("tcp", 3, &[("FAILPOINTS", "b:abort-after-rebuilt=return")]);
     let dir = scratch("migration", "tcp");
     let (out, err) = victim_output(&dir, "tcp-pair");
     let child = Command::new("python3")

@@ -5,7 +5,7 @@
 //! registers in the middle of a computation; and its SIGUSR1 handler must still see signals.
 //! The worker is found as the victim's tracer (/proc/PID/status: TracerPid) and killed at
 //! growing delays after it first attached; in a checkpoint, it also kills itself at each
-//! instant of an injected call (`FERRY_INJECT_FAULT`, see ferry-inject).
+//! instant of an injected call (fail points, see `fault` in ferry-inject).
 
 mod common;
 
@@ -230,6 +230,14 @@ fn checkpoint_worker_killed() -> Result<(), Failed> {
     Ok(())
 }
 
+/// The fail-point setting that makes POINT fire the Nth time it is reached (`fail` crate).
+fn nth_time(point: &str, n: u32) -> String {
+    match n {
+        0 | 1 => format!("{point}=return"),
+        n => format!("{point}={}*off->return", n - 1),
+    }
+}
+
 /// (fault point, the Nth time it is reached): each instant at which a thread holds something
 /// of an injected call, for the first thread's first call, a later one, and another thread's.
 const FAULTS: &[(&str, u32)] = &[
@@ -262,7 +270,7 @@ fn checkpoint_worker_killed_in_calls() -> Result<(), Failed> {
                 "--dir",
             ])
             .arg(dir.join(format!("image-{i}")))
-            .env("FERRY_INJECT_FAULT", format!("{point}:{n}"))
+            .env("FAILPOINTS", nth_time(point, *n))
             .output()
             .unwrap();
         let e = String::from_utf8_lossy(&o.stderr);
@@ -272,7 +280,7 @@ fn checkpoint_worker_killed_in_calls() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A restore killed while a husk runs a batch of calls (`FERRY_INJECT_FAULT=batch:N`: the
+/// A restore killed while a husk runs a batch of calls (fail point `batch`, the Nth time: the
 /// husk runs its loop of mmaps, clone3s, descriptor installs, ... and ferry dies): nothing of
 /// the half-built tree is left (its husks die with their tracer), and the image restores
 /// afterwards into a victim that runs on intact.
@@ -298,7 +306,7 @@ fn restore_killed_in_batches() -> Result<(), Failed> {
         let o = Command::new(FERRY)
             .args(["restore", "--dir"])
             .arg(&img)
-            .env("FERRY_INJECT_FAULT", format!("batch:{n}"))
+            .env("FAILPOINTS", nth_time("batch", n))
             .output()
             .unwrap();
         if o.status.success() {
@@ -371,7 +379,7 @@ fn migration_worker_killed() -> Result<(), Failed> {
     let c = Cluster::up_with(
         "worker-kill",
         2,
-        &[("FERRY_FAULT", "b:abort-after-rebuilt")],
+        &[("FAILPOINTS", "b:abort-after-rebuilt=return")],
     );
     let dir = scratch("worker_kill", "migration");
     let mut v = Victim::start(&dir);

@@ -50,7 +50,7 @@ impl Cluster {
         Self::up_with(tag, n, &[])
     }
 
-    /// Like `up`, with extra environment for the daemons (FERRY_FAULT, FERRY_LOG).
+    /// Like `up`, with extra environment for the daemons (FAILPOINTS, FERRY_LOG).
     pub fn up_with(tag: &str, n: usize, env: &[(&str, &str)]) -> Cluster {
         Self::up_as(tag, n, env, Isolation::default_for_tests())
     }
