@@ -72,6 +72,11 @@ pub struct Config {
     /// Automatic load balancing (`ferry_policy::balance::BalanceConfig`): `[balance]`.
     #[serde(default, skip_serializing_if = "is_default_balance")]
     pub balance: BalanceConfig,
+    /// Seconds a migration's image stream may make no progress (no frame read by the
+    /// destination, no frame taken by the link at the source) before the migration fails,
+    /// before its commit point: the process runs on at the source. Absent: 30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_stall_secs: Option<f64>,
     pub credentials: CredentialPaths,
     /// Who may use this machine (crate::hosts::OwnerConfig): `[owner]` in the file. Reloaded
     /// on SIGHUP.
@@ -88,6 +93,11 @@ fn yes() -> bool {
 }
 
 impl Config {
+    /// How long a migration's image stream may stall ([`Config::stream_stall_secs`]).
+    pub fn stream_stall(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.stream_stall_secs.unwrap_or(30.0).clamp(0.1, 1e6))
+    }
+
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("read config {}", path.display()))?;

@@ -141,6 +141,7 @@ async fn send_counted(
     let mut worker_gave_up = false;
     let mut relays = Vec::new();
     let outcome = transfer(
+        &node,
         cli,
         &mut worker,
         &mut conn,
@@ -153,11 +154,15 @@ async fn send_counted(
     let ((frozen_at, rebuilt), relay_ends) = match outcome {
         Ok(x) => x,
         Err(e) => {
-            let _ = write_msg(
-                &mut conn.stream,
-                &Msg::Abort {
-                    reason: format!("{e:#}"),
-                },
+            // Bounded: a destination that stopped reading takes nothing more.
+            let _ = tokio::time::timeout(
+                ABORT_TIMEOUT,
+                write_msg(
+                    &mut conn.stream,
+                    &Msg::Abort {
+                        reason: format!("{e:#}"),
+                    },
+                ),
             )
             .await;
             // A worker that reports an error has already let the tree go, and exits.
@@ -340,6 +345,7 @@ async fn confirm(conn: &mut Conn, to: &str, node: &Node) -> Result<()> {
 
 /// Freeze, stream, and wait for the destination's `Rebuilt`. Returns when the tree froze.
 async fn transfer(
+    node: &Node,
     cli: &mut UnixStream,
     worker: &mut Worker,
     conn: &mut Conn,
@@ -352,6 +358,8 @@ async fn transfer(
     let mut frozen_at = None;
     let mut last_progress = Instant::now();
     let to = report.to.clone();
+    let stall = node.config.stream_stall();
+    let mut first_data = true;
     loop {
         let frame = worker
             .next_frame()
@@ -367,8 +375,26 @@ async fn transfer(
                 progress(cli, "capture", 0).await;
             }
             Frame::Data(d) => {
+                if first_data {
+                    first_data = false;
+                    if node.fault_at("stall-image-send") {
+                        // The source stops sending mid-image, its connection open.
+                        tokio::time::sleep(stall * 2).await;
+                    }
+                }
                 report.wire_bytes += d.len() as u64 + 5;
-                if let Err(e) = write_data(&mut conn.stream, &d).await {
+                // A destination that stops reading must not hold the frozen tree forever.
+                let Ok(written) =
+                    tokio::time::timeout(stall, write_data(&mut conn.stream, &d)).await
+                else {
+                    bail!(
+                        "node {to} took nothing of the image for {:.1} s after {} bytes \
+                         (stream stalled; stream_stall_secs)",
+                        stall.as_secs_f64(),
+                        report.wire_bytes
+                    );
+                };
+                if let Err(e) = written {
                     // The destination may have given up, and said why, before it closed.
                     if let Some(reason) = reason_given(conn).await {
                         bail!("node {to} could not rebuild the tree: {reason}");
@@ -381,8 +407,14 @@ async fn transfer(
                 }
             }
             Frame::End => {
-                write_end(&mut conn.stream)
+                tokio::time::timeout(stall, write_end(&mut conn.stream))
                     .await
+                    .map_err(|_| {
+                        anyhow!(
+                            "node {to} took nothing for {:.1} s (stream stalled)",
+                            stall.as_secs_f64()
+                        )
+                    })?
                     .with_context(|| format!("finish the image for node {to}"))?;
                 report.wire_bytes += 5;
             }
@@ -550,12 +582,16 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     tracing::info!(event = "migrate-in", from = %from, id = offer.id, home = %offer.home_node,
         home_pid = offer.home_pid);
 
-    let rebuilt = match receive_image(&mut conn, &mut worker).await {
+    let rebuilt = match receive_image(&node, &from, &mut conn, &mut worker).await {
         Ok(r) => r,
         Err(e) => {
             // Closing its stdin makes the worker kill whatever it built.
             let reason = format!("{e:#}");
-            let _ = write_msg(&mut conn.stream, &Msg::Abort { reason }).await;
+            let _ = tokio::time::timeout(
+                ABORT_TIMEOUT,
+                write_msg(&mut conn.stream, &Msg::Abort { reason }),
+            )
+            .await;
             drop(worker);
             return Err(e.context(format!("receive PID {} from {from}", offer.home_pid)));
         }
@@ -881,12 +917,35 @@ fn kill_tree(pid: i32) {
     }
 }
 
-async fn receive_image(conn: &mut Conn, worker: &mut Worker) -> Result<Rebuilt> {
+/// Receives the image into the restore worker. A source that sends nothing for the node's
+/// `stream_stall_secs` fails the migration (it is before the commit point: the source thaws).
+async fn receive_image(
+    node: &Node,
+    from: &str,
+    conn: &mut Conn,
+    worker: &mut Worker,
+) -> Result<Rebuilt> {
+    let stall = node.config.stream_stall();
+    let mut first_data = true;
     loop {
         tokio::select! {
-            frame = read_frame(&mut conn.stream) => {
+            frame = tokio::time::timeout(stall, read_frame(&mut conn.stream)) => {
+                let Ok(frame) = frame else {
+                    bail!(
+                        "the image stream from {from} stalled: nothing for {:.1} s \
+                         (stream_stall_secs)",
+                        stall.as_secs_f64()
+                    );
+                };
                 match frame.map_err(|e| anyhow!("image stream: {e}"))? {
                     Frame::Data(d) => {
+                        if first_data {
+                            first_data = false;
+                            if node.fault_at("stall-image-read") {
+                                // The destination stops reading mid-image, its connection open.
+                                tokio::time::sleep(stall * 5).await;
+                            }
+                        }
                         if let Err(e) = write_data(&mut worker.tx, &d).await {
                             return Err(fed_badly(worker, e).await);
                         }
@@ -924,6 +983,10 @@ async fn fed_badly(worker: &mut Worker, e: impl std::fmt::Display) -> anyhow::Er
         _ => anyhow!("feed the restore worker: {e}"),
     }
 }
+
+/// How long an `Abort` may take to leave when a migration fails (a peer that stopped reading
+/// takes nothing more).
+const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a source that the membership has never shown us (this daemon restarted since)
 /// may stay unheard of before it counts as dead.

@@ -120,7 +120,9 @@ impl Node {
     /// if the link were cut there (gossip goes on); `cut-link-after-kill` (source): after the
     /// kill, it neither sends `Commit` nor waits for `Resumed`; `pause-after-outcome` and `pause-after-kill` (source): 3 s
     /// after the outcome is recorded, or between the kill and `Commit`, for a test to kill the
-    /// worker or cut the link there.
+    /// worker or cut the link there. `stall-image-send` (source) and `stall-image-read`
+    /// (destination): after the first frame of the image, the side stops sending (for twice
+    /// `stream_stall_secs`) or reading (five times), its connection open.
     pub fn fault_at(&self, point: &str) -> bool {
         fail::fail_point!(&format!("{}:{point}", self.name()), |_| {
             tracing::error!(event = "fault-injected", point);

@@ -8,7 +8,7 @@ mod common;
 
 use common::scratch;
 
-use common::cluster::Cluster;
+use common::cluster::{Cluster, Isolation};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,6 +24,7 @@ fn main() {
             "destination_killed_mid_transfer",
             destination_killed_mid_transfer,
         ),
+        Trial::test("image_stream_stalls_fail_the_move", stream_stalls),
         Trial::test("source_dies_after_commit", source_dies_after_commit),
         Trial::test(
             "precopy_moves_a_fast_writer_intact",
@@ -492,6 +493,59 @@ fn precopy_moves_a_fast_writer() -> Result<(), Failed> {
         // A full check of every page takes the victim a second.
         std::thread::sleep(Duration::from_millis(1300));
         t.assert_alive(&format!("after a pre-copy {from} -> {to}"));
+    }
+    Ok(())
+}
+
+/// A migration whose image stream stalls mid-image fails after `stream_stall_secs` (2 s here),
+/// before its commit point, and the process runs on at the source: first the destination (b)
+/// stops reading (fail point `stall-image-read`: the source's writes make no progress), then
+/// the source (a) stops sending to c (`stall-image-send`, its second migration: c hears
+/// nothing). Neither hangs.
+fn stream_stalls() -> Result<(), Failed> {
+    let c = Cluster::up_full(
+        "stall",
+        3,
+        &[(
+            "FAILPOINTS",
+            "b:stall-image-read=return;a:stall-image-send=1*off->return",
+        )],
+        Isolation::default_for_tests(),
+        &["--stream-stall", "2"],
+    );
+    let dir = scratch("migration", "stall");
+    // Far more than the socket buffers between the two daemons hold.
+    let t = Ticker::start(&dir, 64);
+    let pid = t.pid();
+    for (to, who) in [
+        ("b", "the destination stops reading"),
+        ("c", "the source stops sending"),
+    ] {
+        let mut m = c
+            .ferry("a")
+            .args(["migrate", &pid.to_string(), "--to", to])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while m.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = m.kill();
+                return Err(format!("{who}: the migration to {to} hangs").into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let o = m.wait_with_output().unwrap();
+        let e = text(&o);
+        assert!(
+            !o.status.success(),
+            "{who}: the migration to {to} succeeded: {e}"
+        );
+        assert!(e.contains("stalled"), "{who}: {e}");
+        assert!(e.contains("keeps running on a"), "{who}: {e}");
+        assert!(pid_alive(pid));
+        t.assert_alive(who);
     }
     Ok(())
 }

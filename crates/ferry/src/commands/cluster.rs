@@ -81,6 +81,10 @@ pub struct UpArgs {
     /// as 4 slow machines.
     #[arg(long, value_name = "FRACTION")]
     pub cpu_quota: Option<f64>,
+    /// Seconds a migration's image stream may stall before the migration fails and the
+    /// process runs on at its source (each node's `stream_stall_secs`) [default: 30].
+    #[arg(long, value_name = "SECS")]
+    pub stream_stall: Option<f64>,
 }
 
 #[derive(
@@ -312,6 +316,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             // The default: loopback (each shared node on its own address), port + 1.
             web: None,
             balance: Default::default(),
+            stream_stall_secs: a.stream_stall,
             credentials: ca.issue_node_files(name, &certs)?,
             // The nodes share this machine's terminals: none watches them unless told.
             owner: ferry_daemon::hosts::OwnerConfig {
