@@ -17,6 +17,7 @@ mod floor;
 mod hold;
 mod hosts;
 mod lazy;
+mod load;
 mod make;
 mod migrate;
 mod remote_exec;
@@ -60,6 +61,10 @@ enum Command {
     /// process) under automatic load balancing, Algorithm 1 against Algorithm 3, on 2 and 3
     /// emulated half-CPU nodes.
     Balance(balance::Args),
+    /// Three nodes under load for minutes: concurrent `ferry run` jobs and migrations of
+    /// long-running counters, round after round; reports exit codes, lost or duplicated
+    /// processes, daemon RSS and fds over time, and migrations per second.
+    Load(load::Args),
     /// (Internal) the process being checkpointed: fills MIB MiB of memory
     /// with non-zero pseudo-random data, writes `ready` in its cwd, waits
     /// for `go`, checks its memory and writes `result`.
@@ -93,6 +98,7 @@ fn main() {
         Command::Deputy(a) => deputy::run(a),
         Command::Hosts(a) => hosts::run(a),
         Command::Balance(a) => balance::run(a),
+        Command::Load(a) => load::run(a),
         Command::Hold {
             mib,
             dir,
