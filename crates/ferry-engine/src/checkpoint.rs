@@ -67,7 +67,7 @@ pub fn capture_then<W: Write>(
     out: W,
     before_image: impl FnOnce() -> Result<()>,
 ) -> Result<(W, CaptureReport)> {
-    capture_with(frozen, out, &HashMap::new(), before_image)
+    capture_with(frozen, out, &HashMap::new(), None, before_image)
 }
 
 /// [`capture_then`], leaving out of the image the pages of `inherited` (by our PIDs: sorted,
@@ -77,6 +77,7 @@ pub fn capture_with<W: Write>(
     frozen: &FrozenTree,
     out: W,
     inherited: &HashMap<i32, Vec<(u64, u64)>>,
+    parent: Option<ferry_image::ParentImage>,
     before_image: impl FnOnce() -> Result<()>,
 ) -> Result<(W, CaptureReport)> {
     let t0 = Instant::now();
@@ -215,6 +216,7 @@ pub fn capture_with<W: Write>(
             report.inherited_bytes += p.inherited.iter().map(|(s, e)| e - s).sum::<u64>();
         }
     }
+    tree.parent = parent;
     let mut w = ImageWriter::new(out).map_err(io)?;
     w.write_tree(&tree).map_err(io)?;
     // Shared objects before memory (format version 2): a restore fills them before it maps

@@ -27,6 +27,21 @@ pub struct Tree {
     /// that CLOCK_MONOTONIC and CLOCK_BOOTTIME never run backwards.
     #[serde(default)]
     pub clocks: Option<Clocks>,
+    /// For an incremental checkpoint: the image its processes' `inherited` pages come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentImage>,
+}
+
+/// The parent of an incremental image: where it was, and what it was (a restore refuses a
+/// parent whose bytes are not exactly these).
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct ParentImage {
+    /// The parent's image directory, absolute.
+    pub dir: String,
+    /// XXH3-64 of the parent's whole image file.
+    pub digest: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
 }
 
 /// A seccomp filter: a classic BPF program and the flags it was installed with.

@@ -66,6 +66,18 @@ impl PageCache {
         Some(&self.slabs[n][o..o + PAGE as usize])
     }
 
+    /// The addresses of the pages held for `pid`, in order.
+    pub fn pages_of(&self, pid: i32) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .index
+            .keys()
+            .filter(|(p, _)| *p == pid)
+            .map(|(_, a)| *a)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Whether every page of `ranges` of `pid` is held; the first one missing otherwise.
     pub fn missing(&self, pid: i32, ranges: &RangeSet) -> Option<u64> {
         ranges.ranges().iter().find_map(|&(s, e)| {
@@ -120,4 +132,88 @@ impl ferry_engine::restore::InheritedPages for PageCache {
     fn page(&self, pid: i32, addr: u64) -> Option<&[u8]> {
         self.get(pid, addr)
     }
+}
+
+/// XXH3-64 and size of the file at `path`.
+pub fn file_digest(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = f.read(&mut buf)?;
+        if k == 0 {
+            return Ok((h.digest(), n));
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+}
+
+/// The pages an image in `dir` holds, with those it inherits from its parents (each parent
+/// checked against the digest its child recorded), keyed by the image's PIDs; and the image's
+/// own digest and size (what a child records as its parent).
+/// With `expected`, the image must be that one (checked before it is read).
+pub fn load_chain(
+    dir: &std::path::Path,
+    expected: Option<&ferry_image::ParentImage>,
+) -> Result<(PageCache, ferry_image::ParentImage)> {
+    load_chain_depth(dir, expected, 0)
+}
+
+fn load_chain_depth(
+    dir: &std::path::Path,
+    expected: Option<&ferry_image::ParentImage>,
+    depth: usize,
+) -> Result<(PageCache, ferry_image::ParentImage)> {
+    if depth > 64 {
+        return Err(Error::Other(format!(
+            "{}: a chain of more than 64 parent images",
+            dir.display()
+        )));
+    }
+    let path = dir.join(ferry_image::IMAGE_FILE);
+    let io = |e: std::io::Error| Error::Other(format!("read {}: {e}", path.display()));
+    let (digest, bytes) = file_digest(&path).map_err(io)?;
+    let me = ferry_image::ParentImage {
+        dir: dir.to_string_lossy().into_owned(),
+        digest,
+        bytes,
+    };
+    if let Some(e) = expected {
+        check_parent(e, &me)?;
+    }
+    let mut r = ImageReader::new(std::io::BufReader::new(
+        std::fs::File::open(&path).map_err(io)?,
+    ))?;
+    let tree = r.read_tree()?;
+    let mut cache = PageCache::new();
+    if let Some(p) = &tree.parent {
+        let (mut parent, _) = load_chain_depth(std::path::Path::new(&p.dir), Some(p), depth + 1)?;
+        let keep: HashMap<i32, RangeSet> = tree
+            .processes
+            .iter()
+            .map(|q| (q.pid, RangeSet::from_ranges(q.inherited.iter().copied())))
+            .collect();
+        parent.retain(&keep);
+        cache = parent;
+    }
+    cache.load(&mut r)?;
+    Ok((cache, me))
+}
+
+/// Refuses a parent image that is not the one recorded.
+pub fn check_parent(
+    recorded: &ferry_image::ParentImage,
+    found: &ferry_image::ParentImage,
+) -> Result<()> {
+    if recorded.digest != found.digest || recorded.bytes != found.bytes {
+        return Err(Error::Other(format!(
+            "the parent image in {} is not the one this image was made from (it has {} bytes, \
+             digest {:016x}; the image recorded {} bytes, digest {:016x}): refused",
+            found.dir, found.bytes, found.digest, recorded.bytes, recorded.digest
+        )));
+    }
+    Ok(())
 }

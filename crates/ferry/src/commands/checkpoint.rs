@@ -1,8 +1,9 @@
 //! `ferry checkpoint PID --dir DIR [--leave-running]`
 
 use anyhow::{Context, Result};
-use ferry_engine::checkpoint::{capture, CaptureReport};
+use ferry_engine::checkpoint::{capture_with, CaptureReport};
 use ferry_engine::freeze::FrozenTree;
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -19,6 +20,10 @@ pub struct Args {
     /// Let the tree carry on after the checkpoint instead of killing it.
     #[arg(long)]
     pub leave_running: bool,
+    /// Make an incremental image: store only the pages that differ from those of the image in
+    /// this directory (its parent, which a restore needs, unchanged, where it is now).
+    #[arg(long)]
+    pub parent: Option<PathBuf>,
     /// Print a machine-readable report.
     #[arg(long)]
     pub json: bool,
@@ -156,6 +161,75 @@ impl ImageDir {
     }
 }
 
+/// Per process of a tree (by our PIDs), sorted ranges of pages.
+type Inherited = HashMap<i32, Vec<(u64, u64)>>;
+
+/// The pages of every process of the frozen tree (by our PIDs) that are exactly as the image in
+/// `parent` (and its own parents) holds them: every page the parent holds is read and compared.
+/// And the parent's identity, for the new image to record.
+fn unchanged_pages(
+    frozen: &FrozenTree,
+    parent: &Path,
+) -> Result<(Inherited, Option<ferry_image::ParentImage>)> {
+    let dir = std::fs::canonicalize(parent)
+        .with_context(|| format!("parent image {}", parent.display()))?;
+    let (cache, me) = ferry_memory::cache::load_chain(&dir, None)
+        .with_context(|| format!("read the parent image in {}", dir.display()))?;
+    let page = ferry_sys::PAGE_SIZE as usize;
+    let mut out = HashMap::new();
+    let mut buf = vec![0u8; 4 << 20];
+    for fp in frozen.procs.iter().filter(|p| !p.zombie) {
+        let host = fp.host();
+        let Some(image_pid) = ferry_memory::precopy::inner_pid(host) else {
+            continue;
+        };
+        let mem = ferry_sys::proc_mem::ProcMem::open(host)
+            .map_err(|e| e.io())
+            .with_context(|| format!("open the memory of PID {host}"))?;
+        let addrs = cache.pages_of(image_pid);
+        let mut same: Vec<(u64, u64)> = Vec::new();
+        let mut i = 0;
+        while i < addrs.len() {
+            // A run of consecutive pages the parent holds, at most the buffer's size.
+            let mut j = i + 1;
+            while j < addrs.len()
+                && addrs[j] == addrs[j - 1] + page as u64
+                && (j - i) * page < buf.len()
+            {
+                j += 1;
+            }
+            let len = (j - i) * page;
+            let got = ferry_sys::proc_mem::vm_read(host, addrs[i], &mut buf[..len]).unwrap_or(0);
+            let got = if got < len {
+                // Unreadable that way (PROT_NONE, say), or gone: /proc/PID/mem, page by page.
+                let mut k = got / page * page;
+                while k < len
+                    && mem
+                        .read_exact(addrs[i] + k as u64, &mut buf[k..k + page])
+                        .is_ok()
+                {
+                    k += page;
+                }
+                k
+            } else {
+                len
+            };
+            for k in 0..got / page {
+                let a = addrs[i + k];
+                if cache.get(image_pid, a) == Some(&buf[k * page..(k + 1) * page]) {
+                    match same.last_mut() {
+                        Some((_, e)) if *e == a => *e = a + page as u64,
+                        _ => same.push((a, a + page as u64)),
+                    }
+                }
+            }
+            i = j;
+        }
+        out.insert(fp.pid, same);
+    }
+    Ok((out, Some(me)))
+}
+
 fn work(a: Args) -> Result<()> {
     let t0 = Instant::now();
     let dir = ImageDir::open(&a.dir)?;
@@ -166,7 +240,20 @@ fn work(a: Args) -> Result<()> {
     // in its buffer and passes larger writes straight to the file, so the small writes (record
     // headers, short runs) are gathered and the large ones are not copied once more.
     let out = BufWriter::with_capacity(256 << 10, file);
-    let written = capture(&frozen, out).and_then(|done| {
+    let base = match a
+        .parent
+        .as_deref()
+        .map(|p| unchanged_pages(&frozen, p))
+        .transpose()
+    {
+        Ok(b) => b,
+        Err(e) => {
+            dir.remove_partial();
+            return Err(e.context(format!("checkpoint PID {}", a.pid)));
+        }
+    };
+    let (inherited, parent) = base.unwrap_or_default();
+    let written = capture_with(&frozen, out, &inherited, parent, || Ok(())).and_then(|done| {
         // Last chance to back out: after this point the tree is killed or let go as asked.
         ferry_engine::cancel::check("writing the image")?;
         Ok(done)

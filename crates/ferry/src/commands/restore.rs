@@ -61,6 +61,17 @@ pub fn run(a: Args) -> Result<()> {
         std::fs::File::open(&path).with_context(|| format!("open image {}", path.display()))?;
     let mut img = open(BufReader::with_capacity(1 << 20, file))
         .with_context(|| format!("read image {}", path.display()))?;
+    // An incremental image: its parents' pages, each parent checked to be the one recorded.
+    let parent_pages = match &img.tree.parent {
+        Some(p) => {
+            let (cache, _) = ferry_memory::cache::load_chain(std::path::Path::new(&p.dir), Some(p))
+                .with_context(|| {
+                    format!("read the parent image in {} (of {})", p.dir, path.display())
+                })?;
+            Some(cache)
+        }
+        None => None,
+    };
     let read_ms = t0.elapsed().as_secs_f64() * 1e3;
     let guest = if a.pid_namespace {
         let exe = std::env::current_exe().context("find the ferry executable")?;
@@ -96,7 +107,9 @@ pub fn run(a: Args) -> Result<()> {
             .as_ref()
             .map(|s| s as &dyn ferry_engine::lazy::LazyMemory),
         supervised: false,
-        pages: None,
+        pages: parent_pages
+            .as_ref()
+            .map(|c| c as &dyn ferry_engine::restore::InheritedPages),
     };
     let report = restore_with(&mut img, &opts)
         .and_then(|tree| tree.resume())

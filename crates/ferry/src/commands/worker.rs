@@ -131,7 +131,7 @@ pub fn capture_worker(pid: i32, relay_pipes: bool, memory: &str) -> Result<()> {
     // The socket files go aside once the tree is captured and before its image leaves: the
     // destination rebuilds as the image streams in, binding them as soon as it has the tree.
     let mut aside = None;
-    let captured = capture_with(&frozen, framed, &inherited, || {
+    let captured = capture_with(&frozen, framed, &inherited, None, || {
         aside = Some(SocketFilesAside::set_aside(&frozen)?);
         Ok(())
     })
