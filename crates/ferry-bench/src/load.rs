@@ -215,6 +215,19 @@ impl Counter {
     }
 }
 
+/// A counter at home (node a, the benchmark's own namespaces) is killed however the benchmark
+/// ends; one on another node is left to `cluster down`.
+impl Drop for Counter {
+    fn drop(&mut self) {
+        if self.node == 0 {
+            let _ = Command::new("kill")
+                .args(["-9", &self.pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
 #[derive(Default)]
 struct Totals {
     rounds: usize,
