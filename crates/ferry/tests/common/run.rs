@@ -732,6 +732,10 @@ impl Run {
         cmd.env("FERRY_CLUSTER_DIR", &cluster_dir)
             .env("FERRY_NODE", from)
             .args(["migrate", &self.root.to_string(), "--to", to, "--json"]);
+        // FERRY_TEST_MEMORY=precopy (or eager) runs the suite's migrations in that mode.
+        if let Ok(mode) = std::env::var("FERRY_TEST_MEMORY") {
+            cmd.args(["--memory", &mode]);
+        }
         let out = self.command(&format!("migrate{hop}"), cmd, None, self.limits.ferry)?;
         let hop = Hop {
             n: hop,
