@@ -247,6 +247,8 @@ async fn pump(conn: Conn, fd: OwnedFd, counter: Option<Arc<AtomicU64>>) -> Resul
                     return Ok::<_, anyhow::Error>(());
                 }
                 write_data(&mut tx, &buf[..n]).await?;
+                // A relay is interactive: what was read goes now, not with the next read.
+                tx.flush().await?;
                 total += n as u64;
                 count(n);
             }
@@ -417,10 +419,13 @@ async fn pump_duplex(
             let _ = out_tx.blocking_send(TtyOut::Eof);
         })
     };
-    // Bytes to write; an empty one is end of file from the far side.
+    // Bytes to write; an empty one is end of file from the far side. The writer drains what it
+    // was given even after the relay ends (the far side's last words, then its end of file),
+    // unless the relay failed.
+    let abort = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (in_tx, in_rx) = std::sync::mpsc::channel::<Vec<u8>>();
     let writer = {
-        let (fd, stop) = (fd.clone(), stop.clone());
+        let (fd, stop) = (fd.clone(), abort.clone());
         std::thread::spawn(move || {
             let raw = fd.as_raw_fd();
             for data in in_rx {
@@ -463,6 +468,7 @@ async fn pump_duplex(
                 out = out_rx.recv() => match out {
                     Some(TtyOut::Data(d)) => {
                         write_data(&mut tx, &d).await?;
+                        tokio::io::AsyncWriteExt::flush(&mut tx).await?;
                         total += d.len() as u64;
                         count(d.len());
                     }
@@ -506,6 +512,9 @@ async fn pump_duplex(
     }
     .await;
     stop.store(true, Ordering::Relaxed);
+    if r.is_err() {
+        abort.store(true, Ordering::Relaxed);
+    }
     drop(in_tx);
     drop(out_rx);
     let _ = tokio::task::spawn_blocking(move || {
