@@ -1,4 +1,5 @@
-//! Relays: a moved tree's pipes to processes that stayed at home.
+//! Relays: a moved tree's pipes, terminal and UNIX stream sockets to processes that stayed at
+//! home (the two-way kinds, terminals and sockets, are in `pump_duplex`).
 //!
 //! A pipe the tree shares with a process outside it (one stage of a shell pipeline moved, the
 //! others stayed) is captured as relayed (`ferry_image::Pipe::relayed`). At home, before the

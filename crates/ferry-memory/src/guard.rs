@@ -7,17 +7,19 @@
 //!
 //! The server tells it, one line at a time on its stdin (a pipe): `pid HOST_PID` for each
 //! process of the tree, `uffd FD` for each userfaultfd (a descriptor number in the server's
-//! process, taken with `pidfd_getfd`), and `done` once nothing is owed. End of file without
+//! process, taken with `pidfd_getfd`), `sync` (answered `ok` on its stdout once all of that
+//! is held: the tree runs only after it), and `done` once nothing is owed. End of file without
 //! `done` is the server's death.
 
 use std::io::{BufRead, Write};
 use std::os::fd::OwnedFd;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-/// The server's end: the guardian process and the pipe to it.
+/// The server's end: the guardian process and the pipes to and from it.
 pub struct Guardian {
     child: Child,
     to: ChildStdin,
+    from: std::io::BufReader<ChildStdout>,
 }
 
 impl Guardian {
@@ -27,11 +29,24 @@ impl Guardian {
             .arg("__lazy-guard")
             .arg(std::process::id().to_string())
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("start the lazy phase's guardian ({}): {e}", exe.display()))?;
         let to = child.stdin.take().expect("piped");
-        Ok(Guardian { child, to })
+        let from = std::io::BufReader::new(child.stdout.take().expect("piped"));
+        Ok(Guardian { child, to, from })
+    }
+
+    /// Waits until the guardian holds everything it was told of: only then may the tree run
+    /// (a server killed before would leave owed pages unguarded).
+    pub fn sync(&mut self) -> Result<(), String> {
+        self.say("sync")?;
+        let mut line = String::new();
+        match self.from.read_line(&mut line) {
+            Ok(_) if line.trim() == "ok" => Ok(()),
+            Ok(_) => Err(format!("the lazy phase's guardian answered {line:?}")),
+            Err(e) => Err(format!("hear from the lazy phase's guardian: {e}")),
+        }
     }
 
     fn say(&mut self, line: &str) -> Result<(), String> {
@@ -62,8 +77,17 @@ impl Guardian {
 /// The guardian process itself: reads the server's lines until end of file; returns whether
 /// it had to kill the tree.
 pub fn guard_main(server_pid: i32) -> Result<bool, String> {
-    let server = ferry_sys::pidfd::pidfd_open(server_pid)
-        .map_err(|e| format!("open a pidfd of the page server (PID {server_pid}): {e}"))?;
+    // A server already gone (killed before we started) still left us its lines: what it said
+    // is read to the end, and a tree it did not declare done is killed.
+    let server = match ferry_sys::pidfd::pidfd_open(server_pid) {
+        Ok(fd) => Some(fd),
+        Err(e) if e.errno == libc::ESRCH => None,
+        Err(e) => {
+            return Err(format!(
+                "open a pidfd of the page server (PID {server_pid}): {e}"
+            ))
+        }
+    };
     let mut pids: Vec<(i32, OwnedFd)> = Vec::new();
     let mut held: Vec<OwnedFd> = Vec::new();
     for line in std::io::stdin().lock().lines() {
@@ -75,11 +99,18 @@ pub fn guard_main(server_pid: i32) -> Result<bool, String> {
                     pids.push((pid, fd));
                 }
             }
-            (Some("uffd"), Some(n)) => match ferry_sys::pidfd::pidfd_getfd(&server, n) {
-                Ok(fd) => held.push(fd),
-                Err(e) => eprintln!("ferry: lazy guardian: take descriptor {n}: {e}"),
-            },
+            (Some("uffd"), Some(n)) => {
+                match server.as_ref().map(|s| ferry_sys::pidfd::pidfd_getfd(s, n)) {
+                    Some(Ok(fd)) => held.push(fd),
+                    Some(Err(e)) => eprintln!("ferry: lazy guardian: take descriptor {n}: {e}"),
+                    None => {}
+                }
+            }
             (Some("done"), _) => return Ok(false),
+            (Some("sync"), _) => {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "ok").and_then(|()| out.flush());
+            }
             _ => eprintln!("ferry: lazy guardian: {line:?} is not understood"),
         }
     }

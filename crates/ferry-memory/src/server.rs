@@ -237,6 +237,9 @@ impl LazyMemory for LazyServer {
                 fill_now(&mut *source, space, p.pid, s, e)?;
             }
         }
+        if let Some(g) = guardian.as_mut() {
+            g.sync()?;
+        }
         let opts = self.opts.clone();
         let t0 = Instant::now();
         *self.handed_over.lock().expect("not poisoned") = Some(t0);
