@@ -254,12 +254,19 @@ fn write_fd(fd: usize, data: &[u8]) {
     if data.is_empty() {
         return;
     }
+    // Other recipes' shells write to the same stdout: a write into a full pipe can be cut short
+    // and finished after theirs, so the whole of ours goes under an exclusive lock of the file
+    // (flock; best effort: a descriptor that cannot be locked is written as it is).
+    let locked = ferry_sys::fdops::flock(fd as i32, libc::LOCK_EX).is_ok();
     let r = if fd == 1 {
         let mut o = std::io::stdout().lock();
         o.write_all(data).and_then(|_| o.flush())
     } else {
         std::io::stderr().lock().write_all(data)
     };
+    if locked {
+        let _ = ferry_sys::fdops::flock(fd as i32, libc::LOCK_UN);
+    }
     if let Err(e) = r {
         log::debug!("writing the recipe's output to fd {fd}: {e}");
     }
