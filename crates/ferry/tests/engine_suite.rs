@@ -581,8 +581,14 @@ fn run_lazy_restorer_killed(suite: &Suite) -> Result<(), Failed> {
             fs::read_to_string(run.file("result")).unwrap_or_default()
         )));
     }
-    // Gone, but killed, not crashed on zeroed memory: the guardian says so.
-    let said = fs::read_to_string(&err_path).unwrap_or_default();
+    // Gone, but killed, not crashed on zeroed memory: the guardian says so (just after the
+    // kill, so its words may come a moment after the tree is gone).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut said = fs::read_to_string(&err_path).unwrap_or_default();
+    while !said.contains("the tree was killed") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        said = fs::read_to_string(&err_path).unwrap_or_default();
+    }
     if !said.contains("the tree was killed") {
         return Err(run.report(&format!(
             "the tree is gone, but nothing killed it (it died on its own, its memory lost): \
