@@ -600,30 +600,13 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     let relay_ends = match crate::relay::take_from_worker(worker.pid, &rebuilt.relays) {
         Ok(e) => e,
         Err(e) => {
-            let reason = format!("{e:#}");
-            let _ = write_msg(
-                &mut worker.tx,
-                &Msg::Abort {
-                    reason: reason.clone(),
-                },
-            )
-            .await;
-            let _ = worker_msg(&mut worker).await;
-            write_msg(&mut conn.stream, &Msg::Abort { reason }).await?;
+            abort_rebuilt(&mut worker, &mut conn, format!("{e:#}")).await?;
             return Err(e);
         }
     };
     if node.fault_at("abort-after-rebuilt") {
         let reason = "fault injected: abort-after-rebuilt".to_string();
-        let _ = write_msg(
-            &mut worker.tx,
-            &Msg::Abort {
-                reason: reason.clone(),
-            },
-        )
-        .await;
-        let _ = worker_msg(&mut worker).await;
-        write_msg(&mut conn.stream, &Msg::Abort { reason }).await?;
+        abort_rebuilt(&mut worker, &mut conn, reason).await?;
         return Ok(());
     }
     let info = ProcInfo {
@@ -651,15 +634,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     };
     if let Err(e) = node.store.put(state::HELD, &key, &held) {
         let reason = format!("record the rebuilt copy: {e:#}");
-        let _ = write_msg(
-            &mut worker.tx,
-            &Msg::Abort {
-                reason: reason.clone(),
-            },
-        )
-        .await;
-        let _ = worker_msg(&mut worker).await;
-        write_msg(&mut conn.stream, &Msg::Abort { reason }).await?;
+        abort_rebuilt(&mut worker, &mut conn, reason).await?;
         return Err(e);
     }
     write_msg(&mut conn.stream, &Msg::Rebuilt(rebuilt.clone())).await?;
@@ -709,6 +684,21 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         node.metrics.migration_in(t0);
     }
     r
+}
+
+/// Gives up a copy rebuilt here before it was recorded: the restore worker kills it, and the
+/// source hears why.
+async fn abort_rebuilt(worker: &mut Worker, conn: &mut Conn, reason: String) -> Result<()> {
+    let _ = write_msg(
+        &mut worker.tx,
+        &Msg::Abort {
+            reason: reason.clone(),
+        },
+    )
+    .await;
+    let _ = worker_msg(worker).await;
+    write_msg(&mut conn.stream, &Msg::Abort { reason }).await?;
+    Ok(())
 }
 
 /// A copy rebuilt here and held until its source decides (crate::state::HELD).
