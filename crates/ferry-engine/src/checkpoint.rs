@@ -190,6 +190,7 @@ pub fn capture_with<W: Write>(
         tree.processes.push(p);
     }
     refuse_orphaned_groups(&tree)?;
+    fdcap.finish(&mut tree)?;
     crate::resources::sockets::finish_capture(frozen, &mut tree)?;
     report.relays = relayed_pipes(&tree)?;
     tree.shmem = objects.shmem.clone();

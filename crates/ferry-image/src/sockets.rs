@@ -207,6 +207,12 @@ pub struct SockMsg {
     pub data: Vec<u8>,
     /// Sender's address, when the socket reports one (datagrams).
     pub from: Option<SockAddr>,
+    /// Descriptors in flight with this message (SCM_RIGHTS), in order: the ids of open file
+    /// descriptions in `Tree::files` (which may be held by no process, only by this message).
+    /// In a stream socket's queue, a message with descriptors is exactly the bytes the kernel
+    /// attached them to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rights: Vec<u32>,
 }
 
 /// A socket option, as getsockopt(level, name) returned it.
@@ -300,6 +306,10 @@ impl std::fmt::Display for SocketDesc {
             write!(f, " queued={bytes}B")?;
             if self.sock_type != SockType::Stream {
                 write!(f, "/{}msg", self.queue.len())?;
+            }
+            let fds: usize = self.queue.iter().map(|m| m.rights.len()).sum();
+            if fds > 0 {
+                write!(f, " in-flight={fds}fd")?;
             }
         }
         if let Some(t) = &self.tcp {

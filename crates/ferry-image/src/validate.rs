@@ -174,6 +174,17 @@ pub fn validate(t: &Tree) -> Result<(), String> {
             }
             FileKind::Memfd { object } => shmem_ref(what(), *object)?,
             FileKind::Regular { ghost: Some(g), .. } => ghost_ref(what(), *g)?,
+            FileKind::Socket(s) => {
+                for r in s.queue.iter().flat_map(|m| &m.rights) {
+                    if *r as usize >= t.files.len() {
+                        return Err(format!(
+                            "{} carries unknown file {r} in flight (the image has {})",
+                            what(),
+                            t.files.len()
+                        ));
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -317,6 +328,18 @@ mod tests {
                 }
             },
             "unknown deleted file 2",
+        );
+        refused(
+            |t| {
+                t.files[0].kind = FileKind::Socket(crate::SocketDesc {
+                    queue: vec![crate::SockMsg {
+                        rights: vec![0, 4],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+            },
+            "unknown file 4 in flight",
         );
     }
 }

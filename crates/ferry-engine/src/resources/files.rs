@@ -34,6 +34,8 @@ pub struct FdCapture {
     pub relay: HashMap<u64, i32>,
     /// Capture slaves of terminals outside the tree as relayed (`TtyDesc::relayed`).
     pub relay_ttys: bool,
+    /// Descriptors in flight found in the sockets' queues (see `sockets::InFlight`).
+    inflight: std::cell::RefCell<super::sockets::InFlight>,
 }
 
 fn octal(info: &[(String, String)], key: &str) -> i64 {
@@ -68,46 +70,7 @@ impl FdCapture {
                 super::locks::capture(pid, &format!("fd {fd} ({link})"), &info)?;
             let flags = octal(&info, "flags");
             let cloexec = flags & libc::O_CLOEXEC as i64 != 0;
-            let (dev, ino) = (md.dev(), md.ino());
-            let mut existing = None;
-            for (p2, fd2, d2, i2, id) in &self.seen {
-                if (*d2, *i2) == (dev, ino)
-                    && fdops::kcmp_file(pid, *p2, fd, *fd2)
-                        .ctx(pid, || format!("compare fd {fd} with PID {p2} fd {fd2}"))?
-                {
-                    existing = Some(*id);
-                    break;
-                }
-            }
-            let id = match existing {
-                Some(id) => id,
-                None => {
-                    let id = tree.files.len() as u32;
-                    let kind = self.classify(pid, fd, &link, &md, &info, tree, objects)?;
-                    // Opened again by path at restore: which file that path names now.
-                    let by_path = match &kind {
-                        FileKind::Regular { ghost, .. } => ghost.is_none(),
-                        FileKind::Directory { .. }
-                        | FileKind::Device { .. }
-                        | FileKind::PathOnly { .. } => true,
-                        FileKind::Pipe { pipe } => tree
-                            .pipes
-                            .get(*pipe as usize)
-                            .is_some_and(|p| p.fifo_path.is_some()),
-                        _ => false,
-                    };
-                    tree.files.push(FileDesc {
-                        id,
-                        flags: (flags & !(libc::O_CLOEXEC as i64)) as i32,
-                        pos: decimal(&info, "pos"),
-                        kind,
-                        locks: desc_locks,
-                        identity: by_path.then(|| crate::reopen::identity_of(&md)),
-                    });
-                    id
-                }
-            };
-            self.seen.push((pid, fd, dev, ino, id));
+            let id = self.description(pid, fd, &link, &md, &info, desc_locks, tree, objects)?;
             // A POSIX lock shows on every descriptor of its description in its process.
             let posix_locks = posix_locks
                 .into_iter()
@@ -124,7 +87,95 @@ impl FdCapture {
                 posix_locks,
             });
         }
+        self.capture_in_flight(tree, objects)?;
         Ok(table)
+    }
+
+    /// The open file description behind descriptor `fd` of `pid`: one the tree already holds
+    /// (kcmp), or a new one, recorded in `tree.files`.
+    #[allow(clippy::too_many_arguments)]
+    fn description(
+        &mut self,
+        pid: i32,
+        fd: i32,
+        link: &str,
+        md: &std::fs::Metadata,
+        info: &[(String, String)],
+        desc_locks: Vec<ferry_image::FileLock>,
+        tree: &mut Tree,
+        objects: &mut CaptureObjects,
+    ) -> Result<u32> {
+        let (dev, ino) = (md.dev(), md.ino());
+        for (p2, fd2, d2, i2, id) in &self.seen {
+            if (*d2, *i2) == (dev, ino)
+                && fdops::kcmp_file(pid, *p2, fd, *fd2)
+                    .ctx(pid, || format!("compare fd {fd} with PID {p2} fd {fd2}"))?
+            {
+                return Ok(*id);
+            }
+        }
+        let id = tree.files.len() as u32;
+        let kind = self.classify(pid, fd, link, md, info, tree, objects)?;
+        // Opened again by path at restore: which file that path names now.
+        let by_path = match &kind {
+            FileKind::Regular { ghost, .. } => ghost.is_none(),
+            FileKind::Directory { .. } | FileKind::Device { .. } | FileKind::PathOnly { .. } => {
+                true
+            }
+            FileKind::Pipe { pipe } => tree
+                .pipes
+                .get(*pipe as usize)
+                .is_some_and(|p| p.fifo_path.is_some()),
+            _ => false,
+        };
+        let flags = octal(info, "flags");
+        tree.files.push(FileDesc {
+            id,
+            flags: (flags & !(libc::O_CLOEXEC as i64)) as i32,
+            pos: decimal(info, "pos"),
+            kind,
+            locks: desc_locks,
+            identity: by_path.then(|| crate::reopen::identity_of(md)),
+        });
+        self.seen.push((pid, fd, dev, ino, id));
+        Ok(id)
+    }
+
+    /// Records every descriptor in flight met so far in the sockets' queues, and those in
+    /// flight in the queues of the sockets among them, as our own descriptors (see
+    /// `sockets::scm`).
+    fn capture_in_flight(&mut self, tree: &mut Tree, objects: &mut CaptureObjects) -> Result<()> {
+        let me = std::process::id() as i32;
+        loop {
+            let Some((k, fd, carrier)) = self.inflight.borrow().next_unrecorded() else {
+                return Ok(());
+            };
+            let id = (|| {
+                let link = procfs::readlink(me, &format!("fd/{fd}"))?;
+                let md = std::fs::metadata(format!("/proc/self/fd/{fd}"))
+                    .ctx(me, || format!("stat fd {fd} ({link})"))?;
+                let info = procfs::fdinfo(me, fd)?;
+                let (desc_locks, _) =
+                    super::locks::capture(me, &format!("fd {fd} ({link})"), &info)?;
+                let id = self.description(me, fd, &link, &md, &info, desc_locks, tree, objects)?;
+                if let Err(kind) = super::sockets::may_fly(&tree.files[id as usize].kind) {
+                    return Err(Error::Unsupported {
+                        pid: me,
+                        what: format!("fd {fd} ({link})"),
+                        why: format!("{kind} in flight cannot be checkpointed yet"),
+                    });
+                }
+                Ok(id)
+            })()
+            .map_err(|e| super::sockets::name_carrier(e, carrier))?;
+            self.inflight.borrow_mut().record(k, id);
+        }
+    }
+
+    /// Once every process is captured: the messages of the sockets' queues name the
+    /// descriptions in flight with them by file id.
+    pub fn finish(&self, tree: &mut Tree) -> Result<()> {
+        self.inflight.borrow().resolve(tree)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -216,7 +267,7 @@ impl FdCapture {
             }
         }
         if link.starts_with("socket:") {
-            if let Some(kind) = super::sockets::classify(pid, fd, link, info)? {
+            if let Some(kind) = super::sockets::classify(pid, fd, link, info, &self.inflight)? {
                 return Ok(kind);
             }
         }
@@ -320,6 +371,13 @@ pub fn open_descriptions(
             holders.entry(f.file).or_insert((p, f.fd));
         }
     }
+    // A description in flight is opened for the process holding the socket that carries it.
+    let first_live = tree
+        .processes
+        .iter()
+        .find(|p| p.zombie_status.is_none())
+        .map(|p| (p, -1));
+    super::sockets::holders_in_flight(tree, &mut holders, first_live);
     let by_path = |d: &FileDesc, path: &str, flags: i32, m: Match| -> Result<OwnedFd> {
         let (p, fd) = holders.get(&d.id).ok_or_else(|| {
             Error::BadImage(format!("file {} ({path}) is held by no process", d.id))
@@ -392,7 +450,11 @@ pub fn open_descriptions(
     let keep_flags = |f: i32| {
         (f & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOCTTY)) | libc::O_CLOEXEC
     };
-    for d in &tree.files {
+    // Sockets last: their queues are refilled with the descriptions that were in flight in
+    // them, which must all be open by then.
+    let is_socket = |d: &&FileDesc| matches!(d.kind, FileKind::Socket(_));
+    let order = tree.files.iter().filter(|d| !is_socket(d));
+    for d in order.chain(tree.files.iter().filter(is_socket)) {
         let acc = d.flags & libc::O_ACCMODE;
         let fd: OwnedFd = match &d.kind {
             FileKind::Regular {
@@ -490,7 +552,7 @@ pub fn open_descriptions(
                     .unwrap_or_default();
                 super::anon_inodes::open(d, &creds)?
             }
-            FileKind::Socket(_) => super::sockets::open(d, tree, guest.map(|g| g.pidfd()))?,
+            FileKind::Socket(_) => super::sockets::open(d, tree, guest.map(|g| g.pidfd()), &out)?,
             FileKind::Tty(_) => super::tty::open(d, tree, &dev)?,
             // Made in the process itself, once its target exists (see `install`).
             FileKind::Pidfd { .. } => continue,

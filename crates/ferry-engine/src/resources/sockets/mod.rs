@@ -35,10 +35,11 @@
 //! One file per family, as CRIU keeps sk-unix.c, sk-inet.c and sk-tcp.c apart: this one holds
 //! the shared plumbing (addresses, options, the capture of one descriptor, the check of the
 //! whole tree, the rebuild's [`Builder`] and the [`Deferred`] machinery), `unix` the UNIX
-//! sockets, `inet` what TCP and UDP share, `tcp` the TCP repair-mode work and `udp` the UDP
-//! datagrams.
+//! sockets, `inet` what TCP and UDP share, `tcp` the TCP repair-mode work, `udp` the UDP
+//! datagrams and `scm` the descriptors in flight in UNIX sockets' queues (SCM_RIGHTS).
 
 mod inet;
+mod scm;
 mod tcp;
 mod udp;
 mod unix;
@@ -66,6 +67,8 @@ use tcp::*;
 use udp::*;
 use unix::*;
 
+pub use scm::InFlight;
+pub(crate) use scm::{holders_in_flight, may_fly, name_carrier};
 pub use tcp::silence_tcp_connections;
 
 const TCP_ESTABLISHED: u8 = 1;
@@ -372,6 +375,8 @@ struct Cap<'a> {
     ino: u64,
     link: &'a str,
     s: RawFd,
+    /// Where descriptors found in flight in its queue are kept.
+    flight: &'a RefCell<InFlight>,
 }
 
 impl Cap<'_> {
@@ -417,40 +422,66 @@ impl Cap<'_> {
         Ok(v)
     }
 
-    fn no_rights(&self, m: &sk::Received) -> Result<()> {
-        if !m.rights.is_empty() {
-            return Err(self.refuse(format!(
-                "{} file descriptor(s) are in flight in its receive queue (SCM_RIGHTS), which \
-                 cannot be checkpointed yet",
-                m.rights.len()
-            )));
+    /// Keeps the descriptors in flight that came with a peeked message (see `scm`), returning
+    /// what the message names them by.
+    fn take_rights(&self, m: &mut sk::Received) -> Result<Vec<u32>> {
+        if m.flags & libc::MSG_CTRUNC != 0 {
+            return Err(self.refuse(
+                "a queued message carries more ancillary data than could be read (descriptors \
+                 in flight beyond our own limit of open files?)",
+            ));
         }
-        Ok(())
+        if m.rights.is_empty() {
+            return Ok(Vec::new());
+        }
+        let carrier = scm::Carrier {
+            pid: self.pid,
+            fd: self.fd,
+            ino: self.ino,
+        };
+        Ok(self
+            .flight
+            .borrow_mut()
+            .keep(std::mem::take(&mut m.rights), carrier))
     }
 
     /// Peeks the `total` bytes queued in a stream socket.
+    ///
+    /// Descriptors in flight: a peek stops after the bytes that carry descriptors, and reports
+    /// those descriptors; but it reports them too when it stops earlier (its buffer full), as
+    /// it looks ahead for them. So descriptors count only for a peek that stopped short, or
+    /// that reached the end of the queue; a chunk of bytes that ends where descriptors were
+    /// attached is recorded with them (where those bytes begin, the kernel does not tell).
     fn peek_stream(&self, total: usize) -> Result<Vec<SockMsg>> {
         self.with_peek_off(|| {
             let mut out = Vec::new();
             let mut got = 0;
+            let mut want = total.min(PEEK_CHUNK);
             while got < total {
-                let m = match sk::recv(
-                    self.s,
-                    (total - got).min(PEEK_CHUNK),
-                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
-                ) {
+                let mut m = match sk::recv(self.s, want, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
                     Ok(m) => m,
                     Err(e) if e.errno == libc::EAGAIN => break,
                     Err(e) => return Err(e).ctx(self.pid, || self.what("peek the queued data")),
                 };
-                self.no_rights(&m)?;
                 if m.data.is_empty() {
                     break;
                 }
-                got += m.data.len();
+                let n = m.data.len();
+                let ahead = !m.rights.is_empty() && n == want && got + n < total;
+                if ahead {
+                    // The descriptors may be those of bytes further on: look again, to the end.
+                    want = total - got;
+                    sk::setsockopt_int(self.s, SOL_SOCKET, libc::SO_PEEK_OFF, got as i32)
+                        .ctx(self.pid, || self.what("set SO_PEEK_OFF"))?;
+                    continue;
+                }
+                let rights = self.take_rights(&mut m)?;
+                got += n;
+                want = (total - got).min(PEEK_CHUNK);
                 out.push(SockMsg {
                     data: m.data,
                     from: None,
+                    rights,
                 });
             }
             if got < total {
@@ -478,14 +509,13 @@ impl Cap<'_> {
                 if total.is_some_and(|t| off >= t) {
                     break;
                 }
-                let m = match sk::recv(self.s, size, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+                let mut m = match sk::recv(self.s, size, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
                     Ok(m) => m,
                     Err(e) if e.errno == libc::EAGAIN => break,
                     Err(e) => {
                         return Err(e).ctx(self.pid, || self.what("peek the queued messages"))
                     }
                 };
-                self.no_rights(&m)?;
                 if m.flags & libc::MSG_TRUNC != 0 {
                     // Larger than the buffer: look at the same message again with more room.
                     size = size.saturating_mul(8);
@@ -508,8 +538,10 @@ impl Cap<'_> {
                 } else {
                     empties = 0;
                 }
+                let rights = self.take_rights(&mut m)?;
                 off += m.data.len();
                 out.push(SockMsg {
+                    rights,
                     from: if with_from {
                         decode_addr(&m.from)
                     } else {
@@ -526,11 +558,14 @@ impl Cap<'_> {
 /// Describes descriptor `fd` of `pid` (whose /proc link is `link`, e.g.
 /// "socket:[1234]", and whose fdinfo lines are `info`), or `None` when this module
 /// does not handle that kind (the caller then refuses it).
+///
+/// Descriptors in flight in its queue are kept in `flight`, to be recorded by the caller.
 pub fn classify(
     pid: i32,
     fd: i32,
     link: &str,
     _info: &[(String, String)],
+    flight: &RefCell<InFlight>,
 ) -> Result<Option<FileKind>> {
     let Some(ino) = link
         .strip_prefix("socket:[")
@@ -548,6 +583,7 @@ pub fn classify(
         ino,
         link,
         s: sock.as_raw_fd(),
+        flight,
     };
     let int =
         |name: i32, what: &str| sk::getsockopt_int(c.s, SOL_SOCKET, name).ctx(pid, || c.what(what));
@@ -669,6 +705,7 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
             if !by_ino.contains_key(&peer_ino)
                 && frozen.relay_pipes
                 && s.sock_type == SockType::Stream
+                && holders.contains_key(&id)
             {
                 // Relayed from home: what waits in it stays there, read by the relay.
                 s.relayed = true;
@@ -963,10 +1000,13 @@ impl Deferred {
 /// the tree are made together, when the first one is asked for.
 ///
 /// `guest`: a pidfd of the init of the guest namespaces the tree is rebuilt in, if it is.
+/// `others`: every description of the tree that is not a socket, already open (descriptors in
+/// flight in the sockets' queues are sent again from these).
 pub fn open(
     d: &FileDesc,
     tree: &Tree,
     guest: Option<std::os::fd::BorrowedFd<'_>>,
+    others: &HashMap<u32, OwnedFd>,
 ) -> Result<OwnedFd> {
     let first = tree
         .files
@@ -976,7 +1016,7 @@ pub fn open(
     if first == Some(d.id) {
         MADE.with(|m| m.borrow_mut().clear());
         drop(Deferred::take());
-        let (made, deferred) = Builder::new(tree, guest.map(|g| g.as_raw_fd())).build()?;
+        let (made, deferred) = Builder::new(tree, guest.map(|g| g.as_raw_fd()), others).build()?;
         MADE.with(|m| *m.borrow_mut() = made);
         DEFERRED.with(|d| *d.borrow_mut() = deferred);
     }
@@ -1044,10 +1084,12 @@ struct Builder<'a> {
     /// UNIX sockets whose abstract name another socket holds (the frozen original of a
     /// migration on one machine): named, and made to listen, at resume (see [`DeferredName`]).
     late_names: HashSet<usize>,
+    /// The tree's other descriptions, open: sent again where they were in flight.
+    others: &'a HashMap<u32, OwnedFd>,
 }
 
 impl<'a> Builder<'a> {
-    fn new(tree: &'a Tree, guest: Option<RawFd>) -> Self {
+    fn new(tree: &'a Tree, guest: Option<RawFd>, others: &'a HashMap<u32, OwnedFd>) -> Self {
         let mut holders: HashMap<u32, Vec<(i32, i32)>> = HashMap::new();
         for p in tree.processes.iter().filter(|p| p.zombie_status.is_none()) {
             for f in &p.fds {
@@ -1099,6 +1141,7 @@ impl<'a> Builder<'a> {
             deferred: Deferred::default(),
             holders,
             late_names: HashSet::new(),
+            others,
         }
     }
 
@@ -1310,7 +1353,8 @@ impl<'a> Builder<'a> {
                         peer.ok_or_else(|| self.err(r, "data is queued but nothing can send it"))?;
                     bump_sndbuf(p, total);
                     for m in &s.queue {
-                        self.send_one(r, p, &m.data, None, s.sock_type == SockType::Seqpacket)?;
+                        let seq = s.sock_type == SockType::Seqpacket;
+                        self.send_one(r, p, m, None, seq)?;
                     }
                 }
                 (SockFamily::Unix, _) => {
@@ -1326,7 +1370,7 @@ impl<'a> Builder<'a> {
                         let dest = if mutual { None } else { to.as_deref() };
                         bump_sndbuf(p, total);
                         for m in &s.queue {
-                            self.send_one(r, p, &m.data, dest, true)?;
+                            self.send_one(r, p, m, dest, true)?;
                         }
                         continue;
                     }
@@ -1338,12 +1382,12 @@ impl<'a> Builder<'a> {
                             Some(j) => {
                                 let f = self.fd(j);
                                 bump_sndbuf(f, m.data.len());
-                                self.send_one(r, f, &m.data, Some(&to), true)?;
+                                self.send_one(r, f, m, Some(&to), true)?;
                             }
                             None => {
                                 let t = self.temp_sender(r, m.from.as_ref())?;
                                 bump_sndbuf(t.as_raw_fd(), m.data.len());
-                                self.send_one(r, t.as_raw_fd(), &m.data, Some(&to), true)?;
+                                self.send_one(r, t.as_raw_fd(), m, Some(&to), true)?;
                             }
                         }
                     }
@@ -1363,9 +1407,9 @@ impl<'a> Builder<'a> {
                     for m in &s.queue {
                         if let Some(j) = m.from.as_ref().and_then(|f| self.inet_sender(f)) {
                             let f = self.fd(j);
-                            self.send_one(r, f, &m.data, Some(&raw_to), true)?;
+                            self.send_one(r, f, m, Some(&raw_to), true)?;
                         } else if let Some(t) = m.from.as_ref().and_then(|f| self.inet_temp(r, f)) {
-                            self.send_one(r, t.as_raw_fd(), &m.data, Some(&raw_to), true)?;
+                            self.send_one(r, t.as_raw_fd(), m, Some(&raw_to), true)?;
                         } else {
                             let d = match s.family {
                                 SockFamily::Inet6 => libc::AF_INET6,
@@ -1380,7 +1424,7 @@ impl<'a> Builder<'a> {
                                 );
                             }
                             let f = unbound_udp[&d].as_raw_fd();
-                            self.send_one(r, f, &m.data, Some(&raw_to), true)?;
+                            self.send_one(r, f, m, Some(&raw_to), true)?;
                         }
                     }
                 }
@@ -1390,18 +1434,47 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
+    /// Sends message `m` of socket `r`'s queue again from `from`, with the descriptors that
+    /// were in flight with it.
     fn send_one(
         &self,
         r: usize,
         from: RawFd,
-        data: &[u8],
+        m: &SockMsg,
         to: Option<&[u8]>,
         record: bool,
     ) -> Result<()> {
+        let rights = self.rights_of(r, m)?;
+        if !record && !rights.is_empty() && m.data.len() > 1 {
+            // A stream: the descriptors go with the last byte of the bytes recorded with them
+            // (see `Cap::peek_stream`), so that a read ending before it does not take them.
+            let (head, last) = m.data.split_at(m.data.len() - 1);
+            let head = SockMsg {
+                data: head.to_vec(),
+                ..Default::default()
+            };
+            self.send_one(r, from, &head, to, false)?;
+            let last = SockMsg {
+                data: last.to_vec(),
+                from: None,
+                rights: m.rights.clone(),
+            };
+            return self.send_one(r, from, &last, to, true);
+        }
+        let data = &m.data;
         let mut at = 0;
         loop {
-            let n = sk::send(from, &data[at..], to, &[], libc::MSG_DONTWAIT)
-                .map_err(|e| self.err(r, format!("queue {} bytes again: {e}", data.len())))?;
+            let fds = if at == 0 { &rights[..] } else { &[] };
+            let n = sk::send(from, &data[at..], to, fds, libc::MSG_DONTWAIT).map_err(|e| {
+                self.err(
+                    r,
+                    format!(
+                        "queue {} bytes again (with {} descriptors in flight): {e}",
+                        data.len(),
+                        fds.len()
+                    ),
+                )
+            })?;
             at += n;
             if record || at >= data.len() {
                 return Ok(());

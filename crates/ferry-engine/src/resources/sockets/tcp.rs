@@ -501,7 +501,7 @@ pub(super) fn requeue_tcp(
             client_ino: cs.ino,
             queue: vec![SockMsg {
                 data: data.clone(),
-                from: None,
+                ..Default::default()
             }],
             cred: None,
         });

@@ -312,7 +312,7 @@ pub(super) fn requeue(
                 .iter()
                 .map(|(d, _)| SockMsg {
                     data: d.clone(),
-                    from: None,
+                    ..Default::default()
                 })
                 .collect(),
             cred: cred.clone(),
