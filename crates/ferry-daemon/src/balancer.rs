@@ -574,7 +574,7 @@ async fn decide(node: &Arc<Node>, cfg: &BalanceConfig, rates: HashMap<i32, f64>)
                 while matches!(sink.read(&mut buf).await, Ok(n) if n > 0) {}
             });
             let t0 = Instant::now();
-            let r = crate::migrate::send(node.clone(), &mut cli, pid, &to, "auto").await;
+            let r = crate::migrate::send(node.clone(), &mut cli, pid, &to, "auto", None).await;
             drop(cli);
             let _ = drain.await;
             match r {

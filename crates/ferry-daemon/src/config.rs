@@ -78,6 +78,14 @@ pub struct Config {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_stall_secs: Option<f64>,
     pub credentials: CredentialPaths,
+    /// The control socket's mode, in octal ("0660": its group may use the daemon; "0666":
+    /// every local user may). Absent: "0600", root only. Whoever reaches the socket is served
+    /// as who they are (docs/security.md, "Users who are not root").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_mode: Option<String>,
+    /// The control socket's group (a name in /etc/group, or a number). Absent: root's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_group: Option<String>,
     /// Who may use this machine (crate::hosts::OwnerConfig): `[owner]` in the file. Reloaded
     /// on SIGHUP.
     #[serde(default, skip_serializing_if = "crate::hosts::OwnerConfig::is_default")]
@@ -111,6 +119,7 @@ impl Config {
         ferry_transport::credentials::check_node_name(&c.name)?;
         c.web_addr()?;
         c.balance.check().map_err(|e| anyhow::anyhow!(e))?;
+        c.control_mode()?;
         Ok(c)
     }
 
@@ -147,6 +156,39 @@ impl Config {
 
     pub fn control_socket(&self) -> PathBuf {
         control_socket(&self.data_dir)
+    }
+
+    /// The control socket's mode ([`Config::control_mode`]; 0600 when absent).
+    pub fn control_mode(&self) -> Result<u32> {
+        match self.control_mode.as_deref() {
+            None => Ok(0o600),
+            Some(m) => u32::from_str_radix(m, 8)
+                .ok()
+                .filter(|m| *m <= 0o777 && m & 0o600 == 0o600)
+                .with_context(|| {
+                    format!("control_mode = {m:?}: octal permission bits with 0600, as \"0660\"")
+                }),
+        }
+    }
+
+    /// The control socket's group ([`Config::control_group`]), a number or a name looked up
+    /// in /etc/group.
+    pub fn control_gid(&self) -> Result<Option<u32>> {
+        let Some(g) = self.control_group.as_deref() else {
+            return Ok(None);
+        };
+        if let Ok(n) = g.parse() {
+            return Ok(Some(n));
+        }
+        let groups = std::fs::read_to_string("/etc/group").context("read /etc/group")?;
+        groups
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split(':');
+                (f.next() == Some(g)).then(|| f.nth(1)?.parse().ok())?
+            })
+            .map(Some)
+            .with_context(|| format!("control_group = {g:?}: no such group in /etc/group"))
     }
 }
 

@@ -121,7 +121,7 @@ async fn evict_one(node: &Arc<Node>, g: ProcInfo) -> EvictedGuest {
 async fn move_to(node: &Arc<Node>, pid: i32, to: &str) -> Result<(), String> {
     // `migrate::send` reports its progress to a CLI; here nobody listens.
     let (mut sink, _drain) = tokio::net::UnixStream::pair().map_err(|e| e.to_string())?;
-    crate::migrate::send(node.clone(), &mut sink, pid, to, "auto")
+    crate::migrate::send(node.clone(), &mut sink, pid, to, "auto", None)
         .await
         .map(|_| ())
         .map_err(|e| format!("{e:#}"))

@@ -18,6 +18,7 @@
 pub mod balancer;
 pub mod config;
 pub mod deputies;
+pub mod engine_cmd;
 pub mod evict;
 pub mod exec;
 pub mod guests;

@@ -41,9 +41,10 @@ pub async fn send(
     pid: i32,
     to: &str,
     memory: &str,
+    owner: Option<&ferry_sys::owner::Owner>,
 ) -> Result<MigrateReport> {
     let t0 = Instant::now();
-    let r = send_counted(node.clone(), cli, pid, to, memory).await;
+    let r = send_counted(node.clone(), cli, pid, to, memory, owner).await;
     match &r {
         Ok(_) => node.metrics.migration_out(Ok(t0.elapsed())),
         Err(e) => node.metrics.migration_out(Err(&format!("{e:#}"))),
@@ -57,6 +58,7 @@ async fn send_counted(
     pid: i32,
     to: &str,
     memory: &str,
+    owner: Option<&ferry_sys::owner::Owner>,
 ) -> Result<MigrateReport> {
     let t0 = Instant::now();
     let memory = match memory {
@@ -87,6 +89,10 @@ async fn send_counted(
     ];
     if guest.is_none() {
         args.push("--relay-pipes".into());
+    }
+    // For a user: only a tree of theirs moves (checked before and again once it is frozen).
+    if let Some(o) = owner {
+        args.push(format!("--owner={o}"));
     }
     let mut worker = Worker::spawn(&node.exe, &args)?;
     let (memory_bytes, uid, command) = match worker_msg(&mut worker).await? {

@@ -190,9 +190,20 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     let control = UnixListener::bind(&sock_path)
         .with_context(|| format!("bind control socket {}", sock_path.display()))?;
     {
+        // Root's only unless the config opens it to a group or to everyone; each caller is
+        // then served as who they are (serve_cli).
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("restrict {}", sock_path.display()))?;
+        if let Some(gid) = config.control_gid()? {
+            std::os::unix::fs::chown(&sock_path, None, Some(gid))
+                .with_context(|| format!("give {} to group {gid}", sock_path.display()))?;
+        }
+        std::fs::set_permissions(
+            &sock_path,
+            std::fs::Permissions::from_mode(config.control_mode()?),
+        )
+        .with_context(|| format!("set the mode of {}", sock_path.display()))?;
     }
     // Greater at each start, even if the clock went back: a restarted node's identity
     // supersedes its previous one, and its load records the previous ones.
@@ -654,24 +665,68 @@ async fn accept_cli(node: Arc<Node>, control: UnixListener) {
 }
 
 async fn serve_cli(node: &Arc<Node>, mut s: UnixStream) -> Result<()> {
-    // The socket is root's only (0600); check anyway: this is the door to ptrace.
+    // This is the door to ptrace: who is calling decides what is served.
     let cred = s.peer_cred().context("peer credentials")?;
     let request = read_msg(&mut s).await?;
-    // Anyone who reaches the socket may run a command as itself (exec::relay checks what the
-    // caller claims); everything else is root's.
-    if cred.uid() != 0 && !matches!(request, Msg::Run(_)) {
-        write_msg(&mut s, &Msg::error("only root may use the ferry daemon")).await?;
+    // A caller who is not root may run a command as itself (exec::relay checks what it
+    // claims), list its own processes, and checkpoint, restore and migrate its own; the
+    // engine's commands check that with `--owner` (docs/security.md, "Users who are not
+    // root"). Everything else is root's.
+    let owner = if cred.uid() == 0 {
+        None
+    } else {
+        let groups = ferry_sys::spawn::peer_groups(std::os::fd::AsRawFd::as_raw_fd(&s))
+            .context("the caller's groups")?;
+        Some(ferry_sys::owner::Owner::of_caller(
+            cred.uid(),
+            cred.gid(),
+            groups,
+            cred.pid(),
+        ))
+    };
+    if owner.is_some()
+        && !matches!(
+            request,
+            Msg::Run(_)
+                | Msg::ListProcesses
+                | Msg::Migrate { .. }
+                | Msg::Checkpoint { .. }
+                | Msg::Restore { .. }
+        )
+    {
+        write_msg(
+            &mut s,
+            &Msg::error(format!(
+                "uid {} may not ask for {}: only root may (a user may run, ps, checkpoint, \
+                 restore and migrate their own processes)",
+                cred.uid(),
+                kind(&request)
+            )),
+        )
+        .await?;
         return Ok(());
     }
     match request {
         Msg::ListNodes => write_msg(&mut s, &Msg::Nodes(nodes(node))).await?,
         Msg::LocalProcesses => write_msg(&mut s, &Msg::Processes(node.local_processes())).await?,
         Msg::ListProcesses => {
-            let all = processes(node).await;
+            let mut all = processes(node).await;
+            // A user sees only their own processes.
+            if let Some(o) = &owner {
+                all.retain(|p| p.uid == o.uid);
+            }
             write_msg(&mut s, &Msg::Processes(all)).await?
         }
+        m @ (Msg::Checkpoint { .. } | Msg::Restore { .. }) => {
+            let reply = crate::engine_cmd::serve(node, &mut s, m, owner.as_ref())
+                .await
+                .unwrap_or_else(|e| Msg::error(format!("{e:#}")));
+            write_msg(&mut s, &reply).await?
+        }
         Msg::Migrate { pid, to, memory } => {
-            let reply = match migrate::send(node.clone(), &mut s, pid, &to, &memory).await {
+            let reply = match migrate::send(node.clone(), &mut s, pid, &to, &memory, owner.as_ref())
+                .await
+            {
                 Ok(report) => Msg::Migrated(report),
                 Err(e) => {
                     let message = format!("{e:#}");

@@ -29,6 +29,7 @@ pub mod late;
 pub mod lazy;
 pub mod names;
 pub mod objects;
+pub mod owner;
 pub mod pidview;
 pub mod preflight;
 pub mod procfs;

@@ -9,6 +9,7 @@ pub mod fdops;
 pub mod fsid;
 pub mod mounts;
 pub mod ns;
+pub mod owner;
 pub mod pagemap;
 pub mod pidfd;
 pub mod proc_mem;

@@ -111,6 +111,28 @@ pub enum Msg {
     /// left it cost it), answered by `View` with no nodes.
     LocalView,
     View(ClusterView),
+    /// `ferry checkpoint` of a caller who is not root: the daemon checkpoints for it
+    /// (docs/security.md, "Users who are not root") and answers `Output`. `dir` and `parent`
+    /// are absolute paths; they are opened with the caller's rights.
+    Checkpoint {
+        pid: i32,
+        dir: String,
+        leave_running: bool,
+        parent: Option<String>,
+        json: bool,
+    },
+    /// `ferry restore` of a caller who is not root, answered by `Output`.
+    Restore {
+        dir: String,
+        pid_namespace: bool,
+        json: bool,
+    },
+    /// What a command the daemon ran for the caller printed, and its exit code.
+    Output {
+        code: i32,
+        stdout: ByteBuf,
+        stderr: ByteBuf,
+    },
 
     // ---- A daemon <-> its engine workers (over pipes) --------------------------------
     /// Capture worker: the tree passed the preflight checks and can be moved.

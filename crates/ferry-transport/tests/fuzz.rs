@@ -142,6 +142,23 @@ fn messages() -> Vec<Msg> {
         Msg::LocalProcesses,
         Msg::Cluster,
         Msg::LocalView,
+        Msg::Checkpoint {
+            pid: 42,
+            dir: "/home/u/img".into(),
+            leave_running: true,
+            parent: Some("/home/u/base".into()),
+            json: false,
+        },
+        Msg::Restore {
+            dir: "/home/u/img".into(),
+            pid_namespace: true,
+            json: true,
+        },
+        Msg::Output {
+            code: 1,
+            stdout: b"out".to_vec().into(),
+            stderr: b"err".to_vec().into(),
+        },
         Msg::View(ferry_transport::message::ClusterView {
             node: "a".into(),
             taken_unix_ms: 1_700_000_000_000,

@@ -74,6 +74,9 @@ enum Command {
         /// eager, precopy or auto.
         #[arg(long, default_value = "eager")]
         memory: String,
+        /// The user the daemon moves the tree for: only a tree of theirs moves.
+        #[arg(long)]
+        owner: Option<ferry_sys::owner::Owner>,
     },
     /// Engine worker of a daemon: receive and rebuild a tree (internal).
     #[command(name = "__restore-worker", hide = true)]
@@ -133,8 +136,8 @@ fn main() {
     }
     let node = cli.node.as_deref();
     let result = match cli.command {
-        Command::Checkpoint(a) => commands::checkpoint::run(a),
-        Command::Restore(a) => commands::restore::run(a),
+        Command::Checkpoint(a) => commands::checkpoint::run(a, node),
+        Command::Restore(a) => commands::restore::run(a, node),
         Command::Image(c) => commands::image::run(c),
         Command::GuestInit(a) => commands::guest_init::run(a),
         Command::NodeInit(a) => commands::node_init::run(a),
@@ -161,7 +164,8 @@ fn main() {
             pid,
             relay_pipes,
             memory,
-        } => commands::worker::capture_worker(pid, relay_pipes, &memory),
+            owner,
+        } => commands::worker::capture_worker(pid, relay_pipes, &memory, owner.as_ref()),
         Command::LazyGuard { server_pid } => commands::restore::lazy_guard(server_pid),
     };
     if let Err(e) = result {

@@ -27,6 +27,10 @@ pub struct Args {
     /// Print a machine-readable report.
     #[arg(long)]
     pub json: bool,
+    /// The user the daemon checkpoints for (internal): only a tree of theirs is captured, and
+    /// the image directory is opened and written with their rights.
+    #[arg(long, hide = true)]
+    pub owner: Option<ferry_sys::owner::Owner>,
 }
 
 #[derive(serde::Serialize)]
@@ -44,8 +48,23 @@ struct Report {
 /// Runs the checkpoint in a worker process. The worker is the only tracer of the tree: if this
 /// process is killed, even by SIGKILL, the worker is told (parent-death signal), stops at the
 /// next safe point, puts every thread back as it was and detaches. The tree never notices.
-pub fn run(a: Args) -> Result<()> {
+pub fn run(a: Args, node: Option<&str>) -> Result<()> {
     use ferry_sys::process::{fork_single_threaded, Forked};
+    if a.owner.is_none() && !super::is_root()? {
+        // Not root: the daemon checkpoints for us, as us.
+        let dir = super::absolute_arg(&a.dir)?;
+        let parent = a.parent.as_deref().map(super::absolute_arg).transpose()?;
+        return super::via_daemon(
+            node,
+            &ferry_transport::Msg::Checkpoint {
+                pid: a.pid,
+                dir,
+                leave_running: a.leave_running,
+                parent,
+                json: a.json,
+            },
+        );
+    }
     let parent = std::process::id() as i32;
     match fork_single_threaded().context("start the checkpoint worker")? {
         Forked::Parent { child } => {
@@ -74,6 +93,8 @@ pub fn run(a: Args) -> Result<()> {
 struct ImageDir {
     fd: std::os::fd::OwnedFd,
     path: PathBuf,
+    /// Whose rights every name in it is made, replaced and removed with (root's for root).
+    creds: ferry_sys::fsid::FsCreds,
 }
 
 const PARTIAL: &str = "image.ferry.partial";
@@ -81,7 +102,14 @@ const PARTIAL: &str = "image.ferry.partial";
 impl ImageDir {
     /// Opens `path`, creating it (mode 0700, its parents as usual) if it does not exist. A
     /// directory that exists is left as it is.
-    fn open(path: &Path) -> Result<ImageDir> {
+    fn open(path: &Path, creds: ferry_sys::fsid::FsCreds) -> Result<ImageDir> {
+        let (fd, path) = ferry_sys::fsid::with_fs_creds(&creds, || Self::open_as_me(path))
+            .map_err(|e| e.io())
+            .with_context(|| format!("act as {creds}"))??;
+        Ok(ImageDir { fd, path, creds })
+    }
+
+    fn open_as_me(path: &Path) -> Result<(std::os::fd::OwnedFd, PathBuf)> {
         use std::os::unix::fs::DirBuilderExt;
         if !path.exists() {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -104,16 +132,24 @@ impl ImageDir {
         )
         .map_err(|e| e.io())
         .with_context(|| format!("open image directory {}", path.display()))?;
-        Ok(ImageDir {
-            fd,
-            path: path.to_owned(),
-        })
+        Ok((fd, path.to_owned()))
+    }
+
+    /// Runs `f` with the rights of the image's owner.
+    fn as_owner<T: Send>(&self, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+        ferry_sys::fsid::with_fs_creds(&self.creds, f)
+            .map_err(|e| e.io())
+            .with_context(|| format!("act as {}", self.creds))?
     }
 
     /// Creates the partial image, mode 0600: a new file, never one that a name in the
     /// directory points to (a partial image a killed checkpoint left, or a symbolic link
     /// someone put there, is removed first: the name, not what it points to).
     fn create_partial(&self) -> Result<std::fs::File> {
+        self.as_owner(|| self.create_partial_as_me())
+    }
+
+    fn create_partial_as_me(&self) -> Result<std::fs::File> {
         use std::os::fd::AsRawFd;
         let create = || {
             ferry_sys::fsid::openat2(
@@ -138,21 +174,28 @@ impl ImageDir {
 
     fn remove_partial(&self) {
         use std::os::fd::AsRawFd;
-        let _ = ferry_sys::fsid::unlink_in(self.fd.as_raw_fd(), OsStr::new(PARTIAL));
+        let _ = self.as_owner(|| {
+            Ok(ferry_sys::fsid::unlink_in(
+                self.fd.as_raw_fd(),
+                OsStr::new(PARTIAL),
+            ))
+        });
     }
 
     /// The partial image becomes the image (whatever had that name is replaced, not followed).
     fn commit(&self) -> Result<PathBuf> {
         use std::os::fd::AsRawFd;
         let to = self.path.join(ferry_image::IMAGE_FILE);
-        ferry_sys::fsid::rename_in(
-            self.fd.as_raw_fd(),
-            OsStr::new(PARTIAL),
-            OsStr::new(ferry_image::IMAGE_FILE),
-            false,
-        )
-        .map_err(|e| e.io())
-        .with_context(|| format!("rename the image to {}", to.display()))?;
+        self.as_owner(|| {
+            ferry_sys::fsid::rename_in(
+                self.fd.as_raw_fd(),
+                OsStr::new(PARTIAL),
+                OsStr::new(ferry_image::IMAGE_FILE),
+                false,
+            )
+            .map_err(|e| e.io())
+            .with_context(|| format!("rename the image to {}", to.display()))
+        })?;
         let dir = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
         if let Ok(d) = std::fs::File::open(dir) {
             let _ = d.sync_all();
@@ -170,11 +213,18 @@ type Inherited = HashMap<i32, Vec<(u64, u64)>>;
 fn unchanged_pages(
     frozen: &FrozenTree,
     parent: &Path,
+    creds: &ferry_sys::fsid::FsCreds,
 ) -> Result<(Inherited, Option<ferry_image::ParentImage>)> {
-    let dir = std::fs::canonicalize(parent)
-        .with_context(|| format!("parent image {}", parent.display()))?;
-    let (cache, me) = ferry_memory::cache::load_chain(&dir, None)
-        .with_context(|| format!("read the parent image in {}", dir.display()))?;
+    // The parent images are read with the rights of whoever the checkpoint is for.
+    let (cache, me) = ferry_sys::fsid::with_fs_creds(creds, || -> Result<_> {
+        let dir = std::fs::canonicalize(parent)
+            .with_context(|| format!("parent image {}", parent.display()))?;
+        let (cache, me) = ferry_memory::cache::load_chain(&dir, None)
+            .with_context(|| format!("read the parent image in {}", dir.display()))?;
+        Ok((cache, me))
+    })
+    .map_err(|e| e.io())
+    .with_context(|| format!("act as {creds}"))??;
     let page = ferry_sys::PAGE_SIZE as usize;
     let mut out = HashMap::new();
     let mut buf = vec![0u8; 4 << 20];
@@ -232,8 +282,14 @@ fn unchanged_pages(
 
 fn work(a: Args) -> Result<()> {
     let t0 = Instant::now();
-    let dir = ImageDir::open(&a.dir)?;
+    let owner = a.owner.as_ref();
+    super::worker::owned(a.pid, owner)?;
+    let creds = owner.map_or_else(ferry_sys::fsid::FsCreds::root, |o| o.fs_creds());
+    let dir = ImageDir::open(&a.dir, creds)?;
     let frozen = FrozenTree::freeze(a.pid).with_context(|| format!("freeze PID {}", a.pid))?;
+    // Frozen, the tree can no longer change hands: the check that counts (dropping `frozen`
+    // lets it go unharmed).
+    super::worker::owned_frozen(&frozen, owner)?;
     let freeze_ms = t0.elapsed().as_secs_f64() * 1e3;
     let file = dir.create_partial()?;
     // A buffer smaller than the engine's runs of memory (4 MiB): BufWriter copies what fits
@@ -243,7 +299,7 @@ fn work(a: Args) -> Result<()> {
     let base = match a
         .parent
         .as_deref()
-        .map(|p| unchanged_pages(&frozen, p))
+        .map(|p| unchanged_pages(&frozen, p, &dir.creds))
         .transpose()
     {
         Ok(b) => b,

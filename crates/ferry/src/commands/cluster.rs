@@ -85,6 +85,13 @@ pub struct UpArgs {
     /// process runs on at its source (each node's `stream_stall_secs`) [default: 30].
     #[arg(long, value_name = "SECS")]
     pub stream_stall: Option<f64>,
+    /// Each node's control socket mode (`control_mode`, octal: "0666" lets every local user
+    /// use Ferry for their own processes) [default: 0600, root only].
+    #[arg(long, value_name = "MODE")]
+    pub control_mode: Option<String>,
+    /// Each node's control socket group (`control_group`: a name or a number).
+    #[arg(long, value_name = "GROUP")]
+    pub control_group: Option<String>,
 }
 
 #[derive(
@@ -317,6 +324,8 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             web: None,
             balance: Default::default(),
             stream_stall_secs: a.stream_stall,
+            control_mode: a.control_mode.clone(),
+            control_group: a.control_group.clone(),
             credentials: ca.issue_node_files(name, &certs)?,
             // The nodes share this machine's terminals: none watches them unless told.
             owner: ferry_daemon::hosts::OwnerConfig {

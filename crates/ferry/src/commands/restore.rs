@@ -34,6 +34,10 @@ pub struct Args {
     /// (until then only faults bring pages in).
     #[arg(long, default_value_t = 0, requires = "lazy")]
     pub push_after_ms: u64,
+    /// The user the daemon restores for (internal): the image is read with their rights, and
+    /// refused unless every process in it would hold their credentials and nothing more.
+    #[arg(long, hide = true)]
+    pub owner: Option<ferry_sys::owner::Owner>,
 }
 
 #[derive(serde::Serialize)]
@@ -54,20 +58,57 @@ struct LazyReport {
     lazy: ferry_memory::Stats,
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(a: Args, node: Option<&str>) -> Result<()> {
+    if a.owner.is_none() && !super::is_root()? {
+        // Not root: the daemon restores for us, as us.
+        if a.lazy {
+            anyhow::bail!("ferry restore --lazy is root's only (the daemon does not serve it)");
+        }
+        return super::via_daemon(
+            node,
+            &ferry_transport::Msg::Restore {
+                dir: super::absolute_arg(&a.dir)?,
+                pid_namespace: a.pid_namespace,
+                json: a.json,
+            },
+        );
+    }
     let t0 = Instant::now();
     let path = a.dir.join(ferry_image::IMAGE_FILE);
-    let file =
-        std::fs::File::open(&path).with_context(|| format!("open image {}", path.display()))?;
+    // What is read from the image directory is read with the rights of whoever the restore is
+    // for.
+    let creds = a
+        .owner
+        .as_ref()
+        .map_or_else(ferry_sys::fsid::FsCreds::root, |o| o.fs_creds());
+    let as_owner = |what: &str| format!("{what} as {creds}");
+    let file = ferry_sys::fsid::with_fs_creds(&creds, || std::fs::File::open(&path))
+        .map_err(|e| e.io())
+        .with_context(|| as_owner("open the image"))?
+        .with_context(|| format!("open image {}", path.display()))?;
     let mut img = open(BufReader::with_capacity(1 << 20, file))
         .with_context(|| format!("read image {}", path.display()))?;
+    if let Some(o) = &a.owner {
+        // An image is data the user could have written: it grants them nothing.
+        ferry_engine::owner::check_image(&img.tree, o)
+            .with_context(|| format!("restore from {}", path.display()))?;
+        // The processes stay in the restorer's cgroups: joining the image's would be root's
+        // choice, not theirs.
+        for p in &mut img.tree.processes {
+            p.cgroups.clear();
+        }
+    }
     // An incremental image: its parents' pages, each parent checked to be the one recorded.
     let parent_pages = match &img.tree.parent {
         Some(p) => {
-            let (cache, _) = ferry_memory::cache::load_chain(std::path::Path::new(&p.dir), Some(p))
-                .with_context(|| {
-                    format!("read the parent image in {} (of {})", p.dir, path.display())
-                })?;
+            let (cache, _) = ferry_sys::fsid::with_fs_creds(&creds, || {
+                ferry_memory::cache::load_chain(std::path::Path::new(&p.dir), Some(p))
+            })
+            .map_err(|e| e.io())
+            .with_context(|| as_owner("read the parent image"))?
+            .with_context(|| {
+                format!("read the parent image in {} (of {})", p.dir, path.display())
+            })?;
             Some(cache)
         }
         None => None,
@@ -99,8 +140,9 @@ pub fn run(a: Args) -> Result<()> {
     };
     let opts = RestoreOptions {
         guest: guest.as_ref(),
-        // The CLI is root's: files are opened as each process, then as Ferry itself.
-        caller: None,
+        // Files are opened as each process, then (only the very file captured) as the caller:
+        // Ferry itself for root, else the user the daemon restores for.
+        caller: a.owner.as_ref().map(|_| &creds),
         cpu_cgroup: None,
         relays: false,
         lazy: server

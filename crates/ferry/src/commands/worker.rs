@@ -75,10 +75,45 @@ fn describe_tree(pid: i32) -> Result<(u64, u32, String)> {
     Ok((rss, uid, command))
 }
 
+/// For a user (`owner`): the tree rooted at `pid` is theirs as it is now.
+pub(crate) fn owned(pid: i32, owner: Option<&ferry_sys::owner::Owner>) -> Result<()> {
+    match owner {
+        Some(o) => Ok(ferry_engine::owner::check_live(
+            pid,
+            o,
+            "move or checkpoint",
+        )?),
+        None => Ok(()),
+    }
+}
+
+/// For a user (`owner`): every process of the frozen tree is theirs.
+pub(crate) fn owned_frozen(
+    frozen: &FrozenTree,
+    owner: Option<&ferry_sys::owner::Owner>,
+) -> Result<()> {
+    match owner {
+        Some(o) => {
+            let pids: Vec<i32> = frozen.procs.iter().map(|p| p.pid).collect();
+            Ok(ferry_engine::owner::check_pids(
+                &pids,
+                o,
+                "move or checkpoint",
+            )?)
+        }
+        None => Ok(()),
+    }
+}
+
 /// `ferry __capture-worker PID [--relay-pipes] --memory MODE`: with `relay_pipes` (a tree
 /// leaving its home), pipes it shares with processes outside it are captured to be relayed,
 /// not refused; `memory` says how memory moves (eager, precopy, auto).
-pub fn capture_worker(pid: i32, relay_pipes: bool, memory: &str) -> Result<()> {
+pub fn capture_worker(
+    pid: i32,
+    relay_pipes: bool,
+    memory: &str,
+    owner: Option<&ferry_sys::owner::Owner>,
+) -> Result<()> {
     ferry_sys::process::set_parent_death_signal(libc::SIGTERM).context("watch the daemon")?;
     let cancel = ferry_engine::cancel::flag();
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
@@ -86,11 +121,13 @@ pub fn capture_worker(pid: i32, relay_pipes: bool, memory: &str) -> Result<()> {
     }
     let mut input = std::io::stdin().lock();
     let mut out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-    let checked = describe_tree(pid).and_then(|d| {
-        ferry_engine::preflight::check_with(pid, relay_pipes)
-            .with_context(|| format!("cannot move PID {pid}"))?;
-        Ok(d)
-    });
+    let checked = owned(pid, owner)
+        .and_then(|()| describe_tree(pid))
+        .and_then(|d| {
+            ferry_engine::preflight::check_with(pid, relay_pipes)
+                .with_context(|| format!("cannot move PID {pid}"))?;
+            Ok(d)
+        });
     let (memory_bytes, uid, command) = match checked {
         Ok(x) => x,
         Err(e) => return fail(&mut out, &e),
@@ -123,6 +160,12 @@ pub fn capture_worker(pid: i32, relay_pipes: bool, memory: &str) -> Result<()> {
         Err(e) => return fail(&mut out, &e),
     };
     frozen.relay_pipes = relay_pipes;
+    // Frozen, the tree can no longer change hands (exec a set-user-ID program, fork): the
+    // check that counts.
+    if let Err(e) = owned_frozen(&frozen, owner) {
+        frozen.thaw();
+        return fail(&mut out, &e);
+    }
     write_msg(&mut out, &Msg::Frozen)?;
     // The pages the destination has and the tree has not written since.
     let inherited = precopy.map(|p| p.finish()).unwrap_or_default();

@@ -1,0 +1,429 @@
+//! Users who are not root (docs/security.md, "Users who are not root"): a local cluster of two
+//! daemons whose control sockets are open to everyone (`--control-mode 0666`), used by real
+//! unprivileged uids (no passwd entry needed: the kernel knows users by number), each `ferry`
+//! run through `setpriv` with no capability. A user moves, checkpoints and restores their own
+//! processes; cannot checkpoint, kill, move or see another user's or root's; and cannot make
+//! a restore produce a process with more than their credentials.
+
+mod common;
+
+use common::cluster::{Cluster, Isolation, FERRY};
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The user under test, and another one.
+const ALICE: u32 = 61001;
+const BOB: u32 = 61002;
+
+fn main() {
+    common::seal_inherited_fds();
+    let args = Arguments::from_args();
+    let cluster = if args.list {
+        None
+    } else {
+        Some(Arc::new(Cluster::up_full(
+            "users",
+            2,
+            &[],
+            Isolation::default_for_tests(),
+            &["--control-mode", "0666"],
+        )))
+    };
+    type Test = fn(&Cluster) -> Result<(), Failed>;
+    let tests: [(&str, Test); 4] = [
+        ("a_user_moves_checkpoints_and_restores_their_own", own),
+        ("a_user_cannot_touch_another_users_or_roots", others),
+        ("an_image_claiming_root_is_refused", image_claims_root),
+        ("ps_shows_a_user_only_their_own", ps_hides_others),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, f)| {
+            let c = cluster.clone();
+            Trial::test(name, move || match &c {
+                Some(c) => f(c),
+                None => Ok(()),
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Some(c) = cluster {
+        if conclusion.has_failed() {
+            eprintln!("{}", common::cluster::daemon_logs(&c.dir, &["a", "b"]));
+        }
+        drop(c);
+    }
+    conclusion.exit();
+}
+
+// ---- Helpers -------------------------------------------------------------------------------
+
+/// `setpriv` turning into `uid` (gid the same, no groups, no capabilities), then `args`.
+fn as_user(uid: u32, args: &[&str]) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        &format!("--reuid={uid}"),
+        &format!("--regid={uid}"),
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+    ])
+    .args(args)
+    .current_dir("/")
+    .stdin(Stdio::null());
+    cmd
+}
+
+/// `ferry ARGS` on node a as `uid` (0: root itself).
+fn ferry_as(c: &Cluster, uid: u32, args: &[&str]) -> Output {
+    let mut cmd = if uid == 0 {
+        let mut cmd = Command::new(FERRY);
+        cmd.args(args).stdin(Stdio::null());
+        cmd
+    } else {
+        let mut all = vec![FERRY];
+        all.extend_from_slice(args);
+        as_user(uid, &all)
+    };
+    cmd.env("FERRY_CLUSTER_DIR", &c.dir)
+        .env("FERRY_NODE", "a")
+        .output()
+        .unwrap()
+}
+
+/// A process of a test's, killed and reaped when dropped.
+struct Sleeper(Child);
+
+impl Sleeper {
+    fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+
+    /// Reaps it once it has ended (a checkpoint killed it).
+    fn reap(&mut self) {
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A `sleep` of `uid`'s (0: root's), its stdio on /dev/null; returns once it runs as such.
+fn sleeper(uid: u32) -> Sleeper {
+    let mut cmd = if uid == 0 {
+        Command::new("sleep")
+    } else {
+        as_user(uid, &["sleep"])
+    };
+    let child = cmd
+        .arg("1000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        if exe.to_string_lossy().contains("sleep") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Sleeper(child)
+}
+
+/// A directory of `uid`'s, mode 0755, empty.
+fn user_dir(name: &str, uid: u32) -> PathBuf {
+    let d = common::scratch("users", name);
+    std::os::unix::fs::chown(&d, Some(uid), Some(uid)).unwrap();
+    std::fs::set_permissions(&d, PermissionsExt::from_mode(0o755)).unwrap();
+    d
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn describe(o: &Output) -> String {
+    format!(
+        "status {:?}, stdout {:?}, stderr {:?}",
+        o.status,
+        text(&o.stdout),
+        text(&o.stderr)
+    )
+}
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), Failed> {
+    if ok {
+        Ok(())
+    } else {
+        Err(what().into())
+    }
+}
+
+/// The uids (real, effective, saved, fs) of `pid`.
+fn uids(pid: i32) -> String {
+    common::status_field(pid, "Uid")
+}
+
+fn alive(pid: i32) -> bool {
+    common::proc_state(pid).is_some_and(|s| s != 'Z')
+}
+
+/// `ferry ps --json` as `uid`: the rows' (home PID, uid, command).
+fn ps_rows(c: &Cluster, uid: u32) -> Result<Vec<(i64, u64, String)>, Failed> {
+    let o = ferry_as(c, uid, &["ps", "--json"]);
+    check(o.status.success(), || {
+        format!("ps as uid {uid}: {}", describe(&o))
+    })?;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .map_err(|e| format!("ps --json: {e}: {}", describe(&o)))?;
+    Ok(v.as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| {
+            (
+                r["home_pid"].as_i64().unwrap_or(0),
+                r["uid"].as_u64().unwrap_or(u64::MAX),
+                r["command"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect())
+}
+
+// ---- Tests ---------------------------------------------------------------------------------
+
+/// Alice moves her process to b and sees it there; checkpoints another into a directory of
+/// hers (the image is hers, 0600) and restores it, as herself.
+fn own(c: &Cluster) -> Result<(), Failed> {
+    let moved = sleeper(ALICE);
+    let pid = moved.pid();
+    let o = ferry_as(c, ALICE, &["migrate", &pid.to_string(), "--to", "b"]);
+    check(o.status.success(), || {
+        format!("alice's migrate: {}", describe(&o))
+    })?;
+    let rows = ps_rows(c, ALICE)?;
+    check(
+        rows.iter()
+            .any(|(p, u, _)| *p == pid as i64 && *u == ALICE as u64),
+        || format!("alice's ps does not show her moved PID {pid}: {rows:?}"),
+    )?;
+    drop(moved);
+
+    let dir = user_dir("own", ALICE);
+    let img = dir.join("img");
+    let mut kept = sleeper(ALICE);
+    let pid = kept.pid();
+    let o = ferry_as(
+        c,
+        ALICE,
+        &[
+            "checkpoint",
+            &pid.to_string(),
+            "--dir",
+            img.to_str().unwrap(),
+        ],
+    );
+    check(o.status.success(), || {
+        format!("alice's checkpoint: {}", describe(&o))
+    })?;
+    kept.reap(); // the checkpoint killed it
+    let image = img.join("image.ferry");
+    let m = std::fs::metadata(&image).map_err(|e| format!("{}: {e}", image.display()))?;
+    let d = std::fs::metadata(&img).unwrap();
+    check(
+        m.uid() == ALICE
+            && m.mode() & 0o777 == 0o600
+            && d.uid() == ALICE
+            && d.mode() & 0o777 == 0o700,
+        || {
+            format!(
+                "image {} is uid {} mode {:o}, its directory uid {} mode {:o}: want alice's, 0600 and 0700",
+                image.display(),
+                m.uid(),
+                m.mode() & 0o777,
+                d.uid(),
+                d.mode() & 0o777
+            )
+        },
+    )?;
+    let o = ferry_as(c, ALICE, &["restore", "--dir", img.to_str().unwrap()]);
+    check(o.status.success(), || {
+        format!("alice's restore: {}", describe(&o))
+    })?;
+    let ok = alive(pid) && uids(pid) == format!("{ALICE}\t{ALICE}\t{ALICE}\t{ALICE}");
+    let got = uids(pid);
+    let _ = ferry_sys_kill(pid);
+    check(ok, || {
+        format!("restored PID {pid}: uids {got:?}, want alice's")
+    })
+}
+
+fn ferry_sys_kill(pid: i32) -> bool {
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Alice may not checkpoint (which kills), move or ask anything else about Bob's process or
+/// root's: each is refused naming her uid and the PID, and the processes run on.
+fn others(c: &Cluster) -> Result<(), Failed> {
+    let bob = sleeper(BOB);
+    let root = sleeper(0);
+    let dir = user_dir("others", ALICE);
+    let mut failures = Vec::new();
+    for (whose, child) in [("bob's", &bob), ("root's", &root)] {
+        let pid = child.pid().to_string();
+        let img = dir.join(format!("img-{pid}"));
+        for args in [
+            vec!["checkpoint", &pid, "--dir", img.to_str().unwrap()],
+            vec![
+                "checkpoint",
+                &pid,
+                "--leave-running",
+                "--dir",
+                img.to_str().unwrap(),
+            ],
+            vec!["migrate", &pid, "--to", "b"],
+        ] {
+            let o = ferry_as(c, ALICE, &args);
+            let want = format!("uid {ALICE} may not move or checkpoint PID {pid}");
+            if o.status.success() || !text(&o.stderr).contains(&want) {
+                failures.push(format!(
+                    "{args:?} of {whose}: want {want:?}: {}",
+                    describe(&o)
+                ));
+            }
+            if !alive(child.pid()) {
+                failures.push(format!("{args:?} ended {whose} PID {pid}"));
+            }
+        }
+        if img.join("image.ferry").exists() {
+            failures.push(format!("an image of {whose} PID {pid} was written"));
+        }
+    }
+    // Nothing else is a user's to ask.
+    for args in [vec!["nodes"], vec!["evict", "b"], vec!["accept", "never"]] {
+        let o = ferry_as(c, ALICE, &args);
+        if o.status.success() || !text(&o.stderr).contains("only root may") {
+            failures.push(format!("{args:?}: want a refusal: {}", describe(&o)));
+        }
+    }
+    drop((bob, root));
+    check(failures.is_empty(), || failures.join("\n"))
+}
+
+/// Alice checkpoints her own process, then the image is edited to say its process is root's
+/// (its uids 0, every capability): her restore is refused naming the field, and no process
+/// comes back (the image's PID stays free).
+fn image_claims_root(c: &Cluster) -> Result<(), Failed> {
+    let dir = user_dir("claims-root", ALICE);
+    let img = dir.join("img");
+    let mut child = sleeper(ALICE);
+    let pid = child.pid();
+    let o = ferry_as(
+        c,
+        ALICE,
+        &[
+            "checkpoint",
+            &pid.to_string(),
+            "--dir",
+            img.to_str().unwrap(),
+        ],
+    );
+    check(o.status.success(), || {
+        format!("alice's checkpoint: {}", describe(&o))
+    })?;
+    child.reap();
+    let mut failures = Vec::new();
+    for (field, edit) in [
+        ("uids", edit_uids as fn(&mut ferry_image::Creds)),
+        ("cap_prm", edit_caps),
+    ] {
+        let edited = dir.join(format!("edited-{field}"));
+        edit_image(&img, &edited, edit);
+        let o = ferry_as(c, ALICE, &["restore", "--dir", edited.to_str().unwrap()]);
+        let want = format!("the image's PID {pid} claims {field}");
+        if o.status.success() || !text(&o.stderr).contains(&want) {
+            failures.push(format!("edited {field}: want {want:?}: {}", describe(&o)));
+        }
+        if alive(pid) {
+            failures.push(format!(
+                "edited {field}: PID {pid} runs, uids {:?}, CapEff {:?}",
+                uids(pid),
+                common::status_field(pid, "CapEff")
+            ));
+            ferry_sys_kill(pid);
+        }
+    }
+    check(failures.is_empty(), || failures.join("\n"))
+}
+
+fn edit_uids(c: &mut ferry_image::Creds) {
+    c.uids = [0; 4];
+    c.gids = [0; 4];
+}
+
+fn edit_caps(c: &mut ferry_image::Creds) {
+    c.cap_prm = u64::MAX >> 23;
+    c.cap_eff = u64::MAX >> 23;
+}
+
+/// Copies the image in `from` to `to` (a directory of alice's, as she could make it), with
+/// every process's credentials changed by `edit`, its checksums made right again.
+fn edit_image(from: &Path, to: &Path, edit: fn(&mut ferry_image::Creds)) {
+    let mut b = std::fs::read(from.join("image.ferry")).unwrap();
+    let (at, _, range) = ferry_fuzz::image_records(&b)
+        .into_iter()
+        .next()
+        .expect("a tree record");
+    let mut tree: ferry_image::Tree = ciborium::from_reader(&b[range.clone()]).unwrap();
+    for p in &mut tree.processes {
+        edit(&mut p.creds);
+    }
+    let mut payload = Vec::new();
+    ciborium::into_writer(&tree, &mut payload).unwrap();
+    ferry_fuzz::replace_payload(&mut b, at, range, &payload);
+    ferry_fuzz::reseal_image(&mut b);
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::write(to.join("image.ferry"), &b).unwrap();
+    for p in [to, &to.join("image.ferry")] {
+        std::os::unix::fs::chown(p, Some(ALICE), Some(ALICE)).unwrap();
+    }
+}
+
+/// Root's and Bob's moved processes are not in Alice's `ferry ps`; hers is; root sees all.
+fn ps_hides_others(c: &Cluster) -> Result<(), Failed> {
+    let mut children = Vec::new();
+    for uid in [0, BOB, ALICE] {
+        let child = sleeper(uid);
+        let pid = child.pid().to_string();
+        children.push(child);
+        let o = ferry_as(c, uid, &["migrate", &pid, "--to", "b"]);
+        check(o.status.success(), || {
+            format!("migrate as uid {uid}: {}", describe(&o))
+        })?;
+    }
+    let pids: Vec<i64> = children.iter().map(|c| c.pid() as i64).collect();
+    let alice = ps_rows(c, ALICE)?;
+    let root = ps_rows(c, 0)?;
+    drop(children);
+    check(
+        alice.iter().all(|(_, u, _)| *u == ALICE as u64)
+            && alice.iter().any(|(p, _, _)| *p == pids[2])
+            && pids.iter().all(|p| root.iter().any(|(q, _, _)| q == p)),
+        || format!("alice's ps {alice:?}, root's {root:?}; PIDs (root's, bob's, alice's) {pids:?}"),
+    )
+}
