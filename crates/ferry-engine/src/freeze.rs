@@ -84,6 +84,7 @@ const FREEZE_OPTIONS: u64 = ptrace::PTRACE_O_SUSPEND_SECCOMP | ptrace::PTRACE_O_
 /// Seizes one thread and waits until it is in an interrupt stop. Returns `None` if the thread
 /// exited meanwhile.
 fn stop_thread(pid: i32, tid: i32) -> Result<Option<FrozenThread>> {
+    let was_stopped = procfs::task_stat(pid, tid).is_ok_and(|s| s.state == 'T');
     match ptrace::seize(tid, FREEZE_OPTIONS) {
         Ok(()) => {}
         Err(e) if e.errno == libc::ESRCH => return Ok(None),
@@ -92,8 +93,10 @@ fn stop_thread(pid: i32, tid: i32) -> Result<Option<FrozenThread>> {
     // A thread in a group stop (job control) is moved into a trap by the attach itself
     // (PTRACE_SEIZE waits until it is there): interrupting it as well would leave a second
     // trap pending, to be reported at its next step (the first injected call would meet it).
-    let trapped = procfs::task_stat(pid, tid).is_ok_and(|s| s.state == 't');
-    if !trapped {
+    // Only a thread that was in a group stop before the attach is in that trap: a running one
+    // can be in a tracing stop too, a moment after the attach, if a signal came for it (its
+    // signal-delivery stop); left uninterrupted it would run on and never stop.
+    if !(was_stopped && procfs::task_stat(pid, tid).is_ok_and(|s| s.state == 't')) {
         ptrace::interrupt(tid).ctx(pid, || format!("interrupt thread {tid}"))?;
     }
     let group_stop;
@@ -108,13 +111,17 @@ fn stop_thread(pid: i32, tid: i32) -> Result<Option<FrozenThread>> {
                 break;
             }
             WaitStatus::Stopped { sig, event: 0 } => {
-                // A signal was being delivered as we stopped the thread: let it be delivered
-                // (the interrupt stop follows, in its handler if it has one). Held back, it
-                // would be lost if the tree ran on, and lost too if ferry died meanwhile.
+                // A signal was being delivered as we stopped the thread: let it be delivered,
+                // and the interrupt stop follows (in its handler if it has one). Held back, it
+                // would be lost if the tree ran on, and lost too if ferry died meanwhile. Any
+                // stop clears a pending interrupt, this one too: it is asked for again (also
+                // for a thread taken for group-stopped, which was running after all).
+                ptrace::interrupt(tid).ctx(pid, || format!("interrupt thread {tid}"))?;
                 ptrace::cont(tid, sig)
                     .ctx(pid, || format!("resume thread {tid} with signal {sig}"))?;
             }
             WaitStatus::Stopped { .. } => {
+                ptrace::interrupt(tid).ctx(pid, || format!("interrupt thread {tid}"))?;
                 ptrace::cont(tid, 0).ctx(pid, || format!("resume thread {tid}"))?;
             }
             WaitStatus::Exited(_) | WaitStatus::Signaled(_) => return Ok(None),
