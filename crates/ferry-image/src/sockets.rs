@@ -45,6 +45,20 @@ pub struct SocketDesc {
     /// other end's FIN; `write`: this end's FIN, see `TcpConn::fin_sent`).
     #[serde(default)]
     pub tcp: Option<Box<TcpConn>>,
+    /// A classic BPF filter attached to the socket (SO_ATTACH_FILTER), as SO_GET_FILTER reads
+    /// it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<SockFilter>,
+}
+
+/// A classic BPF socket filter.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct SockFilter {
+    /// The program: `struct sock_filter` instructions, 8 bytes each, in the machine's order.
+    #[serde(with = "serde_bytes")]
+    pub insns: Vec<u8>,
+    /// SO_LOCK_FILTER: the filter can be neither replaced nor removed.
+    pub locked: bool,
 }
 
 /// A TCP connection, as TCP repair mode reads it (tcp(7), TCP_REPAIR): established, or on its
@@ -323,6 +337,12 @@ impl std::fmt::Display for SocketDesc {
         }
         if let Some(c) = &self.peer_cred {
             write!(f, " cred={}:{}:{}", c.pid, c.uid, c.gid)?;
+        }
+        if let Some(flt) = &self.filter {
+            write!(f, " filter={}insns", flt.insns.len() / 8)?;
+            if flt.locked {
+                write!(f, "(locked)")?;
+            }
         }
         Ok(())
     }

@@ -175,6 +175,16 @@ pub fn validate(t: &Tree) -> Result<(), String> {
             FileKind::Memfd { object } => shmem_ref(what(), *object)?,
             FileKind::Regular { ghost: Some(g), .. } => ghost_ref(what(), *g)?,
             FileKind::Socket(s) => {
+                if let Some(f) = &s.filter {
+                    if f.insns.is_empty() || !f.insns.len().is_multiple_of(8) || f.insns.len() > 4096 * 8 {
+                        return Err(format!(
+                            "{} has a socket filter of {} bytes (whole instructions of 8 \
+                             bytes, 1 to 4096 of them)",
+                            what(),
+                            f.insns.len()
+                        ));
+                    }
+                }
                 for r in s.queue.iter().flat_map(|m| &m.rights) {
                     if *r as usize >= t.files.len() {
                         return Err(format!(

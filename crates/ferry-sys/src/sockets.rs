@@ -82,6 +82,59 @@ pub fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> SysResult
     setsockopt(fd, level, name, &value.to_ne_bytes())
 }
 
+/// The classic BPF filter attached to a socket (SO_GET_FILTER): its instructions, 8 bytes each
+/// (`struct sock_filter`), empty when none is. EACCES for an eBPF filter, which cannot be read
+/// this way.
+pub fn get_filter(fd: RawFd) -> SysResult<Vec<u8>> {
+    let n = getsockopt_len(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER)?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut buf = vec![0u8; n * 8];
+    // The length is counted in instructions, both ways.
+    let mut len = n as libc::socklen_t;
+    // SAFETY: buf has room for `len` instructions of 8 bytes; len is a valid in/out pointer.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    check("getsockopt(SO_GET_FILTER)", r as libc::c_long)?;
+    buf.truncate((len as usize).min(n) * 8);
+    Ok(buf)
+}
+
+/// Attaches the classic BPF filter `insns` (8 bytes per instruction) to a socket
+/// (SO_ATTACH_FILTER).
+pub fn attach_filter(fd: RawFd, insns: &[u8]) -> SysResult<()> {
+    if insns.is_empty() || !insns.len().is_multiple_of(8) || insns.len() / 8 > u16::MAX as usize {
+        return Err(SysError::new(
+            "SO_ATTACH_FILTER: malformed program",
+            libc::EINVAL,
+        ));
+    }
+    let prog = libc::sock_fprog {
+        len: (insns.len() / 8) as u16,
+        filter: insns.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prog points at `len` instructions of `insns`, which outlives the call (the
+    // kernel copies them; it does not write through the pointer).
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&prog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    check("setsockopt(SO_ATTACH_FILTER)", r as libc::c_long).map(drop)
+}
+
 fn name_call(
     op: &'static str,
     fd: RawFd,
@@ -463,6 +516,75 @@ pub fn unix_diag(ino: Option<u32>, show: u32) -> SysResult<Vec<UnixDiag>> {
         }
         if ino.is_some() {
             return Ok(out);
+        }
+    }
+}
+
+/// What sock_diag says a socket of `family` and `protocol` (IPPROTO_UDP, IPPROTO_TCP ...) with
+/// inode `ino` has shut down (INET_DIAG_SHUTDOWN: RCV_SHUTDOWN 1 | SEND_SHUTDOWN 2), among the
+/// sockets of our network namespace; `None` when it is not found.
+pub fn inet_diag_shutdown(family: i32, protocol: i32, ino: u64) -> SysResult<Option<u8>> {
+    const INET_DIAG_SHUTDOWN: u16 = 8;
+    let nl = socket(
+        libc::AF_NETLINK,
+        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+        NETLINK_SOCK_DIAG,
+    )?;
+    let mut req = Vec::with_capacity(72);
+    req.extend_from_slice(&72u32.to_ne_bytes());
+    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    req.extend_from_slice(&0u32.to_ne_bytes()); // port id
+                                                // struct inet_diag_req_v2: family, protocol, extensions, pad, states; then a zero sockid.
+    req.extend_from_slice(&[family as u8, protocol as u8, 0, 0]);
+    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    req.extend_from_slice(&[0u8; 40]);
+    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // no cookie
+    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    send(nl.as_raw_fd(), &req, None, &[], 0)?;
+    let mut found = None;
+    loop {
+        let got = recv(nl.as_raw_fd(), 1 << 16, 0)?;
+        let b = &got.data;
+        if b.is_empty() {
+            return Ok(found);
+        }
+        let mut at = 0;
+        while at + 16 <= b.len() {
+            let len = u32_at(b, at) as usize;
+            let ty = u16_at(b, at + 4);
+            if len < 16 || at + len > b.len() {
+                return Err(SysError::new("sock_diag: malformed reply", libc::EPROTO));
+            }
+            let p = &b[at + 16..at + len];
+            match ty {
+                NLMSG_DONE => return Ok(found),
+                NLMSG_ERROR => {
+                    return match -(u32_at(p, 0) as i32) {
+                        0 => Ok(found),
+                        e => Err(SysError::new("sock_diag", e)),
+                    }
+                }
+                // struct inet_diag_msg (72 bytes, idiag_inode at 68), then attributes.
+                SOCK_DIAG_BY_FAMILY if p.len() >= 72 && u64::from(u32_at(p, 68)) == ino => {
+                    let mut shut = 0;
+                    let mut a = 72;
+                    while a + 4 <= p.len() {
+                        let alen = u16_at(p, a) as usize;
+                        if alen < 4 || a + alen > p.len() {
+                            break;
+                        }
+                        if u16_at(p, a + 2) & 0x3fff == INET_DIAG_SHUTDOWN {
+                            shut = p.get(a + 4).copied().unwrap_or(0);
+                        }
+                        a += (alen + 3) & !3;
+                    }
+                    found = Some(shut);
+                }
+                _ => {}
+            }
+            at += (len + 3) & !3;
         }
     }
 }

@@ -113,6 +113,7 @@ impl Cap<'_> {
                     desc.state = SockState::Connected { peer_ino: 0 };
                 }
                 desc.opts = capture_opts(self.s, &[INET_OPTS, fam_opts, UDP_OPTS]);
+                desc.shutdown = self.dgram_shutdown(domain, protocol)?;
                 let ev = sk::poll_now(self.s, libc::POLLIN).ctx(self.pid, || self.what("poll"))?;
                 if ev & libc::POLLIN != 0 {
                     if ev & libc::POLLERR != 0 {
@@ -136,6 +137,24 @@ impl Cap<'_> {
             }
         }
         Ok(desc)
+    }
+}
+
+impl Cap<'_> {
+    /// What a datagram socket has shut down (shutdown(2) records it even on an unconnected
+    /// socket, which it answers with ENOTCONN): poll tells a shutdown for reading, sock_diag a
+    /// shutdown for writing.
+    pub(super) fn dgram_shutdown(&self, domain: i32, protocol: i32) -> Result<Shutdown> {
+        let ev = sk::poll_now(self.s, libc::POLLRDHUP).ctx(self.pid, || self.what("poll"))?;
+        let mut sh = Shutdown {
+            read: ev & libc::POLLRDHUP != 0,
+            write: ev & libc::POLLHUP != 0,
+        };
+        if let Ok(Some(bits)) = sk::inet_diag_shutdown(domain, protocol, self.ino) {
+            sh.read |= bits & RCV_SHUTDOWN != 0;
+            sh.write |= bits & SEND_SHUTDOWN != 0;
+        }
+        Ok(sh)
     }
 }
 

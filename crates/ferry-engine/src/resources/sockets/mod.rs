@@ -38,6 +38,7 @@
 //! sockets, `inet` what TCP and UDP share, `tcp` the TCP repair-mode work, `udp` the UDP
 //! datagrams and `scm` the descriptors in flight in UNIX sockets' queues (SCM_RIGHTS).
 
+mod filter;
 mod inet;
 mod scm;
 mod tcp;
@@ -49,8 +50,8 @@ use crate::freeze::FrozenTree;
 use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{
-    FileDesc, FileKind, PeerCred, PendingConn, Process, Shutdown, SockAddr, SockFamily, SockMsg,
-    SockOpt, SockState, SockType, SocketDesc, SocketFile, TcpConn, TcpWindow, Tree,
+    FileDesc, FileKind, PeerCred, PendingConn, Process, Shutdown, SockAddr, SockFamily, SockFilter,
+    SockMsg, SockOpt, SockState, SockType, SocketDesc, SocketFile, TcpConn, TcpWindow, Tree,
 };
 use ferry_sys::fsid::{with_fs_creds, FsCreds};
 use ferry_sys::sockets::{self as sk, HelperCred, HelperOp};
@@ -84,6 +85,8 @@ const SO_RCVTIMEO_OLD: i32 = 20;
 const SO_SNDTIMEO_OLD: i32 = 21;
 const SO_TIMESTAMP_OLD: i32 = 29;
 const SO_TIMESTAMPNS_OLD: i32 = 35;
+/// Which buffer sizes the socket keeps as set (SOCK_SNDBUF_LOCK 1 | SOCK_RCVBUF_LOCK 2).
+const SO_BUF_LOCK: i32 = 72;
 const TCP_INFO_LEN: usize = 104;
 /// tcpi_options bits.
 const TCPI_OPT_TIMESTAMPS: u8 = 1;
@@ -220,6 +223,8 @@ const UNIX_OPTS: &[(i32, i32, usize)] = &[
     (SOL_SOCKET, sk::SO_PASSRIGHTS, 4),
     (SOL_SOCKET, libc::SO_RCVBUF, 4),
     (SOL_SOCKET, libc::SO_SNDBUF, 4),
+    // After the buffers, whose forced sizes lock them.
+    (SOL_SOCKET, SO_BUF_LOCK, 4),
     (SOL_SOCKET, SO_RCVTIMEO_OLD, 16),
     (SOL_SOCKET, SO_SNDTIMEO_OLD, 16),
     (SOL_SOCKET, libc::SO_RCVLOWAT, 4),
@@ -238,6 +243,8 @@ const INET_OPTS: &[(i32, i32, usize)] = &[
     (SOL_SOCKET, libc::SO_BROADCAST, 4),
     (SOL_SOCKET, libc::SO_RCVBUF, 4),
     (SOL_SOCKET, libc::SO_SNDBUF, 4),
+    (SOL_SOCKET, SO_BUF_LOCK, 4),
+    (SOL_SOCKET, libc::SO_DONTROUTE, 4),
     (SOL_SOCKET, libc::SO_PRIORITY, 4),
     (SOL_SOCKET, libc::SO_MARK, 4),
     (SOL_SOCKET, libc::SO_LINGER, 8),
@@ -261,6 +268,11 @@ const IPV4_OPTS: &[(i32, i32, usize)] = &[
     (IPPROTO_IP, libc::IP_BIND_ADDRESS_NO_PORT, 4),
     (IPPROTO_IP, libc::IP_MULTICAST_TTL, 4),
     (IPPROTO_IP, libc::IP_MULTICAST_LOOP, 4),
+    (IPPROTO_IP, libc::IP_OPTIONS, 40),
+    (IPPROTO_IP, libc::IP_RECVTOS, 4),
+    (IPPROTO_IP, libc::IP_RECVTTL, 4),
+    (IPPROTO_IP, libc::IP_RECVOPTS, 4),
+    (IPPROTO_IP, libc::IP_RECVORIGDSTADDR, 4),
 ];
 
 const IPV6_OPTS: &[(i32, i32, usize)] = &[
@@ -596,22 +608,8 @@ pub fn classify(
         libc::SOCK_SEQPACKET => SockType::Seqpacket,
         _ => return Err(c.refuse(format!("sockets of type {ty} are not supported"))),
     };
-    // SO_GET_FILTER: the number of instructions of a classic filter, EACCES for an eBPF one.
-    match sk::getsockopt_len(c.s, SOL_SOCKET, libc::SO_ATTACH_FILTER) {
-        Ok(0) => {}
-        Ok(_)
-        | Err(ferry_sys::SysError {
-            errno: libc::EACCES,
-            ..
-        }) => {
-            return Err(c.refuse(
-                "a socket filter (SO_ATTACH_FILTER or SO_ATTACH_BPF) is attached to it, which \
-                 cannot be checkpointed yet",
-            ))
-        }
-        Err(_) => {}
-    }
-    let desc = match domain {
+    let filter = c.filter()?;
+    let mut desc = match domain {
         libc::AF_UNIX => c.unix(sock_type)?,
         libc::AF_INET | libc::AF_INET6 => c.inet(domain, sock_type, protocol)?,
         _ => {
@@ -621,6 +619,7 @@ pub fn classify(
             )))
         }
     };
+    desc.filter = filter;
     Ok(Some(FileKind::Socket(desc)))
 }
 
@@ -871,6 +870,8 @@ pub struct Deferred {
     /// TCP clients whose connection waited in a listener's queue: connected afresh, once the
     /// tree's listeners listen (see [`DeferredHandshake`]).
     handshakes: Vec<DeferredHandshake>,
+    /// UDP sockets shut down, once bound and their datagrams sent.
+    shutdowns: Vec<(OwnedFd, Shutdown)>,
 }
 
 impl Deferred {
@@ -886,6 +887,7 @@ impl Deferred {
             && self.repairs.is_empty()
             && self.names.is_empty()
             && self.handshakes.is_empty()
+            && self.shutdowns.is_empty()
     }
 
     /// Binds and connects the UDP sockets, makes the TCP listeners listen, makes the TCP
@@ -962,6 +964,9 @@ impl Deferred {
                     e,
                 )
             })?;
+        }
+        for (fd, sh) in &self.shutdowns {
+            apply_shutdown(fd.as_raw_fd(), sh);
         }
         for r in &self.repairs {
             let fd = r.fd.as_raw_fd();
@@ -1183,8 +1188,8 @@ impl<'a> Builder<'a> {
         self.connect_dgrams()?;
         self.remove_now();
         self.fill_queues()?;
-        self.finish();
-        Ok(())
+        self.finish()?;
+        self.attach_filters()
     }
 
     fn sock(&self, i: usize) -> &'a SocketDesc {
@@ -1483,7 +1488,7 @@ impl<'a> Builder<'a> {
     }
 
     /// Stand-ins for closed peers go; then shutdowns, options and peek offsets.
-    fn finish(&mut self) {
+    fn finish(&mut self) -> Result<()> {
         for (owner, p) in std::mem::take(&mut self.phantoms) {
             let s = self.sock(owner);
             if s.relayed {
@@ -1504,9 +1509,18 @@ impl<'a> Builder<'a> {
                 apply_shutdown(fd, &s.shutdown);
                 // Buffers may have been raised to refill queues: always set them.
                 apply_opts(fd, &s.opts, true);
+            } else if s.sock_type == SockType::Dgram && (s.shutdown.read || s.shutdown.write) {
+                // Once its datagrams are sent (it may be their sender), and it is bound.
+                if self.deferred.binds.is_empty() && self.deferred.datagrams.is_empty() {
+                    apply_shutdown(fd, &s.shutdown);
+                } else {
+                    let fd = self.dup(i)?;
+                    self.deferred.shutdowns.push((fd, s.shutdown));
+                }
             }
             set_peek_off(fd, s);
         }
+        Ok(())
     }
 }
 
