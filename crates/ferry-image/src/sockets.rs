@@ -49,6 +49,21 @@ pub struct SocketDesc {
     /// it back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filter: Option<SockFilter>,
+    /// A netlink socket's addresses and multicast groups (`family` is `Netlink`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netlink: Option<NetlinkState>,
+}
+
+/// What a netlink socket is bound and connected to.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct NetlinkState {
+    /// Its port id (nl_pid of getsockname), 0 when it is not bound.
+    pub port: u32,
+    /// The multicast groups it listens to (NETLINK_LIST_MEMBERSHIPS), by number (1 and up).
+    pub groups: Vec<u32>,
+    /// Where it sends by default (connect): a port id and a group mask (getpeername).
+    pub dst_port: u32,
+    pub dst_groups: u32,
 }
 
 /// A classic BPF socket filter.
@@ -122,6 +137,8 @@ pub enum SockFamily {
     Unix,
     Inet,
     Inet6,
+    /// AF_NETLINK (`SocketDesc::protocol` is the netlink family: NETLINK_ROUTE ...).
+    Netlink,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
@@ -130,6 +147,8 @@ pub enum SockType {
     Stream,
     Dgram,
     Seqpacket,
+    /// SOCK_RAW.
+    Raw,
 }
 
 /// A socket address.
@@ -260,13 +279,25 @@ impl std::fmt::Display for SocketDesc {
         let kind = match (self.family, self.sock_type) {
             (SockFamily::Unix, SockType::Stream) => "unix stream",
             (SockFamily::Unix, SockType::Dgram) => "unix dgram",
-            (SockFamily::Unix, SockType::Seqpacket) => "unix seqpacket",
+            (SockFamily::Unix, _) => "unix seqpacket",
+            (SockFamily::Netlink, _) => "netlink",
+            (SockFamily::Inet | SockFamily::Inet6, SockType::Raw) => "raw",
             (SockFamily::Inet, SockType::Stream) => "tcp",
             (SockFamily::Inet6, SockType::Stream) => "tcp6",
             (SockFamily::Inet, _) => "udp",
             (SockFamily::Inet6, _) => "udp6",
         };
         write!(f, "{kind} [{}]", self.ino)?;
+        if let Some(n) = &self.netlink {
+            write!(f, " proto={} port={}", self.protocol, n.port)?;
+            if !n.groups.is_empty() {
+                let g: Vec<String> = n.groups.iter().map(|g| g.to_string()).collect();
+                write!(f, " groups={}", g.join(","))?;
+            }
+            if n.dst_port != 0 || n.dst_groups != 0 {
+                write!(f, " -> port={} groups={:#x}", n.dst_port, n.dst_groups)?;
+            }
+        }
         if let Some(l) = &self.local {
             write!(f, " {l}")?;
             if self.path_file.as_ref().is_some_and(|p| p.deleted) {

@@ -176,7 +176,10 @@ pub fn validate(t: &Tree) -> Result<(), String> {
             FileKind::Regular { ghost: Some(g), .. } => ghost_ref(what(), *g)?,
             FileKind::Socket(s) => {
                 if let Some(f) = &s.filter {
-                    if f.insns.is_empty() || !f.insns.len().is_multiple_of(8) || f.insns.len() > 4096 * 8 {
+                    if f.insns.is_empty()
+                        || !f.insns.len().is_multiple_of(8)
+                        || f.insns.len() > 4096 * 8
+                    {
                         return Err(format!(
                             "{} has a socket filter of {} bytes (whole instructions of 8 \
                              bytes, 1 to 4096 of them)",

@@ -40,6 +40,7 @@
 
 mod filter;
 mod inet;
+mod netlink;
 mod scm;
 mod tcp;
 mod udp;
@@ -50,8 +51,9 @@ use crate::freeze::FrozenTree;
 use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{
-    FileDesc, FileKind, PeerCred, PendingConn, Process, Shutdown, SockAddr, SockFamily, SockFilter,
-    SockMsg, SockOpt, SockState, SockType, SocketDesc, SocketFile, TcpConn, TcpWindow, Tree,
+    FileDesc, FileKind, NetlinkState, PeerCred, PendingConn, Process, Shutdown, SockAddr,
+    SockFamily, SockFilter, SockMsg, SockOpt, SockState, SockType, SocketDesc, SocketFile, TcpConn,
+    TcpWindow, Tree,
 };
 use ferry_sys::fsid::{with_fs_creds, FsCreds};
 use ferry_sys::sockets::{self as sk, HelperCred, HelperOp};
@@ -606,12 +608,14 @@ pub fn classify(
         libc::SOCK_STREAM => SockType::Stream,
         libc::SOCK_DGRAM => SockType::Dgram,
         libc::SOCK_SEQPACKET => SockType::Seqpacket,
+        libc::SOCK_RAW => SockType::Raw,
         _ => return Err(c.refuse(format!("sockets of type {ty} are not supported"))),
     };
     let filter = c.filter()?;
     let mut desc = match domain {
         libc::AF_UNIX => c.unix(sock_type)?,
         libc::AF_INET | libc::AF_INET6 => c.inet(domain, sock_type, protocol)?,
+        libc::AF_NETLINK => c.netlink(sock_type, protocol)?,
         _ => {
             return Err(c.refuse(format!(
                 "{} sockets (address family {domain}) are not supported",
@@ -1044,6 +1048,7 @@ fn sock_type_raw(t: SockType) -> i32 {
         SockType::Stream => libc::SOCK_STREAM,
         SockType::Dgram => libc::SOCK_DGRAM,
         SockType::Seqpacket => libc::SOCK_SEQPACKET,
+        SockType::Raw => libc::SOCK_RAW,
     }
 }
 
@@ -1321,12 +1326,15 @@ impl<'a> Builder<'a> {
                 SockFamily::Unix => libc::AF_UNIX,
                 SockFamily::Inet => libc::AF_INET,
                 SockFamily::Inet6 => libc::AF_INET6,
+                SockFamily::Netlink => libc::AF_NETLINK,
             };
             let fd = sk::socket(domain, sock_type_raw(s.sock_type) | NEW, s.protocol)
                 .map_err(|e| self.err(i, format!("socket: {e}")))?;
             self.fds[i] = Some(fd);
-            if s.family != SockFamily::Unix {
-                self.inet(i)?;
+            match s.family {
+                SockFamily::Unix => {}
+                SockFamily::Netlink => self.netlink(i)?,
+                SockFamily::Inet | SockFamily::Inet6 => self.inet(i)?,
             }
         }
         for i in 0..self.socks.len() {
