@@ -5,6 +5,9 @@ use super::*;
 
 impl Cap<'_> {
     pub(super) fn inet(&self, domain: i32, ty: SockType, protocol: i32) -> Result<SocketDesc> {
+        if ty == SockType::Raw {
+            return self.raw(domain, protocol);
+        }
         let family = if domain == libc::AF_INET {
             SockFamily::Inet
         } else {

@@ -41,6 +41,7 @@
 mod filter;
 mod inet;
 mod netlink;
+mod raw;
 mod scm;
 mod tcp;
 mod udp;
@@ -1517,7 +1518,9 @@ impl<'a> Builder<'a> {
                 apply_shutdown(fd, &s.shutdown);
                 // Buffers may have been raised to refill queues: always set them.
                 apply_opts(fd, &s.opts, true);
-            } else if s.sock_type == SockType::Dgram && (s.shutdown.read || s.shutdown.write) {
+            } else if matches!(s.sock_type, SockType::Dgram | SockType::Raw)
+                && (s.shutdown.read || s.shutdown.write)
+            {
                 // Once its datagrams are sent (it may be their sender), and it is bound.
                 if self.deferred.binds.is_empty() && self.deferred.datagrams.is_empty() {
                     apply_shutdown(fd, &s.shutdown);
