@@ -25,6 +25,10 @@
 //! input_watch = ["/dev/input", "/dev/pts"]  # devices and terminals whose use is input
 //! ```
 //!
+//! `confine_guests = false` (default true) lets guests see this node's whole file system
+//! (docs/security.md, "Guests are confined"); `control_mode = "0660"` and `control_group =
+//! "ferry"` open the control socket to users (default 0600, root only).
+//!
 //! and a `[balance]` table (automatic load balancing: `ferry_policy::balance::BalanceConfig`,
 //! e.g. `algorithm = "cpu"`, `allow = ["make"]`, `min_stay_secs = 30`).
 
@@ -78,6 +82,11 @@ pub struct Config {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_stall_secs: Option<f64>,
     pub credentials: CredentialPaths,
+    /// Whether a guest (a body: a tree whose home is another node) sees only the shared tree
+    /// and the system's files, read-only, of this node (docs/security.md, "Guests are
+    /// confined"). Absent: true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confine_guests: Option<bool>,
     /// The control socket's mode, in octal ("0660": its group may use the daemon; "0666":
     /// every local user may). Absent: "0600", root only. Whoever reaches the socket is served
     /// as who they are (docs/security.md, "Users who are not root").

@@ -38,19 +38,40 @@ pub struct Home {
     pub ppid: i32,
     pub pgid: i32,
     pub sid: i32,
+    /// The body is away from home: its mount namespace is confined (the guest init makes it
+    /// show only the system's files and the shared tree; `ferry __guest-init --confine`).
+    pub confine: Option<Confine>,
+}
+
+/// What a confined guest's mount namespace carries besides the system's files.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Confine {
+    /// The cluster's shared tree, writable.
+    pub shared: Option<PathBuf>,
+    /// Directories of the node's own hidden wherever they would show (its data directory and
+    /// credentials).
+    pub hide: Vec<PathBuf>,
 }
 
 impl Home {
     /// The guest init's arguments that tell it of this home.
     pub fn init_args(&self) -> Vec<String> {
         // (`--name=value`: a host name from a peer may start with a dash.)
-        vec![
+        let mut v = vec![
             format!("--hostname={}", self.hostname),
             format!(
                 "--home={} {} {} {}",
                 self.root, self.ppid, self.pgid, self.sid
             ),
-        ]
+        ];
+        if let Some(c) = &self.confine {
+            v.push("--confine".to_string());
+            if let Some(s) = &c.shared {
+                v.push(format!("--shared={}", s.display()));
+            }
+            v.extend(c.hide.iter().map(|h| format!("--hide={}", h.display())));
+        }
+        v
     }
 }
 
@@ -167,6 +188,27 @@ impl GuestNamespaces {
                     procfs::field(&status, "NSpid")
                 ),
             });
+        }
+        if home.is_some_and(|h| h.confine.is_some()) {
+            // The init confines the mount namespace before anything may join it.
+            let r = ferry_sys::sockets::recv(w.as_raw_fd(), 4096, 0).ctx(init, || {
+                "wait for the guest init to confine the guest".into()
+            })?;
+            match r.data.split_first() {
+                Some((b'R', _)) => {}
+                Some((b'E', why)) => {
+                    return Err(Error::Restore {
+                        pid: init,
+                        what: String::from_utf8_lossy(why).into_owned(),
+                    })
+                }
+                _ => {
+                    return Err(Error::Restore {
+                        pid: init,
+                        what: "the guest init ended before confining the guest".into(),
+                    })
+                }
+            }
         }
         Ok(GuestNamespaces {
             init,

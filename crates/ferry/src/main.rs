@@ -94,6 +94,16 @@ enum Command {
         /// session at home (what Ferry's seccomp filter answers).
         #[arg(long, requires = "hostname")]
         home: Option<String>,
+        /// A body away from home: its mount namespace shows only the system's files, read-only,
+        /// and the shared tree (ferry::commands::guest_confine).
+        #[arg(long, requires = "home")]
+        confine: bool,
+        /// With --confine: the cluster's shared tree on this node.
+        #[arg(long, requires = "confine")]
+        shared: Option<std::path::PathBuf>,
+        /// With --confine: directories of the node's own hidden even where they would show.
+        #[arg(long, requires = "confine")]
+        hide: Vec<std::path::PathBuf>,
     },
     /// The guardian of a lazy restore's page server (internal): see ferry_memory::guard.
     #[command(name = "__lazy-guard", hide = true)]
@@ -159,7 +169,15 @@ fn main() {
             cpu_cgroup,
             hostname,
             home,
-        } => commands::worker::restore_worker(reports, cpu_cgroup, hostname.zip(home)),
+            confine,
+            shared,
+            hide,
+        } => commands::worker::restore_worker(
+            reports,
+            cpu_cgroup,
+            hostname.zip(home),
+            confine.then_some(ferry_engine::guest_ns::Confine { shared, hide }),
+        ),
         Command::CaptureWorker {
             pid,
             relay_pipes,

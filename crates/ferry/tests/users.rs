@@ -3,7 +3,9 @@
 //! unprivileged uids (no passwd entry needed: the kernel knows users by number), each `ferry`
 //! run through `setpriv` with no capability. A user moves, checkpoints and restores their own
 //! processes; cannot checkpoint, kill, move or see another user's or root's; and cannot make
-//! a restore produce a process with more than their credentials.
+//! a restore produce a process with more than their credentials. And a guest (a process moved
+//! away from its home, `--confine-guests`) sees only the shared tree and the system's files of
+//! the node it runs on.
 
 mod common;
 
@@ -30,15 +32,19 @@ fn main() {
             2,
             &[],
             Isolation::default_for_tests(),
-            &["--control-mode", "0666"],
+            &["--control-mode", "0666", "--confine-guests"],
         )))
     };
     type Test = fn(&Cluster) -> Result<(), Failed>;
-    let tests: [(&str, Test); 4] = [
+    let tests: [(&str, Test); 5] = [
         ("a_user_moves_checkpoints_and_restores_their_own", own),
         ("a_user_cannot_touch_another_users_or_roots", others),
         ("an_image_claiming_root_is_refused", image_claims_root),
         ("ps_shows_a_user_only_their_own", ps_hides_others),
+        (
+            "a_guest_sees_only_the_shared_tree_and_the_system",
+            guest_confined,
+        ),
     ];
     let trials = tests
         .into_iter()
@@ -123,8 +129,10 @@ fn sleeper(uid: u32) -> Sleeper {
     } else {
         as_user(uid, &["sleep"])
     };
+    // (In `/`: a guest sees only the system's files and the shared tree of b.)
     let child = cmd
         .arg("1000")
+        .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -425,5 +433,76 @@ fn ps_hides_others(c: &Cluster) -> Result<(), Failed> {
             && alice.iter().any(|(p, _, _)| *p == pids[2])
             && pids.iter().all(|p| root.iter().any(|(q, _, _)| q == p)),
         || format!("alice's ps {alice:?}, root's {root:?}; PIDs (root's, bob's, alice's) {pids:?}"),
+    )
+}
+
+/// A root shell moved from a to b cannot read a file in b's private /tmp (which its home a
+/// cannot see either), nor see this machine's /root; it still reads the system's files and
+/// writes in the shared tree.
+fn guest_confined(c: &Cluster) -> Result<(), Failed> {
+    let secret = "/tmp/ferry-guest-secret";
+    let o = ferry_as(
+        c,
+        0,
+        &[
+            "run",
+            "--on",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            &format!("echo b-secret > {secret} && chmod 644 {secret}"),
+        ],
+    );
+    check(o.status.success(), || format!("run on b: {}", describe(&o)))?;
+    check(!Path::new(secret).exists(), || {
+        format!("{secret} is b's own, yet shows here")
+    })?;
+    let dir = common::scratch("users", "confined");
+    let script = format!(
+        "while [ ! -e go ]; do sleep 0.05; done; \
+         (cat {secret}; echo cat=$?; ls -A /root | wc -l; head -c 4 /etc/passwd; echo; \
+          echo passwd=$?) > out.part 2>&1; mv out.part out; exec sleep 1000"
+    );
+    let child = Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let shell = Sleeper(child);
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = shell.pid().to_string();
+    let o = ferry_as(c, 0, &["migrate", &pid, "--to", "b"]);
+    check(o.status.success(), || {
+        format!("migrate to b: {}", describe(&o))
+    })?;
+    std::fs::write(dir.join("go"), "").unwrap();
+    let t0 = Instant::now();
+    let out = loop {
+        if let Ok(s) = std::fs::read_to_string(dir.join("out")) {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            return Err("the guest wrote nothing in 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(shell);
+    let lines: Vec<&str> = out.lines().collect();
+    check(
+        out.contains("No such file or directory")
+            && lines.contains(&"cat=1")
+            && lines.contains(&"0")
+            && lines.contains(&"root")
+            && lines.contains(&"passwd=0"),
+        || {
+            format!(
+                "the guest on b: {out:?} (want {secret} missing, /root empty, /etc/passwd read, \
+                 the shared tree written)"
+            )
+        },
     )
 }

@@ -92,6 +92,12 @@ pub struct UpArgs {
     /// Each node's control socket group (`control_group`: a name or a number).
     #[arg(long, value_name = "GROUP")]
     pub control_group: Option<String>,
+    /// Confine guests (each node's `confine_guests`): a tree away from its home sees only the
+    /// system's files, read-only, and the shared tree of the node it runs on. Off by default
+    /// on a local cluster, whose programs usually run from directories outside the shared
+    /// tree (a real node's default is on).
+    #[arg(long)]
+    pub confine_guests: bool,
 }
 
 #[derive(
@@ -326,6 +332,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             stream_stall_secs: a.stream_stall,
             control_mode: a.control_mode.clone(),
             control_group: a.control_group.clone(),
+            confine_guests: Some(a.confine_guests),
             credentials: ca.issue_node_files(name, &certs)?,
             // The nodes share this machine's terminals: none watches them unless told.
             owner: ferry_daemon::hosts::OwnerConfig {

@@ -34,6 +34,16 @@ pub struct Args {
     /// "ROOT PPID PGID SID": the tree's root and its parent, process group and session at home.
     #[arg(long)]
     pub home: Option<String>,
+    /// A body away from home: make this mount namespace show only the system's files,
+    /// read-only, and the shared tree (super::guest_confine), before anything is in it.
+    #[arg(long, requires = "home")]
+    pub confine: bool,
+    /// With --confine: the cluster's shared tree.
+    #[arg(long, requires = "confine")]
+    pub shared: Option<std::path::PathBuf>,
+    /// With --confine: directories of the node's own hidden even where they would show.
+    #[arg(long, requires = "confine")]
+    pub hide: Vec<std::path::PathBuf>,
 }
 
 /// The root of a body and its identities at home.
@@ -221,6 +231,18 @@ pub fn run(a: Args) -> Result<()> {
         let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
         Some((sock, ns.to_string_lossy().into_owned()))
     });
+    if a.confine {
+        // Before anything joins the namespace: whoever made it waits for our word ("R", or
+        // "E" and why) on the hold socket.
+        let done = super::guest_confine::confine(a.shared.as_deref(), &a.hide)
+            .context("confine the guest's file system");
+        let word = match &done {
+            Ok(()) => "R".to_string(),
+            Err(e) => format!("E{e:#}"),
+        };
+        let _ = ferry_sys::sockets::send(hold.as_raw_fd(), word.as_bytes(), None, &[], 0);
+        done?;
+    }
     let mut hold = Some(hold);
     let mut counted = std::time::Instant::now();
     // Woken only by forwarded calls last time round (no child changed, no timeout).

@@ -9,6 +9,7 @@ pub mod cluster_cpu;
 pub mod cluster_net;
 pub mod daemon;
 pub mod evict;
+pub mod guest_confine;
 pub mod guest_init;
 pub mod hosts;
 pub mod image;

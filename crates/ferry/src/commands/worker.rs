@@ -382,6 +382,7 @@ pub fn restore_worker(
     reports: Option<std::path::PathBuf>,
     cpu_cgroup: Option<std::path::PathBuf>,
     home: Option<(String, String)>,
+    confine: Option<ferry_engine::guest_ns::Confine>,
 ) -> Result<()> {
     let mut out = BufWriter::new(std::io::stdout().lock());
     let t0 = Instant::now();
@@ -394,7 +395,7 @@ pub fn restore_worker(
     };
     let open_ms = t0.elapsed().as_secs_f64() * 1e3;
     let home = match home.map(|(h, ids)| hold::parse_home(h, &ids)).transpose() {
-        Ok(h) => h,
+        Ok(h) => h.map(|h| ferry_engine::guest_ns::Home { confine, ..h }),
         Err(e) => return fail(&mut out, &e),
     };
     let held = match hold::rebuild(
@@ -475,6 +476,7 @@ mod hold {
             ppid,
             pgid,
             sid,
+            confine: None,
         })
     }
 
