@@ -34,13 +34,15 @@ fn check_process(pid: i32, owner: &Owner, what: &str) -> Result<(), NotYours> {
     use std::os::unix::fs::MetadataExt;
     let refuse =
         |why: String| NotYours(format!("uid {} may not {what} PID {pid}: {why}", owner.uid));
-    // Not dumpable (a set-user-ID program, PR_SET_DUMPABLE 0): the kernel makes its /proc
-    // directory root's, and refuses ptrace to anyone without CAP_SYS_PTRACE.
-    let meta = std::fs::metadata(format!("/proc/{pid}"))
+    // Not dumpable (a set-user-ID program, PR_SET_DUMPABLE 0): the kernel makes the files of
+    // its /proc directory root's (not the directory itself: `task_dump_owner` leaves that to
+    // the effective uid), and refuses ptrace to anyone without CAP_SYS_PTRACE.
+    let meta = std::fs::metadata(format!("/proc/{pid}/status"))
         .map_err(|_| NotYours(format!("no process with PID {pid}")))?;
     if meta.uid() != owner.uid {
         return Err(refuse(format!(
-            "it is not yours (its /proc directory is uid {}'s: another user's, or not dumpable)",
+            "it is not yours (its /proc files are uid {}'s: another user's, or it is not \
+             dumpable)",
             meta.uid()
         )));
     }

@@ -322,6 +322,45 @@ fn others(c: &Cluster) -> Result<(), Failed> {
             failures.push(format!("an image of {whose} PID {pid} was written"));
         }
     }
+    // Alice's own process that made itself undumpable (as a set-user-ID program is): its
+    // /proc is root's, and ptrace would refuse her.
+    let mut undumpable = as_user(
+        ALICE,
+        &[
+            "/usr/bin/python3",
+            "-c",
+            "import ctypes,os,time; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); \
+             open('ready', 'w').close(); time.sleep(1000)",
+        ],
+    );
+    let child = undumpable
+        .current_dir(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let undumpable = Sleeper(child);
+    let t0 = Instant::now();
+    while !dir.join("ready").exists() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            return Err("python3 did not start as alice in 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = undumpable.pid().to_string();
+    let img = dir.join("img-undumpable");
+    let o = ferry_as(
+        c,
+        ALICE,
+        &["checkpoint", &pid, "--dir", img.to_str().unwrap()],
+    );
+    if o.status.success() || !text(&o.stderr).contains("not dumpable") {
+        failures.push(format!(
+            "checkpoint of an undumpable process: {}",
+            describe(&o)
+        ));
+    }
+    drop(undumpable);
     // Nothing else is a user's to ask.
     for args in [vec!["nodes"], vec!["evict", "b"], vec!["accept", "never"]] {
         let o = ferry_as(c, ALICE, &args);
