@@ -25,7 +25,7 @@ use ferry_inject::{find_syscall_insn, Injector, Site};
 use ferry_sys::ptrace;
 use ferry_sys::regs::GpRegs;
 use ferry_sys::wait::{decode, WaitStatus};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 const PAGE: u64 = 4096;
 
@@ -148,16 +148,18 @@ fn cut(start: u64, end: u64, keep: &[(u64, u64)]) -> Vec<(u64, u64)> {
 impl Deputies {
     /// Turns every live process of `tree` into a deputy (see the module's documentation). On an
     /// error the processes already changed cannot run again: they are killed, as a committed
-    /// migration's originals were before deputies existed.
-    pub fn from_frozen(tree: FrozenTree) -> Result<Deputies> {
+    /// migration's originals were before deputies existed. The TCP connections whose socket
+    /// inodes are in `relayed` stay open and speaking: the home daemon relays them to the body.
+    pub fn from_frozen(tree: FrozenTree, relayed: &HashSet<u64>) -> Result<Deputies> {
         let live: Vec<i32> = tree
             .procs
             .iter()
             .filter(|p| !p.zombie)
             .map(|p| p.pid)
             .collect();
-        // Their TCP connections close silently: the body holds them now.
-        ferry_engine::resources::sockets::silence_tcp_connections(&live);
+        // Their TCP connections close silently: the body holds them now (but for those relayed
+        // from here).
+        ferry_engine::resources::sockets::silence_tcp_connections(&live, relayed);
         let procs = tree.into_procs();
         let mut deputies = Deputies {
             root: live.first().copied().unwrap_or(0),

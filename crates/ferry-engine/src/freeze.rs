@@ -335,7 +335,7 @@ impl FrozenTree {
             .filter(|p| !p.zombie)
             .map(|p| p.pid)
             .collect();
-        crate::resources::sockets::silence_tcp_connections(&live);
+        crate::resources::sockets::silence_tcp_connections(&live, &Default::default());
         for p in &self.procs {
             if !p.zombie {
                 let _ = ptrace::kill(p.pid, libc::SIGKILL);

@@ -291,8 +291,9 @@ pub fn check(root: i32) -> Result<()> {
     check_with(root, false)
 }
 
-/// [`check`]; with `relay_pipes`, pipes shared with processes outside the tree are accepted
-/// (the migration relays them: `FrozenTree::relay_pipes`).
+/// [`check`]; with `relay_pipes`, pipes shared with processes outside the tree, and TCP
+/// connections whose other end is outside it, are accepted (the migration relays them:
+/// `FrozenTree::relay_pipes`).
 pub fn check_with(root: i32, relay_pipes: bool) -> Result<()> {
     let pids = tree(root)?;
     let root_sid = procfs::stat(root)?.sid;
@@ -373,10 +374,13 @@ pub fn check_with(root: i32, relay_pipes: bool) -> Result<()> {
         let orphaned = || t.state == 8 && orphans.contains(&(t.remote.clone(), t.local.clone()));
         // A connection being opened has no other end yet: it is opened again.
         let opening = t.state == TCP_SYN_SENT;
+        // A tree leaving its home relays a connection whose other end stays behind: the home
+        // keeps the socket (its deputy's), the body gets the other end of a relay.
         if !ends.contains_key(&(t.remote.as_str(), t.local.as_str()))
             && !waiting()
             && !orphaned()
             && !opening
+            && !relay_pipes
         {
             return Err(refuse(
                 *pid,

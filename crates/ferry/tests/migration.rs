@@ -77,6 +77,14 @@ fn main() {
             unix_client_of_a_home_server,
         ),
         Trial::test(
+            "a_client_talks_on_to_its_server_at_home_over_tcp",
+            tcp_client_of_a_home_server,
+        ),
+        Trial::test(
+            "a_tcp_server_talks_on_to_its_client_at_home",
+            tcp_server_of_a_home_client,
+        ),
+        Trial::test(
             "a_shell_job_under_a_terminal_moves_stops_resumes_and_is_interrupted",
             shell_job_under_a_terminal,
         ),
@@ -92,19 +100,25 @@ fn main() {
     libtest_mimic::run(&args, tests).exit();
 }
 
-/// `tests/victims/NAME.c`, built once per test process.
+/// `tests/victims/NAME.c`, built once per test process. Tests run in parallel: one builds while
+/// the others wait, and the binary appears whole (renamed into place), never half written (a
+/// test that ran a half-written one failed with EACCES).
 fn victim_binary(name: &str) -> PathBuf {
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
     if !out.exists() {
         let src =
             Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/victims/{name}.c"));
+        let tmp = out.with_extension("building");
         let st = Command::new("gcc")
             .args(["-O2", "-o"])
-            .arg(&out)
+            .arg(&tmp)
             .arg(&src)
             .status()
             .unwrap();
         assert!(st.success(), "build {name}");
+        std::fs::rename(&tmp, &out).unwrap();
     }
     out
 }
@@ -959,8 +973,8 @@ fn hostile_peers() -> Result<(), Failed> {
     Ok(())
 }
 
-/// An established TCP connection and a file lock cannot move yet: the migration is refused
-/// before the tree is frozen, and the error names the fd or resource.
+/// A pidfd of an outside process and a kernel log reader cannot move: the migration is refused
+/// (the first before the tree is frozen), and the error names the fd or resource.
 fn unmovable_refused() -> Result<(), Failed> {
     let c = Cluster::up("unmovable", 2);
     let dir = scratch("migration", "unmovable");
@@ -968,10 +982,11 @@ fn unmovable_refused() -> Result<(), Failed> {
     // (script, what the refusal must say, whether /proc shows it before anything is frozen)
     let scripts = [
         (
-            // A connection to a server outside the tree (this test's own listener).
-            "import socket,time,sys\nc=socket.create_connection(('127.0.0.1',int(sys.argv[2])))\n\
+            // A pidfd of a process outside the tree (a TCP connection to a peer that stays
+            // behind is relayed now).
+            "import os,time\nfd=os.pidfd_open(1)\n\
              open('ready','w').close(); time.sleep(60)",
-            "the other end of this TCP connection is not in the tree",
+            "a pidfd of a process outside the tree cannot be moved",
             true,
         ),
         (
@@ -982,14 +997,11 @@ fn unmovable_refused() -> Result<(), Failed> {
             false,
         ),
     ];
-    let outside = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = outside.local_addr().unwrap().port().to_string();
     for (script, expect, before_freezing) in scripts {
         let _ = std::fs::remove_file(dir.join("ready"));
         let mut child = Command::new("python3")
             .args(["-c", script])
             .arg(&kmsg)
-            .arg(&port)
             .current_dir(&dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -1293,31 +1305,55 @@ fn relayed_pipe_reader_gone() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A server at home and its client, connected by a UNIX stream socket; the client moves.
-const UNIX_SERVER: &str = r#"
+/// A server and its client, connected by a UNIX stream socket (`unix`) or over TCP on the
+/// loopback (`tcp`: the port is written to `srv.port`); one of them moves. With `once`, the
+/// server closes its listener once it has accepted (a moved listener would listen on the body's
+/// node).
+const STREAM_SERVER: &str = r#"
 import os, sys, socket
-d = sys.argv[1]
-srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-srv.bind(d + '/srv.sock')
+d, kind = sys.argv[1], sys.argv[2]
+if kind == 'unix':
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(d + '/srv.sock')
+else:
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(('127.0.0.1', 0))
+    open(d + '/srv.port', 'w').write(str(srv.getsockname()[1]))
 srv.listen(1)
+open(d + '/pid.srv.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.srv.tmp', d + '/pid.srv')
 open(d + '/srv.ready', 'w').close()
-c, _ = srv.accept()
+c, peer = srv.accept()
+if len(sys.argv) > 3:
+    srv.close()
+if kind == 'tcp':
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 f = c.makefile('rwb', buffering=0)
 n = 0
 for line in f:
     n += 1
     assert line == b'ping %d\n' % n, (line, n)
     c.sendall(b'pong %d\n' % n)
+if kind == 'tcp':
+    # Moved or not, a TCP socket with its options (the moved one's addresses are its node's).
+    assert c.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN) == socket.AF_INET
+    assert c.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == socket.IPPROTO_TCP
+    assert c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
 c.sendall(b'bye after %d\n' % n)
 c.close()
 open(d + '/srv.done', 'w').write(str(n))
 "#;
 
-const UNIX_CLIENT: &str = r#"
+const STREAM_CLIENT: &str = r#"
 import os, sys, socket, time
-d = sys.argv[1]
-c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-c.connect(d + '/srv.sock')
+d, kind = sys.argv[1], sys.argv[2]
+if kind == 'unix':
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(d + '/srv.sock')
+else:
+    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    c.connect(('127.0.0.1', int(open(d + '/srv.port').read())))
 open(d + '/pid.tmp', 'w').write(str(os.getpid()))
 os.rename(d + '/pid.tmp', d + '/pid')
 f = c.makefile('rb', buffering=0)
@@ -1334,12 +1370,34 @@ open(d + '/client.done', 'w').write(rest.decode())
 /// conversation goes on through the relay, in order; its shutdown reaches the server, and the
 /// server's last words and close reach it.
 fn unix_client_of_a_home_server() -> Result<(), Failed> {
-    let c = Cluster::up("unixrelay", 2);
-    let dir = scratch("migration", "unixrelay");
+    stream_peer_moves("unix", "client")
+}
+
+/// The same over TCP: the connection's other end stays home (the home daemon keeps the
+/// connection and relays it), and the server sees the same peer address to the end.
+fn tcp_client_of_a_home_server() -> Result<(), Failed> {
+    stream_peer_moves("tcp", "client")
+}
+
+/// A TCP server moves while its client at home talks to it over the connection it accepted.
+fn tcp_server_of_a_home_client() -> Result<(), Failed> {
+    stream_peer_moves("tcp", "server")
+}
+
+/// Runs `STREAM_SERVER` and `STREAM_CLIENT` over `kind` (unix or tcp) on node a, moves `who`
+/// (client or server) to node b a moment into their conversation, and checks that it finished
+/// as it would have at home.
+fn stream_peer_moves(kind: &str, who: &str) -> Result<(), Failed> {
+    let tag = format!("{kind}{who}relay");
+    let c = Cluster::up(&tag, 2);
+    let dir = scratch("migration", &tag);
+    let mut srv_cmd = Command::new("python3");
+    srv_cmd.args(["-c", STREAM_SERVER]).arg(&dir).arg(kind);
+    if who == "server" {
+        srv_cmd.arg("once");
+    }
     let mut server = UnixServer(
-        Command::new("python3")
-            .args(["-c", UNIX_SERVER])
-            .arg(&dir)
+        srv_cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("srv.err")).unwrap())
@@ -1355,8 +1413,9 @@ fn unix_client_of_a_home_server() -> Result<(), Failed> {
     }
     let mut client = UnixServer(
         Command::new("python3")
-            .args(["-c", UNIX_CLIENT])
+            .args(["-c", STREAM_CLIENT])
             .arg(&dir)
+            .arg(kind)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("client.err")).unwrap())
@@ -1364,28 +1423,33 @@ fn unix_client_of_a_home_server() -> Result<(), Failed> {
             .unwrap(),
     );
     let pid = pid_from(&dir.join("pid"), "the client")?;
+    let pid = if who == "server" {
+        pid_from(&dir.join("pid.srv"), "the server")?
+    } else {
+        pid
+    };
     std::thread::sleep(Duration::from_millis(300));
-    migrate(&c, "a", pid, "b").map_err(|e| format!("the client did not move: {e}"))?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the {who} did not move: {e}"))?;
+    let err = || {
+        std::fs::read_to_string(dir.join("client.err")).unwrap_or_default()
+            + &std::fs::read_to_string(dir.join("srv.err")).unwrap_or_default()
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
-    let st = loop {
-        if let Some(st) = client.0.try_wait().unwrap() {
-            break st;
+    let (st, srv) = loop {
+        let st = client.0.try_wait().unwrap();
+        let srv = server.0.try_wait().unwrap();
+        if let (Some(st), Some(srv)) = (st, srv) {
+            break (st, srv);
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "the client did not finish\n{}{}\n{}",
-                std::fs::read_to_string(dir.join("client.err")).unwrap_or_default(),
-                std::fs::read_to_string(dir.join("srv.err")).unwrap_or_default(),
+                "the conversation did not finish\n{}\n{}",
+                err(),
                 c.log("a") + &c.log("b")
             )
             .into());
         }
         std::thread::sleep(Duration::from_millis(50));
-    };
-    let srv = server.0.wait().unwrap();
-    let err = || {
-        std::fs::read_to_string(dir.join("client.err")).unwrap_or_default()
-            + &std::fs::read_to_string(dir.join("srv.err")).unwrap_or_default()
     };
     assert!(
         st.success(),
@@ -1393,7 +1457,12 @@ fn unix_client_of_a_home_server() -> Result<(), Failed> {
         err(),
         c.log("a") + &c.log("b")
     );
-    assert!(srv.success(), "the server failed: {srv:?}\n{}", err());
+    assert!(
+        srv.success(),
+        "the server failed: {srv:?}\n{}\n{}",
+        err(),
+        c.log("a") + &c.log("b")
+    );
     assert_eq!(
         std::fs::read_to_string(dir.join("srv.done")).unwrap_or_default(),
         "60"

@@ -234,7 +234,21 @@ pub fn capture_worker(
             write_msg(&mut out, &Msg::Killed)?;
         }
         Some(Msg::Deputize) => {
-            let deputies = ferry_deputy::home::Deputies::from_frozen(frozen);
+            // Relayed TCP connections stay open at home: the daemon took them for the body.
+            let relayed: std::collections::HashSet<u64> = report
+                .relays
+                .iter()
+                .filter(|r| r.pipe & ferry_image::RELAY_SOCKET != 0)
+                .filter_map(|r| std::fs::read_link(format!("/proc/{}/fd/{}", r.pid, r.fd)).ok())
+                .filter_map(|l| {
+                    l.to_str()?
+                        .strip_prefix("socket:[")?
+                        .strip_suffix(']')?
+                        .parse()
+                        .ok()
+                })
+                .collect();
+            let deputies = ferry_deputy::home::Deputies::from_frozen(frozen, &relayed);
             aside.remove();
             match deputies {
                 Ok(d) => {

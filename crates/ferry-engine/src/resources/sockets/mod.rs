@@ -666,7 +666,7 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
             why,
         }
     };
-    let carrying = tcp_peers(tree, &refuse, &tree_pids)?;
+    let carrying = tcp_peers(tree, &refuse, &tree_pids, frozen.relay_pipes)?;
     // Clients waiting in the queues of the tree's listeners: client inode -> listener inode.
     let mut waiting: HashMap<u64, u64> = HashMap::new();
     for f in &tree.files {
@@ -1034,6 +1034,30 @@ pub fn open(
         .ok_or_else(|| Error::BadImage(format!("file {}: socket was not rebuilt", d.id)))
 }
 
+/// A TCP connection over this network namespace's loopback (IPv6's for an IPv6 socket, where
+/// it has one): the connecting end, then the accepted one. A relayed TCP socket is the first:
+/// a TCP socket of its family, whose options are TCP's, only its addresses are this node's.
+/// Where the loopback cannot carry it, an unnamed UNIX stream pair.
+fn loopback_pair(family: SockFamily) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
+    let tcp = |addr: std::net::IpAddr| -> std::io::Result<(OwnedFd, OwnedFd)> {
+        let l = TcpListener::bind((addr, 0))?;
+        let c = TcpStream::connect(l.local_addr()?)?;
+        let (a, _) = l.accept()?;
+        Ok((OwnedFd::from(c), OwnedFd::from(a)))
+    };
+    let v6 = (family == SockFamily::Inet6)
+        .then(|| tcp(Ipv6Addr::LOCALHOST.into()).ok())
+        .flatten();
+    match v6 {
+        Some(p) => Ok(p),
+        None => tcp(Ipv4Addr::LOCALHOST.into()).or_else(|_| {
+            sk::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno))
+        }),
+    }
+}
+
 /// The relay's ends of the relayed sockets the last rebuild made (and forgets them).
 pub fn take_relayed() -> Vec<(u32, OwnedFd)> {
     RELAYED.with(|r| std::mem::take(&mut *r.borrow_mut()))
@@ -1323,6 +1347,17 @@ impl<'a> Builder<'a> {
                 continue;
             }
             let s = self.sock(i);
+            if s.relayed && s.family != SockFamily::Unix {
+                // A TCP connection relayed from home: this end of a connection over this
+                // node's loopback, the other the relay's (which carries it to the home's socket).
+                let (mine, relay) = loopback_pair(s.family)
+                    .map_err(|e| self.err(i, format!("a connection for its relay: {e}")))?;
+                apply_opts(mine.as_raw_fd(), &s.opts, false);
+                self.fds[i] = Some(mine);
+                let id = ferry_image::RELAY_SOCKET | self.socks[i].0;
+                RELAYED.with(|r| r.borrow_mut().push((id, relay)));
+                continue;
+            }
             let domain = match s.family {
                 SockFamily::Unix => libc::AF_UNIX,
                 SockFamily::Inet => libc::AF_INET,

@@ -169,10 +169,16 @@ impl Cap<'_> {
 ///
 /// Returns the listeners (file indices) whose waiting connections already carry what their
 /// clients sent: [`requeue_tcp`] takes those.
+///
+/// With `relay` (a tree leaving its home, `FrozenTree::relay_pipes`), a connection whose other
+/// end is outside the tree is not refused but relayed: the home keeps its socket (the deputy's
+/// description, taken by the home daemon), with what waits in it, and the body gets the other
+/// end of a relay in its place.
 pub(super) fn tcp_peers(
     tree: &mut Tree,
     refuse: &dyn Fn(u32, u64, String) -> Error,
     tree_pids: &HashSet<i32>,
+    relay: bool,
 ) -> Result<Vec<usize>> {
     let conns: Vec<(usize, u64, SockAddr, SockAddr)> = tree
         .files
@@ -242,6 +248,15 @@ pub(super) fn tcp_peers(
                         }
                         continue;
                     }
+                }
+                if relay {
+                    if let FileKind::Socket(s) = &mut tree.files[*i].kind {
+                        s.relayed = true;
+                        s.tcp = None;
+                        s.queue.clear();
+                        s.state = SockState::Connected { peer_ino: 0 };
+                    }
+                    continue;
                 }
                 let whose = match child.map(|c| (c.ino, c.state)) {
                     Some((0, TCP_ESTABLISHED)) => {
@@ -715,8 +730,9 @@ fn tcp_table_find(
 /// repair mode, so that closing them sends nothing (no FIN, no reset) and leaves nothing
 /// behind (no TIME_WAIT): the other end (in the tree too, and dying with it) hears nothing,
 /// and the connection's addresses are free at once for the restore. Errors are logged: the
-/// tree dies anyway.
-pub fn silence_tcp_connections(pids: &[i32]) {
+/// tree dies anyway. Connections whose socket inode is in `spare` are left alone (relayed from
+/// home: the home daemon holds them on, for the body).
+pub fn silence_tcp_connections(pids: &[i32], spare: &HashSet<u64>) {
     for &pid in pids {
         let Ok(fds) = procfs::fds(pid) else {
             continue;
@@ -727,6 +743,14 @@ pub fn silence_tcp_connections(pids: &[i32]) {
                 continue;
             };
             if !link.starts_with("socket:[") {
+                continue;
+            }
+            let ino = link
+                .trim_start_matches("socket:[")
+                .trim_end_matches(']')
+                .parse::<u64>()
+                .unwrap_or(0);
+            if spare.contains(&ino) {
                 continue;
             }
             if pfd.is_none() {
