@@ -52,6 +52,21 @@ pub struct SocketDesc {
     /// A netlink socket's addresses and multicast groups (`family` is `Netlink`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netlink: Option<NetlinkState>,
+    /// A packet socket's binding and fanout group (`family` is `Packet`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packet: Option<PacketState>,
+}
+
+/// What a packet socket (AF_PACKET) is bound to.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct PacketState {
+    /// The protocol it takes (sll_protocol of getsockname: an EtherType in network order).
+    pub protocol: u16,
+    /// The interface it is bound to, by name (an index means nothing on another machine);
+    /// `None` for every interface.
+    pub interface: Option<String>,
+    /// PACKET_FANOUT: the fanout group it is in (id | mode << 16 | flags), 0 for none.
+    pub fanout: u32,
 }
 
 /// What a netlink socket is bound and connected to.
@@ -139,6 +154,8 @@ pub enum SockFamily {
     Inet6,
     /// AF_NETLINK (`SocketDesc::protocol` is the netlink family: NETLINK_ROUTE ...).
     Netlink,
+    /// AF_PACKET (`SocketDesc::protocol` is the EtherType given to socket(2), in network order).
+    Packet,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
@@ -281,6 +298,8 @@ impl std::fmt::Display for SocketDesc {
             (SockFamily::Unix, SockType::Dgram) => "unix dgram",
             (SockFamily::Unix, _) => "unix seqpacket",
             (SockFamily::Netlink, _) => "netlink",
+            (SockFamily::Packet, SockType::Dgram) => "packet dgram",
+            (SockFamily::Packet, _) => "packet raw",
             (SockFamily::Inet | SockFamily::Inet6, SockType::Raw) => "raw",
             (SockFamily::Inet, SockType::Stream) => "tcp",
             (SockFamily::Inet6, SockType::Stream) => "tcp6",
@@ -288,6 +307,15 @@ impl std::fmt::Display for SocketDesc {
             (SockFamily::Inet6, _) => "udp6",
         };
         write!(f, "{kind} [{}]", self.ino)?;
+        if let Some(p) = &self.packet {
+            write!(f, " proto={:#06x}", u16::from_be(p.protocol))?;
+            if let Some(i) = &p.interface {
+                write!(f, " on {i}")?;
+            }
+            if p.fanout != 0 {
+                write!(f, " fanout={:#x}", p.fanout)?;
+            }
+        }
         if let Some(n) = &self.netlink {
             write!(f, " proto={} port={}", self.protocol, n.port)?;
             if !n.groups.is_empty() {

@@ -589,6 +589,118 @@ pub fn inet_diag_shutdown(family: i32, protocol: i32, ino: u64) -> SysResult<Opt
     }
 }
 
+/// The name of network interface `index` in our network namespace.
+pub fn interface_name(index: u32) -> SysResult<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf has IF_NAMESIZE bytes, as if_indextoname requires.
+    let r = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
+    if r.is_null() {
+        return Err(SysError::last("if_indextoname"));
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(name.to_string_lossy().into_owned())
+}
+
+/// The index of network interface `name` in our network namespace.
+pub fn interface_index(name: &str) -> SysResult<u32> {
+    let c = std::ffi::CString::new(name)
+        .map_err(|_| SysError::new("if_nametoindex: a NUL in the name", libc::EINVAL))?;
+    // SAFETY: c is a NUL-terminated string.
+    let r = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if r == 0 {
+        return Err(SysError::last("if_nametoindex"));
+    }
+    Ok(r)
+}
+
+/// What sock_diag says of a packet socket beyond what getsockopt can read.
+#[derive(Debug, Clone, Default)]
+pub struct PacketDiag {
+    /// A receive ring (PACKET_RX_RING) is set up.
+    pub rx_ring: bool,
+    /// A transmit ring (PACKET_TX_RING) is set up.
+    pub tx_ring: bool,
+    /// Memberships taken with PACKET_ADD_MEMBERSHIP.
+    pub memberships: usize,
+}
+
+/// Asks sock_diag about the packet socket with inode `ino` among those of our network
+/// namespace; `None` when it is not found.
+pub fn packet_diag(ino: u64) -> SysResult<Option<PacketDiag>> {
+    const PACKET_SHOW_MCLIST: u32 = 2;
+    const PACKET_SHOW_RING_CFG: u32 = 4;
+    const PACKET_DIAG_MCLIST: u16 = 1;
+    const PACKET_DIAG_RX_RING: u16 = 2;
+    const PACKET_DIAG_TX_RING: u16 = 3;
+    let nl = socket(
+        libc::AF_NETLINK,
+        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+        NETLINK_SOCK_DIAG,
+    )?;
+    let mut req = Vec::with_capacity(36);
+    req.extend_from_slice(&36u32.to_ne_bytes());
+    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    req.extend_from_slice(&0u32.to_ne_bytes()); // port id
+                                                // struct packet_diag_req: family, protocol, pad, inode, what to show, cookie.
+    req.extend_from_slice(&[libc::AF_PACKET as u8, 0, 0, 0]);
+    req.extend_from_slice(&(ino as u32).to_ne_bytes());
+    req.extend_from_slice(&(PACKET_SHOW_MCLIST | PACKET_SHOW_RING_CFG).to_ne_bytes());
+    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    send(nl.as_raw_fd(), &req, None, &[], 0)?;
+    let mut found = None;
+    loop {
+        let got = recv(nl.as_raw_fd(), 1 << 16, 0)?;
+        let b = &got.data;
+        if b.is_empty() {
+            return Ok(found);
+        }
+        let mut at = 0;
+        while at + 16 <= b.len() {
+            let len = u32_at(b, at) as usize;
+            let ty = u16_at(b, at + 4);
+            if len < 16 || at + len > b.len() {
+                return Err(SysError::new("sock_diag: malformed reply", libc::EPROTO));
+            }
+            let p = &b[at + 16..at + len];
+            match ty {
+                NLMSG_DONE => return Ok(found),
+                NLMSG_ERROR => {
+                    return match -(u32_at(p, 0) as i32) {
+                        0 => Ok(found),
+                        e => Err(SysError::new("sock_diag", e)),
+                    }
+                }
+                // struct packet_diag_msg (16 bytes, pdiag_ino at 4), then attributes.
+                SOCK_DIAG_BY_FAMILY if p.len() >= 16 && u64::from(u32_at(p, 4)) == ino => {
+                    let mut d = PacketDiag::default();
+                    let mut a = 16;
+                    while a + 4 <= p.len() {
+                        let alen = u16_at(p, a) as usize;
+                        if alen < 4 || a + alen > p.len() {
+                            break;
+                        }
+                        match u16_at(p, a + 2) & 0x3fff {
+                            PACKET_DIAG_RX_RING => d.rx_ring = true,
+                            PACKET_DIAG_TX_RING => d.tx_ring = true,
+                            // struct packet_diag_mclist: 44 bytes each.
+                            PACKET_DIAG_MCLIST => d.memberships = (alen - 4) / 44,
+                            _ => {}
+                        }
+                        a += (alen + 3) & !3;
+                    }
+                    found = Some(d);
+                }
+                _ => {}
+            }
+            at += (len + 3) & !3;
+        }
+    }
+}
+
 /// Closes, with a reset (SOCK_DESTROY, sock_diag(7); CONFIG_INET_DIAG_DESTROY, CAP_NET_ADMIN),
 /// the TCP socket of our network namespace bound to `local` and connected to `peer` (raw
 /// socket addresses, as bind(2) takes them, of one family): a connection no descriptor holds

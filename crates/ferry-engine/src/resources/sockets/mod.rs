@@ -41,6 +41,7 @@
 mod filter;
 mod inet;
 mod netlink;
+mod packet;
 mod raw;
 mod scm;
 mod tcp;
@@ -52,9 +53,9 @@ use crate::freeze::FrozenTree;
 use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{
-    FileDesc, FileKind, NetlinkState, PeerCred, PendingConn, Process, Shutdown, SockAddr,
-    SockFamily, SockFilter, SockMsg, SockOpt, SockState, SockType, SocketDesc, SocketFile, TcpConn,
-    TcpWindow, Tree,
+    FileDesc, FileKind, NetlinkState, PacketState, PeerCred, PendingConn, Process, Shutdown,
+    SockAddr, SockFamily, SockFilter, SockMsg, SockOpt, SockState, SockType, SocketDesc,
+    SocketFile, TcpConn, TcpWindow, Tree,
 };
 use ferry_sys::fsid::{with_fs_creds, FsCreds};
 use ferry_sys::sockets::{self as sk, HelperCred, HelperOp};
@@ -617,6 +618,7 @@ pub fn classify(
         libc::AF_UNIX => c.unix(sock_type)?,
         libc::AF_INET | libc::AF_INET6 => c.inet(domain, sock_type, protocol)?,
         libc::AF_NETLINK => c.netlink(sock_type, protocol)?,
+        libc::AF_PACKET => c.packet(sock_type, protocol)?,
         _ => {
             return Err(c.refuse(format!(
                 "{} sockets (address family {domain}) are not supported",
@@ -1363,6 +1365,7 @@ impl<'a> Builder<'a> {
                 SockFamily::Inet => libc::AF_INET,
                 SockFamily::Inet6 => libc::AF_INET6,
                 SockFamily::Netlink => libc::AF_NETLINK,
+                SockFamily::Packet => libc::AF_PACKET,
             };
             let fd = sk::socket(domain, sock_type_raw(s.sock_type) | NEW, s.protocol)
                 .map_err(|e| self.err(i, format!("socket: {e}")))?;
@@ -1370,6 +1373,7 @@ impl<'a> Builder<'a> {
             match s.family {
                 SockFamily::Unix => {}
                 SockFamily::Netlink => self.netlink(i)?,
+                SockFamily::Packet => self.packet(i)?,
                 SockFamily::Inet | SockFamily::Inet6 => self.inet(i)?,
             }
         }
