@@ -15,6 +15,31 @@ pub const ERESTARTSYS: i64 = 512;
 pub const ERESTARTNOINTR: i64 = 513;
 pub const ERESTARTNOHAND: i64 = 514;
 pub const ERESTART_RESTARTBLOCK: i64 = 516;
+/// `restart_syscall` on x86_64: what a thread interrupted with `-ERESTART_RESTARTBLOCK` runs
+/// when it goes on after a stop.
+pub const SYS_RESTART_SYSCALL: u64 = 219;
+
+/// Makes a thread stopped inside system call `nr` (registers `regs`) issue it again, with its
+/// own arguments, when it runs on: the way a restore resumes a thread that was in a call, and
+/// the way a thaw that asks for it ([`FrozenTree::reissue_on_thaw`]) lets one go.
+pub fn reissue(regs: &mut GpRegs, nr: u64) {
+    regs.rax = nr;
+    regs.rip -= 2;
+    regs.orig_rax = u64::MAX;
+}
+
+/// Whether a thread stopped with registers `regs` was in a call the kernel would resume with
+/// `restart_syscall` (a sleep with a deadline: nanosleep, clock_nanosleep, poll, a futex wait
+/// with a timeout), and not already in `restart_syscall` itself: the call it would resume is
+/// known now, and only now. Once the thread has run on, its registers say `restart_syscall`,
+/// whose state (which call, which deadline) is the kernel's restart block of this thread: a
+/// later capture can neither read it nor make it again, and the restored thread's
+/// `restart_syscall` fails with EINTR.
+pub fn in_restart_block_call(regs: &GpRegs) -> bool {
+    regs.orig_rax as i64 >= 0
+        && regs.orig_rax != SYS_RESTART_SYSCALL
+        && regs.rax as i64 == -ERESTART_RESTARTBLOCK
+}
 
 /// System calls that fail with EINTR when their thread is merely stopped and resumed (see
 /// signal(7)); a thread caught in one is rewound so that it issues the call again.
@@ -73,6 +98,16 @@ pub struct FrozenTree {
     /// Capture pipes shared with processes outside the tree as relayed (a migration that
     /// leaves a deputy at home relays them) instead of refusing them.
     pub relay_pipes: bool,
+    /// Set by a migration, which may capture the tree again after letting it go (pre-copy's
+    /// brief stop, then the freeze; a move that failed, then another): a thread let go from a
+    /// sleep with a deadline ([`in_restart_block_call`]) issues its call again, with its own
+    /// arguments, instead of going on in `restart_syscall`, so that a later capture still
+    /// sees the call (a restored thread gets EINTR from a captured `restart_syscall`). Its
+    /// sleep then starts again from its full length (a relative timeout; `sleep(3)`, whose
+    /// request is also where the kernel writes the time left, goes on with the rest), as a
+    /// restored thread's does. Without it (`ferry checkpoint --leave-running`), the thread goes
+    /// on exactly where it was.
+    pub reissue_on_thaw: bool,
     released: bool,
 }
 
@@ -308,7 +343,12 @@ impl FrozenTree {
         self.released = true;
         for p in &self.procs {
             for t in &p.threads {
-                let restore = ptrace::set_regs(t.tid, &t.regs)
+                let mut regs = t.regs;
+                if self.reissue_on_thaw && in_restart_block_call(&regs) {
+                    let nr = regs.orig_rax;
+                    reissue(&mut regs, nr);
+                }
+                let restore = ptrace::set_regs(t.tid, &regs)
                     .and_then(|_| ptrace::set_sigmask(t.tid, t.sigmask));
                 if let Err(e) = restore {
                     log::warn!(

@@ -179,9 +179,7 @@ pub fn restore_registers(pid: i32, host: i32, t: &Thread) -> Result<()> {
         crate::Error::BadImage(format!("thread {}: register set has the wrong size", t.tid))
     })?;
     if let SyscallState::Restart { nr } = t.syscall {
-        regs.rax = nr;
-        regs.rip -= 2;
-        regs.orig_rax = u64::MAX;
+        freeze::reissue(&mut regs, nr);
     }
     ptrace::set_xstate(host, &t.xstate)
         .ctx(pid, || format!("set FPU/AVX state of thread {}", t.tid))?;

@@ -18,10 +18,6 @@ use std::time::Instant;
 /// Below this much memory `auto` moves a tree eagerly: its freeze is short already, and the
 /// stop that starts tracking and the rounds would cost about as much as they save.
 pub const AUTO_MIN_BYTES: u64 = 64 << 20;
-/// `auto` never chooses pre-copy while its known bug stands: the brief stop that makes the
-/// trackers loses the restart of a thread blocked in a timed call (it returns EINTR). A move
-/// must never break what it moves, so pre-copy is used only when asked for.
-const AUTO_PRECOPY_HELD_BACK: bool = true;
 /// `auto` stops the rounds once the tree dirties memory faster than this fraction of the
 /// link's speed: pre-copy would not converge.
 const AUTO_MAX_DIRTY_SHARE: f64 = 0.5;
@@ -59,19 +55,6 @@ pub fn run(
             },
         ));
     }
-    if auto && AUTO_PRECOPY_HELD_BACK {
-        return Ok(Outcome::Freeze(
-            None,
-            MemoryPlan {
-                mode: "eager".into(),
-                reason: "auto: pre-copy is only used when asked (--memory precopy) until a thread \
-                         blocked in a timed sleep, futex wait or poll survives its brief stop \
-                         without EINTR (docs/limitations.md)"
-                    .into(),
-                ..Default::default()
-            },
-        ));
-    }
     if auto && memory_bytes < AUTO_MIN_BYTES {
         return Ok(Outcome::Freeze(
             None,
@@ -87,7 +70,10 @@ pub fn run(
         ));
     }
     let t = Instant::now();
-    let frozen = FrozenTree::freeze(pid).with_context(|| format!("stop PID {pid} briefly"))?;
+    let mut frozen = FrozenTree::freeze(pid).with_context(|| format!("stop PID {pid} briefly"))?;
+    // The freeze that follows must find a sleeping thread in its own call, not in the
+    // `restart_syscall` this stop would leave it in (restored, that gives EINTR).
+    frozen.reissue_on_thaw = true;
     let trackers = ferry_memory::dirty::start_trackers(&frozen);
     frozen.thaw();
     let setup_stop_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -160,7 +146,12 @@ pub fn run(
     rest.into_inner()
         .map_err(|e| anyhow::anyhow!("send pre-copied pages: {}", e.error()))?;
     if auto && pre.rounds.len() < 2 {
-        reason = format!("auto: {:.0} MiB, dirtying little", mib(memory_bytes as f64));
+        let r = pre.rounds[0];
+        reason = format!(
+            "auto: {:.0} MiB, all sent in one round over a link of {:.0} MiB/s",
+            mib(memory_bytes as f64),
+            mib(r.sent_bytes as f64 / (r.ms / 1e3).max(1e-3))
+        );
     }
     let plan = MemoryPlan {
         mode: "precopy".into(),

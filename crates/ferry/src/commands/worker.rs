@@ -160,6 +160,9 @@ pub fn capture_worker(
         Err(e) => return fail(&mut out, &e),
     };
     frozen.relay_pipes = relay_pipes;
+    // A move that fails from here lets the tree go where it was; the next one must still see
+    // each sleeping thread's own call (`FrozenTree::reissue_on_thaw`).
+    frozen.reissue_on_thaw = true;
     // Frozen, the tree can no longer change hands (exec a set-user-ID program, fork): the
     // check that counts.
     if let Err(e) = owned_frozen(&frozen, owner) {
