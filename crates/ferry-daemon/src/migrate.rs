@@ -361,16 +361,29 @@ async fn transfer(
 ) -> Result<(Instant, Rebuilt)> {
     let t2 = Instant::now();
     write_msg(&mut worker.tx, &Msg::Go).await?;
+    if node.fault_at("stop-capture-worker") {
+        // A capture worker stuck (as one once was, waiting for a thread that ran on).
+        let _ = ferry_sys::ptrace::kill(worker.pid, libc::SIGSTOP);
+    }
     let mut frozen_at = None;
     let mut last_progress = Instant::now();
     let to = report.to.clone();
     let stall = node.config.stream_stall();
     let mut first_data = true;
     loop {
-        let frame = worker
-            .next_frame()
-            .await
-            .map_err(|e| anyhow!("capture worker: {e}"))?;
+        // A capture worker streams as it captures: one silent for as long as a stalled stream
+        // is stuck (with the tree frozen, and a destination that gives up too). Killed, it
+        // lets the tree go (the error path below checks that it runs freely).
+        let Ok(frame) = tokio::time::timeout(stall, worker.next_frame()).await else {
+            let _ = ferry_sys::ptrace::kill(worker.pid, libc::SIGKILL);
+            bail!(
+                "the capture worker (PID {}) sent nothing for {:.1} s (stream_stall_secs) and \
+                 was killed",
+                worker.pid,
+                stall.as_secs_f64()
+            );
+        };
+        let frame = frame.map_err(|e| anyhow!("capture worker: {e}"))?;
         match frame {
             Frame::Msg(Msg::MemoryPlan(plan)) => {
                 report.memory = plan;
