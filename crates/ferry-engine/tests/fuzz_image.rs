@@ -107,7 +107,10 @@ fn synthetic_image() -> Vec<u8> {
             size: 5,
             ghost: Some(0),
         },
-        FileKind::Directory { path: "/".into() },
+        FileKind::Directory {
+            path: "/".into(),
+            removed: false,
+        },
         FileKind::Device {
             path: "/dev/null".into(),
             rdev: 0x103,

@@ -447,6 +447,10 @@ pub enum FileKind {
     },
     Directory {
         path: String,
+        /// The directory had been removed (rmdir) while held: it is made again empty, opened
+        /// and removed (its mode is `FileDesc::identity`'s).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        removed: bool,
     },
     /// A character or block device opened by path (/dev/null, /dev/zero, /dev/urandom ...).
     Device {

@@ -155,6 +155,14 @@ pub fn unlink_in(dirfd: RawFd, name: &std::ffi::OsStr) -> SysResult<()> {
     check("unlinkat", r as libc::c_long).map(drop)
 }
 
+/// unlinkat(2) with AT_REMOVEDIR: removes the empty directory `name` in `dirfd`.
+pub fn rmdir_in(dirfd: RawFd, name: &std::ffi::OsStr) -> SysResult<()> {
+    let c = cstr("unlinkat", name)?;
+    // SAFETY: a valid NUL-terminated string; plain integers.
+    let r = unsafe { libc::unlinkat(dirfd, c.as_ptr(), libc::AT_REMOVEDIR) };
+    check("unlinkat(AT_REMOVEDIR)", r as libc::c_long).map(drop)
+}
+
 /// mkdirat(2) of `name` in `dirfd` with `mode` (less the umask).
 pub fn mkdir_in(dirfd: RawFd, name: &std::ffi::OsStr, mode: u32) -> SysResult<()> {
     let c = cstr("mkdirat", name)?;

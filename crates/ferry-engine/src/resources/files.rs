@@ -230,6 +230,12 @@ impl FdCapture {
                     ghost,
                 });
             }
+            if deleted && ft.is_dir() {
+                return Ok(FileKind::Directory {
+                    path,
+                    removed: true,
+                });
+            }
             if deleted {
                 return Err(unsupported(
                     "it refers to a deleted file that is not a regular file",
@@ -241,7 +247,10 @@ impl FdCapture {
                 return Ok(FileKind::PathOnly { path });
             }
             if ft.is_dir() {
-                return Ok(FileKind::Directory { path });
+                return Ok(FileKind::Directory {
+                    path,
+                    removed: false,
+                });
             }
             if ft.is_fifo() {
                 return Ok(FileKind::Pipe {
@@ -471,12 +480,30 @@ pub fn open_descriptions(
             FileKind::Regular { path, .. } => {
                 by_path(d, path, keep_flags(d.flags), Match::Contents)?
             }
-            FileKind::Directory { path } => by_path(
+            FileKind::Directory {
+                path,
+                removed: false,
+            } => by_path(
                 d,
                 path,
                 keep_flags(d.flags) | libc::O_DIRECTORY,
                 Match::Inode,
             )?,
+            FileKind::Directory {
+                path,
+                removed: true,
+            } => {
+                let (p, fd) = holders.get(&d.id).ok_or_else(|| {
+                    Error::BadImage(format!("file {} ({path}) is held by no process", d.id))
+                })?;
+                let how = format!("fd {fd}");
+                let mode = d.identity.as_ref().map_or(0o700, |i| i.mode);
+                let rights = objects.rights(p);
+                let made = super::removed_dirs::make(p.pid, &how, path, mode, &rights.process)?;
+                let fd = made.open(p.pid, &how, keep_flags(d.flags))?;
+                made.remove(p.pid, &how)?;
+                fd
+            }
             FileKind::PathOnly { path } => by_path(d, path, keep_flags(d.flags), Match::Inode)?,
             FileKind::Device { path, rdev } => {
                 let fd = by_path(d, path, keep_flags(d.flags), Match::Device)?;
@@ -603,7 +630,7 @@ pub fn open_descriptions(
 fn file_name(d: &FileDesc) -> String {
     match &d.kind {
         FileKind::Regular { path, .. }
-        | FileKind::Directory { path }
+        | FileKind::Directory { path, .. }
         | FileKind::Device { path, .. }
         | FileKind::PathOnly { path } => path.clone(),
         _ => format!("file {}", d.id),

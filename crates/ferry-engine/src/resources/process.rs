@@ -49,11 +49,10 @@ pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -
         .collect();
     p.exe = procfs::readlink(pid, "exe")?;
     p.cwd = procfs::readlink(pid, "cwd")?;
-    if !p.cwd.ends_with(" (deleted)") {
-        p.cwd_identity = std::fs::metadata(format!("/proc/{pid}/cwd"))
-            .ok()
-            .map(|md| crate::reopen::identity_of(&md));
-    }
+    // Also for a removed working directory: its mode is what comes back of it.
+    p.cwd_identity = std::fs::metadata(format!("/proc/{pid}/cwd"))
+        .ok()
+        .map(|md| crate::reopen::identity_of(&md));
     p.root = procfs::readlink(pid, "root")?;
     if p.root != "/" {
         p.root_identity = std::fs::metadata(format!("/proc/{pid}/root"))
@@ -154,46 +153,21 @@ pub fn restore_environment(
     restore_audit_and_oom(h, p)?;
     // Both paths are as we see them: the working directory is entered before the root
     // changes (a chroot leaves it where it was), else it would be looked up under the new root.
-    let cwd = p.cwd.strip_suffix(" (deleted)").unwrap_or(&p.cwd);
-    if let Some(want) = &p.cwd_identity {
-        // Looked up by us as the process, without links, and only if it is the directory
-        // captured (the rebuilt process still has root's rights when it enters it).
-        crate::reopen::open(
-            pid,
-            "working directory",
-            cwd,
-            libc::O_PATH | libc::O_DIRECTORY,
-            Some(want),
-            crate::reopen::Match::Inode,
-            rights,
-        )?;
-    }
-    inj.syscall("chdir", libc::SYS_chdir, &[path(cwd)?])
-        .map_err(|e| crate::Error::Restore {
-            pid,
-            what: format!("cannot enter working directory {cwd}: {e}"),
-        })?;
-    if let Some(want) = &p.cwd_identity {
-        // And it is the one it entered (the path may have changed meanwhile).
-        let now = std::fs::metadata(format!("/proc/{}/cwd", h.host)).map_err(|e| {
-            crate::Error::Restore {
+    let removed = p.cwd.strip_suffix(" (deleted)");
+    let cwd = removed.unwrap_or(&p.cwd);
+    if let Some(cwd) = removed {
+        // Made again, entered and removed (resources/removed_dirs.rs).
+        let how = "working directory";
+        let mode = p.cwd_identity.as_ref().map_or(0o700, |i| i.mode);
+        let made = crate::resources::removed_dirs::make(pid, how, cwd, mode, &rights.process)?;
+        inj.syscall("chdir", libc::SYS_chdir, &[path(&made.path)?])
+            .map_err(|e| crate::Error::Restore {
                 pid,
-                what: format!("stat its working directory {cwd}: {e}"),
-            }
-        })?;
-        if (now.dev(), now.ino()) != (want.dev, want.ino) {
-            return Err(crate::Error::Restore {
-                pid,
-                what: format!(
-                    "working directory: {cwd}: not the directory that was captured (inode {} \
-                     on device {:#x} now, inode {} on device {:#x} captured); refused",
-                    now.ino(),
-                    now.dev(),
-                    want.ino,
-                    want.dev
-                ),
-            });
-        }
+                what: format!("cannot enter removed working directory {cwd}: {e}"),
+            })?;
+        made.remove(pid, how)?;
+    } else {
+        enter_cwd(h, p, cwd, rights)?;
     }
     if p.root != "/" {
         // As for the working directory: looked up as the process, without links, the
@@ -547,6 +521,59 @@ pub fn restore_prctl(h: &Husk, p: &Process) -> Result<()> {
             libc::SYS_prctl,
             &[PR_SET_MDWE, s.mdwe as u64, 0, 0, 0],
         )?;
+    }
+    Ok(())
+}
+
+/// Enters the working directory `cwd` (not removed) in the rebuilt process, if it is the one
+/// captured.
+fn enter_cwd(h: &Husk, p: &Process, cwd: &str, rights: &crate::reopen::Rights<'_>) -> Result<()> {
+    let inj = h.injector();
+    let pid = h.pid;
+    let path = |s: &str| -> Result<u64> {
+        let mut b = s.as_bytes().to_vec();
+        b.push(0);
+        Ok(inj.write_scratch(0, &b)?)
+    };
+    if let Some(want) = &p.cwd_identity {
+        // Looked up by us as the process, without links, and only if it is the directory
+        // captured (the rebuilt process still has root's rights when it enters it).
+        crate::reopen::open(
+            pid,
+            "working directory",
+            cwd,
+            libc::O_PATH | libc::O_DIRECTORY,
+            Some(want),
+            crate::reopen::Match::Inode,
+            rights,
+        )?;
+    }
+    inj.syscall("chdir", libc::SYS_chdir, &[path(cwd)?])
+        .map_err(|e| crate::Error::Restore {
+            pid,
+            what: format!("cannot enter working directory {cwd}: {e}"),
+        })?;
+    if let Some(want) = &p.cwd_identity {
+        // And it is the one it entered (the path may have changed meanwhile).
+        let now = std::fs::metadata(format!("/proc/{}/cwd", h.host)).map_err(|e| {
+            crate::Error::Restore {
+                pid,
+                what: format!("stat its working directory {cwd}: {e}"),
+            }
+        })?;
+        if (now.dev(), now.ino()) != (want.dev, want.ino) {
+            return Err(crate::Error::Restore {
+                pid,
+                what: format!(
+                    "working directory: {cwd}: not the directory that was captured (inode {} \
+                     on device {:#x} now, inode {} on device {:#x} captured); refused",
+                    now.ino(),
+                    now.dev(),
+                    want.ino,
+                    want.dev
+                ),
+            });
+        }
     }
     Ok(())
 }

@@ -165,7 +165,12 @@ pub fn run(c: Command) -> Result<()> {
                     "file {path}{}",
                     if ghost.is_some() { " (deleted)" } else { "" }
                 ),
-                FileKind::Directory { path } => format!("directory {path}"),
+                FileKind::Directory { path, removed } => {
+                    format!(
+                        "directory {path}{}",
+                        if *removed { " (removed)" } else { "" }
+                    )
+                }
                 FileKind::Device { path, .. } => format!("device {path}"),
                 FileKind::Pipe { pipe } => format!("pipe#{pipe}"),
                 FileKind::EventFd { count, .. } => format!("eventfd count={count}"),
