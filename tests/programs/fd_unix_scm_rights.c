@@ -15,7 +15,8 @@
  *                        queue holds "inner" [R2], the read end of pipe P2
  *                        (closed here; "nested" waits in it)
  * D's d1 holds "self" [d1] (the socket carries itself) and "peer" [d0].
- * A seqpacket pair Q holds "dir" [the directory $T, opened O_DIRECTORY].
+ * A seqpacket pair Q holds "dir" [the directory $T, opened O_DIRECTORY] and
+ * "ghost" [$T/gone, a file deleted since, only in flight].
  * Verifies: every message comes back with its descriptors and none early,
  * each descriptor is the same object (the same description as the one the
  * process holds (kcmp), the file's inode and offset, the memfd's name and
@@ -118,6 +119,11 @@ int main(void)
 	ferry_fill(mdata, sizeof mdata, 77);
 	FERRY_SYS(write(m, mdata, sizeof mdata));
 	int dir = FERRY_SYS(open(ferry_dir(), O_RDONLY | O_DIRECTORY));
+	char gone[PATH_MAX];
+	ferry_path(gone, sizeof gone, "gone");
+	int gh = FERRY_SYS(open(gone, O_RDWR | O_CREAT | O_TRUNC, 0640));
+	FERRY_SYS(write(gh, "ghost-data", 10));
+	FERRY_SYS(unlink(gone));
 	ino_t dir_ino = ino_of(dir);
 
 	send_fds(s[0], "hdr1", NULL, 0);
@@ -131,6 +137,7 @@ int main(void)
 	send_fds(d[0], "self", (int[]){ d[1] }, 1);
 	send_fds(d[0], "peer", (int[]){ d[0] }, 1);
 	send_fds(q[0], "dir", (int[]){ dir }, 1);
+	send_fds(q[0], "ghost", (int[]){ gh }, 1);
 	/* Only in flight from here on. */
 	close(p[1]);
 	close(f);
@@ -138,6 +145,7 @@ int main(void)
 	close(n[1]);
 	close(p2[0]);
 	close(dir);
+	close(gh);
 
 	int before[64];
 	int nbefore = ferry_list_fds(before, 64);
@@ -222,6 +230,19 @@ int main(void)
 	if (k == 1) {
 		FERRY_CHECK_EQ("directory inode", (long)dir_ino, (long)ino_of(got[0]));
 		FERRY_CHECK(faccessat(got[0], "data", F_OK, 0) == 0, "data not found through dir");
+		close(got[0]);
+	}
+	k = recv_fds(q[1], "ghost", "ghost", got, 8);
+	FERRY_CHECK_EQ("descriptors with ghost", 1, k);
+	if (k == 1) {
+		memset(buf, 0, sizeof buf);
+		FERRY_CHECK_EQ("read the deleted file", 10, pread(got[0], buf, sizeof buf, 0));
+		FERRY_CHECK_EQ_STR("deleted file's contents", "ghost-data", buf);
+		char want[PATH_MAX + 16];
+		snprintf(want, sizeof want, "%s (deleted)", gone);
+		char lk[PATH_MAX + 16];
+		FERRY_CHECK_EQ_STR("deleted file's link", want, ferry_fd_link(got[0], lk, sizeof lk));
+		FERRY_CHECK(access(gone, F_OK) < 0, "the deleted file is back under its name");
 		close(got[0]);
 	}
 	FERRY_CHECK_EQ("s0 -> s1 after restore", 2, write(s[0], "ok", 2));

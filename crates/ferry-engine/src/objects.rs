@@ -557,7 +557,7 @@ impl RestoreObjects {
 /// The first process of the tree that holds deleted file `id`, and how (its descriptor or
 /// mapping, for messages).
 fn ghost_holder(tree: &Tree, id: u32) -> Option<(&Process, String)> {
-    tree.processes.iter().find_map(|p| {
+    let held = tree.processes.iter().find_map(|p| {
         let by_fd = p.fds.iter().find(|f| {
             matches!(
                 tree.files.get(f.file as usize).map(|d| &d.kind),
@@ -571,7 +571,25 @@ fn ghost_holder(tree: &Tree, id: u32) -> Option<(&Process, String)> {
             .iter()
             .find(|v| matches!(&v.backing, Backing::File { ghost: Some(g), .. } if *g == id))
             .map(|v| (p, format!("mapping {:x}-{:x}", v.start, v.end)))
-    })
+    });
+    if held.is_some() {
+        return held;
+    }
+    // Only in flight (SCM_RIGHTS): for the process holding the socket that carries it.
+    let file = tree
+        .files
+        .iter()
+        .find(|d| matches!(&d.kind, FileKind::Regular { ghost: Some(g), .. } if *g == id))?;
+    let mut holders: HashMap<u32, (&Process, i32)> = HashMap::new();
+    for p in tree.processes.iter().filter(|p| p.zombie_status.is_none()) {
+        for f in &p.fds {
+            holders.entry(f.file).or_insert((p, f.fd));
+        }
+    }
+    crate::resources::sockets::holders_in_flight(tree, &mut holders, None);
+    holders
+        .get(&file.id)
+        .map(|(p, _)| (*p, format!("file {} in flight", file.id)))
 }
 
 /// A deleted file recreated under its old name, so that the descriptors and mappings made from

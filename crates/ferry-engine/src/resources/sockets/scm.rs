@@ -25,14 +25,13 @@ use super::*;
 /// one).
 pub(crate) fn may_fly(kind: &FileKind) -> std::result::Result<(), &'static str> {
     match kind {
-        FileKind::Regular { ghost: None, .. }
+        FileKind::Regular { .. }
         | FileKind::Directory { .. }
         | FileKind::Device { .. }
         | FileKind::PathOnly { .. }
         | FileKind::Pipe { .. }
         | FileKind::EventFd { .. }
         | FileKind::Memfd { .. } => Ok(()),
-        FileKind::Regular { ghost: Some(_), .. } => Err("a deleted file"),
         FileKind::Socket(s) if s.tcp.is_some() => Err("a TCP connection"),
         FileKind::Socket(s) if s.family != SockFamily::Unix && s.sock_type == SockType::Stream => {
             Err("a TCP socket")
