@@ -16,6 +16,11 @@
 //!    seccomp filter to b's guest init (the supervisor) and back; `getpid` and `uname` pass
 //!    the filter in the kernel (its cost for calls that stay local).
 //!
+//! 4. *relays*: a writer streams `--relay-mib` MiB to this process over a pipe (its stdout) or a
+//!    TCP connection on the loopback, at home and moved to b: moved, the daemons relay them
+//!    (`ferry-daemon/src/relay.rs`), b's end to a's over the cluster's mTLS link. The time runs
+//!    from the go-ahead to end of file; the rate is against the same stream at home.
+//!
 //! The migration itself is not timed here (`ferry-bench migrate` does). See docs/benchmarks.md.
 
 use crate::common::{ferry_binary, markdown};
@@ -47,7 +52,44 @@ pub struct Args {
     /// Only the *calls* measure.
     #[arg(long)]
     calls_only: bool,
+    /// MiB each run of the *relays* measure streams (0: no relay measure).
+    #[arg(long, default_value_t = 256)]
+    relay_mib: u64,
+    /// Runs of the *relays* measure, at home and moved, per kind.
+    #[arg(long, default_value_t = 3)]
+    relay_runs: usize,
 }
+
+/// The *relays* writer: connects (TCP to 127.0.0.1:PORT, or writes to its stdout for "pipe"),
+/// waits for GO to exist, writes BYTES in 64 KiB writes, and exits.
+const WRITER_C: &str = r#"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    int fd = 1;
+    if (strcmp(argv[2], "pipe")) {
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(atoi(argv[2])) };
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a)) return 3;
+    }
+    long long left = atoll(argv[3]);
+    static char buf[65536];
+    memset(buf, 'x', sizeof buf);
+    while (access(argv[1], F_OK)) usleep(2000);
+    while (left > 0) {
+        ssize_t n = write(fd, buf, left < (long long)sizeof buf ? left : (long long)sizeof buf);
+        if (n <= 0) return 4;
+        left -= n;
+    }
+    return 0;
+}
+"#;
 
 /// The *calls* program: waits for GO to exist, then makes each call N times and writes
 /// "NAME NS-PER-CALL" lines to OUT (atomically).
@@ -154,6 +196,11 @@ pub fn run(a: Args) -> Result<()> {
         Ok(())
     };
     let calls = calls_table(&a, &moved)?;
+    let relays = if a.relay_mib > 0 && !a.calls_only {
+        relays_table(&a, &moved)?
+    } else {
+        String::new()
+    };
     if a.calls_only {
         println!("{calls}");
         return Ok(());
@@ -225,7 +272,102 @@ pub fn run(a: Args) -> Result<()> {
     println!("{}", markdown(&lines));
     println!();
     println!("{calls}");
+    if !relays.is_empty() {
+        println!();
+        println!("{relays}");
+    }
     Ok(())
+}
+
+/// The *relays* measure: per kind (pipe, TCP), the median rate at home and moved.
+fn relays_table(a: &Args, moved: &dyn Fn(&Child) -> Result<()>) -> Result<String> {
+    use std::io::Read;
+    let dir = std::env::temp_dir().join(format!("ferry-bench-relays.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("make {}", dir.display()))?;
+    let (src, bin) = (dir.join("writer.c"), dir.join("writer"));
+    std::fs::write(&src, WRITER_C)?;
+    let st = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .context("run gcc")?;
+    if !st.success() {
+        bail!("gcc could not build the writer");
+    }
+    let bytes = a.relay_mib << 20;
+    eprintln!(
+        "ferry-bench: relays: {} runs of {} MiB per kind, at home and moved",
+        a.relay_runs, a.relay_mib
+    );
+    // [kind][moved] -> MiB/s, one per run.
+    let kinds = ["pipe", "tcp"];
+    let mut rates: Vec<[Vec<f64>; 2]> = kinds.iter().map(|_| Default::default()).collect();
+    let mut buf = vec![0u8; 1 << 20];
+    for run in 0..a.relay_runs {
+        for (i, kind) in kinds.iter().enumerate() {
+            for (k, moving) in [false, true].into_iter().enumerate() {
+                let go = dir.join(format!("go-{run}-{kind}-{k}"));
+                let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+                let port = listener.local_addr()?.port().to_string();
+                let mut c = Command::new(&bin)
+                    .arg(&go)
+                    .arg(if *kind == "pipe" { "pipe" } else { &port })
+                    .arg(bytes.to_string())
+                    .stdin(Stdio::null())
+                    .stdout(if *kind == "pipe" {
+                        Stdio::piped()
+                    } else {
+                        Stdio::null()
+                    })
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("start the writer")?;
+                let mut from: Box<dyn Read> = match c.stdout.take() {
+                    Some(p) => Box::new(p),
+                    None => Box::new(listener.accept().context("accept the writer")?.0),
+                };
+                if moving {
+                    moved(&c)?;
+                }
+                let t = Instant::now();
+                std::fs::write(&go, "")?;
+                let mut got = 0u64;
+                loop {
+                    let n = from.read(&mut buf).context("read the stream")?;
+                    if n == 0 {
+                        break;
+                    }
+                    got += n as u64;
+                }
+                let secs = t.elapsed().as_secs_f64();
+                let st = wait(&mut c)?;
+                if !st.success() || got != bytes {
+                    bail!("{kind}: {got} of {bytes} bytes, the writer ended with {st} (moved: {moving})");
+                }
+                rates[i][k].push(bytes as f64 / (1 << 20) as f64 / secs);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut lines = vec![vec![
+        "stream".to_string(),
+        "at home MiB/s".into(),
+        "moved (relayed) MiB/s".into(),
+        "moved vs home".into(),
+    ]];
+    for (i, kind) in kinds.iter().enumerate() {
+        let home = stats(&rates[i][0]).median;
+        let there = stats(&rates[i][1]).median;
+        lines.push(vec![
+            format!("{kind}, {} MiB, writer to this process", a.relay_mib),
+            format!("{home:.0}"),
+            format!("{there:.0}"),
+            format!("{:.2}x", there / home.max(1e-9)),
+        ]);
+    }
+    Ok(markdown(&lines))
 }
 
 /// The *calls* measure: per call, the median over the runs of its mean time at home and moved.
