@@ -502,6 +502,10 @@ pub struct Pipe {
     #[serde(default)]
     pub packets: Vec<u64>,
     pub fifo_path: Option<String>,
+    /// The FIFO had been unlinked while held: a restore makes one again under that name (its
+    /// mode is the identity's of a description of it), opens it and unlinks it at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fifo_removed: bool,
     /// An anonymous pipe whose other end a process outside the tree holds, at the tree's home:
     /// the home's deputy keeps that end and the daemons relay between it and a pipe made anew
     /// at the destination (see ARCHITECTURE.md, "Relays"). Rebuilt empty (what was buffered

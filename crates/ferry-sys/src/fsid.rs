@@ -155,6 +155,21 @@ pub fn unlink_in(dirfd: RawFd, name: &std::ffi::OsStr) -> SysResult<()> {
     check("unlinkat", r as libc::c_long).map(drop)
 }
 
+/// mknodat(2) of a FIFO `name` in `dirfd` with `mode` (less the umask).
+pub fn mkfifo_in(dirfd: RawFd, name: &std::ffi::OsStr, mode: u32) -> SysResult<()> {
+    let c = cstr("mknodat", name)?;
+    // SAFETY: a valid NUL-terminated string; plain integers.
+    let r = unsafe {
+        libc::mknodat(
+            dirfd,
+            c.as_ptr(),
+            libc::S_IFIFO | (mode & 0o7777) as libc::mode_t,
+            0,
+        )
+    };
+    check("mknodat", r as libc::c_long).map(drop)
+}
+
 /// unlinkat(2) with AT_REMOVEDIR: removes the empty directory `name` in `dirfd`.
 pub fn rmdir_in(dirfd: RawFd, name: &std::ffi::OsStr) -> SysResult<()> {
     let c = cstr("unlinkat", name)?;

@@ -230,6 +230,11 @@ impl FdCapture {
                     ghost,
                 });
             }
+            if deleted && ft.is_fifo() {
+                let pipe = self.pipe(pid, fd, md.ino(), Some(path), tree)?;
+                tree.pipes[pipe as usize].fifo_removed = true;
+                return Ok(FileKind::Pipe { pipe });
+            }
             if deleted && ft.is_dir() {
                 return Ok(FileKind::Directory {
                     path,
@@ -335,6 +340,7 @@ impl FdCapture {
             buffered,
             packets,
             fifo_path,
+            fifo_removed: false,
             relayed: false,
         });
         self.pipes_by_ino.insert(ino, id);
@@ -410,7 +416,29 @@ pub fn open_descriptions(
     let mut out = HashMap::new();
     let mut pipe_ends: HashMap<u32, PipeEnds> = HashMap::new();
     for p in &tree.pipes {
-        if let Some(path) = &p.fifo_path {
+        if let (Some(path), true) = (&p.fifo_path, p.fifo_removed) {
+            // Unlinked: made again (resources/removed.rs), held open and unlinked at once;
+            // every description of it is opened through this one.
+            let d = fifo_desc(p.id)?;
+            let (holder, fd) = holders
+                .get(&d.id)
+                .ok_or_else(|| Error::BadImage(format!("FIFO {path} is held by no process")))?;
+            let how = format!("fd {fd}");
+            let mode = d.identity.as_ref().map_or(0o600, |i| i.mode);
+            let rights = objects.rights(holder);
+            let made = super::removed::make(
+                holder.pid,
+                &how,
+                super::removed::Node::Fifo,
+                path,
+                mode,
+                &rights.process,
+            )?;
+            let keep = made.open(holder.pid, &how, libc::O_RDWR | libc::O_NONBLOCK)?;
+            made.remove(holder.pid, &how)?;
+            fill_pipe(&keep, p, false)?;
+            pipe_ends.insert(p.id, (None, None, Some(keep)));
+        } else if let Some(path) = &p.fifo_path {
             // Holding the FIFO open for both reading and writing lets the ends open without
             // blocking and keeps the buffered bytes alive until the processes hold it.
             let keep = by_path(
@@ -499,7 +527,14 @@ pub fn open_descriptions(
                 let how = format!("fd {fd}");
                 let mode = d.identity.as_ref().map_or(0o700, |i| i.mode);
                 let rights = objects.rights(p);
-                let made = super::removed_dirs::make(p.pid, &how, path, mode, &rights.process)?;
+                let made = super::removed::make(
+                    p.pid,
+                    &how,
+                    super::removed::Node::Dir,
+                    path,
+                    mode,
+                    &rights.process,
+                )?;
                 let fd = made.open(p.pid, &how, keep_flags(d.flags))?;
                 made.remove(p.pid, &how)?;
                 fd
@@ -535,6 +570,12 @@ pub fn open_descriptions(
                     None => {
                         // A second description of the same end, or a FIFO: open it anew.
                         match &p.fifo_path {
+                            Some(_) if p.fifo_removed => {
+                                let keep = ends.2.as_ref().expect("made above");
+                                let src = format!("/proc/self/fd/{}", keep.as_raw_fd());
+                                fdops::open_path(&src, acc | libc::O_NONBLOCK | libc::O_CLOEXEC, 0)
+                                    .ctx(me, || format!("reopen removed FIFO {}", p.ino))?
+                            }
                             Some(path) => by_path(d, path, acc | libc::O_NONBLOCK, Match::Inode)?,
                             None => {
                                 let any = ends.0.as_ref().or(ends.1.as_ref()).or(ends.2.as_ref());

@@ -8,7 +8,7 @@ pub mod jobctl;
 pub mod locks;
 pub mod memory;
 pub mod process;
-pub mod removed_dirs;
+pub mod removed;
 pub mod seccomp;
 pub mod signals;
 pub mod sockets;

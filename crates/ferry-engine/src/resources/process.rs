@@ -156,10 +156,17 @@ pub fn restore_environment(
     let removed = p.cwd.strip_suffix(" (deleted)");
     let cwd = removed.unwrap_or(&p.cwd);
     if let Some(cwd) = removed {
-        // Made again, entered and removed (resources/removed_dirs.rs).
+        // Made again, entered and removed (resources/removed.rs).
         let how = "working directory";
         let mode = p.cwd_identity.as_ref().map_or(0o700, |i| i.mode);
-        let made = crate::resources::removed_dirs::make(pid, how, cwd, mode, &rights.process)?;
+        let made = crate::resources::removed::make(
+            pid,
+            how,
+            crate::resources::removed::Node::Dir,
+            cwd,
+            mode,
+            &rights.process,
+        )?;
         inj.syscall("chdir", libc::SYS_chdir, &[path(&made.path)?])
             .map_err(|e| crate::Error::Restore {
                 pid,

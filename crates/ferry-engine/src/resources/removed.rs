@@ -1,8 +1,9 @@
-//! Directories removed while still in use: one held open by a descriptor, or a process's
-//! working directory. Such a directory is empty and can gain no entry; what is left of it is
-//! an inode with its mode, and the name /proc shows followed by " (deleted)". It is made again
-//! as an empty directory under its old name (beside it, under a name of ours, when that name
-//! is taken now), with the rights of the process it is for, entered or opened, and removed.
+//! Directories and FIFOs removed while still in use: a directory held open by a descriptor,
+//! or a process's working directory; a FIFO held open (its buffered bytes are the pipe's, see
+//! `files.rs`). Such a directory is empty and can gain no entry; what is left of either is an
+//! inode with its mode, and the name /proc shows followed by " (deleted)". It is made again
+//! under its old name (beside it, under a name of ours, when that name is taken now), with
+//! the rights of the process it is for, entered or opened, and removed.
 
 use crate::error::{Error, Result};
 use ferry_sys::fsid::{self, with_fs_creds, FsCreds};
@@ -10,8 +11,16 @@ use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
-/// An empty directory made to stand for a removed one, removed again when dropped.
+/// What was removed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Node {
+    Dir,
+    Fifo,
+}
+
+/// An empty directory or a FIFO made to stand for a removed one, removed again when dropped.
 pub struct Made {
+    node: Node,
     /// Its parent (O_PATH), opened without following any link.
     parent: OwnedFd,
     name: OsString,
@@ -21,12 +30,24 @@ pub struct Made {
     removed: bool,
 }
 
-/// Makes an empty directory with `mode` where `path` was, as `creds`, for `how` (what needs
-/// it, for messages) of process `pid`.
-pub fn make(pid: i32, how: &str, path: &str, mode: u32, creds: &FsCreds) -> Result<Made> {
+/// Makes an empty directory (or a FIFO) with `mode` where `path` was, as `creds`, for `how`
+/// (what needs it, for messages) of process `pid`.
+pub fn make(
+    pid: i32,
+    how: &str,
+    node: Node,
+    path: &str,
+    mode: u32,
+    creds: &FsCreds,
+) -> Result<Made> {
+    let kind = if node == Node::Dir {
+        "directory"
+    } else {
+        "FIFO"
+    };
     let fail = |why: String| Error::Restore {
         pid,
-        what: format!("{how}: make removed directory {path} again (as {creds}): {why}"),
+        what: format!("{how}: make removed {kind} {path} again (as {creds}): {why}"),
     };
     let p = Path::new(path);
     let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else {
@@ -49,13 +70,17 @@ pub fn make(pid: i32, how: &str, path: &str, mode: u32, creds: &FsCreds) -> Resu
             .map_err(|e| format!("open its parent {}: {e}", parent.display()))?;
             let mut name = name.clone();
             let mode = mode & 0o7777;
-            if let Err(e) = fsid::mkdir_in(dir.as_raw_fd(), &name, mode) {
+            let mk = |n: &std::ffi::OsStr| match node {
+                Node::Dir => fsid::mkdir_in(dir.as_raw_fd(), n, mode),
+                Node::Fifo => fsid::mkfifo_in(dir.as_raw_fd(), n, mode),
+            };
+            if let Err(e) = mk(&name) {
                 if e.errno != libc::EEXIST {
-                    return Err(format!("mkdir: {e}"));
+                    return Err(format!("make it: {e}"));
                 }
-                // The name is someone else's now: the removed directory was not it.
+                // The name is someone else's now: what was removed was not it.
                 name.push(format!(".ferry-removed-{}", std::process::id()));
-                fsid::mkdir_in(dir.as_raw_fd(), &name, mode).map_err(|e| format!("mkdir: {e}"))?;
+                mk(&name).map_err(|e| format!("make it: {e}"))?;
             }
             Ok((dir, name))
         },
@@ -65,6 +90,7 @@ pub fn make(pid: i32, how: &str, path: &str, mode: u32, creds: &FsCreds) -> Resu
     let (parent_fd, name) = made;
     let full = parent.join(&name).to_string_lossy().into_owned();
     let m = Made {
+        node,
         parent: parent_fd,
         name,
         path: full,
@@ -72,7 +98,8 @@ pub fn make(pid: i32, how: &str, path: &str, mode: u32, creds: &FsCreds) -> Resu
         removed: false,
     };
     // Its mode as captured (mkdir(2) takes the umask off).
-    let fd = m.open(pid, how, libc::O_RDONLY | libc::O_DIRECTORY)?;
+    // (A FIFO opened for reading without waiting for a writer.)
+    let fd = m.open(pid, how, libc::O_RDONLY | libc::O_NONBLOCK)?;
     let _ = std::fs::File::from(fd)
         .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o7777));
     Ok(m)
@@ -87,7 +114,14 @@ impl Made {
             fsid::openat2(
                 parent,
                 &name,
-                flags | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                flags
+                    | if self.node == Node::Dir {
+                        libc::O_DIRECTORY
+                    } else {
+                        0
+                    }
+                    | libc::O_NOFOLLOW
+                    | libc::O_CLOEXEC,
                 0,
                 libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS,
             )
@@ -105,7 +139,8 @@ impl Made {
         self.removed = true;
         let parent = self.parent.as_raw_fd();
         let name = self.name.clone();
-        with_fs_creds(&self.creds, || fsid::rmdir_in(parent, &name))
+        let node = self.node;
+        with_fs_creds(&self.creds, || remove_in(node, parent, &name))
             .map_err(|e| e.to_string())
             .and_then(|r| r.map_err(|e| e.to_string()))
             .map_err(|e| Error::Restore {
@@ -120,7 +155,19 @@ impl Drop for Made {
         if !self.removed {
             let parent = self.parent.as_raw_fd();
             let name = self.name.clone();
-            let _ = with_fs_creds(&self.creds, || fsid::rmdir_in(parent, &name));
+            let node = self.node;
+            let _ = with_fs_creds(&self.creds, || remove_in(node, parent, &name));
         }
+    }
+}
+
+fn remove_in(
+    node: Node,
+    parent: std::os::fd::RawFd,
+    name: &std::ffi::OsStr,
+) -> ferry_sys::SysResult<()> {
+    match node {
+        Node::Dir => fsid::rmdir_in(parent, name),
+        Node::Fifo => fsid::unlink_in(parent, name),
     }
 }
