@@ -102,6 +102,11 @@ pub fn capture_with<W: Write>(
     let view = PidView::of(frozen)?;
     let mut objects = CaptureObjects::default();
     let mut fdcap = FdCapture::default();
+    fdcap.tree_ids = frozen
+        .procs
+        .iter()
+        .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
+        .collect();
     if frozen.relay_pipes {
         let pids: Vec<i32> = frozen.procs.iter().map(|p| p.pid).collect();
         fdcap.relay = crate::preflight::pipes_shared_outside(&pids);

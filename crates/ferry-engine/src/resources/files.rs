@@ -36,6 +36,8 @@ pub struct FdCapture {
     pub relay_ttys: bool,
     /// Descriptors in flight found in the sockets' queues (see `sockets::InFlight`).
     inflight: std::cell::RefCell<super::sockets::InFlight>,
+    /// The PIDs and TIDs of the tree (ours): a file under /proc/PID of one of them is refused.
+    pub tree_ids: std::collections::HashSet<i32>,
 }
 
 fn octal(info: &[(String, String)], key: &str) -> i64 {
@@ -214,6 +216,14 @@ impl FdCapture {
                 .unwrap_or(0);
             let semaphore = decimal(info, "eventfd-semaphore") != 0;
             return Ok(FileKind::EventFd { count, semaphore });
+        }
+        if let Some(id) = proc_pid_of(link).filter(|id| self.tree_ids.contains(id)) {
+            // Its /proc/PID names a process that is rebuilt only after its descriptors are
+            // opened, under that PID as the tree sees it, and a file there is a new inode.
+            return Err(unsupported(&format!(
+                "it is a file of /proc/{id}, a process of the tree (/proc/self opened by it?), \
+                 which cannot be checkpointed yet"
+            )));
         }
         if let Some(path) = link.strip_prefix('/').map(|_| link) {
             let deleted = path.ends_with(" (deleted)");
@@ -665,6 +675,12 @@ pub fn open_descriptions(
         }
     }
     Ok((out, relays))
+}
+
+/// N of a path under /proc/N (a process's own /proc directory or a file in it).
+fn proc_pid_of(link: &str) -> Option<i32> {
+    let rest = link.strip_prefix("/proc/")?;
+    rest.split('/').next()?.parse().ok()
 }
 
 /// A description's path, or its number, for messages.
