@@ -63,6 +63,8 @@ pub struct Shape {
     /// Address space reserved for memory (MiB), of which only the touched part is ever
     /// written (so only that is in an image); 0: just what is touched.
     pub reserve_mib: usize,
+    /// Memory that compresses: each word one byte of noise and seven zero bytes.
+    pub compressible: bool,
 }
 
 impl Shape {
@@ -95,6 +97,9 @@ impl Shape {
             format!("--fds={}", self.fds),
             format!("--reserve-mib={}", self.reserve_mib),
         ]
+        .into_iter()
+        .chain(self.compressible.then(|| "--compressible".to_string()))
+        .collect()
     }
 
     pub fn label(&self) -> String {
@@ -205,6 +210,12 @@ pub fn run(mib: usize, dir: &Path, shape: Shape) -> Result<()> {
     let mut words: Vec<u64> = Vec::with_capacity(shape.reserve_mib.max(mib) << 17);
     words.resize(mib << 17, 0);
     fill(&mut words, 0x5eed ^ mib as u64);
+    if shape.compressible {
+        for w in &mut words {
+            // Never 0: no page is all zero (those are never sent).
+            *w = (*w & 0xff) | 1;
+        }
+    }
     let sum = checksum(&words);
     write_atomic(
         dir,

@@ -85,6 +85,10 @@ enum Command {
         /// Address space to reserve (MiB), of which only the first MIB are touched.
         #[arg(long, default_value_t = 0)]
         reserve_mib: usize,
+        /// Fill memory with data that compresses (each word a byte of noise and seven zero
+        /// bytes, as a heap of small numbers does) instead of noise that does not.
+        #[arg(long)]
+        compressible: bool,
     },
 }
 
@@ -107,6 +111,7 @@ fn main() {
             children,
             fds,
             reserve_mib,
+            compressible,
         } => hold::run(
             mib,
             &dir,
@@ -116,6 +121,7 @@ fn main() {
                 children,
                 fds,
                 reserve_mib,
+                compressible,
             },
         ),
         Command::Lazy(a) => lazy::run(a),

@@ -58,6 +58,16 @@ pub struct Args {
     /// Also print ferry's JSON report of every migration.
     #[arg(long)]
     verbose: bool,
+    /// How memory moves (`ferry migrate --memory`): eager (stop-and-copy, as the tables of
+    /// docs/benchmarks.md were measured), precopy or auto.
+    #[arg(long, default_value = "eager", value_parser = ["eager", "precopy", "auto"])]
+    memory: String,
+    /// The child's memory compresses (a byte of noise in each 8) instead of being all noise.
+    #[arg(long)]
+    compressible: bool,
+    /// The nodes never compress the stream between them (`ferry cluster up --no-compress`).
+    #[arg(long)]
+    no_compress: bool,
 }
 
 /// One migration (times in ms).
@@ -105,7 +115,7 @@ pub fn run(a: Args) -> Result<()> {
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).with_context(|| format!("create {}", work.display()))?;
     let result = (|| {
-        let cluster = Cluster::up(&ferry, a.port, &work.join("cluster"))?;
+        let cluster = Cluster::up(&ferry, a.port, &work.join("cluster"), a.no_compress)?;
         let rows = measure_all(&a, &cluster, &work)?;
         let null = (0..a.null_runs)
             .map(|r| {
@@ -171,7 +181,7 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn up(ferry: &Path, port: u16, dir: &Path) -> Result<Cluster> {
+    fn up(ferry: &Path, port: u16, dir: &Path, no_compress: bool) -> Result<Cluster> {
         let c = Cluster {
             ferry: ferry.to_path_buf(),
             dir: dir.to_path_buf(),
@@ -181,6 +191,7 @@ impl Cluster {
             // One network stack and file system for both nodes, as when docs/benchmarks.md
             // was measured (and the benchmark's files may lie in /tmp).
             .args(["--isolation", "shared"])
+            .args(no_compress.then_some("--no-compress"))
             .arg("--dir")
             .arg(dir)
             .stdin(Stdio::null())
@@ -217,14 +228,14 @@ impl Cluster {
     }
 
     /// `ferry --node a migrate PID --to b --json`, with a time limit: the report.
-    fn migrate(&self, pid: i32, dir: &Path) -> Result<serde_json::Value> {
+    fn migrate(&self, pid: i32, dir: &Path, memory: &str) -> Result<serde_json::Value> {
         let mut cmd = Command::new(&self.ferry);
         cmd.env("FERRY_CLUSTER_DIR", &self.dir)
             .env("FERRY_NODE", "a");
         let pid = pid.to_string();
         ferry_json(
             cmd,
-            &["migrate", &pid, "--to", "b", "--json"],
+            &["migrate", &pid, "--to", "b", "--json", "--memory", memory],
             dir,
             "migrate",
         )
@@ -253,13 +264,17 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
         0.0
     };
 
-    let (mut holder, sum) = Holder::start(dir, mib, Duration::from_millis(2))?;
+    let shape = crate::hold::Shape {
+        compressible: a.compressible,
+        ..Default::default()
+    };
+    let (mut holder, sum) = Holder::start_shaped(dir, mib, shape, Duration::from_millis(2))?;
     let pid = holder.pid;
     sleep(Duration::from_millis(100));
 
     let cpu0 = (cluster.cpu_ms("a")?, cluster.cpu_ms("b")?);
     let t0 = Instant::now();
-    let report = cluster.migrate(pid, dir)?;
+    let report = cluster.migrate(pid, dir, &a.memory)?;
     let wall = t0.elapsed().as_secs_f64() * 1e3;
     // The workers have exited; give the daemons a moment to reap them (and count their time).
     sleep(Duration::from_millis(400));

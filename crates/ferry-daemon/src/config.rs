@@ -81,6 +81,11 @@ pub struct Config {
     /// before its commit point: the process runs on at the source. Absent: 30.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_stall_secs: Option<f64>,
+    /// Whether a migration's stream between this node and another may go in compressed
+    /// frames (LZ4, each frame only where that saves an eighth of it), if both say so: this
+    /// node offers it when sending and takes it when receiving. Absent: true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<bool>,
     pub credentials: CredentialPaths,
     /// Whether a guest (a body: a tree whose home is another node) sees only the shared tree
     /// and the system's files, read-only, of this node (docs/security.md, "Guests are
@@ -111,6 +116,10 @@ fn yes() -> bool {
 
 impl Config {
     /// How long a migration's image stream may stall ([`Config::stream_stall_secs`]).
+    pub fn compress(&self) -> bool {
+        self.compress.unwrap_or(true)
+    }
+
     pub fn stream_stall(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.stream_stall_secs.unwrap_or(30.0).clamp(0.1, 1e6))
     }

@@ -13,9 +13,11 @@ use crate::outcomes::{Outcome, Outcomes};
 use crate::state;
 use crate::workers::Worker;
 use anyhow::{anyhow, bail, Context, Result};
+use ferry_transport::frame::LZ4;
 use ferry_transport::message::{kind, MigrateOffer, MigrateReport, ProcInfo, Rebuilt};
 use ferry_transport::{
-    read_frame, read_msg, tls, write_data, write_end, write_msg, Conn, Frame, FrameError, Msg,
+    read_frame, read_msg, tls, write_data, write_data_with, write_end, write_msg, Compressor, Conn,
+    Frame, FrameError, Msg,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -123,6 +125,11 @@ async fn send_counted(
             Some(g) => g.home_ids.clone(),
             None => home_ids(pid),
         },
+        compress: if node.config.compress() {
+            vec![LZ4.to_string()]
+        } else {
+            Vec::new()
+        },
     };
     // Until it is decided, a question from the destination decides it: not committed.
     node.outcomes
@@ -133,6 +140,9 @@ async fn send_counted(
     write_msg(&mut conn.stream, &Msg::MigrateOffer(offer.clone())).await?;
     match read_msg(&mut conn.stream).await {
         Ok(Msg::Accept) => {}
+        Ok(Msg::AcceptCompressed { codec }) if codec == LZ4 && !offer.compress.is_empty() => {
+            report.compression = codec;
+        }
         Ok(Msg::Refused { reason }) => bail!("node {to} refused PID {pid}: {reason}"),
         Ok(other) => bail!("node {to} answered the offer with {}", kind(&other)),
         Err(e) => bail!("node {to} did not answer the offer: {e}"),
@@ -370,6 +380,8 @@ async fn transfer(
     let to = report.to.clone();
     let stall = node.config.stream_stall();
     let mut first_data = true;
+    // Compressed frames where they pay, if the destination said it reads them.
+    let mut compressor = (report.compression == LZ4).then(Compressor::default);
     loop {
         // A capture worker streams as it captures: one silent for as long as a stalled stream
         // is stuck (with the tree frozen, and a destination that gives up too). Killed, it
@@ -401,11 +413,20 @@ async fn transfer(
                         tokio::time::sleep(stall * 2).await;
                     }
                 }
-                report.wire_bytes += d.len() as u64 + 5;
                 // A destination that stops reading must not hold the frozen tree forever.
-                let Ok(written) =
-                    tokio::time::timeout(stall, write_data(&mut conn.stream, &d)).await
-                else {
+                let sent = async {
+                    match &mut compressor {
+                        Some(c) => {
+                            let before = c.wire_bytes;
+                            write_data_with(&mut conn.stream, c, &d).await?;
+                            Ok::<u64, FrameError>(c.wire_bytes - before)
+                        }
+                        None => write_data(&mut conn.stream, &d)
+                            .await
+                            .map(|()| d.len() as u64 + 5),
+                    }
+                };
+                let Ok(written) = tokio::time::timeout(stall, sent).await else {
                     bail!(
                         "node {to} took nothing of the image for {:.1} s after {} bytes \
                          (stream stalled; stream_stall_secs)",
@@ -413,12 +434,15 @@ async fn transfer(
                         report.wire_bytes
                     );
                 };
-                if let Err(e) = written {
-                    // The destination may have given up, and said why, before it closed.
-                    if let Some(reason) = reason_given(conn).await {
-                        bail!("node {to} could not rebuild the tree: {reason}");
+                match written {
+                    Ok(n) => report.wire_bytes += n,
+                    Err(e) => {
+                        // The destination may have given up, and said why, before it closed.
+                        if let Some(reason) = reason_given(conn).await {
+                            bail!("node {to} could not rebuild the tree: {reason}");
+                        }
+                        return Err(e).with_context(|| format!("stream the image to node {to}"));
                     }
-                    return Err(e).with_context(|| format!("stream the image to node {to}"));
                 }
                 if last_progress.elapsed() > Duration::from_millis(200) {
                     progress(cli, "transfer", report.wire_bytes).await;
@@ -615,7 +639,14 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
             return Err(e);
         }
     };
-    write_msg(&mut conn.stream, &Msg::Accept).await?;
+    let accept = if node.config.compress() && offer.compress.iter().any(|c| c == LZ4) {
+        Msg::AcceptCompressed {
+            codec: LZ4.to_string(),
+        }
+    } else {
+        Msg::Accept
+    };
+    write_msg(&mut conn.stream, &accept).await?;
     tracing::info!(event = "migrate-in", from = %from, id = offer.id, home = %offer.home_node,
         home_pid = offer.home_pid);
 

@@ -10,7 +10,10 @@ pub mod revocation;
 pub mod tls;
 
 pub use credentials::{ClusterCa, CredentialPaths, Credentials};
-pub use frame::{read_frame, read_msg, write_data, write_end, write_msg, Frame, FrameError};
+pub use frame::{
+    read_frame, read_msg, write_data, write_data_with, write_end, write_msg, Compressor, Frame,
+    FrameError,
+};
 pub use message::Msg;
 pub use revocation::RevocationList;
 pub use tls::Conn;

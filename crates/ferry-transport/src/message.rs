@@ -18,9 +18,14 @@ pub enum Msg {
     Gossip {
         packet: ByteBuf,
     },
-    /// "May I send you this tree?" Answered by `Accept` or `Refused`.
+    /// "May I send you this tree?" Answered by `Accept`, `AcceptCompressed` or `Refused`.
     MigrateOffer(MigrateOffer),
     Accept,
+    /// `Accept`, and the stream may come in compressed frames of `codec` (one the offer
+    /// listed in `compress`: `frame::LZ4`).
+    AcceptCompressed {
+        codec: String,
+    },
     Refused {
         reason: String,
     },
@@ -331,6 +336,9 @@ pub struct MigrateOffer {
     /// body's calls are answered where it runs.
     #[serde(default)]
     pub home_ids: Option<HomeIds>,
+    /// The compressed frames the source can send (`frame::LZ4`); none from an older source.
+    #[serde(default)]
+    pub compress: Vec<String>,
 }
 
 /// What a signal sent with `sigqueue` (or another negative `si_code`, but SI_TKILL) carried, as
@@ -511,6 +519,9 @@ pub struct MigrateReport {
     pub image_bytes: u64,
     /// Bytes written to the connection, framing included (TLS adds its own few percent).
     pub wire_bytes: u64,
+    /// How the stream was compressed on the wire ("lz4", frames that pay only), or "" (not).
+    #[serde(default)]
+    pub compression: String,
     /// The destination's restore worker: from its start until the image was loaded (it reads
     /// the stream as it comes, so this spans the transfer), then rebuilding the tree.
     #[serde(default)]

@@ -75,8 +75,12 @@ fn messages() -> Vec<Msg> {
                 pgid: 9,
                 sid: 8,
             }),
+            compress: vec!["lz4".into()],
         }),
         Msg::Accept,
+        Msg::AcceptCompressed {
+            codec: "lz4".into(),
+        },
         Msg::Refused {
             reason: "full".into(),
         },

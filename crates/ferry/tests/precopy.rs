@@ -1,8 +1,9 @@
 //! Pre-copy migration (`--memory precopy`, and `auto`, the default) on real local clusters:
 //! threads asleep with a deadline (nanosleep, a futex wait with a timeout, poll) go on asleep
 //! through the brief stop that starts dirty tracking, through a move that fails after its
-//! capture and through the move that follows, never seeing EINTR; and `auto` moves a small
-//! tree eagerly and a large idle one by pre-copy, saying why.
+//! capture and through the move that follows, never seeing EINTR; `auto` moves a small tree
+//! eagerly and a large idle one by pre-copy, saying why; and memory that compresses crosses
+//! between the daemons compressed.
 
 mod common;
 
@@ -166,7 +167,8 @@ fn timed_sleeps_go_on() -> Result<(), Failed> {
 
 /// `auto` (no `--memory`): a tree of a few MiB moves eagerly (its freeze is short already); a
 /// large one that writes little moves by pre-copy, and the report says why, in each case with
-/// the numbers it chose from.
+/// the numbers it chose from. The victims' memory compresses well (a byte in eight varies):
+/// the daemons agree on LZ4 and the wire carries far less than the memory.
 fn auto_chooses() -> Result<(), Failed> {
     let c = Cluster::up("precopy-auto", 2);
     let small_dir = scratch("precopy", "auto-small");
@@ -178,6 +180,10 @@ fn auto_chooses() -> Result<(), Failed> {
     assert!(
         out.lines()
             .any(|l| l.starts_with("memory: eager (auto: ") && l.contains("MiB")),
+        "small: {out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("wire: lz4 compressed")),
         "small: {out}"
     );
     small.finish("a small tree moved by auto")?;
@@ -195,6 +201,11 @@ fn auto_chooses() -> Result<(), Failed> {
     assert!(
         m["inherited_bytes"].as_u64().unwrap_or(0) > 100 << 20,
         "the freeze did not take the rounds' pages: {r}"
+    );
+    assert_eq!(r["compression"], "lz4", "{r}");
+    assert!(
+        r["wire_bytes"].as_u64().unwrap_or(u64::MAX) < 110 << 20,
+        "160 MiB that compress went uncompressed: {r}"
     );
     large.finish("a large idle tree moved by auto")
 }

@@ -85,6 +85,10 @@ pub struct UpArgs {
     /// process runs on at its source (each node's `stream_stall_secs`) [default: 30].
     #[arg(long, value_name = "SECS")]
     pub stream_stall: Option<f64>,
+    /// Send migrations' streams between the nodes as they are, never compressed (each node's
+    /// `compress = false`; for measuring what compression saves).
+    #[arg(long)]
+    pub no_compress: bool,
     /// Each node's control socket mode (`control_mode`, octal: "0666" lets every local user
     /// use Ferry for their own processes) [default: 0600, root only].
     #[arg(long, value_name = "MODE")]
@@ -330,6 +334,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             web: None,
             balance: Default::default(),
             stream_stall_secs: a.stream_stall,
+            compress: a.no_compress.then_some(false),
             control_mode: a.control_mode.clone(),
             control_group: a.control_group.clone(),
             confine_guests: Some(a.confine_guests),

@@ -86,6 +86,14 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
         report.wire_bytes as f64 / (1 << 20) as f64,
         report.total_ms
     );
+    if !report.compression.is_empty() {
+        println!(
+            "wire: {} compressed: {:.1} MiB for an image of {:.1} MiB",
+            report.compression,
+            report.wire_bytes as f64 / (1 << 20) as f64,
+            report.image_bytes as f64 / (1 << 20) as f64
+        );
+    }
     let m = &report.memory;
     if !m.mode.is_empty() {
         println!("memory: {} ({})", m.mode, m.reason);
