@@ -12,6 +12,7 @@
 //! avoids. Each run starts a fresh cluster; the balancer decides alone; the table gives what it
 //! moved (from `ferry balance log`) and when the group (Gw, Grs, Grl) and I finished.
 
+use crate::common::Cluster;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -46,68 +47,37 @@ pub struct Args {
 
 const SOURCE: &str = include_str!("balance/dunes.c");
 
-struct Cluster<'a> {
-    ferry: &'a Path,
-    dir: PathBuf,
+/// A cluster of `n` separate nodes held to `quota` each, stopped on drop.
+fn cluster_up(ferry: &Path, n: usize, quota: f64) -> Result<Cluster> {
+    Cluster::up_fresh(
+        ferry,
+        &format!("ferry-bench-balance.{}", std::process::id()),
+        &[
+            "--nodes",
+            &n.to_string(),
+            "--cpu-quota",
+            &quota.to_string(),
+            "--port",
+            "7396",
+        ],
+        &[],
+    )
 }
 
-impl<'a> Cluster<'a> {
-    fn up(ferry: &'a Path, n: usize, quota: f64) -> Result<Cluster<'a>> {
-        let dir = std::env::temp_dir().join(format!("ferry-bench-balance.{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let c = Cluster { ferry, dir };
-        let o = Command::new(ferry)
-            .args(["cluster", "up", "--nodes", &n.to_string()])
-            .args(["--cpu-quota", &quota.to_string(), "--port", "7396"])
-            .arg("--dir")
-            .arg(&c.dir)
-            .stdin(Stdio::null())
-            .output()
-            .context("run ferry cluster up")?;
-        if !o.status.success() {
-            bail!(
-                "ferry cluster up failed: {}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        Ok(c)
+/// `ferry ARGS` on node `node`: its stdout.
+fn ferry_out(c: &Cluster, node: &str, args: &[&str]) -> Result<Vec<u8>> {
+    let o = c
+        .ferry_on(node)
+        .args(args)
+        .output()
+        .with_context(|| format!("run ferry {args:?}"))?;
+    if !o.status.success() {
+        bail!(
+            "ferry {args:?} on {node}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
-
-    fn ferry(&self, node: &str, args: &[&str]) -> Result<Vec<u8>> {
-        let o = Command::new(self.ferry)
-            .env("FERRY_CLUSTER_DIR", &self.dir)
-            .env("FERRY_NODE", node)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .with_context(|| format!("run ferry {args:?}"))?;
-        if !o.status.success() {
-            bail!(
-                "ferry {args:?} on {node}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        Ok(o.stdout)
-    }
-
-    fn cgroup_procs(&self, node: &str) -> Result<PathBuf> {
-        let cfg = std::fs::read_to_string(self.dir.join(node).join("ferry.toml"))?;
-        cfg.lines()
-            .find_map(|l| l.strip_prefix("cpu_cgroup = "))
-            .map(|v| PathBuf::from(v.trim().trim_matches('"')).join("cgroup.procs"))
-            .context("no cpu_cgroup in the node's config")
-    }
-}
-
-impl Drop for Cluster<'_> {
-    fn drop(&mut self) {
-        let _ = Command::new(self.ferry)
-            .args(["cluster", "down", "--dir"])
-            .arg(&self.dir)
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    Ok(o.stdout)
 }
 
 /// The workload's binary, compiled into a directory every node sees (not /tmp: a separate
@@ -157,14 +127,15 @@ struct Outcome {
 }
 
 fn run_one(ferry: &Path, bin: &Path, a: &Args, nodes: usize, alg: &str) -> Result<Outcome> {
-    let c = Cluster::up(ferry, nodes, a.quota)?;
+    let c = cluster_up(ferry, nodes, a.quota)?;
     let names: Vec<String> = (0..nodes)
         .map(|i| ((b'a' + i as u8) as char).to_string())
         .collect();
     let enabled = alg != "none";
     let algorithm = if enabled { alg } else { "cpu" };
     for n in &names {
-        c.ferry(
+        ferry_out(
+            &c,
             n,
             &[
                 "balance",
@@ -180,7 +151,7 @@ fn run_one(ferry: &Path, bin: &Path, a: &Args, nodes: usize, alg: &str) -> Resul
             ],
         )?;
     }
-    let procs = c.cgroup_procs("a")?;
+    let procs = c.cpu_cgroup("a")?.join("cgroup.procs");
     let bin_s = bin.display().to_string();
     let (rs_r, rs_w) = std::io::pipe()?;
     let (rl_r, rl_w) = std::io::pipe()?;
@@ -241,7 +212,7 @@ fn run_one(ferry: &Path, bin: &Path, a: &Args, nodes: usize, alg: &str) -> Resul
     // The pipes' ends are the children's alone now (moved into their Stdio).
     std::thread::sleep(Duration::from_millis(100));
     for p in &ps {
-        c.ferry("a", &["balance", "add", &p.child.id().to_string()])?;
+        ferry_out(&c, "a", &["balance", "add", &p.child.id().to_string()])?;
     }
     let deadline = Instant::now() + Duration::from_secs(900);
     while ps.iter().any(|p| p.ended.is_none()) {
@@ -281,7 +252,7 @@ fn run_one(ferry: &Path, bin: &Path, a: &Args, nodes: usize, alg: &str) -> Resul
     let mut logged = Vec::new();
     for n in &names {
         let log: Vec<serde_json::Value> =
-            serde_json::from_slice(&c.ferry(n, &["balance", "log", "--json"])?)?;
+            serde_json::from_slice(&ferry_out(&c, n, &["balance", "log", "--json"])?)?;
         for d in log {
             if d["action"] == "move" {
                 let seen: Vec<String> = d["candidates"]

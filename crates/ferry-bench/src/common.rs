@@ -304,3 +304,94 @@ pub fn wait_gone(pid: i32, timeout: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(2));
     }
 }
+
+/// A local cluster (`ferry cluster up`), stopped however the benchmark ends; its directory
+/// is removed too when the cluster made it afresh ([`Cluster::up_fresh`]).
+pub struct Cluster {
+    pub ferry: PathBuf,
+    pub dir: PathBuf,
+    remove_dir: bool,
+}
+
+impl Cluster {
+    /// `ferry cluster up ARGS --dir DIR` in a fresh `DIR` (under the temporary directory,
+    /// named `name`), removed again when the cluster is dropped; `env` for `cluster up`.
+    pub fn up_fresh(
+        ferry: &Path,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Cluster> {
+        let dir = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        Self::start(ferry, dir, true, args, env)
+    }
+
+    /// `ferry cluster up ARGS --dir DIR`, `dir` left behind when the cluster is dropped.
+    pub fn up_in(ferry: &Path, dir: &Path, args: &[&str]) -> Result<Cluster> {
+        Self::start(ferry, dir.to_path_buf(), false, args, &[])
+    }
+
+    fn start(
+        ferry: &Path,
+        dir: PathBuf,
+        remove_dir: bool,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Cluster> {
+        let c = Cluster {
+            ferry: ferry.to_path_buf(),
+            dir,
+            remove_dir,
+        };
+        let o = Command::new(ferry)
+            .args(["cluster", "up"])
+            .args(args)
+            .arg("--dir")
+            .arg(&c.dir)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .context("run ferry cluster up")?;
+        if !o.status.success() {
+            bail!(
+                "ferry cluster up {} failed (another cluster on that port? try --port): {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Ok(c)
+    }
+
+    /// A ferry command speaking to node `node` (stdin closed; no arguments yet).
+    pub fn ferry_on(&self, node: &str) -> Command {
+        let mut c = Command::new(&self.ferry);
+        c.env("FERRY_CLUSTER_DIR", &self.dir)
+            .env("FERRY_NODE", node)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// The CPU cgroup node `node` runs its guests in (`cpu_cgroup` of its ferry.toml).
+    pub fn cpu_cgroup(&self, node: &str) -> Result<PathBuf> {
+        let cfg = std::fs::read_to_string(self.dir.join(node).join("ferry.toml"))?;
+        cfg.lines()
+            .find_map(|l| l.strip_prefix("cpu_cgroup = "))
+            .map(|v| PathBuf::from(v.trim().trim_matches('"')))
+            .context("no cpu_cgroup in the node's config")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.ferry)
+            .args(["cluster", "down", "--dir"])
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .output();
+        if self.remove_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

@@ -24,7 +24,7 @@
 //! The migration itself is not timed here (`ferry-bench migrate` does). See docs/benchmarks.md.
 
 use crate::common::{ferry_binary, markdown};
-use crate::remote_exec::{stats, Cluster};
+use crate::remote_exec::{cluster_up, ferry_a, stats};
 use anyhow::{bail, Context, Result};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -180,13 +180,12 @@ pub fn run(a: Args) -> Result<()> {
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
     let ferry = ferry_binary(a.ferry.as_deref())?;
-    let cluster = Cluster::up(&ferry, a.port)?;
+    let cluster = cluster_up(&ferry, a.port)?;
     let moved = |c: &Child| -> Result<()> {
         // python3 takes a moment to start; a half-started interpreter moves too, but then
         // its start is measured as well.
         std::thread::sleep(Duration::from_millis(150));
-        let o = cluster
-            .ferry(&["migrate", &c.id().to_string(), "--to", "b"])
+        let o = ferry_a(&cluster, &["migrate", &c.id().to_string(), "--to", "b"])
             .stderr(Stdio::piped())
             .output()
             .context("run ferry migrate")?;

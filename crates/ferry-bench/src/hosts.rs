@@ -10,8 +10,8 @@
 //! 3. Eviction: `ferry evict b --json` with 1 and then 3 guests on b (each a small shell loop
 //!    moved there from a), the total time to free b. Sprite: 3.44 s on average, 3.26 guests.
 
-use crate::common::{ferry_binary, markdown};
-use anyhow::{bail, Context, Result};
+use crate::common::{ferry_binary, markdown, Cluster};
+use anyhow::{bail, Result};
 use ferry_policy::hosts::{reclaim_candidate, select, HostRequest};
 use ferry_policy::{HostGrant, NodeLoad};
 use std::path::{Path, PathBuf};
@@ -112,85 +112,60 @@ fn policy_table() -> String {
     markdown(&rows)
 }
 
-struct Cluster<'a> {
-    ferry: &'a Path,
-    dir: PathBuf,
+/// Three nodes (with `simulated` more that a's policy only imagines), once a sees both
+/// peers' loads.
+fn cluster_up(ferry: &Path, port: u16, simulated: usize) -> Result<Cluster> {
+    let c = Cluster::up_fresh(
+        ferry,
+        &format!("ferry-bench-hosts.{}.{simulated}", std::process::id()),
+        &[
+            "--nodes",
+            "3",
+            "--port",
+            &port.to_string(),
+            "--isolation",
+            "shared",
+        ],
+        &[("FERRY_SIMULATED_NODES", &simulated.to_string())],
+    )?;
+    // Until a sees both peers' loads.
+    let t = Instant::now();
+    loop {
+        let o = ferry_cmd(&c, "a", &["nodes", "--json"]).output()?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let loaded = v
+            .as_array()
+            .map(|a| a.iter().filter(|n| !n["load"].is_null()).count())
+            .unwrap_or(0);
+        if loaded == 3 {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            bail!("the cluster's nodes never saw each other's load");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(c)
 }
 
-impl<'a> Cluster<'a> {
-    fn up(ferry: &'a Path, port: u16, simulated: usize) -> Result<Cluster<'a>> {
-        let dir = std::env::temp_dir().join(format!(
-            "ferry-bench-hosts.{}.{simulated}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        let c = Cluster { ferry, dir };
-        let o = Command::new(ferry)
-            .args(["cluster", "up", "--nodes", "3", "--port", &port.to_string()])
-            .args(["--isolation", "shared", "--dir"])
-            .arg(&c.dir)
-            .env("FERRY_SIMULATED_NODES", simulated.to_string())
-            .stdin(Stdio::null())
-            .output()
-            .context("run ferry cluster up")?;
-        if !o.status.success() {
-            bail!(
-                "ferry cluster up failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        // Until a sees both peers' loads.
-        let t = Instant::now();
-        loop {
-            let o = c.ferry("a", &["nodes", "--json"]).output()?;
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-            let loaded = v
-                .as_array()
-                .map(|a| a.iter().filter(|n| !n["load"].is_null()).count())
-                .unwrap_or(0);
-            if loaded == 3 {
-                break;
-            }
-            if t.elapsed() > Duration::from_secs(20) {
-                bail!("the cluster's nodes never saw each other's load");
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Ok(c)
-    }
-
-    fn ferry(&self, node: &str, args: &[&str]) -> Command {
-        let mut c = Command::new(self.ferry);
-        c.env("FERRY_CLUSTER_DIR", &self.dir)
-            .env("FERRY_NODE", node)
-            .args(args)
-            .stdin(Stdio::null());
-        c
-    }
-
-    fn json(&self, node: &str, args: &[&str]) -> Result<serde_json::Value> {
-        let o = self.ferry(node, args).output()?;
-        if !o.status.success() {
-            bail!(
-                "ferry {} failed ({}): {}{}",
-                args.join(" "),
-                o.status,
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        Ok(serde_json::from_slice(&o.stdout)?)
-    }
+fn ferry_cmd(c: &Cluster, node: &str, args: &[&str]) -> Command {
+    let mut cmd = c.ferry_on(node);
+    cmd.args(args);
+    cmd
 }
 
-impl Drop for Cluster<'_> {
-    fn drop(&mut self) {
-        let _ = Command::new(self.ferry)
-            .args(["cluster", "down", "--dir"])
-            .arg(&self.dir)
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
+fn json(c: &Cluster, node: &str, args: &[&str]) -> Result<serde_json::Value> {
+    let o = ferry_cmd(c, node, args).output()?;
+    if !o.status.success() {
+        bail!(
+            "ferry {} failed ({}): {}{}",
+            args.join(" "),
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
+    Ok(serde_json::from_slice(&o.stdout)?)
 }
 
 struct Killed(Child);
@@ -211,7 +186,7 @@ fn request_table(ferry: &Path, port: u16, requests: usize) -> Result<String> {
         "no host".into(),
     ]];
     for sim in [0usize, 1000] {
-        let c = Cluster::up(ferry, port, sim)?;
+        let c = cluster_up(ferry, port, sim)?;
         let holder = Killed(
             Command::new("sleep")
                 .arg("3600")
@@ -223,14 +198,14 @@ fn request_table(ferry: &Path, port: u16, requests: usize) -> Result<String> {
         let mut failed = 0;
         for i in 0..requests + 5 {
             let t = Instant::now();
-            let o = c
-                .ferry(
-                    "a",
-                    &[
-                        "hosts", "get", "1", "--class", "cc", "--holder", &h, "--json",
-                    ],
-                )
-                .output()?;
+            let o = ferry_cmd(
+                &c,
+                "a",
+                &[
+                    "hosts", "get", "1", "--class", "cc", "--holder", &h, "--json",
+                ],
+            )
+            .output()?;
             let w = t.elapsed().as_secs_f64() * 1e3;
             let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
             if r["hosts"][0].as_str().is_none() {
@@ -244,8 +219,7 @@ fn request_table(ferry: &Path, port: u16, requests: usize) -> Result<String> {
                 continue;
             }
             let t = Instant::now();
-            let st = c
-                .ferry("a", &["hosts", "release", "--holder", &h])
+            let st = ferry_cmd(&c, "a", &["hosts", "release", "--holder", &h])
                 .stdout(Stdio::null())
                 .status()?;
             if !st.success() {
@@ -272,7 +246,7 @@ fn request_table(ferry: &Path, port: u16, requests: usize) -> Result<String> {
 }
 
 fn eviction_table(ferry: &Path, port: u16, evictions: usize) -> Result<String> {
-    let c = Cluster::up(ferry, port, 0)?;
+    let c = cluster_up(ferry, port, 0)?;
     let dir = c.dir.join("evict");
     std::fs::create_dir_all(&dir)?;
     let mut rows = vec![vec![
@@ -299,12 +273,12 @@ fn eviction_table(ferry: &Path, port: u16, evictions: usize) -> Result<String> {
         for _ in 0..evictions {
             for k in &kids {
                 let pid = k.0.id().to_string();
-                let o = c.ferry("a", &["migrate", &pid, "--to", "b"]).output()?;
+                let o = ferry_cmd(&c, "a", &["migrate", &pid, "--to", "b"]).output()?;
                 if !o.status.success() {
                     bail!("migrate {pid} to b: {}", String::from_utf8_lossy(&o.stderr));
                 }
             }
-            let r = c.json("a", &["evict", "b", "--json"])?;
+            let r = json(&c, "a", &["evict", "b", "--json"])?;
             let g = r["guests"].as_array().cloned().unwrap_or_default();
             if g.len() != guests || g.iter().any(|g| g["to"].is_null()) {
                 bail!("eviction did not move every guest: {r}");

@@ -16,6 +16,7 @@
 //! copy left anywhere). It prints the totals, RSS and fds first against last, and migrations
 //! per second. See docs/benchmarks.md.
 
+use crate::common::Cluster;
 use crate::engine::{ferry_binary, markdown};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fmt::Write as _;
@@ -48,77 +49,43 @@ pub struct Args {
 const NODES: [&str; 3] = ["a", "b", "c"];
 
 /// The local cluster of three nodes, stopped however the benchmark ends.
-struct Cluster {
-    ferry: PathBuf,
-    dir: PathBuf,
+fn cluster_up(ferry: &Path, port: u16, dir: &Path) -> Result<Cluster> {
+    Cluster::up_in(
+        ferry,
+        dir,
+        &[
+            "--nodes",
+            "3",
+            "--port",
+            &port.to_string(),
+            "--isolation",
+            "shared",
+        ],
+    )
 }
 
-impl Cluster {
-    fn up(ferry: &Path, port: u16, dir: &Path) -> Result<Cluster> {
-        let c = Cluster {
-            ferry: ferry.to_path_buf(),
-            dir: dir.to_path_buf(),
-        };
-        let o = Command::new(ferry)
-            .args(["cluster", "up", "--nodes", "3", "--port", &port.to_string()])
-            .args(["--isolation", "shared"])
-            .arg("--dir")
-            .arg(dir)
-            .stdin(Stdio::null())
-            .output()
-            .context("run ferry cluster up")?;
-        if !o.status.success() {
-            bail!(
-                "ferry cluster up --port {port} failed (another cluster on that port? try \
-                 --port): {}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        Ok(c)
-    }
-
-    fn ferry(&self, node: &str) -> Command {
-        let mut c = Command::new(&self.ferry);
-        c.env("FERRY_CLUSTER_DIR", &self.dir)
-            .env("FERRY_NODE", node)
-            .stdin(Stdio::null());
-        c
-    }
-
-    fn daemon_pid(&self, node: &str) -> Result<i32> {
-        let p = self.dir.join(node).join("daemon.pid");
-        let s = std::fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?;
-        s.trim()
-            .parse()
-            .with_context(|| format!("{}: not a PID: {s:?}", p.display()))
-    }
-
-    /// (RSS in KiB, open fds) of node `node`'s daemon.
-    fn daemon_use(&self, node: &str) -> Result<(u64, usize)> {
-        let pid = self.daemon_pid(node)?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .with_context(|| format!("node {node}'s daemon (PID {pid}) is gone"))?;
-        let rss = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .ok_or_else(|| anyhow!("PID {pid}: no VmRSS in /proc/{pid}/status"))?;
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .with_context(|| format!("list /proc/{pid}/fd"))?
-            .count();
-        Ok((rss, fds))
-    }
+fn daemon_pid(c: &Cluster, node: &str) -> Result<i32> {
+    let p = c.dir.join(node).join("daemon.pid");
+    let s = std::fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?;
+    s.trim()
+        .parse()
+        .with_context(|| format!("{}: not a PID: {s:?}", p.display()))
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(&self.ferry)
-            .args(["cluster", "down", "--dir"])
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .output();
-    }
+/// (RSS in KiB, open fds) of node `node`'s daemon.
+fn daemon_use(c: &Cluster, node: &str) -> Result<(u64, usize)> {
+    let pid = daemon_pid(c, node)?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("node {node}'s daemon (PID {pid}) is gone"))?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| anyhow!("PID {pid}: no VmRSS in /proc/{pid}/status"))?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .with_context(|| format!("list /proc/{pid}/fd"))?
+        .count();
+    Ok((rss, fds))
 }
 
 /// A counter: where it runs now and its log.
@@ -247,7 +214,7 @@ pub fn run(a: Args) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("ferry-bench-load.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let cluster = Cluster::up(&ferry, a.port, &dir.join("cluster"))?;
+    let cluster = cluster_up(&ferry, a.port, &dir.join("cluster"))?;
     let mut counters = (0..a.migrations)
         .map(|i| Counter::start(&dir, i))
         .collect::<Result<Vec<_>>>()?;
@@ -269,7 +236,7 @@ pub fn run(a: Args) -> Result<()> {
             t0.elapsed().as_secs_f64(),
             NODES
                 .iter()
-                .map(|n| cluster.daemon_use(n))
+                .map(|n| daemon_use(&cluster, n))
                 .collect::<Result<_>>()?,
         ))
     };
@@ -431,7 +398,7 @@ fn round(a: &Args, cluster: &Cluster, counters: &mut [Counter], totals: &mut Tot
         let code = (totals.jobs + j) % 100;
         let node = NODES[j % NODES.len()];
         let child = cluster
-            .ferry("a")
+            .ferry_on("a")
             .args(["run", "--on", node, "--", "sh", "-c"])
             .arg(format!("exit {code}"))
             .stdout(Stdio::null())
@@ -445,7 +412,7 @@ fn round(a: &Args, cluster: &Cluster, counters: &mut [Counter], totals: &mut Tot
     for c in counters.iter().filter(|c| c.broken.is_none()) {
         let to = (c.node + 1) % NODES.len();
         let child = cluster
-            .ferry(NODES[c.node])
+            .ferry_on(NODES[c.node])
             .args(["migrate", &c.pid.to_string(), "--to", NODES[to], "--json"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

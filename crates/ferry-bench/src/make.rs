@@ -13,7 +13,7 @@
 //! Every build starts from a fresh copy of the sources outside /tmp (which each separate node
 //! has to itself). Speedup = plain / ferry make; the aim is at least 0.8 N.
 
-use crate::common::{ferry_binary, markdown};
+use crate::common::{ferry_binary, markdown, Cluster};
 use anyhow::{bail, Context, Result};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -160,51 +160,20 @@ fn timed_build(mut cmd: Command, what: &str, log: &Path) -> Result<f64> {
 }
 
 /// A local cluster of `n` separate nodes held to `quota` each, stopped on drop.
-struct Cluster<'a> {
-    ferry: &'a Path,
-    dir: PathBuf,
-}
-
-impl<'a> Cluster<'a> {
-    fn up(ferry: &'a Path, n: usize, quota: f64) -> Result<Cluster<'a>> {
-        let dir = std::env::temp_dir().join(format!("ferry-bench-make-cl.{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let c = Cluster { ferry, dir };
-        let o = Command::new(ferry)
-            .args(["cluster", "up", "--nodes", &n.to_string()])
-            .args(["--cpu-quota", &quota.to_string(), "--port", "7395"])
-            .arg("--dir")
-            .arg(&c.dir)
-            .stdin(Stdio::null())
-            .output()
-            .context("run ferry cluster up")?;
-        if !o.status.success() {
-            bail!(
-                "ferry cluster up failed: {}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        Ok(c)
-    }
-
-    fn cpu_cgroup(&self, node: &str) -> Result<PathBuf> {
-        let cfg = std::fs::read_to_string(self.dir.join(node).join("ferry.toml"))?;
-        cfg.lines()
-            .find_map(|l| l.strip_prefix("cpu_cgroup = "))
-            .map(|v| PathBuf::from(v.trim().trim_matches('"')))
-            .context("no cpu_cgroup in the node's config")
-    }
-}
-
-impl Drop for Cluster<'_> {
-    fn drop(&mut self) {
-        let _ = Command::new(self.ferry)
-            .args(["cluster", "down", "--dir"])
-            .arg(&self.dir)
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+fn cluster_up(ferry: &Path, n: usize, quota: f64) -> Result<Cluster> {
+    Cluster::up_fresh(
+        ferry,
+        &format!("ferry-bench-make-cl.{}", std::process::id()),
+        &[
+            "--nodes",
+            &n.to_string(),
+            "--cpu-quota",
+            &quota.to_string(),
+            "--port",
+            "7395",
+        ],
+        &[],
+    )
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -279,7 +248,7 @@ pub fn run(a: Args) -> Result<()> {
         "".into(),
     ]);
     for &n in &a.nodes {
-        let cluster = Cluster::up(&ferry, n + 1, a.quota)?;
+        let cluster = cluster_up(&ferry, n + 1, a.quota)?;
         let home_cg = cluster.cpu_cgroup("a")?;
         let mut times = Vec::new();
         for r in 0..a.runs {

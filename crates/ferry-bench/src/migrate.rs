@@ -15,13 +15,12 @@
 //! process"), next to the times published for Sprite and OSF/1 AD. See docs/benchmarks.md.
 
 use crate::common::{
-    ferry_binary, ferry_json, markdown, memcpy_ms, num, random_bytes, Holder, HOLD_TIMEOUT,
+    ferry_binary, ferry_json, markdown, memcpy_ms, num, random_bytes, Cluster, Holder, HOLD_TIMEOUT,
 };
 use anyhow::{bail, Context, Result};
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -115,7 +114,7 @@ pub fn run(a: Args) -> Result<()> {
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).with_context(|| format!("create {}", work.display()))?;
     let result = (|| {
-        let cluster = Cluster::up(&ferry, a.port, &work.join("cluster"), a.no_compress)?;
+        let cluster = cluster_up(&ferry, a.port, &work.join("cluster"), a.no_compress)?;
         let rows = measure_all(&a, &cluster, &work)?;
         let null = (0..a.null_runs)
             .map(|r| {
@@ -175,81 +174,45 @@ fn median(mut samples: Vec<Sample>) -> Sample {
 // The cluster.
 
 /// A local cluster of two nodes, a and b, stopped however the benchmark ends.
-struct Cluster {
-    ferry: PathBuf,
-    dir: PathBuf,
+fn cluster_up(ferry: &Path, port: u16, dir: &Path, no_compress: bool) -> Result<Cluster> {
+    let port = port.to_string();
+    // One network stack and file system for both nodes, as when docs/benchmarks.md
+    // was measured (and the benchmark's files may lie in /tmp).
+    let mut args = vec!["--nodes", "2", "--port", &port, "--isolation", "shared"];
+    if no_compress {
+        args.push("--no-compress");
+    }
+    Cluster::up_in(ferry, dir, &args)
 }
 
-impl Cluster {
-    fn up(ferry: &Path, port: u16, dir: &Path, no_compress: bool) -> Result<Cluster> {
-        let c = Cluster {
-            ferry: ferry.to_path_buf(),
-            dir: dir.to_path_buf(),
-        };
-        let o = Command::new(ferry)
-            .args(["cluster", "up", "--nodes", "2", "--port", &port.to_string()])
-            // One network stack and file system for both nodes, as when docs/benchmarks.md
-            // was measured (and the benchmark's files may lie in /tmp).
-            .args(["--isolation", "shared"])
-            .args(no_compress.then_some("--no-compress"))
-            .arg("--dir")
-            .arg(dir)
-            .stdin(Stdio::null())
-            .output()
-            .context("run ferry cluster up")?;
-        if !o.status.success() {
-            bail!(
-                "ferry cluster up --port {port} failed (another cluster on that port? try \
-                 --port): {}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        Ok(c)
-    }
-
-    /// CPU time (ms) node `node`'s daemon has used so far, with its children that it reaped
-    /// (its engine workers).
-    fn cpu_ms(&self, node: &str) -> Result<f64> {
-        let pid = fs::read_to_string(self.dir.join(node).join("daemon.pid"))
-            .with_context(|| format!("node {node}'s daemon.pid"))?;
-        let stat = fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
-            .with_context(|| format!("node {node}'s daemon (PID {})", pid.trim()))?;
-        // utime, stime, cutime, cstime: fields 14 to 17, the 12th to 15th after the ")".
-        let ticks: f64 = stat[stat.rfind(')').unwrap_or(0) + 1..]
-            .split_whitespace()
-            .skip(11)
-            .take(4)
-            .filter_map(|t| t.parse::<f64>().ok())
-            .sum();
-        // SAFETY: sysconf has no memory effects.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        Ok(ticks * 1e3 / hz)
-    }
-
-    /// `ferry --node a migrate PID --to b --json`, with a time limit: the report.
-    fn migrate(&self, pid: i32, dir: &Path, memory: &str) -> Result<serde_json::Value> {
-        let mut cmd = Command::new(&self.ferry);
-        cmd.env("FERRY_CLUSTER_DIR", &self.dir)
-            .env("FERRY_NODE", "a");
-        let pid = pid.to_string();
-        ferry_json(
-            cmd,
-            &["migrate", &pid, "--to", "b", "--json", "--memory", memory],
-            dir,
-            "migrate",
-        )
-    }
+/// CPU time (ms) node `node`'s daemon has used so far, with its children that it reaped
+/// (its engine workers).
+fn cpu_ms(c: &Cluster, node: &str) -> Result<f64> {
+    let pid = fs::read_to_string(c.dir.join(node).join("daemon.pid"))
+        .with_context(|| format!("node {node}'s daemon.pid"))?;
+    let stat = fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+        .with_context(|| format!("node {node}'s daemon (PID {})", pid.trim()))?;
+    // utime, stime, cutime, cstime: fields 14 to 17, the 12th to 15th after the ")".
+    let ticks: f64 = stat[stat.rfind(')').unwrap_or(0) + 1..]
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|t| t.parse::<f64>().ok())
+        .sum();
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks * 1e3 / hz)
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(&self.ferry)
-            .args(["cluster", "down", "--dir"])
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .output();
-    }
+/// `ferry --node a migrate PID --to b --json`, with a time limit: the report.
+fn migrate_a_to_b(c: &Cluster, pid: i32, dir: &Path, memory: &str) -> Result<serde_json::Value> {
+    let pid = pid.to_string();
+    ferry_json(
+        c.ferry_on("a"),
+        &["migrate", &pid, "--to", "b", "--json", "--memory", memory],
+        dir,
+        "migrate",
+    )
 }
 
 // ---------------------------------------------------------------------------
@@ -272,13 +235,13 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
     let pid = holder.pid;
     sleep(Duration::from_millis(100));
 
-    let cpu0 = (cluster.cpu_ms("a")?, cluster.cpu_ms("b")?);
+    let cpu0 = (cpu_ms(cluster, "a")?, cpu_ms(cluster, "b")?);
     let t0 = Instant::now();
-    let report = cluster.migrate(pid, dir, &a.memory)?;
+    let report = migrate_a_to_b(cluster, pid, dir, &a.memory)?;
     let wall = t0.elapsed().as_secs_f64() * 1e3;
     // The workers have exited; give the daemons a moment to reap them (and count their time).
     sleep(Duration::from_millis(400));
-    let cpu1 = (cluster.cpu_ms("a")?, cluster.cpu_ms("b")?);
+    let cpu1 = (cpu_ms(cluster, "a")?, cpu_ms(cluster, "b")?);
     if a.verbose {
         eprintln!("migrate: {report}");
     }

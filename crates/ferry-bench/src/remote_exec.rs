@@ -12,6 +12,7 @@
 //! Then a stream: `head -c N /dev/zero` read here through a pipe, locally and through
 //! `ferry run --on b`. See docs/benchmarks.md.
 
+use crate::common::Cluster;
 use crate::engine::{ferry_binary, markdown};
 use anyhow::{bail, Context, Result};
 use std::fmt::Write as _;
@@ -40,56 +41,30 @@ pub struct Args {
     stream_mib: u64,
 }
 
-/// The local cluster, stopped however the benchmark ends.
-pub(crate) struct Cluster<'a> {
-    ferry: &'a Path,
-    dir: PathBuf,
+/// The local cluster of two nodes, stopped however the benchmark ends.
+pub(crate) fn cluster_up(ferry: &Path, port: u16) -> Result<Cluster> {
+    Cluster::up_fresh(
+        ferry,
+        &format!("ferry-bench-remote.{}", std::process::id()),
+        // One network stack and file system for both nodes, as when docs/benchmarks.md
+        // was measured (and the benchmark's files may lie in /tmp).
+        &[
+            "--nodes",
+            "2",
+            "--port",
+            &port.to_string(),
+            "--isolation",
+            "shared",
+        ],
+        &[],
+    )
 }
 
-impl<'a> Cluster<'a> {
-    pub(crate) fn up(ferry: &'a Path, port: u16) -> Result<Cluster<'a>> {
-        let dir = std::env::temp_dir().join(format!("ferry-bench-remote.{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let c = Cluster { ferry, dir };
-        let o = Command::new(ferry)
-            .args(["cluster", "up", "--nodes", "2", "--port", &port.to_string()])
-            // One network stack and file system for both nodes, as when docs/benchmarks.md
-            // was measured (and the benchmark's files may lie in /tmp).
-            .args(["--isolation", "shared"])
-            .arg("--dir")
-            .arg(&c.dir)
-            .stdin(Stdio::null())
-            .output()
-            .context("run ferry cluster up")?;
-        if !o.status.success() {
-            bail!(
-                "ferry cluster up failed: {}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        Ok(c)
-    }
-
-    pub(crate) fn ferry(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(self.ferry);
-        c.env("FERRY_CLUSTER_DIR", &self.dir)
-            .env("FERRY_NODE", "a")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-        c
-    }
-}
-
-impl Drop for Cluster<'_> {
-    fn drop(&mut self) {
-        let _ = Command::new(self.ferry)
-            .args(["cluster", "down", "--dir"])
-            .arg(&self.dir)
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// `ferry ARGS` on node a, its stdout discarded.
+pub(crate) fn ferry_a(c: &Cluster, args: &[&str]) -> Command {
+    let mut cmd = c.ferry_on("a");
+    cmd.args(args).stdout(Stdio::null());
+    cmd
 }
 
 /// Runs `cmd` to the end and returns its wall time in ms; a failure fails the benchmark.
@@ -153,13 +128,13 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--runs must be at least 1 and --command not empty");
     }
     let ferry = ferry_binary(a.ferry.as_deref())?;
-    let cluster = Cluster::up(&ferry, a.port)?;
+    let cluster = cluster_up(&ferry, a.port)?;
     let cmd: Vec<&str> = a.command.iter().map(String::as_str).collect();
     let line = cmd.join(" ");
     let on = |node: &str| {
         let mut args = vec!["run", "--on", node, "--"];
         args.extend(&cmd);
-        cluster.ferry(&args)
+        ferry_a(&cluster, &args)
     };
     let local = || {
         let mut c = Command::new(cmd[0]);
@@ -181,7 +156,7 @@ pub fn run(a: Args) -> Result<()> {
     for i in 0..warmup + a.runs {
         let t = [
             timed(&mut local(), &labels[0])?,
-            timed(&mut cluster.ferry(&["nodes"]), &labels[1])?,
+            timed(&mut ferry_a(&cluster, &["nodes"]), &labels[1])?,
             timed(&mut on("a"), &labels[2])?,
             timed(&mut on("b"), &labels[3])?,
         ];
@@ -241,7 +216,7 @@ pub fn run(a: Args) -> Result<()> {
             let mut args = vec!["run", "--on", "b", "--"];
             args.extend(head);
             rates[1].push(stream(
-                cluster.ferry(&args),
+                ferry_a(&cluster, &args),
                 a.stream_mib,
                 "ferry run head",
             )?);
