@@ -10,6 +10,8 @@
 //! - every job exited with its own K;
 //! - every counter runs exactly once: its log goes on growing (not lost), and its numbers follow
 //!   one another with no repeat (two copies would each write the next number);
+//! - its home still has it: its PID at home (node a: the original, or the deputy it left there)
+//!   is alive, so that its parent (this benchmark) could still signal and wait for it;
 //! - each daemon's RSS and open fds (from /proc), kept over time.
 //!
 //! At the end the counters are killed where they are, and their logs must stop growing (no
@@ -91,6 +93,9 @@ fn daemon_use(c: &Cluster, node: &str) -> Result<(u64, usize)> {
 /// A counter: where it runs now and its log.
 struct Counter {
     pid: i32,
+    /// Its PID at home (node a): the original, a deputy there once it has moved (its parent,
+    /// this benchmark, must still be able to wait for it).
+    home_pid: i32,
     node: usize,
     log: PathBuf,
     /// The last number seen in its log.
@@ -124,6 +129,7 @@ impl Counter {
         std::mem::forget(child);
         Ok(Counter {
             pid,
+            home_pid: pid,
             node: 0,
             log,
             last: 0,
@@ -150,6 +156,23 @@ impl Counter {
             );
         }
         self.last = last;
+        // Its home keeps it: the original or its deputy still lives there (not a zombie).
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.home_pid)).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|s| s.trim_start().chars().next());
+        if !matches!(state, Some(s) if s != 'Z' && s != 'X') {
+            bail!(
+                "PID {} at home (node a) is gone ({}) while the counter runs on node {} (PID \
+                 {}): its home lost it, and its parent saw it end",
+                self.home_pid,
+                state.map_or("no such process".to_string(), |s| format!("state {s}")),
+                NODES[self.node],
+                self.pid
+            );
+        }
         Ok(last)
     }
 
@@ -369,7 +392,16 @@ pub fn run(a: Args) -> Result<()> {
             let _ = writeln!(out, "- {f}");
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if broken.is_empty() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        // The daemons' logs say what became of the lost or duplicated counters.
+        let _ = writeln!(
+            out,
+            "\nkept for its daemons' logs (cluster/NODE/daemon.log): {}",
+            dir.display()
+        );
+    }
     print!("{out}");
     Ok(())
 }

@@ -86,6 +86,12 @@ pub struct Config {
     /// node offers it when sending and takes it when receiving. Absent: true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compress: Option<bool>,
+    /// Seconds a node must stay declared down by the membership, and unreachable, before this
+    /// node acts on its death (a deputy ends, a held copy runs, an undecided migration is
+    /// settled without it). A verdict alone may be false: a daemon starved of CPU for a few
+    /// seconds is declared down while its processes run on. Absent: 6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_after_secs: Option<f64>,
     pub credentials: CredentialPaths,
     /// Whether a guest (a body: a tree whose home is another node) sees only the shared tree
     /// and the system's files, read-only, of this node (docs/security.md, "Guests are
@@ -115,6 +121,11 @@ fn yes() -> bool {
 }
 
 impl Config {
+    /// How long a death verdict must stand before it is acted on ([`Config::dead_after_secs`]).
+    pub fn dead_after(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.dead_after_secs.unwrap_or(6.0).clamp(0.0, 1e6))
+    }
+
     /// How long a migration's image stream may stall ([`Config::stream_stall_secs`]).
     pub fn compress(&self) -> bool {
         self.compress.unwrap_or(true)

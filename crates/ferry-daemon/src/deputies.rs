@@ -155,10 +155,19 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    // The body's node declared dead by the membership: the body is gone, and
-                    // its deputy ends as a process killed by SIGKILL would.
+                    // The body's node dead (declared down by the membership, the verdict
+                    // standing and the node silent: Node::is_dead): the body is gone, and its
+                    // deputy ends as a process killed by SIGKILL would. A verdict alone is not
+                    // enough: a daemon starved for a few seconds is declared down while its
+                    // guests run on.
                     let body = node.deputies.body_node(root);
-                    if !body_lost && body.as_deref().is_some_and(|b| node.membership.is_down(b)) {
+                    let dead = match body.as_deref() {
+                        Some(b) if !body_lost && node.membership.is_down(b) => {
+                            node.is_dead(b).await
+                        }
+                        _ => false,
+                    };
+                    if dead {
                         body_lost = true;
                         tracing::warn!(event = "body-node-down", root, body = ?body);
                         let lost = Msg::BodyStatus { pid: root, status: libc::SIGKILL };
@@ -483,6 +492,29 @@ pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
     }
 }
 
+/// Whether a live init other than `old` (which has exited) has a PID namespace named `ns`: a
+/// new namespace that got the old one's inode number.
+fn new_init_of(ns: &str, old: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .any(|p| {
+            p != old && inner_pid(p) == Some(1) && pid_ns(p).as_deref() == Some(ns) && alive(p)
+        })
+}
+
+/// Whether `pid` is a live process (not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .and_then(|r| r.trim_start().chars().next())
+            .is_some_and(|c| c != 'Z' && c != 'X')
+    })
+}
+
 /// The init of the PID namespace `ns` ("pid:[inode]"), by its PID here.
 fn init_of(ns: &str) -> Option<i32> {
     std::fs::read_dir("/proc")
@@ -518,6 +550,13 @@ pub fn watch_supervisor(node: Arc<Node>, host_pid: i32) {
         }
         // Its last reports may still be on their way: the body's root ending forgets it.
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        // The kernel gives a new namespace the lowest free inode number: once this one is
+        // gone, the next body rebuilt here may get its name. Such a body, with an init of its
+        // own, is not this one's to forget or report (it was, killing every body that arrived
+        // as another left: its home's deputy ended as if SIGKILLed while it ran on).
+        if new_init_of(&ns, init) {
+            return;
+        }
         let gone = node.bodies.map.lock().expect("bodies lock").remove(&ns);
         node.bodies.calls.lock().expect("bodies lock").remove(&ns);
         let Some((home, root)) = gone else {

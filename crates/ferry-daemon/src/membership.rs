@@ -176,7 +176,9 @@ pub struct Member {
     pub load: Option<NodeLoad>,
 }
 
-type DownSet = Arc<Mutex<std::collections::HashSet<String>>>;
+/// Members declared down (and not seen up again since), by name: the identity declared down
+/// and when.
+type DownSet = Arc<Mutex<HashMap<String, (NodeId, Instant)>>>;
 
 #[derive(Clone)]
 pub struct Membership {
@@ -359,7 +361,19 @@ impl Membership {
     /// Whether the membership has declared `name` down (SWIM: suspected, then not refuted in
     /// time) and not seen it up again since. A node merely not heard of yet is not down.
     pub fn is_down(&self, name: &str) -> bool {
-        self.down.lock().expect("down lock").contains(name)
+        self.down.lock().expect("down lock").contains_key(name)
+    }
+
+    /// How long `name` has been declared down without being seen up since, if it is.
+    pub fn down_for(&self, name: &str) -> Option<Duration> {
+        let down = self.down.lock().expect("down lock");
+        down.get(name).map(|(_, since)| since.elapsed())
+    }
+
+    /// The address `name` last spoke to us from (first-hand), down or not.
+    pub fn last_addr(&self, name: &str) -> Option<SocketAddr> {
+        let heard = self.heard.lock().expect("heard lock");
+        heard.get(name).map(|id| id.addr)
     }
 
     /// Whether the membership knows of `name` at all (alive, suspect or declared down).
@@ -517,8 +531,19 @@ fn drain(
                 changed = true;
             }
             OwnedNotification::MemberDown(id) => {
-                tracing::warn!(event = "member-down", node = %id.name, addr = %id.addr);
-                down.lock().expect("down lock").insert(id.name.clone());
+                // A node declared down while alive rejoins under a renewed identity (a higher
+                // bump); the old identity's end may be heard after the new one's start: that
+                // node is not down.
+                let renewed = foca
+                    .iter_members()
+                    .any(|m| m.id().name == id.name && m.id().bump > id.bump);
+                tracing::warn!(event = "member-down", node = %id.name, addr = %id.addr,
+                    bump = id.bump, renewed);
+                if !renewed {
+                    down.lock()
+                        .expect("down lock")
+                        .insert(id.name.clone(), (id.clone(), Instant::now()));
+                }
                 changed = true;
             }
             OwnedNotification::Rename(old, new) => {

@@ -898,7 +898,7 @@ async fn settle_undecided(node: Arc<Node>, id: u64, o: Outcome) {
             if let Ok(ran) = ask.await {
                 break ran;
             }
-        } else if node.membership.is_down(&o.to)
+        } else if node.is_dead(&o.to).await
             || (since.elapsed() > UNKNOWN_SOURCE_GRACE && !node.membership.is_known(&o.to))
         {
             break false;
@@ -1079,8 +1079,8 @@ async fn await_outcome(node: &Node, from: &str, id: u64) -> bool {
                     error = %format!("{e:#}")),
             }
         } else if !node.outcomes.has_source_spoken(id)
-            && (node.membership.is_down(from)
-                || (since.elapsed() > UNKNOWN_SOURCE_GRACE && !node.membership.is_known(from)))
+            && ((since.elapsed() > UNKNOWN_SOURCE_GRACE && !node.membership.is_known(from))
+                || node.is_dead(from).await)
         {
             tracing::warn!(event = "source-declared-dead", id, from = %from,
                 "its original cannot run: the copy runs");

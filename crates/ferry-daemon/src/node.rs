@@ -97,6 +97,31 @@ impl Node {
             .with_context(|| format!("reach node {name}"))
     }
 
+    /// Whether node `name` may be taken for dead, and what it ran for lost: the membership has
+    /// declared it down, kept that verdict for the config's `dead_after` (a daemon starved of
+    /// CPU for a few seconds is declared down and back within that), and it does not answer a
+    /// connection at the address it last spoke from. A daemon that answers is alive whatever
+    /// the gossip says, and so are the processes it runs.
+    pub async fn is_dead(&self, name: &str) -> bool {
+        let Some(down) = self.membership.down_for(name) else {
+            return false;
+        };
+        if down < self.config.dead_after() {
+            return false;
+        }
+        let Some(addr) = self.membership.last_addr(name) else {
+            return true;
+        };
+        match tls::connect(&self.creds, Some(name), addr, Duration::from_secs(1)).await {
+            Ok(_) => {
+                tracing::warn!(event = "down-but-answers", node = %name,
+                    down_secs = down.as_secs_f64(), "not taken for dead");
+                false
+            }
+            Err(_) => true,
+        }
+    }
+
     /// Fault injection for the test suite (fail points of the `fail` crate, built with the
     /// `failpoints` feature only): when the fail point `NAME:POINT` (NAME: this node's) is set to
     /// `return` (`FAILPOINTS=b:exit-after-rebuilt=return`) and `point` is reached, the daemon

@@ -47,6 +47,10 @@ fn main() {
             "guests_survive_a_daemon_restart_and_move_on",
             guests_survive_restart,
         ),
+        Trial::test(
+            "a_body_node_declared_down_while_alive_keeps_its_deputy",
+            false_down_verdict,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -185,8 +189,10 @@ fn ps(c: &Cluster, on: &str) -> Vec<serde_json::Value> {
 }
 
 /// Two nodes sharing this machine's namespaces: a daemon restarted from here is where it was.
+/// A node declared down, and silent, is taken for dead after 2 s (`--dead-after`; these tests
+/// kill daemons or cut links outright).
 fn shared(tag: &str, env: &[(&str, &str)]) -> Cluster {
-    Cluster::up_as(tag, 2, env, Isolation::Shared)
+    Cluster::up_full(tag, 2, env, Isolation::Shared, &["--dead-after", "2"])
 }
 
 /// Starts node `node`'s daemon again (without the fault), as its supervisor would.
@@ -514,6 +520,84 @@ fn guests_survive_restart() -> Result<(), Failed> {
     migrate(&c, "b", t.pid(), "a").map_err(|e| format!("b -> a after b's restart: {e}"))?;
     let q = exactly_one(&c, &t, "a", "a", "a", Duration::from_secs(20))?;
     assert_ne!(p, q, "the guest did not move on");
+    Ok(())
+}
+
+/// b's daemon stops for a few seconds (SIGSTOP: a daemon starved of CPU, as under load) while a
+/// process moved a -> b runs there: a's membership declares b down, then b is back. The verdict
+/// was false: the body ran all along. Its deputy at a must still be there (it used to end at
+/// once, as if SIGKILLed: its parent saw it die while it ran on, out of its home's reach), a
+/// signal to its home PID must still reach it, and its parent's wait must get its end.
+fn false_down_verdict() -> Result<(), Failed> {
+    // The default `dead_after` (6 s).
+    let c = Cluster::up_as("cp-false-down", 2, &[], Isolation::Shared);
+    let dir = scratch("commit_protocol", "false-down");
+    let mut t = Ticker::start(&dir);
+    migrate(&c, "a", t.pid(), "b").map_err(|e| format!("a -> b: {e}"))?;
+    exactly_one(&c, &t, "a", "a", "b", Duration::from_secs(20))?;
+    let b = c.daemon_pid("b");
+    let downs = |c: &Cluster| c.log("a").matches("event=\"member-down\" node=b").count();
+    let ups = |c: &Cluster| c.log("a").matches("event=\"member-up\" node=b").count();
+    let (down0, up0) = (downs(&c), ups(&c));
+    let _ = Command::new("kill")
+        .args(["-STOP", &b.to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while downs(&c) == down0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Down for a few seconds (the deputies look once a second), well within `dead_after`.
+    std::thread::sleep(Duration::from_millis(2500));
+    let _ = Command::new("kill")
+        .args(["-CONT", &b.to_string()])
+        .status();
+    if downs(&c) == down0 {
+        return Err("a never declared the stopped b down: nothing was tested".into());
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ups(&c) == up0 {
+        if Instant::now() > deadline {
+            return Err(format!("b never came back up at a\n{}", c.log("a")).into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Past the verdict, and past the time a dead node's deputies are given up.
+    std::thread::sleep(Duration::from_secs(7));
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b"]);
+    if let Ok(Some(st)) = t.child.try_wait() {
+        return Err(format!(
+            "the deputy of PID {} ended ({st}) on a false verdict while its body ran on b\n{}",
+            t.pid(),
+            logs()
+        )
+        .into());
+    }
+    if !t.ticking() {
+        return Err(format!("the body stopped ticking\n{}", logs()).into());
+    }
+    // Its home still reaches it, and its parent (this test) sees how it ended.
+    let _ = Command::new("kill")
+        .args(["-TERM", &t.pid().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match t.child.try_wait() {
+            Ok(Some(st)) => {
+                use std::os::unix::process::ExitStatusExt;
+                if st.signal() != Some(libc::SIGTERM) {
+                    return Err(format!("the parent saw {st}, not SIGTERM\n{}", logs()).into());
+                }
+                break;
+            }
+            _ if Instant::now() > deadline => {
+                return Err(format!("SIGTERM to the home PID did not end it\n{}", logs()).into())
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    if !t.copies().is_empty() {
+        return Err(format!("copies left after SIGTERM: {:?}", t.copies()).into());
+    }
     Ok(())
 }
 

@@ -102,6 +102,10 @@ pub struct UpArgs {
     /// tree (a real node's default is on).
     #[arg(long)]
     pub confine_guests: bool,
+    /// Seconds a node must stay declared down, and silent, before the others act on its death
+    /// (each node's `dead_after_secs`) [default: 6].
+    #[arg(long, value_name = "SECS")]
+    pub dead_after: Option<f64>,
 }
 
 #[derive(
@@ -338,6 +342,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             control_mode: a.control_mode.clone(),
             control_group: a.control_group.clone(),
             confine_guests: Some(a.confine_guests),
+            dead_after_secs: a.dead_after,
             credentials: ca.issue_node_files(name, &certs)?,
             // The nodes share this machine's terminals: none watches them unless told.
             owner: ferry_daemon::hosts::OwnerConfig {
