@@ -13,10 +13,13 @@
 //! process whose home is elsewhere is sent there.
 
 use crate::node::Node;
+use crate::state;
 use crate::workers::Worker;
 use anyhow::{anyhow, bail, Result};
 use ferry_transport::{message::kind, read_msg, write_msg, Frame, Msg};
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
@@ -148,6 +151,17 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
         }
     }
     drop(tx);
+    // Recorded: should this daemon die, the worker keeps the deputies and waits for the next
+    // one, which takes them up again from this record (see `recover`).
+    let record = DeputyRecord {
+        root,
+        pids: pids.clone(),
+        body_node: body_node.clone(),
+        worker_pid: worker.pid,
+        worker_start: state::start_time(worker.pid).unwrap_or(0),
+    };
+    node.store
+        .put_or_log(state::DEPUTY, &root.to_string(), &record);
     tracing::info!(event = "deputies", root, pids = ?pids, body = %body_node);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -214,12 +228,131 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
             }
         }
         // The worker is gone (every deputy ended, or it died and they with it).
-        let mut m = node.deputies.map.lock().expect("deputies lock");
-        for p in &pids {
-            m.remove(p);
+        {
+            let mut m = node.deputies.map.lock().expect("deputies lock");
+            for p in &pids {
+                m.remove(p);
+            }
         }
+        node.store.remove_or_log(state::DEPUTY, &root.to_string());
         tracing::info!(event = "deputies-done", root);
     });
+}
+
+/// Where the deputies' workers of this node wait for its next daemon (`ROOT.sock`).
+pub fn deputies_dir(node: &Node) -> PathBuf {
+    node.config.data_dir.join("deputies")
+}
+
+/// The deputies of a tree that left this home, as recorded (crate::state::DEPUTY, by the root's
+/// PID) for this daemon's successor.
+#[derive(Serialize, Deserialize)]
+struct DeputyRecord {
+    root: i32,
+    pids: Vec<i32>,
+    /// Where the body runs (kept up to date as it moves on).
+    body_node: String,
+    /// Their worker (their tracer), and its start time.
+    worker_pid: i32,
+    worker_start: u64,
+}
+
+/// The tree of deputy `pid` left node `from` for `to` (see [`Deputies::body_moved`]); its
+/// record follows.
+pub fn moved(node: &Node, from: &str, pid: i32, to: &str) -> Result<()> {
+    node.deputies.body_moved(from, pid, to)?;
+    for (key, mut r) in node.store.load::<DeputyRecord>(state::DEPUTY) {
+        if r.pids.contains(&pid) {
+            r.body_node = to.to_string();
+            node.store.put_or_log(state::DEPUTY, &key, &r);
+        }
+    }
+    Ok(())
+}
+
+/// Takes up, at start, what an earlier run of this daemon left:
+/// - bodies: every migrated guest listed again (crate::guests) is a body again, so that its
+///   home can signal it and hears of its end;
+/// - deputies: their worker outlived its daemon and listens on `deputies_dir/ROOT.sock`; it is
+///   reached there and adopted again (what happened meanwhile, signals sent to a deputy, a
+///   deputy killed, it tells first). A worker that is gone took its deputies with it
+///   (PTRACE_O_EXITKILL; their parents saw SIGKILL): their bodies are killed too, as when a
+///   deputy is killed at home.
+pub fn recover(node: &Arc<Node>) {
+    for g in node.guests.list() {
+        if g.kind == "migrated" {
+            node.bodies.add(g.pid, &g.home_node, g.home_pid);
+            watch_supervisor(node.clone(), g.pid);
+        }
+    }
+    for (key, r) in node.store.load::<DeputyRecord>(state::DEPUTY) {
+        let node = node.clone();
+        tokio::spawn(async move {
+            if state::start_time(r.worker_pid) == Some(r.worker_start) {
+                let sock = deputies_dir(&node).join(format!("{}.sock", r.root));
+                // It listens once it has noticed its daemon's end (within half a second).
+                let mut tries = 0;
+                loop {
+                    match Worker::connect(r.worker_pid, &sock).await {
+                        Ok(w) => {
+                            // Those that ended before the daemon died are no longer traced.
+                            let pids: Vec<i32> = r
+                                .pids
+                                .iter()
+                                .copied()
+                                .filter(|&p| tracer_of(p) == Some(r.worker_pid))
+                                .collect();
+                            tracing::warn!(event = "deputies-recovered", root = r.root,
+                                pids = ?pids, body = %r.body_node, worker = r.worker_pid);
+                            adopt(node, w, r.root, pids, r.body_node);
+                            return;
+                        }
+                        Err(e) if tries >= 50 => {
+                            tracing::error!(event = "deputies-unreachable", root = r.root,
+                                error = %format!("{e:#}"));
+                            break;
+                        }
+                        Err(_) => {
+                            tries += 1;
+                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }
+            tracing::warn!(event = "deputies-lost", root = r.root, pids = ?r.pids,
+                body = %r.body_node, "their worker is gone, and they with it: their bodies go too");
+            let since = std::time::Instant::now();
+            while node.membership.find(&r.body_node).is_none()
+                && r.body_node != node.name()
+                && since.elapsed() < std::time::Duration::from_secs(20)
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            }
+            for &pid in &r.pids {
+                let kill = Msg::SignalBody {
+                    pid,
+                    sig: libc::SIGKILL,
+                    queued: None,
+                };
+                if let Err(e) = ask(&node, &r.body_node, kill).await {
+                    tracing::warn!(event = "orphan-body-unkilled", pid, body = %r.body_node,
+                        error = %format!("{e:#}"));
+                }
+            }
+            node.store.remove_or_log(state::DEPUTY, &key);
+        });
+    }
+}
+
+/// The tracer of `pid` (/proc/PID/status TracerPid), if it has one.
+fn tracer_of(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&t| t != 0)
 }
 
 /// Asks the node running the body of `pid` to deliver `sig` to it.
@@ -452,13 +585,24 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
                 }
                 return;
             }
-            if let Err(e) = ask(&node, &home, msg).await {
-                tracing::warn!(event = "report-home-failed", home = %home,
-                    error = %format!("{e:#}"));
+            // A home restarting takes its deputies up again within a few seconds: until it
+            // hears this, its deputy's parent waits for it.
+            let mut tries = 0;
+            while let Err(e) = ask(&node, &home, msg.clone()).await {
+                tries += 1;
+                if tries >= REPORT_TRIES || node.is_dead(&home).await {
+                    tracing::warn!(event = "report-home-failed", home = %home,
+                        error = %format!("{e:#}"));
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
         });
     }
 }
+
+/// How many times (a second apart) a body's end is reported to a home that does not take it.
+const REPORT_TRIES: u32 = 30;
 
 /// Serves a peer's `SignalBody`, `BodyStatus` or `BodyMoved`; `from` is the certified peer.
 pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
@@ -481,7 +625,7 @@ pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
             None => Err(anyhow!("no body of PID {pid} from {from} runs here")),
         },
         Msg::BodyStatus { pid, status } => node.deputies.body_ended(from, pid, status),
-        Msg::BodyMoved { pid, node: to } => node.deputies.body_moved(from, pid, &to),
+        Msg::BodyMoved { pid, node: to } => moved(node, from, pid, &to),
         other => Err(anyhow!("unexpected {}", kind(&other))),
     };
     match r {

@@ -91,6 +91,13 @@ async fn send_counted(
     ];
     if guest.is_none() {
         args.push("--relay-pipes".into());
+        // Should it leave deputies here, they wait there for this daemon's successor.
+        args.push("--deputies-dir".into());
+        args.push(
+            crate::deputies::deputies_dir(&node)
+                .to_string_lossy()
+                .into_owned(),
+        );
     }
     // For a user: only a tree of theirs moves (checked before and again once it is frozen).
     if let Some(o) = owner {
@@ -301,7 +308,7 @@ async fn send_counted(
         };
         let home = g.home_node.clone();
         let r = if home == node.name() {
-            node.deputies.body_moved(node.name(), g.home_pid, to)
+            crate::deputies::moved(&node, node.name(), g.home_pid, to)
         } else {
             crate::deputies::ask(&node, &home, moved).await
         };

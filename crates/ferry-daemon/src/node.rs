@@ -268,6 +268,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
 
     // What the last run of this daemon left undone, before any peer can ask.
     crate::migrate::recover(&node);
+    crate::deputies::recover(&node);
     // Guest inits report here the end of every child they reap (see crate::deputies).
     let reports_path = node.config.data_dir.join(crate::deputies::REPORT_SOCKET);
     let _ = std::fs::remove_file(&reports_path);

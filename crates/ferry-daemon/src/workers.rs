@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 
 pub struct Worker {
     pub pid: i32,
-    /// Frames to the worker (its stdin).
-    pub tx: pipe::Sender,
+    /// Frames to the worker (its stdin, or the connection a restarted daemon made to it).
+    pub tx: Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
     /// Frames from the worker (its stdout), read by a task of their own so that waiting for
     /// one can be abandoned (in a `select!`) without losing half a frame.
     rx: mpsc::Receiver<Result<Frame, FrameError>>,
@@ -35,10 +35,27 @@ impl Worker {
         let pid = child.id() as i32;
         // The daemon's reaper collects the exit status; the Child handle is just dropped.
         drop(child);
-        let mut from = BufReader::with_capacity(
-            1 << 20,
-            pipe::Receiver::from_owned_fd(stdout).context("worker stdout")?,
-        );
+        let from = pipe::Receiver::from_owned_fd(stdout).context("worker stdout")?;
+        let tx = pipe::Sender::from_owned_fd(stdin).context("worker stdin")?;
+        Ok(Self::over(pid, from, tx))
+    }
+
+    /// A worker an earlier run of this daemon started, reached on the socket it listens on
+    /// once its daemon is gone (the deputies' worker: crate::deputies::recover).
+    pub async fn connect(pid: i32, sock: &Path) -> Result<Worker> {
+        let conn = tokio::net::UnixStream::connect(sock)
+            .await
+            .with_context(|| format!("connect to worker {pid} on {}", sock.display()))?;
+        let (from, tx) = conn.into_split();
+        Ok(Self::over(pid, from, tx))
+    }
+
+    fn over(
+        pid: i32,
+        from: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+        tx: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
+    ) -> Worker {
+        let mut from = BufReader::with_capacity(1 << 20, from);
         let (frames, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             loop {
@@ -49,11 +66,11 @@ impl Worker {
                 }
             }
         });
-        Ok(Worker {
+        Worker {
             pid,
-            tx: pipe::Sender::from_owned_fd(stdin).context("worker stdin")?,
+            tx: Box::new(tx),
             rx,
-        })
+        }
     }
 
     /// The next frame from the worker; `Closed` once it has exited.

@@ -393,6 +393,11 @@ impl Deputies {
         self.procs.iter().map(|d| d.pid).collect()
     }
 
+    /// The PID of the tree's root (its first deputy).
+    pub fn root(&self) -> i32 {
+        self.root
+    }
+
     pub fn is_empty(&self) -> bool {
         self.procs.is_empty()
     }

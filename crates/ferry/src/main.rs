@@ -77,6 +77,9 @@ enum Command {
         /// The user the daemon moves the tree for: only a tree of theirs moves.
         #[arg(long)]
         owner: Option<ferry_sys::owner::Owner>,
+        /// Where its deputies wait for a restarted daemon (DIR/PID.sock).
+        #[arg(long)]
+        deputies_dir: Option<std::path::PathBuf>,
     },
     /// Engine worker of a daemon: receive and rebuild a tree (internal).
     #[command(name = "__restore-worker", hide = true)]
@@ -183,7 +186,14 @@ fn main() {
             relay_pipes,
             memory,
             owner,
-        } => commands::worker::capture_worker(pid, relay_pipes, &memory, owner.as_ref()),
+            deputies_dir,
+        } => commands::worker::capture_worker(
+            pid,
+            relay_pipes,
+            &memory,
+            owner.as_ref(),
+            deputies_dir,
+        ),
         Command::LazyGuard { server_pid } => commands::restore::lazy_guard(server_pid),
     };
     if let Err(e) = result {

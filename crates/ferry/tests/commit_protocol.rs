@@ -51,6 +51,10 @@ fn main() {
             "a_body_node_declared_down_while_alive_keeps_its_deputy",
             false_down_verdict,
         ),
+        Trial::test(
+            "a_home_daemon_killed_and_restarted_keeps_its_deputies",
+            home_restart_keeps_deputies,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -591,6 +595,61 @@ fn false_down_verdict() -> Result<(), Failed> {
             }
             _ if Instant::now() > deadline => {
                 return Err(format!("SIGTERM to the home PID did not end it\n{}", logs()).into())
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    if !t.copies().is_empty() {
+        return Err(format!("copies left after SIGTERM: {:?}", t.copies()).into());
+    }
+    Ok(())
+}
+
+/// The home's daemon is killed outright (SIGKILL) while a process it sent away runs on b, and
+/// restarted: the deputy never ends (it used to die with the daemon, its parent seeing
+/// SIGKILL), `ferry ps` on the restarted a lists the body with its home PID, a signal sent to
+/// the home PID meanwhile reaches the body, and the parent's wait gets its end.
+fn home_restart_keeps_deputies() -> Result<(), Failed> {
+    let c = shared("cp-home-restart", &[]);
+    let dir = scratch("commit_protocol", "home-restart");
+    let mut t = Ticker::start(&dir);
+    migrate(&c, "a", t.pid(), "b").map_err(|e| format!("a -> b: {e}"))?;
+    exactly_one(&c, &t, "a", "a", "b", Duration::from_secs(20))?;
+    let _ = Command::new("kill")
+        .args(["-9", &c.daemon_pid("a").to_string()])
+        .status();
+    wait_daemon_gone(&c, "a");
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b"]);
+    std::thread::sleep(Duration::from_secs(1));
+    if let Ok(Some(st)) = t.child.try_wait() {
+        return Err(format!("the deputy ended ({st}) with its home's daemon\n{}", logs()).into());
+    }
+    restart(&c, "a");
+    exactly_one(&c, &t, "a", "a", "b", Duration::from_secs(20))?;
+    if let Ok(Some(st)) = t.child.try_wait() {
+        return Err(format!("the deputy ended ({st}) after the restart\n{}", logs()).into());
+    }
+    // Sent as soon as the restarted daemon answers: held by the deputy until its worker is
+    // taken up again, then forwarded.
+    let _ = Command::new("kill")
+        .args(["-TERM", &t.pid().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match t.child.try_wait() {
+            Ok(Some(st)) => {
+                use std::os::unix::process::ExitStatusExt;
+                if st.signal() != Some(libc::SIGTERM) {
+                    return Err(format!("the parent saw {st}, not SIGTERM\n{}", logs()).into());
+                }
+                break;
+            }
+            _ if Instant::now() > deadline => {
+                return Err(format!(
+                    "SIGTERM to the home PID after a's restart did not end it\n{}",
+                    logs()
+                )
+                .into())
             }
             _ => std::thread::sleep(Duration::from_millis(100)),
         }

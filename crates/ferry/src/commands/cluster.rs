@@ -575,6 +575,34 @@ fn down(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// SIGTERM to the deputies' workers a node's daemon recorded in `data/state` (each checked
+/// against its start time), which then kill their deputies and end.
+fn give_up_deputies(data: &Path) {
+    let Ok(dir) = std::fs::read_dir(data.join("state")) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("deputy-") && name.ends_with(".json")) {
+            continue;
+        }
+        let Some(r) = std::fs::read(e.path())
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        else {
+            continue;
+        };
+        let (Some(pid), Some(start)) = (r["worker_pid"].as_i64(), r["worker_start"].as_u64())
+        else {
+            continue;
+        };
+        let pid = pid as i32;
+        if ferry_daemon::state::start_time(pid) == Some(start) {
+            ferry_sys::ptrace::kill(pid, libc::SIGTERM).ok();
+        }
+    }
+}
+
 /// Stops every node: the first's daemon (its guests keep running: they are this machine's),
 /// and each separate node as a machine is shut down (its init passes SIGTERM to its daemon,
 /// then exits, and whatever still ran on the node ends with it); then removes the cluster's
@@ -605,6 +633,9 @@ fn stop(dir: &Path) -> Result<(usize, usize)> {
         for f in ["daemon.pid", "init.pid"] {
             let _ = std::fs::remove_file(dir.join(n).join(f));
         }
+        // The deputies a stopped daemon leaves wait for its successor (their worker outlives
+        // it); the cluster is going: their home gives them up (SIGTERM to their worker).
+        give_up_deputies(&dir.join(n));
     }
     let state: Option<State> = std::fs::read(dir.join(STATE))
         .ok()

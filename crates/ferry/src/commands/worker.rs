@@ -105,14 +105,17 @@ pub(crate) fn owned_frozen(
     }
 }
 
-/// `ferry __capture-worker PID [--relay-pipes] --memory MODE`: with `relay_pipes` (a tree
-/// leaving its home), pipes it shares with processes outside it are captured to be relayed,
-/// not refused; `memory` says how memory moves (eager, precopy, auto).
+/// `ferry __capture-worker PID [--relay-pipes] --memory MODE [--owner U] [--deputies-dir
+/// DIR]`: with `relay_pipes` (a tree leaving its home), pipes it shares with processes outside
+/// it are captured to be relayed, not refused; `memory` says how memory moves (eager, precopy,
+/// auto); `owner`: the user the tree is moved for; `deputies_dir`: where the tree's deputies, should it leave its home, wait for a restarted
+/// daemon (`DIR/PID.sock`; see `serve_deputies`).
 pub fn capture_worker(
     pid: i32,
     relay_pipes: bool,
     memory: &str,
     owner: Option<&ferry_sys::owner::Owner>,
+    deputies_dir: Option<std::path::PathBuf>,
 ) -> Result<()> {
     ferry_sys::process::set_parent_death_signal(libc::SIGTERM).context("watch the daemon")?;
     let cancel = ferry_engine::cancel::flag();
@@ -258,7 +261,8 @@ pub fn capture_worker(
                     write_msg(&mut out, &Msg::Deputized { pids: d.pids() })?;
                     out.flush()?;
                     drop(input);
-                    return serve_deputies(d, out);
+                    let sock = deputies_dir.map(|dir| dir.join(format!("{pid}.sock")));
+                    return serve_deputies(d, out, sock);
                 }
                 Err(e) => {
                     // The originals are dead (as with `Kill`): the copy is the one that runs.
@@ -279,13 +283,42 @@ pub fn capture_worker(
     Ok(())
 }
 
+/// How long the deputies' worker waits for a daemon to take it up again before it gives the
+/// tree up (its deputies killed, as their parents then see).
+const DETACHED_MAX: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The deputies' worker's link to its daemon: the pipes of the daemon that started it, a
+/// connection from a restarted daemon, or none (waiting on `DIR/ROOT.sock` for one).
+enum Link {
+    Attached {
+        input: std::fs::File,
+        out: Box<dyn Write>,
+    },
+    Detached {
+        listener: std::os::unix::net::UnixListener,
+        since: Instant,
+    },
+}
+
 /// The capture worker after the commit point of a tree leaving home: the tracer of its
 /// deputies until the last one ends. It tells the daemon of every signal sent to a deputy and of
 /// every deputy's end, and makes a deputy end as its body did when the daemon says so
-/// (`BodyStatus`). If the daemon goes away, the deputies are killed (their parents see SIGKILL).
-fn serve_deputies(mut deputies: ferry_deputy::home::Deputies, mut out: impl Write) -> Result<()> {
+/// (`BodyStatus`). Its deputies outlive their daemon: if the daemon goes away, the worker keeps
+/// them, holds what it has to tell, and listens on `sock` (in the daemon's data directory) for
+/// the restarted daemon, which takes them up again (ferry_daemon::deputies::recover). Without
+/// `sock`, or after [`DETACHED_MAX`] without a daemon, or told `Kill`, or sent SIGTERM, the
+/// home gives the tree up: the deputies are killed (their parents see SIGKILL).
+fn serve_deputies(
+    mut deputies: ferry_deputy::home::Deputies,
+    out: impl Write + 'static,
+    sock: Option<std::path::PathBuf>,
+) -> Result<()> {
     use ferry_deputy::home::Event;
     use std::os::fd::{AsFd, AsRawFd};
+    // Its daemon's death is no reason to end: it waits for the next one.
+    if sock.is_some() {
+        ferry_sys::process::set_parent_death_signal(0).context("outlive the daemon")?;
+    }
     ferry_sys::ns::block_signal(libc::SIGCHLD).context("block SIGCHLD")?;
     let sigchld = ferry_sys::anon_fds::signalfd(
         1 << (libc::SIGCHLD - 1),
@@ -293,16 +326,41 @@ fn serve_deputies(mut deputies: ferry_deputy::home::Deputies, mut out: impl Writ
     )
     .context("make a signalfd for SIGCHLD")?;
     // Read unbuffered, frame by frame, so that what poll says is all there is.
-    let mut stdin = std::fs::File::from(
+    let stdin = std::fs::File::from(
         std::io::stdin()
             .as_fd()
             .try_clone_to_owned()
             .context("take stdin")?,
     );
+    let mut link = Link::Attached {
+        input: stdin,
+        out: Box::new(out),
+    };
+    // What the daemon has not heard yet (it was gone).
+    let mut untold: Vec<Msg> = Vec::new();
     let cancel = ferry_engine::cancel::flag();
+    let give_up = |deputies: &mut ferry_deputy::home::Deputies, link: &mut Link| {
+        deputies.kill_all();
+        for ev in deputies.poll() {
+            if let (Event::Ended { pid, status, .. }, Link::Attached { out, .. }) = (ev, &mut *link)
+            {
+                let _ = write_msg(
+                    out,
+                    &Msg::DeputyEnded {
+                        pid,
+                        status,
+                        mirrored: false,
+                    },
+                );
+            }
+        }
+        if let Link::Attached { out, .. } = link {
+            let _ = out.flush();
+        }
+    };
     loop {
         for ev in deputies.poll() {
-            let msg = match ev {
+            untold.push(match ev {
                 Event::Signal { pid, sig, queued } => Msg::DeputySignal {
                     pid,
                     sig,
@@ -324,18 +382,58 @@ fn serve_deputies(mut deputies: ferry_deputy::home::Deputies, mut out: impl Writ
                     status,
                     mirrored,
                 },
-            };
-            write_msg(&mut out, &msg)?;
+            });
         }
-        out.flush()?;
+        if let Link::Attached { out, .. } = &mut link {
+            let told = untold
+                .iter()
+                .try_for_each(|m| write_msg(out, m))
+                .and_then(|()| out.flush().map_err(Into::into));
+            match told {
+                Ok(()) => untold.clear(),
+                Err(e) => {
+                    log::warn!(
+                        "deputies of PID {}: the daemon is gone: {e}",
+                        deputies.root()
+                    );
+                    link = match detach(sock.as_deref(), deputies.root()) {
+                        Some(l) => l,
+                        None => {
+                            deputies.kill_all();
+                            return Ok(());
+                        }
+                    };
+                }
+            }
+        }
         if deputies.is_empty() {
+            if let Some(s) = &sock {
+                if matches!(link, Link::Detached { .. }) {
+                    let _ = std::fs::remove_file(s);
+                }
+            }
             return Ok(());
         }
         if cancel.load(std::sync::atomic::Ordering::Relaxed) {
-            deputies.kill_all();
+            give_up(&mut deputies, &mut link);
             return Ok(());
         }
-        let ready = ferry_sys::ns::poll_in(&[stdin.as_raw_fd(), sigchld.as_raw_fd()], 500)
+        if let Link::Detached { since, .. } = &link {
+            if since.elapsed() > DETACHED_MAX {
+                log::error!(
+                    "deputies of PID {}: no daemon came back in {} s: they are given up",
+                    deputies.root(),
+                    DETACHED_MAX.as_secs()
+                );
+                give_up(&mut deputies, &mut link);
+                return Ok(());
+            }
+        }
+        let first = match &link {
+            Link::Attached { input, .. } => input.as_raw_fd(),
+            Link::Detached { listener, .. } => listener.as_raw_fd(),
+        };
+        let ready = ferry_sys::ns::poll_in(&[first, sigchld.as_raw_fd()], 500)
             .context("wait for the daemon and the deputies")?;
         if ready[1] {
             let mut buf = [0u8; 128];
@@ -343,36 +441,91 @@ fn serve_deputies(mut deputies: ferry_deputy::home::Deputies, mut out: impl Writ
             {
             }
         }
-        if ready[0] {
-            match next_command(&mut stdin) {
+        if !ready[0] {
+            continue;
+        }
+        match &mut link {
+            Link::Detached { listener, .. } => match listener.accept() {
+                Ok((conn, _)) => {
+                    let _ = conn.set_nonblocking(false);
+                    match conn.try_clone() {
+                        Ok(input) => {
+                            log::warn!(
+                                "deputies of PID {}: taken up again by a restarted daemon",
+                                deputies.root()
+                            );
+                            if let Some(s) = &sock {
+                                let _ = std::fs::remove_file(s);
+                            }
+                            link = Link::Attached {
+                                input: std::fs::File::from(std::os::fd::OwnedFd::from(input)),
+                                out: Box::new(std::io::BufWriter::new(conn)),
+                            };
+                        }
+                        Err(e) => log::warn!("deputies: take a daemon's connection: {e}"),
+                    }
+                }
+                Err(e) => log::debug!("deputies: accept: {e}"),
+            },
+            Link::Attached { input, .. } => match next_command(input) {
                 Some(Msg::BodyStatus { pid, status }) => {
                     if let Err(e) = deputies.mirror(pid, status) {
                         log::error!("{e}");
                     }
                 }
-                Some(Msg::Kill) | None => {
-                    // Told to, or the daemon is gone: the home gives the tree up.
-                    deputies.kill_all();
-                    for ev in deputies.poll() {
-                        if let Event::Ended { pid, status, .. } = ev {
-                            let _ = write_msg(
-                                &mut out,
-                                &Msg::DeputyEnded {
-                                    pid,
-                                    status,
-                                    mirrored: false,
-                                },
-                            );
-                        }
-                    }
-                    let _ = out.flush();
+                Some(Msg::Kill) => {
+                    // Told to: the home gives the tree up.
+                    give_up(&mut deputies, &mut link);
                     return Ok(());
+                }
+                None => {
+                    // The daemon is gone: its successor takes the deputies up again.
+                    link = match detach(sock.as_deref(), deputies.root()) {
+                        Some(l) => l,
+                        None => {
+                            deputies.kill_all();
+                            return Ok(());
+                        }
+                    };
                 }
                 Some(other) => log::warn!(
                     "deputies: unexpected {}",
                     ferry_transport::message::kind(&other)
                 ),
-            }
+            },
+        }
+    }
+}
+
+/// Listens on `sock` for the daemon that takes the deputies of `root` up again; None (the
+/// tree is given up) without a socket or if it cannot be made.
+fn detach(sock: Option<&std::path::Path>, root: i32) -> Option<Link> {
+    let sock = sock?;
+    if let Some(dir) = sock.parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        let _ = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir);
+    }
+    let _ = std::fs::remove_file(sock);
+    match std::os::unix::net::UnixListener::bind(sock) {
+        Ok(listener) => {
+            log::warn!(
+                "deputies of PID {root}: their daemon is gone; waiting for the next on {}",
+                sock.display()
+            );
+            Some(Link::Detached {
+                listener,
+                since: Instant::now(),
+            })
+        }
+        Err(e) => {
+            log::error!(
+                "deputies of PID {root}: listen on {}: {e}: they are given up",
+                sock.display()
+            );
+            None
         }
     }
 }
