@@ -650,16 +650,11 @@ fn source_dies_after_commit() -> Result<(), Failed> {
         e.contains("stopped answering") || e.contains("connection"),
         "{e}"
     );
-    // The source's daemon is gone, and with it the deputies' worker: the deputy dies (by
-    // SIGKILL, seen by its parent), while b resumes the copy on its `Commit`.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while pid_alive(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "the original survived its commit and its home daemon"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // The source's daemon is gone; the deputies' worker outlives it and keeps the original as
+    // the body's deputy, for the daemon's successor (commit_protocol's restart test), while b
+    // resumes the copy on its `Commit`.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(pid_alive(pid), "the deputy died with its home daemon");
     let deadline = Instant::now() + Duration::from_secs(5);
     let g = loop {
         if let Some(g) = guest(&c, "b", pid) {
