@@ -92,6 +92,10 @@ pub struct Config {
     /// seconds is declared down while its processes run on. Absent: 6.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_after_secs: Option<f64>,
+    /// Seconds between two images of each tree that left this home, kept here to rebuild it
+    /// from should the node running it die (crate::recovery). Absent: none taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_secs: Option<f64>,
     pub credentials: CredentialPaths,
     /// Whether a guest (a body: a tree whose home is another node) sees only the shared tree
     /// and the system's files, read-only, of this node (docs/security.md, "Guests are
@@ -121,6 +125,13 @@ fn yes() -> bool {
 }
 
 impl Config {
+    /// How often a tree that left is checkpointed ([`Config::checkpoint_every_secs`]).
+    pub fn checkpoint_every(&self) -> Option<std::time::Duration> {
+        self.checkpoint_every_secs
+            .filter(|s| *s > 0.0)
+            .map(|s| std::time::Duration::from_secs_f64(s.clamp(0.1, 1e6)))
+    }
+
     /// How long a death verdict must stand before it is acted on ([`Config::dead_after_secs`]).
     pub fn dead_after(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.dead_after_secs.unwrap_or(6.0).clamp(0.0, 1e6))

@@ -166,6 +166,9 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         let mut body_lost = false;
+        let me = node.name().to_string();
+        let mut checkpointed = std::time::Instant::now();
+        let checkpointing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -181,6 +184,40 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
                         }
                         _ => false,
                     };
+                    if dead {
+                        // Its last image, if it has one, runs on here (crate::recovery).
+                        let b = body.clone().unwrap_or_default();
+                        match crate::recovery::recover(&node, root, &b).await {
+                            Ok(_) => {
+                                if let Err(e) = moved(&node, &b, root, &me) {
+                                    tracing::warn!(event = "recovered-unrecorded", root,
+                                        error = %format!("{e:#}"));
+                                }
+                                continue;
+                            }
+                            Err(e) => tracing::warn!(event = "recovery-failed", root,
+                                error = %format!("{e:#}")),
+                        }
+                    }
+                    if let (Some(every), Some(b)) = (node.config.checkpoint_every(), &body) {
+                        let busy = checkpointing.load(std::sync::atomic::Ordering::Relaxed);
+                        if !dead && !body_lost && *b != me && !busy
+                            && checkpointed.elapsed() >= every
+                        {
+                            checkpointed = std::time::Instant::now();
+                            checkpointing.store(true, std::sync::atomic::Ordering::Relaxed);
+                            let (node, b, flag) = (node.clone(), b.clone(), checkpointing.clone());
+                            tokio::spawn(async move {
+                                match crate::recovery::checkpoint(&node, root, &b).await {
+                                    Ok(bytes) => tracing::info!(event = "checkpoint-taken",
+                                        root, body = %b, bytes),
+                                    Err(e) => tracing::warn!(event = "checkpoint-failed",
+                                        root, body = %b, error = %format!("{e:#}")),
+                                }
+                                flag.store(false, std::sync::atomic::Ordering::Relaxed);
+                            });
+                        }
+                    }
                     if dead {
                         body_lost = true;
                         tracing::warn!(event = "body-node-down", root, body = ?body);
@@ -235,6 +272,7 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
             }
         }
         node.store.remove_or_log(state::DEPUTY, &root.to_string());
+        crate::recovery::forget(&node, root);
         tracing::info!(event = "deputies-done", root);
     });
 }

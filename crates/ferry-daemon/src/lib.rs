@@ -30,6 +30,7 @@ pub mod migrate;
 pub mod node;
 pub mod outcomes;
 pub mod reaper;
+pub mod recovery;
 pub mod relay;
 pub mod state;
 pub mod traffic;

@@ -532,7 +532,7 @@ async fn thaw(worker: &mut Worker) -> Result<()> {
 }
 
 /// The next message from a worker, skipping any stream data still in the pipe.
-async fn worker_msg(worker: &mut Worker) -> Result<Msg> {
+pub(crate) async fn worker_msg(worker: &mut Worker) -> Result<Msg> {
     loop {
         match worker.next_frame().await {
             Ok(Frame::Msg(m)) => return Ok(m),
@@ -562,7 +562,7 @@ fn running_free(pid: i32) -> bool {
 
 /// What the home says of native process `pid` about to leave it: the host name, and its
 /// parent, process group and session (read from /proc/PID/stat). None if it is gone.
-fn home_ids(pid: i32) -> Option<ferry_transport::message::HomeIds> {
+pub(crate) fn home_ids(pid: i32) -> Option<ferry_transport::message::HomeIds> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) state ppid pgrp session ...": comm may hold anything but its last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];

@@ -635,6 +635,9 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
             write_msg(&mut conn.stream, &reply).await?;
             Ok(())
         }
+        Msg::CheckpointBody { pid } => {
+            crate::recovery::serve_checkpoint(node, &mut conn, pid).await
+        }
         Msg::RelayOpen { pid, pipe } => crate::relay::serve_open(node, conn, pid, pipe).await,
         Msg::LocalProcesses => {
             write_msg(&mut conn.stream, &Msg::Processes(node.local_processes())).await?;

@@ -216,6 +216,11 @@ pub enum Msg {
         pid: i32,
         node: String,
     },
+    /// Home to the body's node: an image of the body of home PID `pid`, which runs on. Answered
+    /// with the image in data frames and `End`, then `Done` (or `Error` at any point).
+    CheckpointBody {
+        pid: i32,
+    },
     /// A body's node to its home, after the commit, on a connection of its own: relay pipe
     /// `pipe` (`Pipe::id` of the image) of the tree whose root is home PID `pid`. Answered
     /// `Done` (or `Error`); then data frames flow on it one way, and `End` is end of file.

@@ -55,6 +55,10 @@ fn main() {
             "a_home_daemon_killed_and_restarted_keeps_its_deputies",
             home_restart_keeps_deputies,
         ),
+        Trial::test(
+            "a_checkpointed_guest_whose_node_is_killed_is_rebuilt_at_home",
+            recovered_after_node_death,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -658,6 +662,123 @@ fn home_restart_keeps_deputies() -> Result<(), Failed> {
         return Err(format!("copies left after SIGTERM: {:?}", t.copies()).into());
     }
     Ok(())
+}
+
+/// Node b, running a process moved there from a, is killed outright (its init: its daemon and
+/// every process on it die) after a has checkpointed the process (`--checkpoint-every 1`). Once
+/// b is dead, a rebuilds the process from its last image, at home: it counts on (from the
+/// image's count), `ferry ps` lists it at a with its home PID (kind "recovered"), a's log says
+/// so, and its deputy stands for it still: SIGTERM to the home PID ends it, and its parent
+/// sees that. Before, the deputy ended as if SIGKILLed and the process was gone.
+fn recovered_after_node_death() -> Result<(), Failed> {
+    let c = Cluster::up_full(
+        "cp-recover",
+        2,
+        &[],
+        Isolation::Separate,
+        &["--dead-after", "2", "--checkpoint-every", "1"],
+    );
+    let dir = scratch("commit_protocol", "recover");
+    let count = dir.join("count");
+    // No descriptor but /dev/null held between ticks: the file it writes is opened anew each
+    // time, so an image of it restores whatever the file has become since.
+    let mut child = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys, time\ni = 0\nwhile True:\n    i += 1\n    \
+             with open(sys.argv[1], 'w') as f:\n        f.write(str(i))\n    \
+             time.sleep(0.05)\n",
+        )
+        .arg(&count)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let read = || {
+        std::fs::read_to_string(&count)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    let counting = || {
+        let a = read();
+        std::thread::sleep(Duration::from_millis(400));
+        let b = read();
+        matches!((a, b), (Some(x), Some(y)) if y != x)
+    };
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b"]);
+    let r = (|| -> Result<(), Failed> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !counting() {
+            if Instant::now() > deadline {
+                return Err("the counter did not start".into());
+            }
+        }
+        migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !c.log("a").contains("event=\"checkpoint-taken\"") {
+            if Instant::now() > deadline {
+                return Err(format!("a took no checkpoint\n{}", logs()).into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if !counting() {
+            return Err(format!("the body stopped counting on b\n{}", logs()).into());
+        }
+        let init = c.init_pid("b").ok_or("node b has no init")?;
+        let _ = Command::new("kill")
+            .args(["-9", &init.to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while !c.log("a").contains("event=\"guest-recovered\"") {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Err(format!("the deputy ended ({st}) with b\n{}", logs()).into());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("a did not rebuild it\n{}", logs()).into());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if !counting() {
+            return Err(format!("the rebuilt process does not count\n{}", logs()).into());
+        }
+        let listed = ps(&c, "a").into_iter().find(|g| {
+            g["home_pid"].as_i64() == Some(pid as i64) && g["node"] == "a" && g["home_node"] == "a"
+        });
+        match listed {
+            Some(g) if g["kind"] == "recovered" => {}
+            other => return Err(format!("ferry ps on a lists {other:?}").into()),
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match child.try_wait() {
+                Ok(Some(st)) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    if st.signal() != Some(libc::SIGTERM) {
+                        return Err(format!("the parent saw {st}, not SIGTERM\n{}", logs()).into());
+                    }
+                    break;
+                }
+                _ if Instant::now() > deadline => {
+                    return Err(
+                        format!("SIGTERM to the home PID did not end it\n{}", logs()).into(),
+                    )
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        if counting() {
+            return Err("still counting after SIGTERM".into());
+        }
+        Ok(())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    r
 }
 
 /// A deputy: the original a migration left at home (crates/ferry-deputy), traced by its worker

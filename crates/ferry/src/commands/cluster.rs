@@ -106,6 +106,10 @@ pub struct UpArgs {
     /// (each node's `dead_after_secs`) [default: 6].
     #[arg(long, value_name = "SECS")]
     pub dead_after: Option<f64>,
+    /// Seconds between two images of each tree that left its home, kept at home to rebuild it
+    /// should its node die (each node's `checkpoint_every_secs`) [default: none].
+    #[arg(long, value_name = "SECS")]
+    pub checkpoint_every: Option<f64>,
 }
 
 #[derive(
@@ -343,6 +347,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             control_group: a.control_group.clone(),
             confine_guests: Some(a.confine_guests),
             dead_after_secs: a.dead_after,
+            checkpoint_every_secs: a.checkpoint_every,
             credentials: ca.issue_node_files(name, &certs)?,
             // The nodes share this machine's terminals: none watches them unless told.
             owner: ferry_daemon::hosts::OwnerConfig {
