@@ -687,7 +687,7 @@ fn recovered_after_node_death() -> Result<(), Failed> {
         .arg(
             "import sys, time\ni = 0\nwhile True:\n    i += 1\n    \
              with open(sys.argv[1], 'w') as f:\n        f.write(str(i))\n    \
-             time.sleep(0.05)\n",
+             time.sleep(0.1)\n",
         )
         .arg(&count)
         .stdin(Stdio::null())
