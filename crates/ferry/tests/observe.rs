@@ -321,20 +321,25 @@ fn top_live(w: &World) -> Result<(), Failed> {
 fn web_addr(c: &Cluster, node: &str) -> Result<String, Failed> {
     let mut addr = None;
     wait_until(Duration::from_secs(10), || {
-        addr = c.log(node).lines().find_map(|l| {
-            l.contains("event=\"web\"")
-                .then(|| {
-                    l.split("addr=")
-                        .nth(1)?
-                        .split_whitespace()
-                        .next()
-                        .map(str::to_string)
-                })
-                .flatten()
-        });
+        addr = announced_web_addr(&c.log(node));
         addr.is_some()
     });
     addr.ok_or_else(|| format!("node {node} announced no web address:\n{}", c.log(node)).into())
+}
+
+/// The address a daemon's log says its page is served on (its `event="web"` line).
+fn announced_web_addr(log: &str) -> Option<String> {
+    log.lines().find_map(|l| {
+        l.contains("event=\"web\"")
+            .then(|| {
+                l.split("addr=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()
+                    .map(str::to_string)
+            })
+            .flatten()
+    })
 }
 
 /// One HTTP/1.1 request; the status code and the body.
@@ -485,6 +490,23 @@ fn sample(samples: &[(String, f64)], name: &str) -> f64 {
         .map_or(0.0, |(_, v)| *v)
 }
 
+/// Metric `key` went up by exactly one from `before` to `after` (two scrapes around `what`).
+fn counted_once(
+    before: &[(String, f64)],
+    after: &[(String, f64)],
+    key: &str,
+    what: impl FnOnce() -> String,
+) -> Result<(), Failed> {
+    check(sample(after, key) == sample(before, key) + 1.0, || {
+        format!(
+            "{key}: {} before, {} after {}",
+            sample(before, key),
+            sample(after, key),
+            what()
+        )
+    })
+}
+
 fn metrics(w: &World) -> Result<(), Failed> {
     let addr = web_addr(&w.c, "a")?;
     let scrape = || -> Result<Vec<(String, f64)>, Failed> {
@@ -529,13 +551,7 @@ fn metrics(w: &World) -> Result<(), Failed> {
         "ferry_migrations_in_total",
         "ferry_migration_in_duration_seconds_count",
     ] {
-        check(sample(&after, name) == sample(&before, name) + 1.0, || {
-            format!(
-                "{name}: {} before, {} after a migration",
-                sample(&before, name),
-                sample(&after, name)
-            )
-        })?;
+        counted_once(&before, &after, name, || "a migration".into())?;
     }
 
     // A refused move (b takes no guests for a moment): counted by its reason.
@@ -557,13 +573,8 @@ fn metrics(w: &World) -> Result<(), Failed> {
     })?;
     let refused = scrape()?;
     let key = "ferry_migrations_failed_total{reason=\"refused\"}";
-    check(sample(&refused, key) == sample(&after, key) + 1.0, || {
-        format!(
-            "{key}: {} before, {} after a refusal ({})",
-            sample(&after, key),
-            sample(&refused, key),
-            String::from_utf8_lossy(&o.stderr)
-        )
+    counted_once(&after, &refused, key, || {
+        format!("a refusal ({})", String::from_utf8_lossy(&o.stderr))
     })?;
 
     // A remote execution asked from a.
@@ -573,13 +584,7 @@ fn metrics(w: &World) -> Result<(), Failed> {
     })?;
     let ran = scrape()?;
     let key = "ferry_remote_execs_total{side=\"caller\"}";
-    check(sample(&ran, key) == sample(&refused, key) + 1.0, || {
-        format!(
-            "{key}: {} before, {} after a run",
-            sample(&refused, key),
-            sample(&ran, key)
-        )
-    })?;
+    counted_once(&refused, &ran, key, || "a run".into())?;
 
     // Read only: nothing but GET and HEAD.
     let (code, _) = http(&addr, "POST", "/metrics")?;
@@ -671,17 +676,7 @@ fn web_over_mutual_tls(w: &World) -> Result<(), Failed> {
         let mut addr = None;
         wait_until(Duration::from_secs(10), || {
             let text = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
-            addr = text.lines().find_map(|l| {
-                l.contains("event=\"web\"")
-                    .then(|| {
-                        l.split("addr=")
-                            .nth(1)?
-                            .split_whitespace()
-                            .next()
-                            .map(str::to_string)
-                    })
-                    .flatten()
-            });
+            addr = announced_web_addr(&text);
             addr.is_some()
         });
         let log = || std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
