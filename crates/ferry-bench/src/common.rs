@@ -395,3 +395,70 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// Marks every descriptor above 2 close-on-exec: the benchmark's children must hold nothing
+/// of whatever started it (a pipe inherited from it would be shared with a process that
+/// stays behind, which a migration refuses).
+pub fn seal_inherited_fds() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: fcntl on a descriptor number; at worst EBADF (the directory's own fd).
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+}
+
+/// This machine's CPUs and kernel release, for the line above a report's table.
+pub fn cpus_and_kernel() -> (usize, String) {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    (cpus, kernel.trim().to_owned())
+}
+
+/// Mean, median, minimum and 90th percentile of some times.
+pub struct Stats {
+    pub mean: f64,
+    pub median: f64,
+    pub min: f64,
+    pub p90: f64,
+}
+
+/// The [`Stats`] of `v` (not empty).
+pub fn stats(v: &[f64]) -> Stats {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
+    Stats {
+        mean: s.iter().sum::<f64>() / s.len() as f64,
+        median: at(0.5),
+        min: s[0],
+        p90: at(0.9),
+    }
+}
+
+/// The header of a table of [`Stats`] in ms, its last column `last`.
+pub fn stats_header(last: &str) -> Vec<String> {
+    ["what", "mean ms", "median ms", "min ms", "p90 ms", last]
+        .map(String::from)
+        .to_vec()
+}
+
+/// A row under [`stats_header`]: `label`, `s` in ms, and `last`.
+pub fn stats_row(label: &str, s: &Stats, last: String) -> Vec<String> {
+    vec![
+        label.to_string(),
+        format!("{:.2}", s.mean),
+        format!("{:.2}", s.median),
+        format!("{:.2}", s.min),
+        format!("{:.2}", s.p90),
+        last,
+    ]
+}

@@ -23,8 +23,8 @@
 //!
 //! The migration itself is not timed here (`ferry-bench migrate` does). See docs/benchmarks.md.
 
-use crate::common::{ferry_binary, markdown};
-use crate::remote_exec::{cluster_up, ferry_a, stats};
+use crate::common::{ferry_binary, markdown, seal_inherited_fds, stats, stats_header, stats_row};
+use crate::remote_exec::{cluster_up, ferry_a};
 use anyhow::{bail, Context, Result};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -169,16 +169,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.runs == 0 {
         bail!("--runs must be at least 1");
     }
-    // The children must hold nothing of whatever started the benchmark: a pipe inherited from
-    // it would be shared with a process that stays behind, which a migration refuses.
-    for fd in std::fs::read_dir("/proc/self/fd")?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&fd| fd > 2)
-    {
-        // SAFETY: fcntl on a descriptor number; at worst EBADF.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
+    seal_inherited_fds();
     let ferry = ferry_binary(a.ferry.as_deref())?;
     let cluster = cluster_up(&ferry, a.port)?;
     let moved = |c: &Child| -> Result<()> {
@@ -248,25 +239,12 @@ pub fn run(a: Args) -> Result<()> {
         "exit at its deadline -> parent's wait sees it: child never moved",
         "exit at its deadline -> parent's wait sees it: child moved to b (deputy)",
     ];
-    let mut lines = vec![vec![
-        "what".to_string(),
-        "mean ms".into(),
-        "median ms".into(),
-        "min ms".into(),
-        "p90 ms".into(),
-        "median vs local".into(),
-    ]];
+    let mut lines = vec![stats_header("median vs local")];
     for (i, l) in labels.iter().enumerate() {
         let s = stats(&samples[i]);
         let base = stats(&samples[i - i % 2]).median;
-        lines.push(vec![
-            l.to_string(),
-            format!("{:.2}", s.mean),
-            format!("{:.2}", s.median),
-            format!("{:.2}", s.min),
-            format!("{:.2}", s.p90),
-            format!("{:.1}x", s.median / base.max(1e-9)),
-        ]);
+        let ratio = format!("{:.1}x", s.median / base.max(1e-9));
+        lines.push(stats_row(l, &s, ratio));
     }
     println!("{}", markdown(&lines));
     println!();

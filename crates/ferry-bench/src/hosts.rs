@@ -10,7 +10,7 @@
 //! 3. Eviction: `ferry evict b --json` with 1 and then 3 guests on b (each a small shell loop
 //!    moved there from a), the total time to free b. Sprite: 3.44 s on average, 3.26 guests.
 
-use crate::common::{ferry_binary, markdown, Cluster};
+use crate::common::{ferry_binary, markdown, seal_inherited_fds, Cluster};
 use anyhow::{bail, Result};
 use ferry_policy::hosts::{reclaim_candidate, select, HostRequest};
 use ferry_policy::{HostGrant, NodeLoad};
@@ -301,14 +301,7 @@ fn eviction_table(ferry: &Path, port: u16, evictions: usize) -> Result<String> {
 pub fn run(a: Args) -> Result<()> {
     // The guests must hold nothing of whatever started the benchmark: a pipe inherited from it
     // is shared with a process that stays behind, which a move from a guest's node refuses.
-    for fd in std::fs::read_dir("/proc/self/fd")?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&fd| fd > 2)
-    {
-        // SAFETY: fcntl on a descriptor number; at worst EBADF.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
+    seal_inherited_fds();
     let ferry = ferry_binary(a.ferry.as_deref())?;
     let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(

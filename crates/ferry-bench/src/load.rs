@@ -18,7 +18,7 @@
 //! copy left anywhere). It prints the totals, RSS and fds first against last, and migrations
 //! per second. See docs/benchmarks.md.
 
-use crate::common::Cluster;
+use crate::common::{cpus_and_kernel, seal_inherited_fds, Cluster};
 use crate::engine::{ferry_binary, markdown};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fmt::Write as _;
@@ -308,15 +308,11 @@ pub fn run(a: Args) -> Result<()> {
     drop(cluster);
 
     let mut out = String::new();
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let (cpus, kernel) = cpus_and_kernel();
     let _ = writeln!(
         out,
-        "machine: {cpus} CPUs, kernel {}; ferry: {}; {:.1} min, {} rounds of {} jobs and {} \
+        "machine: {cpus} CPUs, kernel {kernel}; ferry: {}; {:.1} min, {} rounds of {} jobs and {} \
          migrations at once\n",
-        kernel.trim(),
         ferry.display(),
         wall.as_secs_f64() / 60.0,
         totals.rounds,
@@ -404,23 +400,6 @@ pub fn run(a: Args) -> Result<()> {
     }
     print!("{out}");
     Ok(())
-}
-
-/// Descriptors this benchmark inherited (a runner's pipe) are not passed on: a counter holding
-/// a pipe shared with a process outside it could not move.
-fn seal_inherited_fds() {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return;
-    };
-    let fds: Vec<i32> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|&fd| fd > 2)
-        .collect();
-    for fd in fds {
-        // SAFETY: fcntl on a descriptor number; at worst EBADF (the directory's own fd).
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-    }
 }
 
 /// One round: the jobs and the migrations, all started at once, then every check.

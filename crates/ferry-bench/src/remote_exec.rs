@@ -12,7 +12,7 @@
 //! Then a stream: `head -c N /dev/zero` read here through a pipe, locally and through
 //! `ferry run --on b`. See docs/benchmarks.md.
 
-use crate::common::Cluster;
+use crate::common::{cpus_and_kernel, stats, stats_header, stats_row, Cluster};
 use crate::engine::{ferry_binary, markdown};
 use anyhow::{bail, Context, Result};
 use std::fmt::Write as _;
@@ -104,25 +104,6 @@ fn stream(mut cmd: Command, mib: u64, what: &str) -> Result<f64> {
     Ok(mib as f64 / secs)
 }
 
-pub(crate) struct Stats {
-    pub(crate) mean: f64,
-    pub(crate) median: f64,
-    pub(crate) min: f64,
-    pub(crate) p90: f64,
-}
-
-pub(crate) fn stats(v: &[f64]) -> Stats {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
-    Stats {
-        mean: s.iter().sum::<f64>() / s.len() as f64,
-        median: at(0.5),
-        min: s[0],
-        p90: at(0.9),
-    }
-}
-
 pub fn run(a: Args) -> Result<()> {
     if a.runs == 0 || a.command.is_empty() {
         bail!("--runs must be at least 1 and --command not empty");
@@ -167,34 +148,16 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     let base = stats(&samples[0]).median;
-    let mut lines = vec![vec![
-        "what".to_string(),
-        "mean ms".into(),
-        "median ms".into(),
-        "min ms".into(),
-        "p90 ms".into(),
-        "median / local".into(),
-    ]];
+    let mut lines = vec![stats_header("median / local")];
     for (label, s) in labels.iter().zip(&samples) {
         let st = stats(s);
-        lines.push(vec![
-            label.clone(),
-            format!("{:.2}", st.mean),
-            format!("{:.2}", st.median),
-            format!("{:.2}", st.min),
-            format!("{:.2}", st.p90),
-            format!("{:.1}", st.median / base),
-        ]);
+        lines.push(stats_row(label, &st, format!("{:.1}", st.median / base)));
     }
     let mut out = String::new();
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let (cpus, kernel) = cpus_and_kernel();
     let _ = writeln!(
         out,
-        "machine: {cpus} CPUs, kernel {}; ferry: {}; {} runs each\n",
-        kernel.trim(),
+        "machine: {cpus} CPUs, kernel {kernel}; ferry: {}; {} runs each\n",
         ferry.display(),
         a.runs
     );
