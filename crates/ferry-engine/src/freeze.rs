@@ -232,6 +232,16 @@ impl FrozenTree {
                 });
             }
             let proc = tree.freeze_process(pid)?;
+            if proc.zombie && pid == root {
+                // Dropping the tree lets go what it holds: nothing yet.
+                return Err(Error::Unsupported {
+                    pid,
+                    what: "the process".into(),
+                    why: "it has exited (a zombie, waiting for its parent to collect its status): \
+                          there is nothing left of it to checkpoint or move"
+                        .into(),
+                });
+            }
             let zombie = proc.zombie;
             tree.procs.push(proc);
             if !zombie {

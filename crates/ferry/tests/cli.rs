@@ -126,6 +126,21 @@ fn nonexistent_pid_is_named() {
 }
 
 #[test]
+fn a_zombie_is_refused() {
+    // A child of this test that has exited and is not collected yet.
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id() as i32;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z ")) {
+        assert!(std::time::Instant::now() < deadline, "PID {pid} did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    checkpoint_is_refused("zombie", &pid.to_string(), "it has exited (a zombie");
+    // Still there for its parent, with its status.
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
 fn kernel_thread_is_refused() {
     checkpoint_is_refused("kthread", "2", "kernel thread");
 }
