@@ -95,6 +95,9 @@ struct Sample {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    // The child must hold nothing of whatever started the benchmark (a pipe shared with a
+    // process that stays behind would be relayed, and measured).
+    crate::common::seal_inherited_fds();
     if a.sizes.is_empty() || a.sizes.contains(&0) {
         bail!("--sizes needs sizes in MiB, all above 0 (the null process is measured anyway)");
     }
@@ -245,10 +248,9 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
     if a.verbose {
         eprintln!("migrate: {report}");
     }
-    // The commit killed the original, our child: reap it. From now on the child is b's.
-    if let Some(mut c) = holder.child.take() {
-        c.wait().context("reap the original")?;
-    }
+    // The original, our child, stays home as the deputy of the body on b, and ends as the
+    // body does: reaped once the body has ended. From now on the process to watch is b's.
+    let mut deputy = holder.child.take();
     holder.pid = num(&report, "dest_pid")? as i32;
 
     File::create(dir.join("go"))?;
@@ -265,6 +267,15 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
             bail!("the moved child did not exit after writing its result");
         }
         sleep(Duration::from_millis(2));
+    }
+    if let Some(c) = deputy.as_mut() {
+        let start = Instant::now();
+        while c.try_wait().context("reap the deputy")?.is_none() {
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("the deputy at home did not end after its body");
+            }
+            sleep(Duration::from_millis(2));
+        }
     }
     let _ = fs::remove_dir_all(dir);
     Ok(Sample {

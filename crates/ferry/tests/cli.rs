@@ -132,7 +132,10 @@ fn a_zombie_is_refused() {
     let pid = child.id() as i32;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z ")) {
-        assert!(std::time::Instant::now() < deadline, "PID {pid} did not exit");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "PID {pid} did not exit"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     checkpoint_is_refused("zombie", &pid.to_string(), "it has exited (a zombie");
