@@ -231,7 +231,13 @@ impl FrozenTree {
                     ferry: me,
                 });
             }
-            let proc = tree.freeze_process(pid)?;
+            let proc = match tree.freeze_process(pid) {
+                Ok(p) => p,
+                // A child that has ended and been collected since its parent's children were
+                // listed is not part of the tree any more.
+                Err(Error::NoSuchProcess { .. }) if pid != root => continue,
+                Err(e) => return Err(e),
+            };
             if proc.zombie && pid == root {
                 // Dropping the tree lets go what it holds: nothing yet.
                 return Err(Error::Unsupported {

@@ -300,7 +300,13 @@ pub fn check_with(root: i32, relay_pipes: bool) -> Result<()> {
     let mut tcp_fds: Vec<(i32, i32, String, u64)> = Vec::new();
     let mut pipes: HashMap<String, (i32, i32)> = HashMap::new();
     for &pid in &pids {
-        let status = procfs::status(pid)?;
+        let status = match procfs::status(pid) {
+            Ok(s) => s,
+            // A child that has ended and been collected since the tree was listed is not part
+            // of it any more.
+            Err(Error::NoSuchProcess { .. }) if pid != root => continue,
+            Err(e) => return Err(e),
+        };
         check_process(pid, &status, &pids, root_sid)?;
         for fd in procfs::fds(pid).unwrap_or_default() {
             let Ok(link) = procfs::readlink(pid, &format!("fd/{fd}")) else {
