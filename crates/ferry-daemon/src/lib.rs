@@ -27,6 +27,7 @@ pub mod load;
 pub mod membership;
 pub mod metrics;
 pub mod migrate;
+pub mod migrate_lazy;
 pub mod node;
 pub mod outcomes;
 pub mod reaper;

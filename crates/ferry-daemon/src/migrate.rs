@@ -65,8 +65,8 @@ async fn send_counted(
     let t0 = Instant::now();
     let memory = match memory {
         "" => "auto",
-        m @ ("eager" | "precopy" | "auto") => m,
-        other => bail!("unknown memory mode {other:?} (eager, precopy or auto)"),
+        m @ ("eager" | "precopy" | "lazy" | "auto") => m,
+        other => bail!("unknown memory mode {other:?} (eager, precopy, lazy or auto)"),
     };
     if to == node.name() {
         bail!("PID {pid} is already on node {to}");
@@ -103,7 +103,13 @@ async fn send_counted(
     if let Some(o) = owner {
         args.push(format!("--owner={o}"));
     }
-    let mut worker = Worker::spawn(&node.exe, &args)?;
+    let lazy = memory == "lazy";
+    let (mut worker, mut pages) = if lazy {
+        let (w, p) = Worker::spawn_paged(&node.exe, &args).await?;
+        (w, Some(p))
+    } else {
+        (Worker::spawn(&node.exe, &args)?, None)
+    };
     let (memory_bytes, uid, command) = match worker_msg(&mut worker).await? {
         Msg::Movable {
             memory_bytes,
@@ -137,6 +143,7 @@ async fn send_counted(
         } else {
             Vec::new()
         },
+        lazy,
     };
     // Until it is decided, a question from the destination decides it: not committed.
     node.outcomes
@@ -168,6 +175,7 @@ async fn send_counted(
         cli,
         &mut worker,
         &mut conn,
+        pages.as_mut(),
         &mut report,
         &mut worker_gave_up,
         &mut relays,
@@ -271,6 +279,22 @@ async fn send_counted(
         // Its end is no news for its home: the body lives on at the destination.
         node.bodies.forget(g.pid);
     }
+    // A lazy migration: the copy runs now, and the original stays frozen, its memory served,
+    // until the destination has every page; only then is it killed or made a deputy.
+    let lazy_outcome = match pages.as_mut() {
+        Some(pages) => Some(
+            crate::migrate_lazy::source_phase(
+                &mut worker,
+                &mut conn,
+                pages,
+                node.config.stream_stall(),
+                t0,
+                &mut report,
+            )
+            .await,
+        ),
+        None => None,
+    };
     let order = if deputize { &Msg::Deputize } else { &Msg::Kill };
     let mut deputies = None;
     let killed = match write_msg(&mut worker.tx, order).await {
@@ -324,10 +348,33 @@ async fn send_counted(
     }
     // Past the commit point the migration has happened, whatever the link does now: a
     // destination that misses our `Commit` asks (or, if we are declared dead, runs its copy).
-    let confirmed = if node.fault_at("cut-link-after-kill") {
+    let confirmed = if let Some(lazy) = &lazy_outcome {
+        if let Err(e) = lazy {
+            if report.resumed_ms > 0.0 {
+                node.outcomes.settle(id);
+            }
+            tracing::error!(event = "lazy-phase-failed", id, pid, to = %to, error = %format!("{e:#}"));
+            let ran = if report.resumed_ms > 0.0 {
+                format!(
+                    " (it ran there {:.1} ms after the migration started)",
+                    report.resumed_ms
+                )
+            } else {
+                String::new()
+            };
+            return Err(anyhow!(
+                "PID {pid} moved to {to} with --memory lazy{ran}, but its lazy phase failed \
+                 and the copy cannot run without the source's memory: it was killed, and the \
+                 original with it (the risk of post-copy, docs/limitations.md): {e:#}"
+            ));
+        }
+        Ok(())
+    } else if node.fault_at("cut-link-after-kill") {
         Err(anyhow!("fault injected: cut-link-after-kill"))
     } else {
-        confirm(&mut conn, to, &node).await
+        let t = confirm(&mut conn, to, &node).await;
+        report.resumed_ms = ms(t0);
+        t
     };
     match confirmed {
         Ok(()) => node.outcomes.settle(id),
@@ -335,7 +382,12 @@ async fn send_counted(
             error = %format!("{e:#}"), "the copy runs once its node learns the outcome"),
     }
     report.commit_ms = ms(t4);
-    report.freeze_ms = ms(frozen_at);
+    report.freeze_ms = if lazy && report.resumed_ms > 0.0 {
+        // Stopped from the freeze until the copy ran (the lazy phase came after).
+        report.resumed_ms - frozen_at.duration_since(t0).as_secs_f64() * 1e3
+    } else {
+        ms(frozen_at)
+    };
     report.dest_pid = rebuilt.pid;
     report.total_ms = ms(t0);
     tracing::info!(event = "migrated", id, pid, to = %to, dest_pid = rebuilt.pid,
@@ -367,11 +419,13 @@ async fn confirm(conn: &mut Conn, to: &str, node: &Node) -> Result<()> {
 }
 
 /// Freeze, stream, and wait for the destination's `Rebuilt`. Returns when the tree froze.
+#[allow(clippy::too_many_arguments)]
 async fn transfer(
     node: &Node,
     cli: &mut UnixStream,
     worker: &mut Worker,
     conn: &mut Conn,
+    pages: Option<&mut crate::workers::PageLink>,
     report: &mut MigrateReport,
     worker_gave_up: &mut bool,
     relays: &mut Vec<ferry_transport::message::RelayedPipe>,
@@ -494,9 +548,22 @@ async fn transfer(
     report.transfer_ms = ms(t2);
     progress(cli, "restore", report.wire_bytes).await;
     let t3 = Instant::now();
-    let reply = tokio::time::timeout(Duration::from_secs(600), read_msg(&mut conn.stream))
-        .await
-        .map_err(|_| anyhow!("node {to} did not rebuild the tree within 10 minutes"))?;
+    let reply = match pages {
+        // The rebuild asks for lazy memory meanwhile.
+        Some(pages) => {
+            use crate::migrate_lazy::{relay, Heard, Step};
+            relay(conn, pages, None, Duration::from_secs(600), |h| {
+                Ok(Step::Done(match h {
+                    Heard::Peer(m) | Heard::Worker(m) => Ok(m),
+                }))
+            })
+            .await
+            .map_err(|e| e.context(format!("node {to} rebuilding the tree")))?
+        }
+        None => tokio::time::timeout(Duration::from_secs(600), read_msg(&mut conn.stream))
+            .await
+            .map_err(|_| anyhow!("node {to} did not rebuild the tree within 10 minutes"))?,
+    };
     let rebuilt = match reply {
         Ok(Msg::Rebuilt(r)) => r,
         Ok(Msg::Abort { reason }) | Ok(Msg::Refused { reason }) => {
@@ -638,7 +705,23 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
             }
         }
     }
-    let mut worker = match Worker::spawn(&node.exe, &worker_args) {
+    if offer.lazy {
+        worker_args.extend([
+            format!("--lazy-from={from}"),
+            format!(
+                "--stall-secs={}",
+                node.config.stream_stall().as_secs().max(1)
+            ),
+        ]);
+    }
+    let spawned = if offer.lazy {
+        Worker::spawn_paged(&node.exe, &worker_args)
+            .await
+            .map(|(w, p)| (w, Some(p)))
+    } else {
+        Worker::spawn(&node.exe, &worker_args).map(|w| (w, None))
+    };
+    let (mut worker, mut pages) = match spawned {
         Ok(w) => w,
         Err(e) => {
             let reason = format!("{e:#}");
@@ -657,7 +740,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     tracing::info!(event = "migrate-in", from = %from, id = offer.id, home = %offer.home_node,
         home_pid = offer.home_pid);
 
-    let rebuilt = match receive_image(&node, &from, &mut conn, &mut worker).await {
+    let rebuilt = match receive_image(&node, &from, &mut conn, &mut worker, pages.as_mut()).await {
         Ok(r) => r,
         Err(e) => {
             // Closing its stdin makes the worker kill whatever it built.
@@ -726,7 +809,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         Some(d) => d,
         None => {
             let commit = await_outcome(&node, &from, offer.id).await;
-            let r = finish_held(&node, worker, commit, &key, info, None, relay_ends).await;
+            let r = finish_held(&node, worker, commit, &key, info, None, relay_ends, pages).await;
             if commit && r.is_ok() {
                 node.metrics.migration_in(t0);
             }
@@ -753,6 +836,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         info,
         Some(&mut conn),
         relay_ends,
+        pages,
     )
     .await;
     if commit && r.is_ok() {
@@ -786,7 +870,9 @@ struct Held {
     info: ProcInfo,
 }
 
-/// Lets the held copy run (`commit`) or throws it away, then forgets its record.
+/// Lets the held copy run (`commit`) or throws it away, then forgets its record. A lazy copy
+/// (`pages`) is served from its source meanwhile, until every page is in.
+#[allow(clippy::too_many_arguments)]
 async fn finish_held(
     node: &Arc<Node>,
     mut worker: Worker,
@@ -795,7 +881,18 @@ async fn finish_held(
     info: ProcInfo,
     conn: Option<&mut Conn>,
     relay_ends: Vec<(u32, std::os::fd::OwnedFd)>,
+    pages: Option<crate::workers::PageLink>,
 ) -> Result<()> {
+    let commit = match (&pages, &conn) {
+        (Some(_), None) if commit => {
+            // The source is lost (declared dead): it held the memory this copy lacks.
+            tracing::error!(event = "lazy-copy-lost", home = %info.home_node,
+                home_pid = info.home_pid, "the source of a lazy migration is lost before the \
+                copy ran: the copy cannot get its memory and is thrown away");
+            false
+        }
+        _ => commit,
+    };
     if !commit {
         let _ = write_msg(
             &mut worker.tx,
@@ -809,6 +906,15 @@ async fn finish_held(
         return Ok(());
     }
     node.fault("exit-before-resume");
+    let conn = match (pages, conn) {
+        (Some(pages), Some(conn)) => {
+            return crate::migrate_lazy::dest_phase(
+                node, worker, conn, pages, key, info, relay_ends,
+            )
+            .await;
+        }
+        (_, conn) => conn,
+    };
     write_msg(&mut worker.tx, &Msg::Resume).await?;
     match worker_msg(&mut worker).await {
         Ok(Msg::Resumed) => {}
@@ -816,6 +922,29 @@ async fn finish_held(
         Ok(other) => bail!("restore worker said {}", kind(&other)),
         Err(e) => return Err(e),
     }
+    guest_running(
+        node,
+        info,
+        conn.as_ref().map(|c| c.peer.as_str()),
+        key,
+        relay_ends,
+    );
+    if let Some(conn) = conn {
+        let _ = write_msg(&mut conn.stream, &Msg::Resumed).await;
+        let _ = conn.stream.shutdown().await;
+    }
+    Ok(())
+}
+
+/// A copy that runs here now: a body of its home, a guest of this node, its relays dialled
+/// home; its held record goes.
+pub(crate) fn guest_running(
+    node: &Arc<Node>,
+    info: ProcInfo,
+    peer: Option<&str>,
+    key: &str,
+    relay_ends: Vec<(u32, std::os::fd::OwnedFd)>,
+) {
     tracing::info!(event = "guest-running", home = %info.home_node, home_pid = info.home_pid,
         pid = info.pid);
     node.bodies.add(info.pid, &info.home_node, info.home_pid);
@@ -826,18 +955,12 @@ async fn finish_held(
         info.home_pid,
         relay_ends,
     );
-    if let Some(c) = &conn {
+    if let Some(peer) = peer {
         // Its balancer may hand it to ours (crate::balancer::adopt).
-        node.balancer
-            .arrived(&c.peer, &info.home_node, info.home_pid);
+        node.balancer.arrived(peer, &info.home_node, info.home_pid);
     }
     node.guests.add(info);
     node.store.remove_or_log(state::HELD, key);
-    if let Some(conn) = conn {
-        let _ = write_msg(&mut conn.stream, &Msg::Resumed).await;
-        let _ = conn.stream.shutdown().await;
-    }
-    Ok(())
 }
 
 /// Takes up what the last run of this daemon left undone; called at start, before any peer
@@ -989,6 +1112,7 @@ async fn receive_image(
     from: &str,
     conn: &mut Conn,
     worker: &mut Worker,
+    pages: Option<&mut crate::workers::PageLink>,
 ) -> Result<Rebuilt> {
     let stall = node.config.stream_stall();
     let mut first_data = true;
@@ -1033,7 +1157,26 @@ async fn receive_image(
             }
         }
     }
-    match worker_msg(worker).await? {
+    let said = match pages {
+        // The rebuild asks the source for lazy memory meanwhile.
+        Some(pages) => {
+            use crate::migrate_lazy::{relay, Heard, Step};
+            relay(conn, pages, Some(worker), Duration::from_secs(600), |h| {
+                Ok(Step::Done(match h {
+                    Heard::Worker(m) => m,
+                    Heard::Peer(Msg::Abort { reason }) => Msg::Error {
+                        message: format!("the source gave up: {reason}"),
+                    },
+                    Heard::Peer(other) => Msg::Error {
+                        message: format!("the source said {} during the rebuild", kind(&other)),
+                    },
+                }))
+            })
+            .await?
+        }
+        None => worker_msg(worker).await?,
+    };
+    match said {
         Msg::Rebuilt(r) => Ok(r),
         Msg::Error { message } => bail!("{message}"),
         other => bail!("restore worker said {}", kind(&other)),

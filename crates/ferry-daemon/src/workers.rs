@@ -78,3 +78,36 @@ impl Worker {
         self.rx.recv().await.unwrap_or(Err(FrameError::Closed))
     }
 }
+
+/// A lazy migration's page link to a worker (`ferry/src/commands/pages.rs`): a UNIX stream
+/// socket apart from the worker's control pipes.
+pub struct PageLink {
+    pub stream: tokio::net::UnixStream,
+}
+
+impl Worker {
+    /// Spawns a worker with a page link: its end is a descriptor of ours the worker takes with
+    /// `pidfd_getfd` (`--pages-fd N`), greeting us on the link once it holds it; only then is
+    /// our copy closed, so that the link closes when the worker dies.
+    pub async fn spawn_paged(exe: &Path, args: &[String]) -> Result<(Worker, PageLink)> {
+        use std::os::fd::AsRawFd;
+        let (ours, theirs) =
+            ferry_sys::sockets::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)
+                .context("make a page link")?;
+        let mut args = args.to_vec();
+        args.push(format!("--pages-fd={}", theirs.as_raw_fd()));
+        let worker = Worker::spawn(exe, &args)?;
+        let ours = std::os::unix::net::UnixStream::from(ours);
+        ours.set_nonblocking(true).context("page link")?;
+        let mut stream = tokio::net::UnixStream::from_std(ours).context("page link")?;
+        let hello =
+            tokio::time::timeout(std::time::Duration::from_secs(10), read_frame(&mut stream)).await;
+        drop(theirs);
+        match hello {
+            Ok(Ok(Frame::Msg(ferry_transport::Msg::Accept))) => Ok((worker, PageLink { stream })),
+            Ok(Ok(_)) => anyhow::bail!("worker {} greeted its page link wrongly", worker.pid),
+            Ok(Err(e)) => anyhow::bail!("worker {} did not take its page link: {e}", worker.pid),
+            Err(_) => anyhow::bail!("worker {} did not take its page link in 10 s", worker.pid),
+        }
+    }
+}

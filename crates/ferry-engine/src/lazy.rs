@@ -54,6 +54,14 @@ pub trait LazyMemory: std::fmt::Debug {
     /// it is registered), so the server must be answering faults when this returns. An error
     /// (a description of what failed) fails the restore.
     fn start(&self, processes: Vec<LazyProcess>) -> std::result::Result<(), String>;
+    /// Whether this server supplies exactly the pages the image names as inherited
+    /// (`Process::inherited`: a lazy migration leaves a tree's private anonymous memory at its
+    /// source), the image carrying the rest, which the restore then writes as usual before the
+    /// server starts. False: the server supplies every page of the image (`ferry restore
+    /// --lazy`), and the image must inherit nothing.
+    fn serves_inherited(&self) -> bool {
+        false
+    }
 }
 
 /// Makes a userfaultfd inside `h` for its own address space, takes it over, enables the lazy
@@ -130,14 +138,89 @@ pub fn prepare(h: &Husk, p: &ferry_image::Process) -> Result<LazyProcess> {
         uffd: fd,
         vmas: vmas.to_vec(),
         registered,
-        eager: if p.mm.arg_start < p.mm.env_end {
-            let page = ferry_sys::PAGE_SIZE;
-            vec![(
-                p.mm.arg_start & !(page - 1),
-                p.mm.env_end.div_ceil(page) * page,
-            )]
-        } else {
-            Vec::new()
-        },
+        eager: eager_ranges(p),
     })
+}
+
+/// The pages of `p` that must be in before it runs: its arguments and environment (read by
+/// the kernel for others, /proc/PID/cmdline), and each thread's `clear_child_tid` word and
+/// robust-list head, which the kernel writes as the thread exits, when a fault can no longer
+/// wait for a page server (`handle_userfault` fails an exiting task's fault: a joiner would
+/// wait forever for a tid that is never cleared).
+fn eager_ranges(p: &ferry_image::Process) -> Vec<(u64, u64)> {
+    let page = ferry_sys::PAGE_SIZE;
+    let mut out = Vec::new();
+    if p.mm.arg_start < p.mm.env_end {
+        out.push((
+            p.mm.arg_start & !(page - 1),
+            p.mm.env_end.div_ceil(page) * page,
+        ));
+    }
+    for t in &p.threads {
+        for a in [t.clear_child_tid, t.robust_list] {
+            if a != 0 {
+                let s = a & !(page - 1);
+                out.push((s, s + page));
+            }
+        }
+    }
+    out
+}
+
+/// Whether a mapping of /proc/PID/maps is memory a lazy migration leaves at its source: private
+/// anonymous memory that is not backed by transparent huge pages (those are written before
+/// the process runs, so that their faults get huge pages again).
+fn left_at_source(m: &crate::procfs::MapEntry) -> bool {
+    m.ino == 0
+        && !m.shared()
+        && m.anon_huge_kb == 0
+        && !matches!(
+            m.name.as_str(),
+            "[vdso]" | "[vvar]" | "[vvar_vclock]" | "[vsyscall]"
+        )
+}
+
+/// The ranges of process `pid` (a frozen process, by our PID) whose pages a lazy migration
+/// leaves at the source: its private anonymous mappings (see [`prepare`], which registers the
+/// same mappings on the destination).
+pub fn source_ranges(pid: i32) -> Result<Vec<(u64, u64)>> {
+    Ok(crate::procfs::smaps(pid)?
+        .iter()
+        .filter(|m| left_at_source(m))
+        .map(|m| (m.start, m.end))
+        .collect())
+}
+
+/// What `--memory lazy` refuses, before anything is frozen: memory a page server cannot
+/// supply lazily. Shared memory (System V segments, shared anonymous mappings, memfds, files
+/// of /dev/shm) would have to be sent whole before the tree runs, so the resume would grow
+/// with it again; userfaultfd serves private anonymous memory only. The error names the PID,
+/// the mapping and the kind.
+pub fn preflight(root: i32) -> std::result::Result<(), String> {
+    let pids = crate::preflight::tree(root).map_err(|e| e.to_string())?;
+    for pid in pids {
+        let Ok(maps) = crate::procfs::smaps(pid) else {
+            continue;
+        };
+        for m in &maps {
+            let kind = if m.name.starts_with("/SYSV") {
+                "System V shared memory"
+            } else if m.name == "/dev/zero (deleted)" && m.shared() {
+                "shared anonymous memory (MAP_SHARED|MAP_ANONYMOUS)"
+            } else if m.name.starts_with("/memfd:") {
+                "a memfd"
+            } else if m.name.starts_with("/dev/shm/") {
+                "a POSIX shared memory object (/dev/shm)"
+            } else {
+                continue;
+            };
+            return Err(format!(
+                "PID {pid} maps {kind} at {:x}-{:x} ({}): --memory lazy serves private \
+                 anonymous memory only (shared memory would have to be sent whole before the \
+                 tree runs); move it with --memory eager",
+                m.start, m.end, m.name
+            ));
+        }
+    }
+    Ok(())
 }

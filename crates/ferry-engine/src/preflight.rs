@@ -13,7 +13,7 @@ const TCP_MOVABLE: [u8; 7] = [1, 2, 4, 5, 8, 9, 11];
 const TCP_SYN_SENT: u8 = 2;
 
 /// The tree rooted at `root`: every process, parents first.
-fn tree(root: i32) -> Result<Vec<i32>> {
+pub(crate) fn tree(root: i32) -> Result<Vec<i32>> {
     procfs::stat(root)?;
     let mut out = Vec::new();
     let mut todo = vec![root];

@@ -686,7 +686,30 @@ fn build<R: Read>(
     for (p, h) in &live {
         memory::restore_mappings(h, p, cx.objects)?;
     }
-    if let Some(lazy) = cx.lazy {
+    if let Some(lazy) = cx.lazy.filter(|l| l.serves_inherited()) {
+        // A lazy migration: the image carries what is not left at the source (private pages
+        // of file mappings, huge-page mappings); those go in first, the server then supplies
+        // what the image names as inherited.
+        stream_memory(
+            &mut cx.img.records,
+            tree,
+            cx.objects,
+            cx.buf,
+            &live,
+            None,
+            true,
+            &mut report,
+        )?;
+        let processes = live
+            .iter()
+            .map(|(p, h)| crate::lazy::prepare(h, p))
+            .collect::<Result<Vec<_>>>()?;
+        lazy.start(processes).map_err(|what| Error::Restore {
+            pid: tree.root_pid,
+            what: format!("start serving its memory lazily: {what}"),
+        })?;
+        report.memory_lazy = true;
+    } else if let Some(lazy) = cx.lazy {
         if let Some(p) = live.iter().find(|(p, _)| !p.inherited.is_empty()) {
             return Err(Error::BadImage(format!(
                 "PID {}: the image takes pages from an earlier transfer (pre-copy, or a parent \
@@ -711,6 +734,7 @@ fn build<R: Read>(
             cx.buf,
             &live,
             cx.pages,
+            false,
             &mut report,
         )?;
     }
@@ -812,9 +836,11 @@ struct Piece<'a> {
 /// Reads the image's memory records to its end marker, writing each into its process as it
 /// arrives. Two buffers take turns: while a helper thread writes one piece into its process
 /// (`process_vm_writev`, which faults in and clears each page of the target first), this
-/// thread reads and checksums the next. (A version 1 image has its shared objects' contents
+/// thread reads and checksums the next. With `inherited_elsewhere`, the pages the image names
+/// as inherited are left alone (a lazy page server supplies them). (A version 1 image has its shared objects' contents
 /// here, after memory: they are filled as they come, except into System V segments, which are
 /// filled when they are first attached and so must come first.)
+#[allow(clippy::too_many_arguments)]
 fn stream_memory<R: Read>(
     records: &mut Records<R>,
     tree: &Tree,
@@ -822,6 +848,7 @@ fn stream_memory<R: Read>(
     buf: &mut [u8],
     live: &[(&Process, &Husk)],
     pages: Option<&dyn InheritedPages>,
+    inherited_elsewhere: bool,
     report: &mut RestoreReport,
 ) -> Result<()> {
     // Dropped (closed, which unregisters their ranges) when the memory is in place.
@@ -832,8 +859,11 @@ fn stream_memory<R: Read>(
     report.memory_filled_by_uffd = fillers.iter().all(Option::is_some);
     // Pages the image does not carry, from the transfer before it; the image's own records
     // come after and may overwrite them.
+    // (Unless a lazy page server supplies them once the records are in.)
     for ((p, h), f) in live.iter().zip(&fillers) {
-        report.inherited_bytes += fill_inherited(p, h, f.as_ref(), pages, buf)?;
+        if !inherited_elsewhere {
+            report.inherited_bytes += fill_inherited(p, h, f.as_ref(), pages, buf)?;
+        }
     }
     let by_pid: HashMap<i32, (&Process, i32, &ProcMem, Option<&AnonFiller>)> = live
         .iter()

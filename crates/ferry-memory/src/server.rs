@@ -44,6 +44,13 @@ pub struct Options {
     /// The ferry binary, to run the lazy phase's guardian ([`crate::guard`]); `None`: no
     /// guardian (the tree's memory then depends on this process staying alive).
     pub guardian: Option<std::path::PathBuf>,
+    /// When set, the background push waits until this flag is raised (and `push_after` has
+    /// passed): a migration's copy is held stopped until its source commits, and nothing is
+    /// pushed for a copy that may yet be thrown away.
+    pub push_gate: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// The source supplies what the image names as inherited, the image carrying the rest
+    /// ([`LazyMemory::serves_inherited`]: a lazy migration).
+    pub serves_inherited: bool,
 }
 
 impl Default for Options {
@@ -53,6 +60,8 @@ impl Default for Options {
             push_after: Duration::ZERO,
             push_piece: 256 << 10,
             guardian: None,
+            push_gate: None,
+            serves_inherited: false,
         }
     }
 }
@@ -147,6 +156,10 @@ impl LazyServer {
 }
 
 impl LazyMemory for LazyServer {
+    fn serves_inherited(&self) -> bool {
+        self.opts.serves_inherited
+    }
+
     fn start(&self, processes: Vec<LazyProcess>) -> Result<(), String> {
         let mut source = self
             .source
@@ -430,14 +443,24 @@ impl Serving {
             if self.spaces.iter().all(|s| s.owed.is_empty()) {
                 return Ok(());
             }
-            let pushing = self.t0.elapsed() >= self.opts.push_after;
+            let gate_open = self
+                .opts
+                .push_gate
+                .as_ref()
+                .is_none_or(|g| g.load(std::sync::atomic::Ordering::Acquire));
+            let pushing = gate_open && self.t0.elapsed() >= self.opts.push_after;
             let timeout = if pushing {
                 0
+            } else if !gate_open {
+                20
             } else {
-                (self.opts.push_after - self.t0.elapsed())
+                (self.opts.push_after.saturating_sub(self.t0.elapsed()))
                     .as_millis()
                     .clamp(1, 100) as i32
             };
+            if !pushing {
+                self.source.check()?;
+            }
             let fds: Vec<i32> = self.spaces.iter().map(|s| s.uffd.as_raw_fd()).collect();
             let ready = ferry_sys::ns::poll_in(&fds, timeout)
                 .map_err(|e| format!("wait for page faults: {e}"))?;

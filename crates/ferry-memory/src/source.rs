@@ -18,6 +18,12 @@ pub trait PageSource: Send {
     fn describe(&self) -> String;
     /// Bytes the source has delivered so far (read from a file, or received over a link).
     fn bytes_delivered(&self) -> u64;
+    /// Whether the source can still supply pages, asked while the server waits (at least
+    /// every 100 ms): a migration's source whose link is gone fails here, so the tree is
+    /// killed at once rather than at its next fault.
+    fn check(&mut self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// An image file, read at random: each record whole and checked against its checksum when

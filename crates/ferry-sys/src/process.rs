@@ -50,6 +50,14 @@ pub fn default_sigpipe() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
+/// Ignores SIGPIPE: a write to a closed pipe or socket then fails with EPIPE, which the
+/// caller reports, instead of killing the process silently (a lazy migration's worker, whose
+/// page link may close under it).
+pub fn ignore_sigpipe() {
+    // SAFETY: installing the ignore disposition for one signal; no handler code involved.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
 /// Kills this process outright (SIGKILL), as if someone else had: for fault injection in tests.
 pub fn kill_self() -> ! {
     // SAFETY: plain integer arguments; SIGKILL cannot be caught, so nothing of ours runs after.

@@ -92,7 +92,8 @@ pub enum Msg {
     Migrate {
         pid: i32,
         to: String,
-        /// How memory moves: "eager", "precopy" or "auto" (empty, from an older CLI: auto).
+        /// How memory moves: "eager", "precopy", "lazy" or "auto" (empty, from an older CLI:
+        /// auto).
         #[serde(default)]
         memory: String,
     },
@@ -172,6 +173,26 @@ pub enum Msg {
     Thawed,
     /// Daemon to restore worker after the commit: let the rebuilt tree run.
     Resume,
+
+    // ---- Lazy memory (`--memory lazy`): the destination's page server <-> the source ----
+    /// Restore worker, through both daemons, to the capture worker: send `len` bytes (at most
+    /// `frame::DATA_CHUNK`) of the memory of process `pid` (the tree's number) at `addr`.
+    /// Answered by one `Data` frame of exactly `len` bytes, or by `PageError`.
+    PageWant {
+        pid: i32,
+        addr: u64,
+        len: u64,
+    },
+    /// The source cannot supply the memory asked for: why.
+    PageError {
+        message: String,
+    },
+    /// Daemon to capture worker, at the commit point of a lazy migration: the copy is the one
+    /// that runs; keep serving its memory, and from now on the original dies with the worker.
+    Committed,
+    /// Restore worker, and then the destination to the source: every page is in; the source's
+    /// memory is no longer needed.
+    LazyDone(Box<LazyReport>),
 
     // ---- The deputy: a moved tree's home <-> its body's node, a daemon <-> its deputies --
     /// Daemon to capture worker at the commit point of a tree leaving its home, instead of
@@ -344,6 +365,10 @@ pub struct MigrateOffer {
     /// The compressed frames the source can send (`frame::LZ4`); none from an older source.
     #[serde(default)]
     pub compress: Vec<String>,
+    /// The tree's private anonymous memory is not in the image: the destination serves it
+    /// from the source as it is touched (`Msg::PageWant`), and pushes the rest.
+    #[serde(default)]
+    pub lazy: bool,
 }
 
 /// What a signal sent with `sigqueue` (or another negative `si_code`, but SI_TKILL) carried, as
@@ -536,12 +561,53 @@ pub struct MigrateReport {
     /// How memory moved, and why (absent from older daemons).
     #[serde(default)]
     pub memory: Box<MemoryPlan>,
+    /// From the start of the migration until the copy ran on the destination (the source's
+    /// clock: when the destination's `Resumed` arrived).
+    #[serde(default)]
+    pub resumed_ms: f64,
+    /// A lazy migration's lazy phase: pages sent by fault and by push, and when the source
+    /// was released.
+    #[serde(default)]
+    pub lazy: Option<Box<LazyReport>>,
+}
+
+/// The lazy phase of a migration (`--memory lazy`), as the destination's page server saw it,
+/// and when the source let go of its memory.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct LazyReport {
+    /// Bytes the copy was owed when it was handed over.
+    pub owed_bytes: u64,
+    /// Fault messages read, and of them those already served (another thread's fault or the
+    /// push had brought the page).
+    pub faults: u64,
+    pub faults_already_served: u64,
+    /// Pages sent in answer to faults (with their prefetched neighbours), and by the push.
+    pub fault_pages: u64,
+    pub pushed_pages: u64,
+    /// Faults answered with a zero page (no data there).
+    pub zero_pages: u64,
+    /// Forks, mremaps, munmaps and madvise(DONTNEED)s followed during the lazy phase.
+    pub forked: u64,
+    pub remaps: u64,
+    pub unmaps: u64,
+    pub removes: u64,
+    /// Address spaces that ended still owed pages.
+    pub ended_owing: u64,
+    /// Time spent answering faults, in all (round trips to the source included).
+    pub fault_service_us: u64,
+    /// Bytes received from the source.
+    pub source_bytes: u64,
+    /// On the destination: from the hand-over (during the rebuild) until the last page was in.
+    pub dependency_ms: f64,
+    /// On the source: from the copy's resume until the source was released (the original
+    /// killed, or left as a deputy), its memory no longer needed.
+    pub source_released_after_resume_ms: f64,
 }
 
 /// How a migration moved memory: the mode used, why, and its pre-copy rounds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct MemoryPlan {
-    /// "eager" (all memory during the freeze) or "precopy".
+    /// "eager" (all memory during the freeze), "precopy" or "lazy".
     pub mode: String,
     /// Why this mode (for `auto`: the size, dirty rate and link speed it was chosen from).
     pub reason: String,

@@ -76,8 +76,17 @@ fn messages() -> Vec<Msg> {
                 sid: 8,
             }),
             compress: vec!["lz4".into()],
+            lazy: true,
         }),
         Msg::Accept,
+        Msg::PageWant {
+            pid: 10,
+            addr: 0x7f00_0000_0000,
+            len: 4096,
+        },
+        Msg::PageError {
+            message: "gone".into(),
+        },
         Msg::AcceptCompressed {
             codec: "lz4".into(),
         },

@@ -71,7 +71,7 @@ enum Command {
         pid: i32,
         #[arg(long)]
         relay_pipes: bool,
-        /// eager, precopy or auto.
+        /// eager, precopy, lazy or auto.
         #[arg(long, default_value = "eager")]
         memory: String,
         /// The user the daemon moves the tree for: only a tree of theirs moves.
@@ -80,6 +80,9 @@ enum Command {
         /// Where its deputies wait for a restarted daemon (DIR/PID.sock).
         #[arg(long)]
         deputies_dir: Option<std::path::PathBuf>,
+        /// With --memory lazy: the daemon's descriptor of this worker's end of the page link.
+        #[arg(long)]
+        pages_fd: Option<i32>,
     },
     /// Engine worker of a daemon: receive and rebuild a tree (internal).
     #[command(name = "__restore-worker", hide = true)]
@@ -107,6 +110,19 @@ enum Command {
         /// With --confine: directories of the node's own hidden even where they would show.
         #[arg(long, requires = "confine")]
         hide: Vec<std::path::PathBuf>,
+        /// A lazy migration from this node: the tree's private anonymous memory is served
+        /// from it over the page link ...
+        #[arg(long, requires = "pages_fd")]
+        lazy_from: Option<String>,
+        /// ... whose end, for this worker, is this descriptor of the daemon's.
+        #[arg(long, requires = "lazy_from")]
+        pages_fd: Option<i32>,
+        /// How long the source may leave a page request unanswered.
+        #[arg(long, default_value_t = 30)]
+        stall_secs: u64,
+        /// Pages sent after a faulting one.
+        #[arg(long, default_value_t = 15)]
+        prefetch: usize,
     },
     /// The guardian of a lazy restore's page server (internal): see ferry_memory::guard.
     #[command(name = "__lazy-guard", hide = true)]
@@ -175,11 +191,23 @@ fn main() {
             confine,
             shared,
             hide,
+            lazy_from,
+            pages_fd,
+            stall_secs,
+            prefetch,
         } => commands::worker::restore_worker(
             reports,
             cpu_cgroup,
             hostname.zip(home),
             confine.then_some(ferry_engine::guest_ns::Confine { shared, hide }),
+            lazy_from
+                .zip(pages_fd)
+                .map(|(from, fd)| commands::worker::LazyArgs {
+                    from,
+                    pages_fd: fd,
+                    stall: std::time::Duration::from_secs(stall_secs),
+                    prefetch,
+                }),
         ),
         Command::CaptureWorker {
             pid,
@@ -187,12 +215,14 @@ fn main() {
             memory,
             owner,
             deputies_dir,
+            pages_fd,
         } => commands::worker::capture_worker(
             pid,
             relay_pipes,
             &memory,
             owner.as_ref(),
             deputies_dir,
+            pages_fd,
         ),
         Command::LazyGuard { server_pid } => commands::restore::lazy_guard(server_pid),
     };

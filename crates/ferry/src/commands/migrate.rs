@@ -14,10 +14,12 @@ pub struct Args {
     #[arg(long)]
     pub to: String,
     /// How memory moves: `eager` (all of it while the tree stands still), `precopy` (copied
-    /// while it runs, then what it dirtied, in rounds; a short freeze sends the rest), or
-    /// `auto` (chosen from the tree's size, its dirty rate and the link's speed; the report
-    /// says which and why).
-    #[arg(long, default_value = "auto", value_parser = ["eager", "precopy", "auto"])]
+    /// while it runs, then what it dirtied, in rounds; a short freeze sends the rest), `lazy`
+    /// (copy-on-reference: the tree runs on the destination as soon as its other state is
+    /// there, its private memory fetched from here as it touches it while the rest is pushed;
+    /// the command returns once the source is no longer needed), or `auto` (chosen from the
+    /// tree's size, its dirty rate and the link's speed; the report says which and why).
+    #[arg(long, default_value = "auto", value_parser = ["eager", "precopy", "lazy", "auto"])]
     pub memory: String,
     /// Print a machine-readable report.
     #[arg(long)]
@@ -97,6 +99,24 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
     let m = &report.memory;
     if !m.mode.is_empty() {
         println!("memory: {} ({})", m.mode, m.reason);
+    }
+    if report.resumed_ms > 0.0 {
+        println!(
+            "running on {} {:.1} ms after the migration started",
+            report.to, report.resumed_ms
+        );
+    }
+    if let Some(l) = &report.lazy {
+        println!(
+            "  lazy phase: {:.1} MiB owed; {} pages sent by {} faults, {} pushed, {} zero-filled; \
+             the source was released {:.0} ms after the copy ran",
+            l.owed_bytes as f64 / (1 << 20) as f64,
+            l.fault_pages,
+            l.faults,
+            l.pushed_pages,
+            l.zero_pages,
+            l.source_released_after_resume_ms
+        );
     }
     for (i, r) in m.rounds.iter().enumerate() {
         println!(

@@ -18,6 +18,7 @@ pub mod make_shell;
 pub mod migrate;
 pub mod node_init;
 pub mod nodes;
+pub mod pages;
 pub mod precopy;
 pub mod ps;
 pub mod restore;

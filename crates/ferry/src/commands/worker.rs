@@ -106,16 +106,20 @@ pub(crate) fn owned_frozen(
 }
 
 /// `ferry __capture-worker PID [--relay-pipes] --memory MODE [--owner U] [--deputies-dir
-/// DIR]`: with `relay_pipes` (a tree leaving its home), pipes it shares with processes outside
-/// it are captured to be relayed, not refused; `memory` says how memory moves (eager, precopy,
-/// auto); `owner`: the user the tree is moved for; `deputies_dir`: where the tree's deputies, should it leave its home, wait for a restarted
-/// daemon (`DIR/PID.sock`; see `serve_deputies`).
+/// DIR] [--pages-fd N]`: with `relay_pipes` (a tree leaving its home), pipes it shares with
+/// processes outside it are captured to be relayed, not refused; `memory` says how memory
+/// moves (eager, precopy, lazy, auto); `owner`: the user the tree is moved for;
+/// `deputies_dir`: where the tree's deputies, should it leave its home, wait for a restarted
+/// daemon (`DIR/PID.sock`; see `serve_deputies`). A lazy migration's private anonymous memory
+/// stays out of the image and is served over the page link (`pages_fd`, see
+/// [`super::pages`]) until the destination has it all.
 pub fn capture_worker(
     pid: i32,
     relay_pipes: bool,
     memory: &str,
     owner: Option<&ferry_sys::owner::Owner>,
     deputies_dir: Option<std::path::PathBuf>,
+    pages_fd: Option<i32>,
 ) -> Result<()> {
     ferry_sys::process::set_parent_death_signal(libc::SIGTERM).context("watch the daemon")?;
     let cancel = ferry_engine::cancel::flag();
@@ -124,11 +128,26 @@ pub fn capture_worker(
     }
     let mut input = std::io::stdin().lock();
     let mut out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+    let lazy = memory == "lazy";
+    let link = match pages_fd.map(super::pages::take_link).transpose() {
+        Ok(l) => l,
+        Err(e) => return fail(&mut out, &e),
+    };
+    if lazy && link.is_none() {
+        return fail(
+            &mut out,
+            &anyhow::anyhow!("--memory lazy needs a page link"),
+        );
+    }
     let checked = owned(pid, owner)
         .and_then(|()| describe_tree(pid))
         .and_then(|d| {
             ferry_engine::preflight::check_with(pid, relay_pipes)
                 .with_context(|| format!("cannot move PID {pid}"))?;
+            if lazy {
+                ferry_engine::lazy::preflight(pid)
+                    .map_err(|e| anyhow::anyhow!("cannot move PID {pid} lazily: {e}"))?;
+            }
             Ok(d)
         });
     let (memory_bytes, uid, command) = match checked {
@@ -146,8 +165,21 @@ pub fn capture_worker(
     if !matches!(next_command(&mut input), Some(Msg::Go)) {
         return Ok(());
     }
-    let (precopy, plan) = match super::precopy::run(pid, memory, memory_bytes, &mut input, &mut out)
-    {
+    let planned = if lazy {
+        Ok(super::precopy::Outcome::Freeze(
+            None,
+            ferry_transport::message::MemoryPlan {
+                mode: "lazy".into(),
+                reason: "asked (--memory lazy): private anonymous memory stays at the source, \
+                         served as the copy touches it and pushed meanwhile"
+                    .into(),
+                ..Default::default()
+            },
+        ))
+    } else {
+        super::precopy::run(pid, memory, memory_bytes, &mut input, &mut out)
+    };
+    let (precopy, plan) = match planned {
         Ok(super::precopy::Outcome::Freeze(p, plan)) => (p, plan),
         Ok(super::precopy::Outcome::Stopped { thaw }) => {
             if thaw {
@@ -173,8 +205,28 @@ pub fn capture_worker(
         return fail(&mut out, &e);
     }
     write_msg(&mut out, &Msg::Frozen)?;
-    // The pages the destination has and the tree has not written since.
-    let inherited = precopy.map(|p| p.finish()).unwrap_or_default();
+    // The pages the destination has and the tree has not written since; in a lazy
+    // migration, the private anonymous memory the destination will ask for.
+    let inherited = if lazy {
+        let mut m = std::collections::HashMap::new();
+        for fp in frozen.procs.iter().filter(|p| !p.zombie) {
+            match ferry_engine::lazy::source_ranges(fp.host()) {
+                Ok(r) => {
+                    m.insert(fp.host(), r);
+                }
+                Err(e) => {
+                    frozen.thaw();
+                    return fail(
+                        &mut out,
+                        &anyhow::Error::from(e).context(format!("capture PID {pid}")),
+                    );
+                }
+            }
+        }
+        m
+    } else {
+        precopy.map(|p| p.finish()).unwrap_or_default()
+    };
     // Frames of up to 1 MiB however small the engine's writes.
     let framed = BufWriter::with_capacity(1 << 20, DataWriter(&mut out));
     // The socket files go aside once the tree is captured and before its image leaves: the
@@ -216,6 +268,16 @@ pub fn capture_worker(
             inherited_bytes: report.inherited_bytes,
         },
     )?;
+    // From now on the destination may ask for the memory the image left out.
+    let serving = link.filter(|_| lazy).map(|link| {
+        let hosts: std::collections::HashMap<i32, i32> = report
+            .tree_pids
+            .iter()
+            .zip(&frozen.procs)
+            .map(|(t, fp)| (*t, fp.host()))
+            .collect();
+        std::thread::spawn(move || super::pages::serve(link, hosts))
+    });
     write_msg(
         &mut out,
         &Msg::Captured {
@@ -233,7 +295,19 @@ pub fn capture_worker(
                 .collect(),
         },
     )?;
-    match next_command(&mut input) {
+    let mut order = next_command(&mut input);
+    let mut committed = false;
+    if serving.is_some() && matches!(order, Some(Msg::Committed)) {
+        // The copy runs from now on: the original must never run again, even if this worker
+        // dies (the kernel kills it with its tracer); its memory is served until the
+        // destination has it all (the daemon then says Kill or Deputize).
+        committed = true;
+        if let Err(e) = frozen.set_exit_kill() {
+            log::error!("PID {pid}: {e}");
+        }
+        order = next_command(&mut input);
+    }
+    match order {
         Some(Msg::Kill) => {
             frozen.kill();
             aside.remove();
@@ -270,6 +344,13 @@ pub fn capture_worker(
                     write_msg(&mut out, &Msg::Killed)?;
                 }
             }
+        }
+        _ if committed => {
+            // The daemon is gone past the commit point of a lazy migration: the copy may run,
+            // so the original must not.
+            frozen.kill();
+            aside.remove();
+            let _ = write_msg(&mut out, &Msg::Killed);
         }
         _ => {
             // The original gets its socket files back before it runs again.
@@ -546,16 +627,40 @@ fn open_after_pages<R: std::io::Read>(
     Ok(ferry_engine::restore::open_reader(reader)?)
 }
 
+/// A lazy migration's restore: where the memory comes from.
+pub struct LazyArgs {
+    /// The source node.
+    pub from: String,
+    /// The daemon's descriptor of this worker's end of the page link.
+    pub pages_fd: i32,
+    /// How long the source may leave a request unanswered.
+    pub stall: std::time::Duration,
+    /// Pages sent after a faulting one.
+    pub prefetch: usize,
+}
+
 /// `ferry __restore-worker`: the image arrives on stdin as data frames (after the pages of
-/// pre-copy rounds, if any), and the tree is rebuilt as it streams in.
+/// pre-copy rounds, if any), and the tree is rebuilt as it streams in. With `lazy`, its
+/// private anonymous memory is not in the image: a page server fetches it from the source
+/// over the page link as it is touched, and pushes the rest once the tree runs; the worker
+/// then says `LazyDone` (or, if the source is lost, kills the tree and says why).
 pub fn restore_worker(
     reports: Option<std::path::PathBuf>,
     cpu_cgroup: Option<std::path::PathBuf>,
     home: Option<(String, String)>,
     confine: Option<ferry_engine::guest_ns::Confine>,
+    lazy: Option<LazyArgs>,
 ) -> Result<()> {
     let mut out = BufWriter::new(std::io::stdout().lock());
     let t0 = Instant::now();
+    let link = match lazy
+        .as_ref()
+        .map(|l| super::pages::take_link(l.pages_fd))
+        .transpose()
+    {
+        Ok(l) => l,
+        Err(e) => return fail(&mut out, &e),
+    };
     let mut cache = ferry_memory::cache::PageCache::new();
     let mut img = match open_after_pages(DataReader::new(std::io::stdin().lock()), &mut cache)
         .context("receive the image")
@@ -568,12 +673,41 @@ pub fn restore_worker(
         Ok(h) => h.map(|h| ferry_engine::guest_ns::Home { confine, ..h }),
         Err(e) => return fail(&mut out, &e),
     };
+    let gate = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server = match (lazy, link) {
+        (Some(l), Some(link)) => {
+            let made = std::env::current_exe()
+                .context("find the ferry binary")
+                .and_then(|exe| {
+                    let source =
+                        super::pages::RemoteSource::new(link, &img.tree, &l.from, l.stall)?;
+                    Ok(ferry_memory::LazyServer::new(
+                        Box::new(source),
+                        ferry_memory::Options {
+                            prefetch: l.prefetch,
+                            // One round trip to the source per piece.
+                            push_piece: ferry_transport::frame::DATA_CHUNK,
+                            guardian: Some(exe),
+                            push_gate: Some(gate.clone()),
+                            serves_inherited: true,
+                            ..Default::default()
+                        },
+                    ))
+                });
+            match made {
+                Ok(s) => Some(s),
+                Err(e) => return fail(&mut out, &e),
+            }
+        }
+        _ => None,
+    };
     let held = match hold::rebuild(
         &mut img,
         &cache,
         reports.as_deref(),
         cpu_cgroup.as_deref(),
         home.as_ref(),
+        server.as_ref(),
     ) {
         Ok(h) => h,
         Err(e) => return fail(&mut out, &e),
@@ -604,7 +738,24 @@ pub fn restore_worker(
         Some(Msg::Abort { .. }) => held.kill(),
         _ => match held.resume() {
             Ok(()) => {
+                // The copy runs: the rest of its memory is pushed from now on.
+                gate.store(true, std::sync::atomic::Ordering::Release);
                 let _ = write_msg(&mut out, &Msg::Resumed);
+                if let Some(server) = server {
+                    let _ = out.flush();
+                    let _ = match server.wait() {
+                        Ok(stats) => write_msg(
+                            &mut out,
+                            &Msg::LazyDone(Box::new(super::pages::report(&stats))),
+                        ),
+                        Err(e) => write_msg(
+                            &mut out,
+                            &Msg::Error {
+                                message: format!("the lazy phase failed: {e}"),
+                            },
+                        ),
+                    };
+                }
             }
             Err(e) => {
                 let _ = fail(&mut out, &e);
@@ -656,6 +807,7 @@ mod hold {
         reports: Option<&Path>,
         cpu_cgroup: Option<&Path>,
         home: Option<&Home>,
+        lazy: Option<&ferry_memory::LazyServer>,
     ) -> Result<Held> {
         let exe = std::env::current_exe().context("find the ferry binary")?;
         let guest = GuestNamespaces::create_for(&exe, img.tree.clocks, reports, home)
@@ -668,7 +820,7 @@ mod hold {
                 caller: None,
                 cpu_cgroup,
                 relays: true,
-                lazy: None,
+                lazy: lazy.map(|l| l as &dyn ferry_engine::lazy::LazyMemory),
                 supervised: home.is_some(),
                 pages: Some(pages),
             },

@@ -1,0 +1,317 @@
+//! `ferry migrate --memory lazy` (copy-on-reference) between the daemons of real local
+//! clusters: a process whose memory is checked page by page every second (tests/victims/
+//! dirtier.c: it rewrites pages and drops some with madvise(DONTNEED) as it goes, during the
+//! lazy phase too) runs on the destination before its memory is there and finds every page
+//! right, there and back; the source's capture worker killed during the lazy phase kills the
+//! copy (never left running with pages missing) and the migration reports it; shared memory
+//! is refused before anything is frozen, the process left running at home.
+
+mod common;
+
+use common::cluster::Cluster;
+use common::scratch;
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn main() {
+    common::seal_inherited_fds();
+    let args = Arguments::from_args();
+    let tests = vec![
+        Trial::test(
+            "a_lazily_moved_process_finds_all_its_memory",
+            moves_there_and_back,
+        ),
+        Trial::test(
+            "the_source_lost_in_the_lazy_phase_kills_the_copy",
+            source_lost_kills_the_copy,
+        ),
+        Trial::test(
+            "shared_memory_is_refused_and_left_running",
+            shared_memory_refused,
+        ),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}
+
+/// `tests/victims/NAME.c`, built once per test process.
+fn victim_binary(name: &str) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    if !out.exists() {
+        let src =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/victims/{name}.c"));
+        let st = Command::new("gcc")
+            .args(["-O2", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .unwrap();
+        assert!(st.success(), "build {name}");
+    }
+    out
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn ps(c: &Cluster, on: &str) -> Vec<serde_json::Value> {
+    let o = c.run(on, &["ps", "--json"]);
+    assert!(o.status.success(), "ps: {}", text(&o));
+    serde_json::from_slice::<Vec<serde_json::Value>>(&o.stdout).unwrap()
+}
+
+fn guest(c: &Cluster, on: &str, home_pid: i32) -> Option<serde_json::Value> {
+    ps(c, on)
+        .into_iter()
+        .find(|p| p["home_pid"].as_i64() == Some(home_pid as i64))
+}
+
+/// The dirtier: `mib` of memory, `rate` pages rewritten per second, all checked each second;
+/// its status line says `ok=0` once a page is wrong.
+struct Dirtier {
+    child: Child,
+    status: PathBuf,
+}
+
+impl Dirtier {
+    fn start(dir: &Path, mib: u32, rate: u32) -> Dirtier {
+        let status = dir.join("dirtier.status");
+        let file = |ext: &str| {
+            Stdio::from(std::fs::File::create(dir.join(format!("dirtier.{ext}"))).unwrap())
+        };
+        let child = Command::new(victim_binary("dirtier"))
+            .args([&mib.to_string(), &rate.to_string()])
+            .arg(&status)
+            .stdin(Stdio::null())
+            .stdout(file("out"))
+            .stderr(file("err"))
+            .spawn()
+            .unwrap();
+        let d = Dirtier { child, status };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while d
+            .field("count=")
+            .is_none_or(|c| c.parse::<u64>().unwrap_or(0) < 2)
+        {
+            assert!(Instant::now() < deadline, "dirtier did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn field(&self, k: &str) -> Option<String> {
+        let text = std::fs::read_to_string(&self.status).ok()?;
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .map(str::to_string)
+    }
+
+    fn count(&self) -> u64 {
+        self.field("count=")
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Fails unless it counts on for `secs` seconds (each second checks every page), intact.
+    fn assert_intact_for(&self, secs: u64, what: &str) {
+        let before = self.count();
+        let deadline = Instant::now() + Duration::from_secs(secs + 10);
+        loop {
+            assert_eq!(
+                self.field("ok=").as_deref(),
+                Some("1"),
+                "{what}: a page came back wrong"
+            );
+            if self.count() >= before + secs * 50 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: the dirtier stopped");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait_end(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Dirtier {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn migrate_lazy(c: &Cluster, on: &str, pid: i32, to: &str) -> Result<serde_json::Value, String> {
+    let o = c.run(
+        on,
+        &[
+            "migrate",
+            &pid.to_string(),
+            "--to",
+            to,
+            "--memory",
+            "lazy",
+            "--json",
+        ],
+    );
+    if o.status.success() {
+        serde_json::from_slice(&o.stdout).map_err(|e| format!("bad json: {e}: {}", text(&o)))
+    } else {
+        Err(text(&o))
+    }
+}
+
+/// 48 MiB moved lazily a -> b -> a while it rewrites and drops pages: the copy runs before
+/// its memory is there, faults bring pages, the push the rest, and every page checks out.
+fn moves_there_and_back() -> Result<(), Failed> {
+    let c = Cluster::up("lazy", 2);
+    let dir = scratch("lazy_migration", "there_and_back");
+    let d = Dirtier::start(&dir, 48, 2000);
+    let pid = d.pid();
+    for (from, to) in [("a", "b"), ("b", "a")] {
+        let r = migrate_lazy(&c, from, pid, to).map_err(|e| format!("{from} -> {to}: {e}"))?;
+        assert_eq!(r["memory"]["mode"], "lazy", "{r}");
+        let l = &r["lazy"];
+        assert!(
+            l["owed_bytes"].as_u64().unwrap() > 40 << 20,
+            "the memory did not stay at the source: {r}"
+        );
+        let pages = l["fault_pages"].as_u64().unwrap() + l["pushed_pages"].as_u64().unwrap();
+        assert!(
+            pages * 4096 > 40 << 20,
+            "the pages did not come by fault and push: {r}"
+        );
+        assert!(
+            l["faults"].as_u64().unwrap() > 0,
+            "the copy ran before its memory was there, so it faulted: {r}"
+        );
+        assert!(r["resumed_ms"].as_f64().unwrap() > 0.0, "{r}");
+        d.assert_intact_for(2, &format!("after a lazy move {from} -> {to}"));
+    }
+    Ok(())
+}
+
+/// The source's capture worker (which holds the frozen original's memory) is killed while
+/// the copy still lacks pages: the copy is killed at once rather than left running with
+/// memory missing, the destination logs why, the migration fails saying so, and the original
+/// (which died with its tracer: the commit had passed) is seen dead by its parent.
+fn source_lost_kills_the_copy() -> Result<(), Failed> {
+    let c = Cluster::up("lazylost", 2);
+    let dir = scratch("lazy_migration", "source_lost");
+    let mut d = Dirtier::start(&dir, 160, 200);
+    let pid = d.pid();
+    let mut cmd = c.ferry("a");
+    cmd.args(["migrate", &pid.to_string(), "--to", "b", "--memory", "lazy"]);
+    let mig = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the copy to run on b (its lazy phase under way), then kill the source's worker.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let copy = loop {
+        if let Some(g) = guest(&c, "b", pid) {
+            break g["pid"].as_i64().unwrap() as i32;
+        }
+        assert!(Instant::now() < deadline, "the copy never ran on b");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let workers = Command::new("pgrep")
+        .args(["-f", &format!("__capture-worker {pid} ")])
+        .output()
+        .unwrap();
+    let worker: Option<i32> = String::from_utf8_lossy(&workers.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|w| w.parse().ok());
+    if let Some(w) = worker {
+        Command::new("kill")
+            .args(["-9", &w.to_string()])
+            .status()
+            .unwrap();
+    }
+    let out = mig.wait_with_output().unwrap();
+    worker.ok_or("no capture worker to kill")?;
+    let said = text(&out);
+    assert!(!out.status.success(), "the migration succeeded: {said}");
+    assert!(
+        said.contains("lazy phase failed") && said.contains("killed"),
+        "the failure is not reported: {said}"
+    );
+    let host_copy = c.host_pid("b", copy);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while host_copy.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+        && guest(&c, "b", pid).is_some()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the copy runs on with memory missing"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = c.log("b");
+    assert!(
+        log.contains("lazy-copy-killed"),
+        "b did not log the copy's death: {log}"
+    );
+    let st = d
+        .wait_end(Duration::from_secs(10))
+        .ok_or("the original lives on")?;
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    Ok(())
+}
+
+/// Shared memory (here a MAP_SHARED|MAP_ANONYMOUS mapping) cannot be served lazily: the
+/// migration is refused before anything is frozen, naming the PID and the kind, and the
+/// process runs on at home.
+fn shared_memory_refused() -> Result<(), Failed> {
+    let c = Cluster::up("lazyshm", 2);
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import mmap,sys,time\nm=mmap.mmap(-1,1<<20)\nm[0]=7\nprint('up',flush=True)\ntime.sleep(120)",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let pid = child.id() as i32;
+    let e = migrate_lazy(&c, "a", pid, "b").expect_err("shared memory moved lazily");
+    assert!(
+        e.contains("shared anonymous memory") && e.contains(&format!("PID {pid}")),
+        "{e}"
+    );
+    assert!(child.try_wait().unwrap().is_none(), "the process died");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(stat.contains("TracerPid:\t0"), "left traced: {stat}");
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(())
+}
