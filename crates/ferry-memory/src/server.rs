@@ -703,7 +703,10 @@ impl Serving {
         };
         self.buf = buf;
         let done_to = match outcome {
-            Fill::Gone { .. } => end,
+            Fill::Gone { dead: true } => end,
+            // Only the page that is gone: the rest of the range may still be mapped (a hole
+            // unmapped in its middle), and its own event will say what left.
+            Fill::Gone { dead: false } => (start + done as u64 + PAGE).min(end),
             _ => start + (done as u64).min(end - start),
         };
         self.spaces[i].owed.remove(start, done_to);

@@ -24,6 +24,10 @@ fn main() {
             moves_there_and_back,
         ),
         Trial::test(
+            "forks_mremaps_munmaps_madvises_and_threads_during_the_lazy_phase",
+            mapping_changes_while_owed,
+        ),
+        Trial::test(
             "the_source_lost_in_the_lazy_phase_kills_the_copy",
             source_lost_kills_the_copy,
         ),
@@ -211,6 +215,50 @@ fn moves_there_and_back() -> Result<(), Failed> {
     Ok(())
 }
 
+/// tests/victims/lazychanger.c, 96 MiB: as soon as it runs on the destination, while most of
+/// its pages are still owed, eight threads read the same pages at once, it forks a child that
+/// checks everything, moves a piece with mremap, unmaps, drops (madvise) and write-protects
+/// others, and checks every page it still has: all must be right (the dropped ones zero).
+fn mapping_changes_while_owed() -> Result<(), Failed> {
+    let c = Cluster::up("lazychg", 2);
+    let dir = scratch("lazy_migration", "changes");
+    let status = dir.join("changer.status");
+    let _ = std::fs::remove_file(&status);
+    let mut child = Command::new(victim_binary("lazychanger"))
+        .arg("96")
+        .arg(&status)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let read = || std::fs::read_to_string(&status).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !read().starts_with("ready") {
+        assert!(Instant::now() < deadline, "the victim did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = migrate_lazy(&c, "a", pid, "b");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !read().starts_with("result=") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let result = read();
+    let _ = child.kill();
+    let _ = child.wait();
+    let r = r?;
+    assert_eq!(result.trim(), "result=ok", "{r}");
+    let l = &r["lazy"];
+    for k in ["forked", "remaps", "unmaps", "removes"] {
+        assert!(
+            l[k].as_u64().unwrap() >= 1,
+            "the lazy phase did not see the {k}: {r}"
+        );
+    }
+    Ok(())
+}
+
 /// The source's capture worker (which holds the frozen original's memory) is killed while
 /// the copy still lacks pages: the copy is killed at once rather than left running with
 /// memory missing, the destination logs why, the migration fails saying so, and the original
@@ -294,6 +342,7 @@ fn shared_memory_refused() -> Result<(), Failed> {
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let mut line = String::new();
