@@ -19,6 +19,18 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
+/// Writes one answer's bytes and flushes them: `write_data` leaves the tail of a frame in
+/// the TLS session's buffer when the socket is full, and the peer, which asks for nothing
+/// more until it has its answer, would wait for it for ever.
+async fn write_flushed<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    d: &[u8],
+) -> std::result::Result<(), FrameError> {
+    write_data(w, d).await?;
+    w.flush().await?;
+    Ok(())
+}
+
 /// A control message heard while relaying: from the peer daemon or from our worker.
 #[derive(Debug)]
 pub enum Heard {
@@ -40,7 +52,7 @@ pub enum Step<T> {
 
 /// Relays page traffic between `pages` (our worker's page link) and the peer on `conn` until
 /// `on` says done. Every frame from the page link goes to the peer; from the peer, `Data`,
-/// `PageWant` and `PageError` go to the page link, anything else to `on`, as does every
+/// `PageWant`, `PageReply` and `PageError` go to the page link, anything else to `on`, as does every
 /// message of `worker`. Nothing at all from the peer for `idle` fails the relay, as does
 /// the loss of the connection or of the page link.
 pub async fn relay<T>(
@@ -96,12 +108,14 @@ pub async fn relay<T>(
                 };
                 match heard.unwrap_or(Err(FrameError::Closed)) {
                     Ok(Frame::Data(d)) => {
-                        tokio::time::timeout(write_timeout, write_data(&mut pwr, &d)).await
+                        tokio::time::timeout(write_timeout, write_flushed(&mut pwr, &d)).await
                             .map_err(|_| anyhow!("the engine worker took no page for {write_timeout:?}"))?
                             .map_err(|e| anyhow!("the engine worker's page link: {e}"))?;
                         continue;
                     }
-                    Ok(Frame::Msg(m @ (Msg::PageWant { .. } | Msg::PageError { .. }))) => {
+                    Ok(Frame::Msg(
+                        m @ (Msg::PageWant { .. } | Msg::PageReply { .. } | Msg::PageError { .. }),
+                    )) => {
                         tokio::time::timeout(write_timeout, write_msg(&mut pwr, &m)).await
                             .map_err(|_| anyhow!("the engine worker took no request for {write_timeout:?}"))?
                             .map_err(|e| anyhow!("the engine worker's page link: {e}"))?;
@@ -125,7 +139,7 @@ pub async fn relay<T>(
                     Err(e) => bail!("the engine worker's page link: {e}"),
                 };
                 let sent = match &f {
-                    Frame::Data(d) => tokio::time::timeout(write_timeout, write_data(&mut cwr, d)).await,
+                    Frame::Data(d) => tokio::time::timeout(write_timeout, write_flushed(&mut cwr, d)).await,
                     Frame::Msg(m) => tokio::time::timeout(write_timeout, write_msg(&mut cwr, m)).await,
                     Frame::End => bail!("the engine worker ended a stream on its page link"),
                 };

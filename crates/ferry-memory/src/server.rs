@@ -659,13 +659,20 @@ impl Serving {
         }
         let fd = self.spaces[i].uffd.as_fd();
         let mut done = 0usize;
+        // A copy must lie within one mapping (else ENOENT): a range that spans two (split by
+        // mprotect, munmap or mremap since) is halved until a piece fits.
+        let mut span = len;
         let outcome = loop {
             if done >= len {
                 break Fill::Done;
             }
+            span = span.min(len - done);
             let at = start + done as u64;
-            match uffd::copy(fd, at, &buf[done..]) {
-                Ok(n) if n > 0 => done += n,
+            match uffd::copy(fd, at, &buf[done..done + span]) {
+                Ok(n) if n > 0 => {
+                    done += n;
+                    span = len;
+                }
                 Ok(_) => {
                     let _ = uffd::wake(fd, at, PAGE);
                     if done == 0 {
@@ -680,16 +687,27 @@ impl Serving {
                         self.stats.faults_already_served += 1;
                     }
                     done += n + PAGE as usize;
+                    span = len;
                 }
-                Err((e, n)) if e.errno == libc::EAGAIN => {
+                // Part done, then a page already there (the kernel says EAGAIN with the part):
+                // go on from there.
+                Err((e, n)) if e.errno == libc::EAGAIN && n > 0 => {
                     done += n;
-                    break Fill::Again;
+                    span = len;
                 }
+                Err((e, _)) if e.errno == libc::EAGAIN => break Fill::Again,
                 Err((e, _)) if e.errno == libc::ESRCH => break Fill::Gone { dead: true },
                 Err((e, n)) if e.errno == libc::ENOENT || e.errno == libc::EFAULT => {
-                    // No mapping there any more (its event is on its way).
-                    let _ = uffd::wake(fd, at + n as u64, PAGE);
-                    done += n;
+                    if n > 0 {
+                        done += n;
+                        continue;
+                    }
+                    if span > PAGE as usize {
+                        span = (span / 2) & !(PAGE as usize - 1);
+                        continue;
+                    }
+                    // No mapping at this page any more (its event is on its way).
+                    let _ = uffd::wake(fd, at, PAGE);
                     break Fill::Gone { dead: false };
                 }
                 Err((e, _)) => {

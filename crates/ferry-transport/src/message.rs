@@ -177,15 +177,25 @@ pub enum Msg {
     // ---- Lazy memory (`--memory lazy`): the destination's page server <-> the source ----
     /// Restore worker, through both daemons, to the capture worker: send `len` bytes (at most
     /// `frame::DATA_CHUNK`) of the memory of process `pid` (the tree's number) at `addr`.
-    /// Answered by one `Data` frame of exactly `len` bytes, or by `PageError`.
+    /// Answered by `PageReply` with the same `id` and one `Data` frame of exactly `len` bytes,
+    /// or by `PageError`. A request unanswered for a while is asked again under the same `id`
+    /// (a late second answer is then told apart by its `id` and dropped).
     PageWant {
         pid: i32,
         addr: u64,
         len: u64,
+        #[serde(default)]
+        id: u64,
+    },
+    /// The `Data` frame that follows answers request `id`.
+    PageReply {
+        id: u64,
     },
     /// The source cannot supply the memory asked for: why.
     PageError {
         message: String,
+        #[serde(default)]
+        id: u64,
     },
     /// Daemon to capture worker, at the commit point of a lazy migration: the copy is the one
     /// that runs; keep serving its memory, and from now on the original dies with the worker.

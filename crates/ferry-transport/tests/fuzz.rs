@@ -83,9 +83,12 @@ fn messages() -> Vec<Msg> {
             pid: 10,
             addr: 0x7f00_0000_0000,
             len: 4096,
+            id: 3,
         },
+        Msg::PageReply { id: 3 },
         Msg::PageError {
             message: "gone".into(),
+            id: 3,
         },
         Msg::AcceptCompressed {
             codec: "lz4".into(),

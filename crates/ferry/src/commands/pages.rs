@@ -43,8 +43,8 @@ pub fn serve(mut link: UnixStream, hosts: HashMap<i32, i32>) {
     let mut buf = Vec::new();
     let mut mems: HashMap<i32, ProcMem> = HashMap::new();
     loop {
-        let (pid, addr, len) = match read_frame(&mut link) {
-            Ok(Frame::Msg(Msg::PageWant { pid, addr, len })) => (pid, addr, len as usize),
+        let (pid, addr, len, id) = match read_frame(&mut link) {
+            Ok(Frame::Msg(Msg::PageWant { pid, addr, len, id })) => (pid, addr, len as usize, id),
             Ok(_) => {
                 log::warn!("page link: unexpected frame");
                 return;
@@ -84,8 +84,9 @@ pub fn serve(mut link: UnixStream, hosts: HashMap<i32, i32>) {
             Ok(())
         })();
         let sent = match answer {
-            Ok(()) => write_data(&mut link, &buf),
-            Err(message) => write_msg(&mut link, &Msg::PageError { message }),
+            Ok(()) => write_msg(&mut link, &Msg::PageReply { id })
+                .and_then(|()| write_data(&mut link, &buf)),
+            Err(message) => write_msg(&mut link, &Msg::PageError { message, id }),
         };
         if sent.is_err() {
             return;
@@ -100,6 +101,10 @@ pub struct RemoteSource {
     extents: HashMap<i32, Vec<(u64, u64)>>,
     from: String,
     delivered: u64,
+    /// The last request's number.
+    id: u64,
+    /// How long a request may wait for its answer in all.
+    stall: Duration,
 }
 
 impl RemoteSource {
@@ -132,27 +137,60 @@ impl RemoteSource {
             extents,
             from: from.to_string(),
             delivered: 0,
+            id: 0,
+            stall,
         })
     }
 
     fn read_chunk(&mut self, pid: i32, addr: u64, buf: &mut [u8]) -> Result<()> {
-        write_msg(
-            &mut self.link,
-            &Msg::PageWant {
-                pid,
-                addr,
-                len: buf.len() as u64,
-            },
-        )
-        .context("ask for it")?;
-        match read_frame(&mut self.link) {
-            Ok(Frame::Data(d)) if d.len() == buf.len() => {
-                buf.copy_from_slice(&d);
-                self.delivered += d.len() as u64;
-                Ok(())
+        self.id += 1;
+        let id = self.id;
+        let want = Msg::PageWant {
+            pid,
+            addr,
+            len: buf.len() as u64,
+            id,
+        };
+        write_msg(&mut self.link, &want).context("ask for it")?;
+        let since = std::time::Instant::now();
+        loop {
+            // A request unanswered for a while is asked again (its answer, should it come
+            // twice, is told apart by its number): a busy machine must not cost a tree.
+            let ready = ferry_sys::ns::poll_in(&[self.link.as_raw_fd()], 2000)
+                .map(|r| r[0])
+                .unwrap_or(true);
+            if !ready {
+                if since.elapsed() > self.stall {
+                    bail!("no answer from the source (stream_stall_secs)");
+                }
+                log::warn!("page request {id} unanswered for 2 s: asked again");
+                write_msg(&mut self.link, &want).context("ask for it again")?;
+                continue;
             }
-            Ok(Frame::Data(d)) => bail!("{} bytes came for {} asked", d.len(), buf.len()),
-            Ok(Frame::Msg(Msg::PageError { message })) => bail!("{message}"),
+            match self.read_answer(id, buf)? {
+                true => return Ok(()),
+                false => continue,
+            }
+        }
+    }
+
+    /// Reads one answer: true if it is request `id`'s (its data in `buf`), false if it was a
+    /// late answer to an earlier request, dropped.
+    fn read_answer(&mut self, id: u64, buf: &mut [u8]) -> Result<bool> {
+        match read_frame(&mut self.link) {
+            Ok(Frame::Msg(Msg::PageReply { id: got })) => match read_frame(&mut self.link) {
+                Ok(Frame::Data(_)) if got != id => Ok(false),
+                Ok(Frame::Data(d)) if d.len() == buf.len() => {
+                    buf.copy_from_slice(&d);
+                    self.delivered += d.len() as u64;
+                    Ok(true)
+                }
+                Ok(Frame::Data(d)) => bail!("{} bytes came for {} asked", d.len(), buf.len()),
+                Ok(_) => bail!("the link carried something else than pages"),
+                Err(e) => bail!("the link to the source failed: {e}"),
+            },
+            Ok(Frame::Msg(Msg::PageError { id: got, .. })) if got != id => Ok(false),
+            Ok(Frame::Msg(Msg::PageError { message, .. })) => bail!("{message}"),
             Ok(_) => bail!("the link carried something else than pages"),
             Err(FrameError::Closed) => bail!("the link to the source is gone"),
             Err(FrameError::Io(e))
