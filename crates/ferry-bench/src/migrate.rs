@@ -58,8 +58,8 @@ pub struct Args {
     #[arg(long)]
     verbose: bool,
     /// How memory moves (`ferry migrate --memory`): eager (stop-and-copy, as the tables of
-    /// docs/benchmarks.md were measured), precopy or auto.
-    #[arg(long, default_value = "eager", value_parser = ["eager", "precopy", "auto"])]
+    /// docs/benchmarks.md were measured), precopy, lazy or auto.
+    #[arg(long, default_value = "eager", value_parser = ["eager", "precopy", "lazy", "auto"])]
     memory: String,
     /// The child's memory compresses (a byte of noise in each 8) instead of being all noise.
     #[arg(long)]
@@ -73,6 +73,12 @@ pub struct Args {
 #[derive(Default, Clone)]
 struct Sample {
     copy_ms: f64,
+    /// From the daemon's start of the migration until the copy ran on b (`resumed_ms`).
+    resumed: f64,
+    /// Lazy: pages brought by faults and by the push; the source released after the resume.
+    fault_pages: f64,
+    pushed_pages: f64,
+    released: f64,
     wall: f64,
     total: f64,
     freeze: f64,
@@ -144,6 +150,7 @@ pub fn run(a: Args) -> Result<()> {
     let _ = fs::remove_dir_all(&work);
     print!("{}", machine(&ferry));
     print!("{}", table(&rows, &null, a.runs));
+    print!("{}", resume_table(&rows, &a.memory));
     Ok(())
 }
 
@@ -295,6 +302,12 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
         image_bytes: num(&report, "image_bytes")?,
         cpu_a: cpu1.0 - cpu0.0,
         cpu_b: cpu1.1 - cpu0.1,
+        resumed: num(&report, "resumed_ms").unwrap_or(0.0),
+        fault_pages: report["lazy"]["fault_pages"].as_f64().unwrap_or(0.0),
+        pushed_pages: report["lazy"]["pushed_pages"].as_f64().unwrap_or(0.0),
+        released: report["lazy"]["source_released_after_resume_ms"]
+            .as_f64()
+            .unwrap_or(0.0),
         ..Default::default()
     })
 }
@@ -438,6 +451,39 @@ fn table(rows: &[(usize, Sample)], null: &[Sample], runs: usize) -> String {
     ]);
     for (who, ms) in LITERATURE {
         lines.push(vec![who.into(), format!("{ms:.0}")]);
+    }
+    s.push_str(&markdown(&lines));
+    s
+}
+
+/// Time until the process runs on b (the daemon's `resumed_ms`), and a lazy move's lazy phase.
+fn resume_table(rows: &[(usize, Sample)], memory: &str) -> String {
+    let mut s = format!(
+        "\n--memory {memory}: time until the process ran on b (ms from the source daemon's \
+         start of the migration until the destination's Resumed reached it; wall: the whole \
+         command, which for lazy includes the lazy phase), pages brought by faults and by the \
+         push, and the source released after the resume (ms)\n\n"
+    );
+    let mut lines = vec![[
+        "size MiB",
+        "running on b after",
+        "wall",
+        "fault pages",
+        "pushed pages",
+        "source released after",
+    ]
+    .iter()
+    .map(|h| h.to_string())
+    .collect::<Vec<_>>()];
+    for (mib, x) in rows {
+        lines.push(vec![
+            mib.to_string(),
+            format!("{:.0}", x.resumed),
+            format!("{:.0}", x.wall),
+            format!("{:.0}", x.fault_pages),
+            format!("{:.0}", x.pushed_pages),
+            format!("{:.0}", x.released),
+        ]);
     }
     s.push_str(&markdown(&lines));
     s
