@@ -21,16 +21,24 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// The name of the report socket in a daemon's data directory.
 pub const REPORT_SOCKET: &str = "guests.sock";
+
+/// What the task serving a tree's deputies is asked to do.
+enum Cmd {
+    /// Pass this on to the worker.
+    Msg(Msg),
+    /// The tree is coming home: let its deputies go (`ReleaseDeputies`), and say which.
+    Release(oneshot::Sender<Result<Vec<i32>>>),
+}
 
 struct Entry {
     /// The node running the body now.
     body_node: String,
     /// The deputies' worker, through the task that owns it.
-    to_worker: mpsc::UnboundedSender<Msg>,
+    to_worker: mpsc::UnboundedSender<Cmd>,
     /// Signals this deputy received and forwarded to its body.
     signals: u64,
 }
@@ -52,7 +60,7 @@ impl Deputies {
     pub fn costs(&self) -> Vec<ferry_transport::message::HomeCost> {
         let m = self.map.lock().expect("deputies lock");
         let mut trees: Vec<(
-            &mpsc::UnboundedSender<Msg>,
+            &mpsc::UnboundedSender<Cmd>,
             ferry_transport::message::HomeCost,
         )> = Vec::new();
         let mut pids: Vec<&i32> = m.keys().collect();
@@ -106,8 +114,52 @@ impl Deputies {
             );
         }
         e.to_worker
-            .send(Msg::BodyStatus { pid, status })
+            .send(Cmd::Msg(Msg::BodyStatus { pid, status }))
             .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))
+    }
+
+    /// The deputies of the tree whose root is deputy `pid` (sorted), if its body runs on `from`.
+    pub fn tree_of(&self, from: &str, pid: i32) -> Option<Vec<i32>> {
+        let m = self.map.lock().expect("deputies lock");
+        let e = m.get(&pid).filter(|e| e.body_node == from)?;
+        let mut pids: Vec<i32> = m
+            .iter()
+            .filter(|(_, o)| o.to_worker.same_channel(&e.to_worker))
+            .map(|(p, _)| *p)
+            .collect();
+        pids.sort_unstable();
+        Some(pids)
+    }
+
+    /// The tree whose root is deputy `pid` is coming home from node `from` (which must be the
+    /// one running its body): its deputies are let go, for the restore to rebuild each process
+    /// in its place. Returns their PIDs; from then on they are no deputies here.
+    pub async fn release(&self, from: &str, pid: i32) -> Result<Vec<i32>> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let m = self.map.lock().expect("deputies lock");
+            let e = m
+                .get(&pid)
+                .ok_or_else(|| anyhow!("PID {pid} is no deputy here"))?;
+            if e.body_node != from {
+                bail!(
+                    "node {from} brought PID {pid} home, whose body runs on {}",
+                    e.body_node
+                );
+            }
+            e.to_worker
+                .send(Cmd::Release(tx))
+                .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))?;
+        }
+        let pids = tokio::time::timeout(std::time::Duration::from_secs(10), rx)
+            .await
+            .map_err(|_| anyhow!("the deputies of PID {pid} were not let go within 10 s"))?
+            .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))??;
+        let mut m = self.map.lock().expect("deputies lock");
+        for p in &pids {
+            m.remove(p);
+        }
+        Ok(pids)
     }
 
     /// The tree of deputy `pid` left node `from` for `to`.
@@ -169,6 +221,7 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
         let me = node.name().to_string();
         let mut checkpointed = std::time::Instant::now();
         let checkpointing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut releasing: Option<oneshot::Sender<Result<Vec<i32>>>> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -250,21 +303,43 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
                         }
                         node.deputies.map.lock().expect("deputies lock").remove(&pid);
                     }
+                    Ok(Frame::Msg(Msg::DeputiesReleased { pids })) => {
+                        tracing::info!(event = "deputies-released", root, pids = ?pids);
+                        if let Some(tx) = releasing.take() {
+                            let _ = tx.send(Ok(pids));
+                        }
+                    }
+                    Ok(Frame::Msg(Msg::Error { message })) if releasing.is_some() => {
+                        if let Some(tx) = releasing.take() {
+                            let _ = tx.send(Err(anyhow!("{message}")));
+                        }
+                    }
                     Ok(other) => tracing::warn!(event = "deputies-worker", root,
                         frame = %format!("{other:?}").chars().take(60).collect::<String>()),
                     Err(_) => break,
                 },
                 cmd = rx.recv() => match cmd {
-                    Some(m) => {
+                    Some(Cmd::Msg(m)) => {
                         if let Err(e) = write_msg(&mut worker.tx, &m).await {
                             tracing::warn!(event = "deputies-worker-gone", root, error = %e);
+                        }
+                    }
+                    Some(Cmd::Release(tx)) => {
+                        match write_msg(&mut worker.tx, &Msg::ReleaseDeputies).await {
+                            Ok(()) => releasing = Some(tx),
+                            Err(e) => {
+                                let _ = tx.send(Err(anyhow!("the deputies' worker: {e}")));
+                            }
                         }
                     }
                     None => break,
                 },
             }
         }
-        // The worker is gone (every deputy ended, or it died and they with it).
+        // The worker is gone (every deputy ended, it let them go, or it died and they with it).
+        if let Some(tx) = releasing.take() {
+            let _ = tx.send(Err(anyhow!("the deputies' worker of PID {root} ended")));
+        }
         {
             let mut m = node.deputies.map.lock().expect("deputies lock");
             for p in &pids {

@@ -110,12 +110,13 @@ async fn send_counted(
     } else {
         (Worker::spawn(&node.exe, &args)?, None)
     };
-    let (memory_bytes, uid, command) = match worker_msg(&mut worker).await? {
+    let (memory_bytes, uid, command, in_place) = match worker_msg(&mut worker).await? {
         Msg::Movable {
             memory_bytes,
             uid,
             command,
-        } => (memory_bytes, uid, command),
+            in_place,
+        } => (memory_bytes, uid, command, in_place),
         Msg::Error { message } => bail!("{message}"),
         other => bail!("capture worker said {}", kind(&other)),
     };
@@ -144,6 +145,7 @@ async fn send_counted(
             Vec::new()
         },
         lazy,
+        in_place: in_place && guest.as_ref().is_some_and(|g| g.home_node == to),
     };
     // Until it is decided, a question from the destination decides it: not committed.
     node.outcomes
@@ -324,8 +326,13 @@ async fn send_counted(
     }
     if let Some(pids) = deputies {
         crate::deputies::adopt(node.clone(), worker, pid, pids, to.to_string());
-    } else if let Some(g) = &guest {
-        // Its home learns where the body went (only the node it left may say so).
+    } else if let Some(g) = guest
+        .as_ref()
+        .filter(|g| !(g.home_node == to && rebuilt.pid == g.home_pid))
+    {
+        // Its home learns where the body went (only the node it left may say so); a tree
+        // rebuilt at home in place of its deputies (there under its home PID) is its home's
+        // own process again.
         let moved = Msg::BodyMoved {
             pid: g.home_pid,
             node: to.to_string(),
@@ -668,6 +675,25 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         write_msg(&mut conn.stream, &Msg::Refused { reason }).await?;
         return Ok(());
     }
+    // A tree coming home from the node running its body, fit to be rebuilt in place of its
+    // deputies: the restore worker asks for them to be let go once it knows the image's tree
+    // fits (ferry_deputy::home::Deputies::release); any other comes home as a body beside
+    // them, as to any other node.
+    let mut home_coming = None;
+    if offer.in_place && !offer.lazy && offer.home_node == node.name() {
+        if let Some(pids) = node.deputies.tree_of(&from, offer.home_pid) {
+            tracing::info!(event = "coming-home", from = %from, pid = offer.home_pid,
+                deputies = ?pids);
+            home_coming = Some(HomeComing {
+                node: node.clone(),
+                from: from.clone(),
+                pid: offer.home_pid,
+                deputies: pids,
+                released: false,
+                done: false,
+            });
+        }
+    }
     let reports = node.config.data_dir.join(crate::deputies::REPORT_SOCKET);
     let mut worker_args = vec![
         "__restore-worker".to_string(),
@@ -678,6 +704,11 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     if let Some(cg) = &node.config.cpu_cgroup {
         worker_args.push("--cpu-cgroup".to_string());
         worker_args.push(cg.to_string_lossy().into_owned());
+    }
+    if let Some(h) = &home_coming {
+        // (Rebuilt as a body with the arguments below if the image's tree does not fit.)
+        let pids: Vec<String> = h.deputies.iter().map(i32::to_string).collect();
+        worker_args.push(format!("--adopt={}", pids.join(",")));
     }
     if let Some(h) = &offer.home_ids {
         // A body: its forwarded calls are answered with its home's values.
@@ -740,7 +771,16 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     tracing::info!(event = "migrate-in", from = %from, id = offer.id, home = %offer.home_node,
         home_pid = offer.home_pid);
 
-    let rebuilt = match receive_image(&node, &from, &mut conn, &mut worker, pages.as_mut()).await {
+    let rebuilt = match receive_image(
+        &node,
+        &from,
+        &mut conn,
+        &mut worker,
+        pages.as_mut(),
+        &mut home_coming,
+    )
+    .await
+    {
         Ok(r) => r,
         Err(e) => {
             // Closing its stdin makes the worker kill whatever it built.
@@ -809,6 +849,14 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         Some(d) => d,
         None => {
             let commit = await_outcome(&node, &from, offer.id).await;
+            if let Some(h) = home_coming.as_mut().filter(|h| h.released && commit) {
+                h.done = true;
+                let r = finish_home_coming(&node, worker, &key, &info, None).await;
+                if r.is_ok() {
+                    node.metrics.migration_in(t0);
+                }
+                return r;
+            }
             let r = finish_held(&node, worker, commit, &key, info, None, relay_ends, pages).await;
             if commit && r.is_ok() {
                 node.metrics.migration_in(t0);
@@ -828,6 +876,15 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
             await_outcome(&node, &from, offer.id).await
         }
     };
+    if let Some(h) = home_coming.as_mut().filter(|h| h.released && commit) {
+        // Home again: an ordinary process, no guest here.
+        h.done = true;
+        let r = finish_home_coming(&node, worker, &key, &info, Some(&mut conn)).await;
+        if r.is_ok() {
+            node.metrics.migration_in(t0);
+        }
+        return r;
+    }
     let r = finish_held(
         &node,
         worker,
@@ -843,6 +900,84 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         node.metrics.migration_in(t0);
     }
     r
+}
+
+/// A tree coming home whose deputies were let go for its rebuild. Should the migration fail
+/// from here on, the rebuild (and so the deputies it took over) is killed, and the parents at
+/// home see SIGKILL: the body, which its source thaws, is then killed too, so that no body
+/// runs on with nobody at home (a log line says so on both sides).
+struct HomeComing {
+    node: Arc<Node>,
+    from: String,
+    pid: i32,
+    deputies: Vec<i32>,
+    /// The deputies were let go (before that, a failure leaves them as they were).
+    released: bool,
+    /// The process runs at home again (or the commit made the source destroy its body).
+    done: bool,
+}
+
+impl Drop for HomeComing {
+    fn drop(&mut self) {
+        if self.done || !self.released {
+            return;
+        }
+        tracing::error!(event = "home-coming-failed", pid = self.pid, from = %self.from,
+            "the tree's deputies were let go for its rebuild: it is killed on both sides");
+        for &p in &self.deputies {
+            // Those the restore took over died with it; one still parked dies here.
+            if let Ok(fd) = ferry_sys::pidfd::pidfd_open(p) {
+                let _ = ferry_sys::pidfd::pidfd_send_signal(&fd, libc::SIGKILL);
+            }
+        }
+        let (node, from, pid) = (self.node.clone(), self.from.clone(), self.pid);
+        tokio::spawn(async move {
+            let kill = Msg::SignalBody {
+                pid,
+                sig: libc::SIGKILL,
+                queued: None,
+            };
+            let r = tokio::time::timeout(
+                Duration::from_secs(10),
+                crate::deputies::ask(&node, &from, kill),
+            )
+            .await;
+            if !matches!(r, Ok(Ok(()))) {
+                tracing::warn!(event = "home-coming-body-not-killed", pid, from = %from,
+                    "the body may still be frozen or thawed there");
+            }
+        });
+    }
+}
+
+/// Lets a tree rebuilt in place of its deputies run: it is an ordinary process at home again.
+async fn finish_home_coming(
+    node: &Arc<Node>,
+    mut worker: Worker,
+    key: &str,
+    info: &ProcInfo,
+    conn: Option<&mut Conn>,
+) -> Result<()> {
+    node.fault("exit-before-resume");
+    write_msg(&mut worker.tx, &Msg::Resume).await?;
+    let r = match worker_msg(&mut worker).await {
+        Ok(Msg::Resumed) => Ok(()),
+        Ok(Msg::Error { message }) => Err(anyhow!("resume PID {}: {message}", info.home_pid)),
+        Ok(other) => Err(anyhow!("restore worker said {}", kind(&other))),
+        Err(e) => Err(e),
+    };
+    node.store.remove_or_log(state::HELD, key);
+    r?;
+    tracing::info!(
+        event = "home-again",
+        pid = info.home_pid,
+        pid_here = info.pid
+    );
+    if let Some(conn) = conn {
+        let _ = write_msg(&mut conn.stream, &Msg::Resumed).await;
+        let _ = conn.stream.shutdown().await;
+    }
+    Ok(())
 }
 
 /// Gives up a copy rebuilt here before it was recorded: the restore worker kills it, and the
@@ -1113,48 +1248,57 @@ async fn receive_image(
     conn: &mut Conn,
     worker: &mut Worker,
     pages: Option<&mut crate::workers::PageLink>,
+    home_coming: &mut Option<HomeComing>,
 ) -> Result<Rebuilt> {
     let stall = node.config.stream_stall();
     let mut first_data = true;
     loop {
-        tokio::select! {
-            frame = tokio::time::timeout(stall, read_frame(&mut conn.stream)) => {
-                let Ok(frame) = frame else {
-                    bail!(
-                        "the image stream from {from} stalled: nothing for {:.1} s \
-                         (stream_stall_secs)",
-                        stall.as_secs_f64()
-                    );
-                };
-                match frame.map_err(|e| anyhow!("image stream: {e}"))? {
-                    Frame::Data(d) => {
-                        if first_data {
-                            first_data = false;
-                            if node.fault_at("stall-image-read") {
-                                // The destination stops reading mid-image, its connection open.
-                                tokio::time::sleep(stall * 5).await;
-                            }
+        // The next frame from the source, read whatever the worker says meanwhile (a frame
+        // read is not to be abandoned half way: it would lose its first bytes).
+        let frame = {
+            let read = tokio::time::timeout(stall, read_frame(&mut conn.stream));
+            tokio::pin!(read);
+            loop {
+                tokio::select! {
+                    frame = &mut read => break frame,
+                    early = worker_msg(worker) => match early? {
+                        Msg::Error { message } => bail!("{message}"),
+                        Msg::ReleaseDeputies => release_deputies(node, home_coming).await?,
+                        other => {
+                            bail!("restore worker said {} before the image ended", kind(&other))
                         }
-                        if let Err(e) = write_data(&mut worker.tx, &d).await {
-                            return Err(fed_badly(worker, e).await);
-                        }
-                    }
-                    Frame::End => {
-                        if let Err(e) = write_end(&mut worker.tx).await {
-                            return Err(fed_badly(worker, e).await);
-                        }
-                        break;
-                    }
-                    Frame::Msg(Msg::Abort { reason }) => bail!("the source gave up: {reason}"),
-                    Frame::Msg(other) => bail!("{} message inside the image stream", kind(&other)),
+                    },
                 }
             }
-            early = worker_msg(worker) => {
-                match early? {
-                    Msg::Error { message } => bail!("{message}"),
-                    other => bail!("restore worker said {} before the image ended", kind(&other)),
+        };
+        let Ok(frame) = frame else {
+            bail!(
+                "the image stream from {from} stalled: nothing for {:.1} s \
+                 (stream_stall_secs)",
+                stall.as_secs_f64()
+            );
+        };
+        match frame.map_err(|e| anyhow!("image stream: {e}"))? {
+            Frame::Data(d) => {
+                if first_data {
+                    first_data = false;
+                    if node.fault_at("stall-image-read") {
+                        // The destination stops reading mid-image, its connection open.
+                        tokio::time::sleep(stall * 5).await;
+                    }
+                }
+                if let Err(e) = feed(worker, Some(&d), node, home_coming).await {
+                    return Err(fed_badly(worker, e).await);
                 }
             }
+            Frame::End => {
+                if let Err(e) = feed(worker, None, node, home_coming).await {
+                    return Err(fed_badly(worker, e).await);
+                }
+                break;
+            }
+            Frame::Msg(Msg::Abort { reason }) => bail!("the source gave up: {reason}"),
+            Frame::Msg(other) => bail!("{} message inside the image stream", kind(&other)),
         }
     }
     let said = match pages {
@@ -1174,13 +1318,72 @@ async fn receive_image(
             })
             .await?
         }
-        None => worker_msg(worker).await?,
+        None => loop {
+            match worker_msg(worker).await? {
+                Msg::ReleaseDeputies => release_deputies(node, home_coming).await?,
+                m => break m,
+            }
+        },
     };
     match said {
         Msg::Rebuilt(r) => Ok(r),
         Msg::Error { message } => bail!("{message}"),
         other => bail!("restore worker said {}", kind(&other)),
     }
+}
+
+/// Writes `data` (or, for None, the image's end) to the restore worker, letting a tree's
+/// deputies go meanwhile if it asks for them: it reads no more until it has them.
+async fn feed(
+    worker: &mut Worker,
+    data: Option<&[u8]>,
+    node: &Node,
+    home_coming: &mut Option<HomeComing>,
+) -> Result<()> {
+    let (tx, rx) = worker.split();
+    let write = async {
+        match data {
+            Some(d) => write_data(tx, d).await,
+            None => write_end(tx).await,
+        }
+    };
+    tokio::pin!(write);
+    loop {
+        tokio::select! {
+            r = &mut write => return r.map_err(|e| anyhow!("{e}")),
+            f = rx.recv() => match f {
+                Some(Ok(Frame::Msg(Msg::ReleaseDeputies))) => {
+                    release_deputies(node, home_coming).await?
+                }
+                Some(Ok(Frame::Msg(Msg::Error { message }))) => bail!("{message}"),
+                Some(Ok(Frame::Msg(other))) => {
+                    bail!("restore worker said {} before the image ended", kind(&other))
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => bail!("restore worker: {e}"),
+                None => bail!("the restore worker died"),
+            },
+        }
+    }
+}
+
+/// The restore worker of a tree coming home found it fit: its deputies are let go for it.
+async fn release_deputies(node: &Node, home_coming: &mut Option<HomeComing>) -> Result<()> {
+    let Some(h) = home_coming.as_mut() else {
+        bail!("the restore worker asked for deputies it was not given");
+    };
+    let mut pids = node.deputies.release(&h.from, h.pid).await?;
+    pids.sort_unstable();
+    h.released = true;
+    if pids != h.deputies {
+        bail!(
+            "deputies {:?} were let go for PID {}, not {:?}",
+            pids,
+            h.pid,
+            h.deputies
+        );
+    }
+    Ok(())
 }
 
 /// A write to the restore worker failed: it has most likely stopped reading after an error (the

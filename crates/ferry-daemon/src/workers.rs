@@ -73,6 +73,17 @@ impl Worker {
         }
     }
 
+    /// Its stdin, and its stdout's frames, apart: to write to it while hearing what it says.
+    #[allow(clippy::type_complexity)]
+    pub fn split(
+        &mut self,
+    ) -> (
+        &mut Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+        &mut mpsc::Receiver<Result<Frame, FrameError>>,
+    ) {
+        (&mut self.tx, &mut self.rx)
+    }
+
     /// The next frame from the worker; `Closed` once it has exited.
     pub async fn next_frame(&mut self) -> Result<Frame, FrameError> {
         self.rx.recv().await.unwrap_or(Err(FrameError::Closed))

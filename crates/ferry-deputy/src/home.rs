@@ -56,6 +56,9 @@ pub enum Error {
     },
     #[error("no deputy with PID {0}")]
     Unknown(i32),
+    /// Nothing was done: the deputies go on as they were.
+    #[error("{0}")]
+    Refused(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -525,11 +528,16 @@ impl Deputies {
     /// is a stop to work from. Returns false if the deputy ended meanwhile.
     fn interrupt(&mut self, i: usize) -> Result<bool> {
         let pid = self.procs[i].pid;
-        ptrace::interrupt(pid).map_err(sys_err(pid, "interrupt".into()))?;
+        self.stop_thread(pid, pid)
+    }
+
+    /// [`Deputies::interrupt`] for thread `tid` of deputy `pid`: false if it ended meanwhile.
+    fn stop_thread(&mut self, pid: i32, tid: i32) -> Result<bool> {
+        ptrace::interrupt(tid).map_err(sys_err(pid, format!("interrupt thread {tid}")))?;
         loop {
-            let status = match ferry_sys::wait::wait_raw(pid) {
+            let status = match ferry_sys::wait::wait_raw(tid) {
                 Ok(s) => s,
-                Err(e) => return Err(sys_err(pid, "wait for its stop".into())(e)),
+                Err(e) => return Err(sys_err(pid, format!("wait for thread {tid}"))(e)),
             };
             match decode(status) {
                 WaitStatus::Stopped {
@@ -538,18 +546,102 @@ impl Deputies {
                 } => return Ok(true),
                 WaitStatus::Stopped { sig, event: 0 }
                     if sig == libc::SIGTRAP | 0x80
-                        && self.in_call.get(&pid).copied().unwrap_or(false) =>
+                        && self.in_call.get(&tid).copied().unwrap_or(false) =>
                 {
-                    self.in_call.insert(pid, false);
+                    self.in_call.insert(tid, false);
                     return Ok(true);
                 }
                 _ => {}
             }
-            self.handle(pid, status);
-            if self.owner(pid).is_none() {
+            self.handle(tid, status);
+            if self.owner(tid).is_none() {
                 return Ok(false);
             }
         }
+    }
+
+    /// The tree is coming home (its body is frozen on its way back): every deputy is let go
+    /// for the restore to rebuild the process in its place (`ferry_engine::husk::Husk::adopt`).
+    /// Its threads but the main one exit (the body's threads are made again with their
+    /// numbers; a thread's end is no news for the parent), and the main thread is parked in
+    /// `pause()` with every signal blocked (a signal sent meanwhile waits, pending, for the
+    /// rebuilt process) and detached. Returns the PIDs let go; those whose deputy ended
+    /// meanwhile are not among them (their end was reported as usual). On an error, the
+    /// deputies still held are killed (their parents see SIGKILL), as the home gives up.
+    pub fn release(&mut self) -> Result<Vec<i32>> {
+        if let Some(d) = self
+            .procs
+            .iter()
+            .find(|d| d.stopped || d.stopping.is_some() || d.ending.is_some())
+        {
+            return Err(Error::Refused(format!(
+                "deputy {} is stopping, stopped or ending with its body",
+                d.pid
+            )));
+        }
+        let r = self.release_all();
+        if r.is_err() {
+            self.kill_all();
+        }
+        r
+    }
+
+    fn release_all(&mut self) -> Result<Vec<i32>> {
+        let mut released = Vec::new();
+        while let Some(d) = self.procs.first() {
+            let (pid, at, template) = (d.pid, d.syscall_at, d.template);
+            let others: Vec<i32> = d.threads.iter().copied().filter(|&t| t != pid).collect();
+            for tid in others {
+                if !self.stop_thread(pid, tid)? {
+                    continue;
+                }
+                let mut r = template;
+                r.rip = at;
+                r.rax = libc::SYS_exit as u64;
+                r.rdi = 0;
+                r.orig_rax = u64::MAX;
+                ptrace::set_regs(tid, &r)
+                    .map_err(sys_err(pid, format!("let thread {tid} exit")))?;
+                ptrace::set_sigmask(tid, u64::MAX)
+                    .map_err(sys_err(pid, format!("block signals of thread {tid}")))?;
+                ptrace::cont(tid, 0).map_err(sys_err(pid, format!("let thread {tid} exit")))?;
+                loop {
+                    let status = ferry_sys::wait::wait_raw(tid)
+                        .map_err(sys_err(pid, format!("wait for thread {tid} to exit")))?;
+                    match decode(status) {
+                        WaitStatus::Exited(_) | WaitStatus::Signaled(_) => break,
+                        _ => {
+                            let _ = ptrace::cont(tid, 0);
+                        }
+                    }
+                }
+                self.in_call.remove(&tid);
+                if let Some(d) = self.procs.iter_mut().find(|d| d.pid == pid) {
+                    d.threads.retain(|&t| t != tid);
+                }
+            }
+            let Some(i) = self.procs.iter().position(|d| d.pid == pid) else {
+                continue;
+            };
+            if !self.interrupt(i)? {
+                continue;
+            }
+            // Its children that ended (deputies that mirrored their bodies, or zombies left
+            // at home when it left) are reaped: the image has those the body has not reaped,
+            // and the restore makes them again.
+            self.reap_children(i)?;
+            let mut r = template;
+            r.rip = at;
+            r.rax = libc::SYS_pause as u64;
+            r.orig_rax = u64::MAX;
+            ptrace::set_regs(pid, &r).map_err(sys_err(pid, "park it to be let go".into()))?;
+            ptrace::set_sigmask(pid, u64::MAX).map_err(sys_err(pid, "block its signals".into()))?;
+            ptrace::detach(pid, 0).map_err(sys_err(pid, "let it go".into()))?;
+            self.in_call.remove(&pid);
+            self.procs.retain(|d| d.pid != pid);
+            released.push(pid);
+        }
+        Ok(released)
     }
 
     /// Makes deputy `pid` do what its body did: `status` is the body's raw wait status (an exit
@@ -635,6 +727,37 @@ impl Deputies {
             }
         }
         Ok(())
+    }
+
+    /// Reaps the children of stopped deputy `i` that have ended, by `wait4` calls injected
+    /// into it.
+    fn reap_children(&mut self, i: usize) -> Result<()> {
+        let (pid, at, scratch) = {
+            let d = &self.procs[i];
+            (d.pid, d.syscall_at, d.scratch)
+        };
+        let regs = ptrace::get_regs(pid).map_err(sys_err(pid, "read registers".into()))?;
+        let inj = Injector::new(
+            pid,
+            pid,
+            regs,
+            Site {
+                syscall_at: at,
+                scratch,
+                scratch_len: PAGE,
+            },
+        )
+        .map_err(inj_err(pid, "prepare"))?;
+        let flags = (libc::WNOHANG | libc::__WALL) as u64;
+        for _ in 0..4096 {
+            let r = inj
+                .syscall_raw("wait4", libc::SYS_wait4, &[u64::MAX, 0, flags, 0])
+                .map_err(inj_err(pid, "reap its ended children"))?;
+            if r <= 0 {
+                break;
+            }
+        }
+        inj.finish().map_err(inj_err(pid, "finish"))
     }
 
     /// Gives signal `sig` its default action in stopped deputy `i` (a kernel_sigaction of

@@ -34,6 +34,7 @@ const CLONE_SYSVSEM: u64 = 0x40000;
 const SYS_CLOSE_RANGE: i64 = 436;
 const SYS_CLONE3: i64 = 435;
 const SYS_PIDFD_GETFD: i64 = 438;
+const SYS_PIDFD_OPEN: i64 = 434;
 
 pub struct Husk {
     /// The PID as the tree sees it (the image's): the number injected calls inside the tree
@@ -170,6 +171,66 @@ impl Husk {
         taken
     }
 
+    /// Takes over an existing process as the husk of tree process `pid` (this namespace's PID):
+    /// the deputy of a tree coming home (ferry_deputy), which keeps its PID, its parent, its
+    /// process group, session and controlling terminal. The deputies' tracer let it go parked
+    /// in `pause()` with every signal blocked and no thread but its main one; here it is seized
+    /// and cleared out like a new husk (the trampoline at `trampoline` its only mapping, and
+    /// no descriptor but a pidfd of this process at `spare_fd`). On failure it is killed: what
+    /// it was is gone already (its parent sees SIGKILL).
+    pub fn adopt(pid: i32, trampoline: u64, spare_fd: i32) -> Result<Husk> {
+        let taken = (|| -> Result<Husk> {
+            let opts = ptrace::PTRACE_O_TRACECLONE
+                | ptrace::PTRACE_O_TRACEFORK
+                | ptrace::PTRACE_O_EXITKILL
+                | ptrace::PTRACE_O_SUSPEND_SECCOMP
+                | ptrace::PTRACE_O_TRACESYSGOOD;
+            ptrace::seize(pid, opts).ctx(pid, || "take over its deputy".into())?;
+            ptrace::interrupt(pid).ctx(pid, || "stop its deputy".into())?;
+            let regs = stop_new(pid, pid)?;
+            let others: Vec<i32> = crate::procfs::tids(pid)?
+                .into_iter()
+                .filter(|&t| t != pid)
+                .collect();
+            if !others.is_empty() {
+                return Err(Error::Restore {
+                    pid,
+                    what: format!("its deputy still has threads {others:?}"),
+                });
+            }
+            let syscall_at = ferry_inject::find_syscall_insn(pid)?;
+            let inj = Injector::new(
+                pid,
+                pid,
+                regs,
+                Site {
+                    syscall_at,
+                    scratch: 0,
+                    scratch_len: 0,
+                },
+            )?;
+            let mem = ProcMem::open(pid).ctx(pid, || "open /proc/PID/mem".into())?;
+            let me = ferry_sys::ns::getpid();
+            // A pidfd of ferry, made inside: the deputy was not born holding one.
+            let ferry_fd = inj.syscall("pidfd_open(ferry)", SYS_PIDFD_OPEN, &[me as u64, 0])?;
+            let mut h = Husk {
+                pid,
+                host: pid,
+                inj,
+                mem,
+                trampoline,
+                ferry_pidfd: Cell::new(None),
+                spare_fd,
+            };
+            h.clear_out(ferry_fd as i32)?;
+            Ok(h)
+        })();
+        if taken.is_err() {
+            let _ = ptrace::kill(pid, libc::SIGKILL);
+        }
+        taken
+    }
+
     /// Leaves only the trampoline in the address space and no descriptors open but the
     /// inherited pidfd of ferry `ferry_fd`, moved to the spare descriptor.
     fn clear_out(&mut self, ferry_fd: i32) -> Result<()> {
@@ -177,7 +238,7 @@ impl Husk {
         let pid = self.pid;
         let host = self.host;
         let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE) as u64;
-        let prot = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
+        let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
         let got = self
             .inj
             .syscall(
@@ -195,6 +256,26 @@ impl Husk {
                 what: format!("trampoline landed at {got:x}, not {t:x}"),
             });
         }
+        // The code page is never writable from inside (a deputy taken over may have
+        // memory-deny-write-execute, PR_SET_MDWE, which refuses writable code): executable,
+        // read-only, and written through /proc/PID/mem.
+        self.inj
+            .syscall(
+                "mmap(trampoline code)",
+                libc::SYS_mmap,
+                &[
+                    t,
+                    ferry_sys::PAGE_SIZE,
+                    (libc::PROT_READ | libc::PROT_EXEC) as u64,
+                    (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64,
+                    u64::MAX,
+                    0,
+                ],
+            )
+            .map_err(|e| Error::Restore {
+                pid,
+                what: format!("map the restore trampoline's code at {t:x}: {e}"),
+            })?;
         self.mem
             .write_all(t, &TRAMPOLINE_CODE)
             .and_then(|()| {
@@ -238,7 +319,7 @@ impl Husk {
         }
         let unmap: Vec<Call> = crate::procfs::smaps(host)?
             .into_iter()
-            .filter(|m| m.start != t && m.name != "[vsyscall]")
+            .filter(|m| !(t..t + TRAMPOLINE_LEN).contains(&m.start) && m.name != "[vsyscall]")
             .map(|m| Call::new("munmap", libc::SYS_munmap, &[m.start, m.end - m.start]))
             .collect();
         self.batch(&unmap, |i| {
@@ -270,6 +351,12 @@ impl Husk {
                 what: format!("{}: {stopped}", what(stopped.index)),
             }),
         }
+    }
+
+    /// An address just past the trampoline: it lies in a gap of the image's address space
+    /// (`restore::choose_trampoline`), a place to ask for temporary mappings.
+    pub fn spare_area(&self) -> u64 {
+        self.trampoline + TRAMPOLINE_LEN + (1 << 20)
     }
 
     pub fn injector(&self) -> &Injector {

@@ -235,6 +235,24 @@ pub struct RestoreOptions<'a> {
     /// Pages that came ahead of the image (pre-copy rounds, a parent image): those the image
     /// names as `Process::inherited` are taken from here.
     pub pages: Option<&'a dyn InheritedPages>,
+    /// A tree coming home: the processes of the image with these PIDs are rebuilt in place of
+    /// their deputies (`husk::Husk::adopt`), keeping their PID, parent, process group, session
+    /// and controlling terminal; the others are made as usual. Empty for any other restore.
+    pub adopt: &'a [i32],
+    /// Called once the image's tree is known fit to be rebuilt in place of `adopt` (its PIDs
+    /// free but theirs), before any deputy is touched: it has them let go by their tracer, or
+    /// says why not (the restore then fails, the deputies untouched).
+    pub release: Option<ReleaseHook<'a>>,
+}
+
+/// See [`RestoreOptions::release`].
+#[derive(Clone, Copy)]
+pub struct ReleaseHook<'a>(pub &'a dyn Fn() -> std::result::Result<(), String>);
+
+impl std::fmt::Debug for ReleaseHook<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReleaseHook")
+    }
 }
 
 /// The PIDs and TIDs of an image.
@@ -248,12 +266,12 @@ fn image_ids(tree: &Tree) -> Vec<i32> {
 /// Waits briefly for PIDs held only by zombies that init is about to reap; then insists that
 /// every PID and TID of the image is free (in the guest PID namespace, when there is one, where
 /// PID 1 is always taken by its init).
-fn check_pids_free(tree: &Tree, guest: Option<&GuestNamespaces>) -> Result<()> {
+fn check_pids_free(tree: &Tree, guest: Option<&GuestNamespaces>, adopt: &[i32]) -> Result<()> {
     let proc_root = guest
         .map(|g| g.proc_root())
         .unwrap_or_else(|| PathBuf::from("/proc"));
     let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    for id in image_ids(tree) {
+    for id in image_ids(tree).into_iter().filter(|id| !adopt.contains(id)) {
         if guest.is_some() && id == 1 {
             return Err(Error::PidTaken {
                 pid: id,
@@ -283,6 +301,56 @@ fn check_pids_free(tree: &Tree, guest: Option<&GuestNamespaces>) -> Result<()> {
                 });
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `tree` can be rebuilt in place of deputies `adopt` ([`RestoreOptions::adopt`]):
+/// every deputy has its live process in the image, the root among them, and every other PID
+/// and TID of the image is free here. Nothing is touched.
+pub fn check_in_place(tree: &Tree, adopt: &[i32]) -> Result<()> {
+    check_adoption(
+        tree,
+        &RestoreOptions {
+            adopt,
+            ..Default::default()
+        },
+    )?;
+    check_pids_free(tree, None, adopt)
+}
+
+/// A tree coming home is rebuilt in our own namespaces, its root in place of its deputy, and
+/// only deputies whose processes the image holds, alive, can be taken over.
+fn check_adoption(tree: &Tree, opts: &RestoreOptions<'_>) -> Result<()> {
+    if opts.adopt.is_empty() {
+        return Ok(());
+    }
+    if opts.guest.is_some() || opts.lazy.is_some() {
+        return Err(Error::BadImage(
+            "a tree coming home is rebuilt in its home's namespaces, eagerly".into(),
+        ));
+    }
+    if !opts.adopt.contains(&tree.root_pid) {
+        return Err(Error::BadImage(format!(
+            "the tree's root {} has no deputy here",
+            tree.root_pid
+        )));
+    }
+    for &pid in opts.adopt {
+        match tree.processes.iter().find(|p| p.pid == pid) {
+            Some(p) if p.zombie_status.is_some() || p.leader_exited => {
+                return Err(Error::BadImage(format!(
+                    "PID {pid} ended over there (or its main thread did): its deputy cannot \
+                     be taken over yet"
+                )))
+            }
+            Some(_) => {}
+            None => {
+                return Err(Error::BadImage(format!(
+                    "deputy {pid} has no process in the image"
+                )))
+            }
         }
     }
     Ok(())
@@ -491,7 +559,14 @@ pub fn restore_with<R: Read>(
         ));
     }
     let t0 = Instant::now();
-    check_pids_free(&img.tree, opts.guest)?;
+    check_adoption(&img.tree, opts)?;
+    check_pids_free(&img.tree, opts.guest, opts.adopt)?;
+    if let (false, Some(release)) = (opts.adopt.is_empty(), opts.release) {
+        (release.0)().map_err(|what| Error::Restore {
+            pid: img.tree.root_pid,
+            what: format!("its deputies were not let go: {what}"),
+        })?;
+    }
     let relayed_tty = img.tree.files.iter().find_map(|d| match &d.kind {
         ferry_image::FileKind::Tty(t) if t.relayed.is_some() => Some(t.index),
         _ => None,
@@ -576,6 +651,7 @@ pub fn restore_with<R: Read>(
         cpu_cgroup: opts.cpu_cgroup,
         lazy: opts.lazy,
         supervised: opts.supervised,
+        adopt: opts.adopt,
         listeners: Vec::new(),
         pages: opts.pages,
     };
@@ -623,6 +699,7 @@ struct BuildContext<'a, R: Read> {
     cpu_cgroup: Option<&'a std::path::Path>,
     lazy: Option<&'a dyn crate::lazy::LazyMemory>,
     supervised: bool,
+    adopt: &'a [i32],
     listeners: Vec<std::os::fd::OwnedFd>,
     pages: Option<&'a dyn InheritedPages>,
 }
@@ -642,7 +719,16 @@ fn build<R: Read>(
     // 1. The processes, parents first, with their sessions and process groups.
     let mut stand_in_groups = HashSet::new();
     for p in &tree.processes {
-        let h = if p.pid == tree.root_pid {
+        let adopted = cx.adopt.contains(&p.pid);
+        let h = if adopted {
+            // Its deputy, in its place at home: parent, group, session and terminal are
+            // already those it had there.
+            let h = Husk::adopt(p.pid, cx.trampoline, cx.spare_fd)?;
+            if p.pid == tree.root_pid {
+                report.root_host_pid = h.host;
+            }
+            h
+        } else if p.pid == tree.root_pid {
             let h = Husk::spawn_root(p.pid, cx.trampoline, cx.spare_fd, cx.ferry_pidfd, cx.place)?;
             // A restored tree is detached from whoever restores it: the root leads a session.
             h.injector().syscall("setsid", libc::SYS_setsid, &[])?;
@@ -653,7 +739,17 @@ fn build<R: Read>(
                 Error::BadImage(format!("PID {}: parent {} missing", p.pid, p.ppid))
             })?;
             let h = parent.fork_child_sharing(p.pid, p.exit_signal, p.files_shared_with_parent)?;
-            join_session(&h, p, tree, parent, husks, &mut stand_in_groups)?;
+            let inherits = !cx.adopt.is_empty()
+                && tree
+                    .processes
+                    .iter()
+                    .find(|q| q.pid == p.ppid)
+                    .is_some_and(|q| q.sid == p.sid && q.pgid == p.pgid);
+            // Coming home, a child in its parent's group and session (as the body saw them)
+            // stays in its parent's at home, which is what the image's numbers stood for.
+            if !inherits {
+                join_session(&h, p, tree, parent, husks, &mut stand_in_groups)?;
+            }
             h
         };
         report.pids.push(p.pid);
@@ -662,6 +758,10 @@ fn build<R: Read>(
             host_pid: h.host,
         });
         husks.push(h);
+        if adopted {
+            // Its deputy's cgroups and terminal are its home's.
+            continue;
+        }
         // Into its cgroups before its memory is charged and its CPU affinity set.
         crate::resources::cgroups::restore(husks.last().expect("just pushed"), p, cx.cpu_cgroup)?;
         // A session leader takes its controlling terminal before it forks its session.
@@ -813,7 +913,14 @@ fn build<R: Read>(
             threads::restore_registers(p.pid, *host, t)?;
         }
         // Last, in the complete process (suspended while we trace it, they act once it runs).
-        seccomp::restore(p, h.host)?;
+        // A deputy taken over still has the filters it had when it left (they cannot be
+        // removed): only those the body added since are installed.
+        let kept = if cx.adopt.contains(&p.pid) {
+            seccomp::installed(h.host)
+        } else {
+            0
+        };
+        seccomp::restore_from(p, h.host, kept)?;
     }
     cx.objects.finish();
     // 5. Only the commit is left (RestoredTree::resume): letting every thread run.

@@ -146,6 +146,10 @@ pub enum Msg {
         memory_bytes: u64,
         uid: u32,
         command: String,
+        /// The tree can be rebuilt in place of its deputies when it comes home
+        /// (`MigrateOffer::in_place`).
+        #[serde(default)]
+        in_place: bool,
     },
     /// Daemon to capture worker: freeze and stream the image.
     Go,
@@ -226,6 +230,13 @@ pub enum Msg {
         pid: i32,
         status: i32,
         mirrored: bool,
+    },
+    /// Daemon to its deputies' worker: their tree is coming home; let every deputy go, parked
+    /// for the restore worker to rebuild the process in its place.
+    ReleaseDeputies,
+    /// Deputies' worker: these deputies were let go (and the worker exits).
+    DeputiesReleased {
+        pids: Vec<i32>,
     },
     /// Home to the body's node: deliver `sig` to the body of home PID `pid`.
     SignalBody {
@@ -379,6 +390,12 @@ pub struct MigrateOffer {
     /// from the source as it is touched (`Msg::PageWant`), and pushes the rest.
     #[serde(default)]
     pub lazy: bool,
+    /// A body going home says whether its tree can be rebuilt there in place of its deputies
+    /// (the ordinary process again, under its PID): every process root, running, unconfined
+    /// by chroot, with no socket and no terminal (what that rebuild does not cover yet). If
+    /// not, it comes home as a body beside its deputies, as it would go to any node.
+    #[serde(default)]
+    pub in_place: bool,
 }
 
 /// What a signal sent with `sigqueue` (or another negative `si_code`, but SI_TKILL) carried, as

@@ -77,6 +77,7 @@ fn messages() -> Vec<Msg> {
             }),
             compress: vec!["lz4".into()],
             lazy: true,
+            in_place: true,
         }),
         Msg::Accept,
         Msg::PageWant {
@@ -229,6 +230,7 @@ fn messages() -> Vec<Msg> {
             memory_bytes: 4096,
             uid: 0,
             command: "x".into(),
+            in_place: false,
         },
         Msg::Go,
         Msg::Frozen,

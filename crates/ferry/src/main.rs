@@ -123,6 +123,10 @@ enum Command {
         /// Pages sent after a faulting one.
         #[arg(long, default_value_t = 15)]
         prefetch: usize,
+        /// The tree is coming home: rebuild these processes in place of their deputies (if
+        /// the image's tree fits; else it is rebuilt as a body, as `--home` says).
+        #[arg(long, value_delimiter = ',')]
+        adopt: Vec<i32>,
     },
     /// The guardian of a lazy restore's page server (internal): see ferry_memory::guard.
     #[command(name = "__lazy-guard", hide = true)]
@@ -195,6 +199,7 @@ fn main() {
             pages_fd,
             stall_secs,
             prefetch,
+            adopt,
         } => commands::worker::restore_worker(
             reports,
             cpu_cgroup,
@@ -208,6 +213,7 @@ fn main() {
                     stall: std::time::Duration::from_secs(stall_secs),
                     prefetch,
                 }),
+            adopt,
         ),
         Command::CaptureWorker {
             pid,

@@ -1140,6 +1140,8 @@ fn run_held(suite: &Suite, resume: bool) -> Result<(), Failed> {
             lazy: None,
             supervised: false,
             pages: None,
+            adopt: &[],
+            release: None,
         },
     )
     .map_err(|e| run.report(&format!("restore_with: {e}")))?;

@@ -371,7 +371,7 @@ pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Resu
         let private_anon =
             |w: &Vma| matches!(w.backing, Backing::Anonymous) && !w.shared && !w.growsdown;
         if private_anon(v) && i > 0 && vmas[i - 1].end == v.start && private_anon(&vmas[i - 1]) {
-            map_apart(&mut calls, v);
+            map_apart(&mut calls, v, h.spare_area());
             madvise_flags(&mut calls, v);
             whose.resize(calls.len(), i);
             continue;
@@ -474,7 +474,11 @@ fn madvise_flags(calls: &mut Vec<Call>, v: &Vma) {
 /// first made at, so two made apart, one then moved by mremap, stay separate). It is made
 /// one page into a fresh mapping elsewhere, whose offset therefore cannot continue the
 /// neighbour's (that would need the neighbour's last page), and moved into place.
-fn map_apart(calls: &mut Vec<Call>, v: &Vma) {
+///
+/// The fresh mapping is asked for at `hint`, in a gap of the image's address space: left to
+/// itself, the kernel may put it where `v` goes (a deputy taken over at home has the layout the
+/// image has), and mremap cannot move a mapping onto itself.
+fn map_apart(calls: &mut Vec<Call>, v: &Vma, hint: u64) {
     let len = v.end - v.start;
     let page = ferry_sys::PAGE_SIZE;
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
@@ -482,7 +486,7 @@ fn map_apart(calls: &mut Vec<Call>, v: &Vma) {
         Call::new(
             "mmap (to map apart)",
             libc::SYS_mmap,
-            &[0, len + page, v.prot as u64, flags, u64::MAX, 0],
+            &[hint, len + page, v.prot as u64, flags, u64::MAX, 0],
         )
         .with(batch::KEEP),
     );

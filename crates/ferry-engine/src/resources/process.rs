@@ -313,7 +313,23 @@ fn set_mm_map(h: &Husk, p: &Process, rights: &crate::reopen::Rights<'_>) -> Resu
         crate::reopen::Match::Mapped,
         rights,
     )?;
-    let exe_fd = h.install_fd(&exe, None)?;
+    // A deputy taken over at home (`Husk::adopt`) has its executable already, and the kernel
+    // refuses to replace one that is mapped (as the image maps it again): -1 keeps it.
+    let same_exe = {
+        use std::os::unix::fs::MetadataExt;
+        let here = std::fs::metadata(format!("/proc/{}/exe", h.host));
+        let there = std::fs::File::from(exe.try_clone().map_err(|e| crate::Error::Restore {
+            pid: h.pid,
+            what: format!("duplicate its executable's descriptor: {e}"),
+        })?)
+        .metadata();
+        matches!((here, there), (Ok(a), Ok(b)) if a.dev() == b.dev() && a.ino() == b.ino())
+    };
+    let exe_fd = if same_exe {
+        -1
+    } else {
+        h.install_fd(&exe, None)?
+    };
     let mut map: Vec<u8> = [
         mm.start_code,
         mm.end_code,
@@ -339,7 +355,9 @@ fn set_mm_map(h: &Husk, p: &Process, rights: &crate::reopen::Rights<'_>) -> Resu
         libc::SYS_prctl,
         &[PR_SET_MM, PR_SET_MM_MAP, map_addr, map.len() as u64, 0],
     );
-    inj.syscall("close", libc::SYS_close, &[exe_fd as u64])?;
+    if exe_fd >= 0 {
+        inj.syscall("close", libc::SYS_close, &[exe_fd as u64])?;
+    }
     r.map_err(|e| crate::Error::Restore {
         pid: h.pid,
         what: format!("set the address-space layout (PR_SET_MM_MAP): {e}"),

@@ -106,6 +106,34 @@ pub fn capture(pid: i32, tids: &[i32], p: &mut Process) -> Result<()> {
 
 /// Installs `p`'s filters in the rebuilt, stopped process (`host` here), oldest first.
 pub fn restore(p: &Process, host: i32) -> Result<()> {
+    restore_from(p, host, 0)
+}
+
+/// How many seccomp filters process `host` has (`Seccomp_filters` of its status).
+pub fn installed(host: i32) -> usize {
+    crate::procfs::status(host)
+        .map(|s| {
+            crate::procfs::field(&s, "Seccomp_filters")
+                .parse()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+/// [`restore`], but for the first `kept` filters, which the process has already (a deputy
+/// taken over at home keeps those it had when it left).
+pub fn restore_from(p: &Process, host: i32, kept: usize) -> Result<()> {
+    let fewer;
+    let p = if kept == 0 {
+        p
+    } else {
+        fewer = Process {
+            pid: p.pid,
+            seccomp: p.seccomp.iter().skip(kept).cloned().collect(),
+            ..Default::default()
+        };
+        &fewer
+    };
     if p.seccomp.is_empty() {
         return Ok(());
     }

@@ -152,6 +152,8 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
         pages: parent_pages
             .as_ref()
             .map(|c| c as &dyn ferry_engine::restore::InheritedPages),
+        adopt: &[],
+        release: None,
     };
     let report = restore_with(&mut img, &opts)
         .and_then(|tree| tree.resume())

@@ -105,6 +105,69 @@ pub(crate) fn owned_frozen(
     }
 }
 
+/// Whether the tree of `pid` (a body) could be rebuilt at its home in place of its deputies
+/// (`MigrateOffer::in_place`): every process root (the rebuild runs in the deputy, whose
+/// credentials are the process's), running (not stopped), its root directory the namespace's,
+/// and holding no socket (SO_PEERCRED would name the restorer's helper: the deputy holds the
+/// PID) and no terminal.
+fn rebuilt_in_place(pid: i32) -> bool {
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{p}/status")) else {
+            return false;
+        };
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .unwrap_or("")
+                .to_string()
+        };
+        let root_ids = |key: &str| field(key).split_whitespace().all(|v| v == "0");
+        let state = field("State:");
+        if !root_ids("Uid:")
+            || !root_ids("Gid:")
+            || state.trim_start().starts_with(['T', 't'])
+            || std::fs::read_link(format!("/proc/{p}/root")).ok() != Some("/".into())
+        {
+            return false;
+        }
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{p}/fd")) else {
+            return false;
+        };
+        for fd in fds.flatten() {
+            let link = std::fs::read_link(fd.path()).unwrap_or_default();
+            let link = link.to_string_lossy();
+            if link.starts_with("socket:") || link.starts_with("/dev/pts") || link == "/dev/ptmx" {
+                return false;
+            }
+        }
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                let children =
+                    std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                todo.extend(
+                    children
+                        .split_whitespace()
+                        .filter_map(|c| c.parse::<i32>().ok()),
+                );
+            }
+        }
+    }
+    true
+}
+
+/// The TracerPid of `pid`; None if it is gone.
+pub(crate) fn tracer_of(pid: i32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// `ferry __capture-worker PID [--relay-pipes] --memory MODE [--owner U] [--deputies-dir
 /// DIR] [--pages-fd N]`: with `relay_pipes` (a tree leaving its home), pipes it shares with
 /// processes outside it are captured to be relayed, not refused; `memory` says how memory
@@ -160,6 +223,7 @@ pub fn capture_worker(
             memory_bytes,
             uid,
             command,
+            in_place: !relay_pipes && rebuilt_in_place(pid),
         },
     )?;
     if !matches!(next_command(&mut input), Some(Msg::Go)) {
@@ -380,6 +444,9 @@ enum Link {
         since: Instant,
     },
 }
+/// How long a release of deputies (a tree coming home) waits for a stop or continue of its
+/// body still on its way to be mirrored.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The capture worker after the commit point of a tree leaving home: the tracer of its
 /// deputies until the last one ends. It tells the daemon of every signal sent to a deputy and of
@@ -439,6 +506,8 @@ fn serve_deputies(
             let _ = out.flush();
         }
     };
+    // A release asked for and not done yet: until when it may wait.
+    let mut release_due: Option<std::time::Instant> = None;
     loop {
         for ev in deputies.poll() {
             untold.push(match ev {
@@ -495,6 +564,49 @@ fn serve_deputies(
             }
             return Ok(());
         }
+        if let (Some(due), Link::Attached { out, .. }) = (release_due, &mut link) {
+            let msg = match deputies.release() {
+                Ok(pids) => Some(Msg::DeputiesReleased { pids }),
+                Err(e @ ferry_deputy::home::Error::Refused(_)) => {
+                    // Nothing changed: they go on as deputies, unless it lasts.
+                    (std::time::Instant::now() > due).then(|| {
+                        release_due = None;
+                        Msg::Error {
+                            message: format!("{e}"),
+                        }
+                    })
+                }
+                Err(e) => Some(Msg::Error {
+                    message: format!("let the deputies go: {e}"),
+                }),
+            };
+            if let Some(msg) = msg {
+                for ev in deputies.poll() {
+                    if let Event::Ended {
+                        pid,
+                        status,
+                        mirrored,
+                    } = ev
+                    {
+                        write_msg(
+                            out,
+                            &Msg::DeputyEnded {
+                                pid,
+                                status,
+                                mirrored,
+                            },
+                        )?;
+                    }
+                }
+                let released = matches!(msg, Msg::DeputiesReleased { .. });
+                write_msg(out, &msg)?;
+                out.flush()?;
+                // Let go, or killed by a release that broke half way: nothing left to serve.
+                if released || deputies.is_empty() {
+                    return Ok(());
+                }
+            }
+        }
         if cancel.load(std::sync::atomic::Ordering::Relaxed) {
             give_up(&mut deputies, &mut link);
             return Ok(());
@@ -510,11 +622,12 @@ fn serve_deputies(
                 return Ok(());
             }
         }
+        let wait = if release_due.is_some() { 20 } else { 500 };
         let first = match &link {
             Link::Attached { input, .. } => input.as_raw_fd(),
             Link::Detached { listener, .. } => listener.as_raw_fd(),
         };
-        let ready = ferry_sys::ns::poll_in(&[first, sigchld.as_raw_fd()], 500)
+        let ready = ferry_sys::ns::poll_in(&[first, sigchld.as_raw_fd()], wait)
             .context("wait for the daemon and the deputies")?;
         if ready[1] {
             let mut buf = [0u8; 128];
@@ -553,6 +666,12 @@ fn serve_deputies(
                     if let Err(e) = deputies.mirror(pid, status) {
                         log::error!("{e}");
                     }
+                }
+                Some(Msg::ReleaseDeputies) => {
+                    // Coming home: the restore worker takes them over, once none is between
+                    // a stop and a continue its body reported (the last report may still be on
+                    // its way: a body that comes home is running).
+                    release_due = Some(std::time::Instant::now() + RELEASE_WAIT);
                 }
                 Some(Msg::Kill) => {
                     // Told to: the home gives the tree up.
@@ -650,6 +769,7 @@ pub fn restore_worker(
     home: Option<(String, String)>,
     confine: Option<ferry_engine::guest_ns::Confine>,
     lazy: Option<LazyArgs>,
+    adopt: Vec<i32>,
 ) -> Result<()> {
     let mut out = BufWriter::new(std::io::stdout().lock());
     let t0 = Instant::now();
@@ -708,6 +828,7 @@ pub fn restore_worker(
         cpu_cgroup.as_deref(),
         home.as_ref(),
         server.as_ref(),
+        &adopt,
     ) {
         Ok(h) => h,
         Err(e) => return fail(&mut out, &e),
@@ -777,7 +898,8 @@ mod hold {
     use std::path::Path;
 
     pub struct Held {
-        guest: GuestNamespaces,
+        /// None for a tree coming home, rebuilt in the home's own namespaces.
+        guest: Option<GuestNamespaces>,
         tree: RestoredTree,
     }
 
@@ -808,7 +930,58 @@ mod hold {
         cpu_cgroup: Option<&Path>,
         home: Option<&Home>,
         lazy: Option<&ferry_memory::LazyServer>,
+        adopt: &[i32],
     ) -> Result<Held> {
+        let fits = !adopt.is_empty()
+            && match ferry_engine::restore::check_in_place(&img.tree, adopt) {
+                Ok(()) => true,
+                Err(e) => {
+                    log::warn!("rebuilt as a body beside its deputies at home: {e}");
+                    false
+                }
+            };
+        if fits {
+            // Coming home: rebuilt in place of its deputies, in this node's own namespaces,
+            // an ordinary process again (no supervisor, nothing of Ferry in its path). Once
+            // the tree is known fit, the daemon is asked to have them let go, and each is
+            // waited for: untraced (parked by its worker before it detaches).
+            let release = || -> std::result::Result<(), String> {
+                use std::io::Write;
+                let mut o = std::io::stdout().lock();
+                ferry_transport::frame::blocking::write_msg(
+                    &mut o,
+                    &ferry_transport::Msg::ReleaseDeputies,
+                )
+                .and_then(|()| o.flush().map_err(Into::into))
+                .map_err(|e| format!("ask for them: {e}"))?;
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                for &pid in adopt {
+                    while super::tracer_of(pid) != Some(0) {
+                        if std::time::Instant::now() > deadline {
+                            return Err(format!("deputy {pid} is still held by its tracer"));
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                }
+                Ok(())
+            };
+            let tree = restore_with(
+                img,
+                &RestoreOptions {
+                    guest: None,
+                    caller: None,
+                    cpu_cgroup: None,
+                    relays: false,
+                    lazy: None,
+                    supervised: false,
+                    pages: Some(pages),
+                    adopt,
+                    release: Some(ferry_engine::restore::ReleaseHook(&release)),
+                },
+            )
+            .context("rebuild the tree in place of its deputies")?;
+            return Ok(Held { guest: None, tree });
+        }
         let exe = std::env::current_exe().context("find the ferry binary")?;
         let guest = GuestNamespaces::create_for(&exe, img.tree.clocks, reports, home)
             .context("make namespaces for the guest")?;
@@ -823,6 +996,8 @@ mod hold {
                 lazy: lazy.map(|l| l as &dyn ferry_engine::lazy::LazyMemory),
                 supervised: home.is_some(),
                 pages: Some(pages),
+                adopt: &[],
+                release: None,
             },
         )
         .map_err(anyhow::Error::from)
@@ -832,7 +1007,10 @@ mod hold {
             Ok(tree)
         });
         match tree {
-            Ok(tree) => Ok(Held { guest, tree }),
+            Ok(tree) => Ok(Held {
+                guest: Some(guest),
+                tree,
+            }),
             Err(e) => {
                 let _ = guest.kill();
                 Err(e.context("rebuild the tree"))
@@ -862,7 +1040,9 @@ mod hold {
 
         pub fn kill(self) {
             self.tree.kill();
-            let _ = self.guest.kill();
+            if let Some(g) = self.guest {
+                let _ = g.kill();
+            }
         }
     }
 }

@@ -767,9 +767,39 @@ impl Run {
                 &format!("no process of node {} is its PID {dest}", hop.to),
             ));
         };
+        let old = self.host;
+        // Back at home, rebuilt in place of its deputy (a tree its last node found fit: see
+        // docs/limitations.md, "Coming home"; any other comes home as a body beside its
+        // deputy): it is our child again, under its own PID, in our namespaces, traced by
+        // nobody.
+        if self.deputy.is_some() && hop.to == MIG_HOPS[0].0 && dest == self.root {
+            if !wait_gone(old, self.limits.tree_gone) {
+                return Err(hop.fail(
+                    self,
+                    &format!("came home, but the copy it left (PID {old}) still runs"),
+                ));
+            }
+            if tracer_of(dest) != 0 || status_field(dest, "NSpid").split_whitespace().count() != 1 {
+                return Err(hop.fail(
+                    self,
+                    &format!(
+                        "came home, but PID {dest} is traced by {} or in a namespace (NSpid {:?})",
+                        tracer_of(dest),
+                        status_field(dest, "NSpid")
+                    ),
+                ));
+            }
+            self.child = self.deputy.take();
+            self.exited = None;
+            self.host = dest;
+            self.in_ns = false;
+            if !self.root_alive() {
+                return Err(hop.fail(self, &format!("the root (PID {dest}) is not running")));
+            }
+            return Ok(());
+        }
         // The copy it came from is gone; except the original at home (our child), which stays
         // as the deputy of its body: alive, traced, and the one whose end we wait for.
-        let old = self.host;
         self.poll_child();
         if !self.in_ns && self.child.is_some() {
             if tracer_of(old) == 0 {
