@@ -318,6 +318,8 @@ fn in_foreground(pid: i32) -> Option<bool> {
 enum TtyOut {
     Data(Vec<u8>),
     Winsize([u16; 4]),
+    /// The body's pty's settings changed (the body's side of a terminal's relay).
+    Termios(ferry_sys::tty::Termios),
     /// End of file from our side of the descriptor.
     Eof,
     /// Our side can no longer be written (its peer is gone): the relay ends.
@@ -371,7 +373,28 @@ async fn pump_duplex(
             let raw = fd.as_raw_fd();
             let mut buf = vec![0u8; 1 << 16];
             let mut size = None;
+            // The body's side of a terminal: the settings of its pty, as the body sets them
+            // (read through a short-lived descriptor of the slave: one kept open would keep
+            // the master from seeing the body's last close).
+            let body_tty = gate.is_none() && !socket;
+            let slave_termios = |raw| {
+                let s = ferry_sys::tty::open_peer(raw, libc::O_RDWR | libc::O_NOCTTY).ok()?;
+                ferry_sys::tty::get_termios(s.as_raw_fd()).ok()
+            };
+            let mut settings = if body_tty { slave_termios(raw) } else { None };
+            let mut checked = std::time::Instant::now();
             while !stop.load(Ordering::Relaxed) {
+                if body_tty && checked.elapsed() >= Duration::from_millis(20) {
+                    checked = std::time::Instant::now();
+                    if let Some(now) = slave_termios(raw) {
+                        if settings.as_ref() != Some(&now) {
+                            settings = Some(now.clone());
+                            if out_tx.blocking_send(TtyOut::Termios(now)).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
                 if let Some(root) = gate {
                     if let Ok(now) = ferry_sys::tty::get_winsize(raw) {
                         if size != Some(now) {
@@ -390,7 +413,8 @@ async fn pump_duplex(
                         None => break,
                     }
                 }
-                match ferry_sys::ns::poll_in(&[raw], 100) {
+                let wait = if body_tty { 20 } else { 100 };
+                match ferry_sys::ns::poll_in(&[raw], wait) {
                     Ok(r) if r[0] => {}
                     Ok(_) => continue,
                     Err(_) => break,
@@ -476,6 +500,17 @@ async fn pump_duplex(
                     Some(TtyOut::Winsize(size)) => {
                         write_msg(&mut tx, &Msg::RelayWinsize { size }).await?;
                     }
+                    Some(TtyOut::Termios(t)) => {
+                        let msg = Msg::RelayTermios {
+                            iflag: t.iflag,
+                            oflag: t.oflag,
+                            cflag: t.cflag,
+                            lflag: t.lflag & !libc::EXTPROC,
+                            line: t.line,
+                            cc: t.cc,
+                        };
+                        write_msg(&mut tx, &msg).await?;
+                    }
                     Some(TtyOut::Eof) => {
                         if !sent_end {
                             let _ = write_end(&mut tx).await;
@@ -499,6 +534,23 @@ async fn pump_duplex(
                     }
                     Ok(Frame::Msg(Msg::RelayWinsize { size })) if gate.is_none() && !socket => {
                         let _ = ferry_sys::tty::set_winsize(fd.as_raw_fd(), size);
+                    }
+                    Ok(Frame::Msg(Msg::RelayTermios { iflag, oflag, cflag, lflag, line, cc }))
+                        if gate.is_some() =>
+                    {
+                        // The body set its terminal: the home terminal takes it (its speeds
+                        // kept), as a tcsetattr at home would have set it.
+                        let raw = fd.as_raw_fd();
+                        if let Ok(mut t) = ferry_sys::tty::get_termios(raw) {
+                            (t.iflag, t.oflag, t.cflag, t.lflag, t.line) =
+                                (iflag, oflag, cflag, lflag, line);
+                            if cc.len() == t.cc.len() {
+                                t.cc = cc;
+                            }
+                            if let Err(e) = ferry_sys::tty::set_termios(raw, &t) {
+                                tracing::warn!(event = "relay-termios", error = %e);
+                            }
+                        }
                     }
                     Ok(Frame::Msg(m)) => bail!("{} message inside a two-way relay", kind(&m)),
                     Ok(Frame::End) if socket => {

@@ -319,6 +319,17 @@ pub enum Msg {
     RelayWinsize {
         size: [u16; 4],
     },
+    /// Inside a terminal's relay, the body's node to home: the body changed its terminal's
+    /// settings (tcsetattr: `stty raw -echo`, an editor's raw mode); the home terminal takes
+    /// them. Fields of `struct termios2`.
+    RelayTermios {
+        iflag: u32,
+        oflag: u32,
+        cflag: u32,
+        lflag: u32,
+        line: u8,
+        cc: Vec<u8>,
+    },
     // ---- Automatic load balancing (ferry-daemon/src/balancer.rs) --------------------
     /// CLI to daemon: hand PID (a process on this node) to the balancer.
     BalanceAdd {

@@ -104,6 +104,10 @@ fn main() {
             "a_child_forked_after_the_move_sees_its_parent_group_and_session",
             fork_after_move,
         ),
+        Trial::test(
+            "a_moved_job_sets_its_home_terminal_raw_and_reads_keys",
+            raw_terminal_after_move,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -2060,5 +2064,126 @@ fn fork_after_move() -> Result<(), Failed> {
         "the child's parent, group and session (the parent's: {home})"
     );
     assert_eq!(read("status"), "5", "the parent's wait for its child");
+    Ok(())
+}
+
+/// A full-screen program's terminal, after it moved: its settings read as the home terminal's
+/// (tcgetattr), its window size is the home terminal's, and `stty raw -echo` (tty.setraw)
+/// reaches the home terminal, so that keys typed there arrive one by one, unechoed.
+const RAW_JOB: &str = r#"
+import os, sys, time, tty, termios, fcntl, struct
+d = sys.argv[1]
+def flags():
+    a = termios.tcgetattr(0)
+    return '%d %d %d' % (a[0], a[1], a[3] & ~0o200000)
+open(d + '/home', 'w').write(flags())
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+while not os.path.exists(d + '/moved'):
+    time.sleep(0.05)
+open(d + '/seen', 'w').write(flags())
+rows, cols = struct.unpack('HHHH', fcntl.ioctl(0, termios.TIOCGWINSZ, b'\0' * 8))[:2]
+open(d + '/size', 'w').write('%d %d' % (rows, cols))
+saved = termios.tcgetattr(0)
+tty.setraw(0)
+open(d + '/raw', 'w').write('')
+got = b''
+while len(got) < 2:
+    got += os.read(0, 1)
+open(d + '/keys', 'wb').write(got)
+termios.tcsetattr(0, termios.TCSADRAIN, saved)
+print('done', flush=True)
+"#;
+
+const RAW_DRIVER: &str = r#"
+import os, sys, time, select, subprocess, fcntl, termios, struct
+d, job = sys.argv[1], sys.argv[2]
+m, s = os.openpty()
+fcntl.ioctl(m, termios.TIOCSWINSZ, struct.pack('HHHH', 33, 101, 0, 0))
+def pre():
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+env = dict(os.environ, PS1='$ ', TERM='dumb', HISTFILE='/dev/null')
+p = subprocess.Popen(['bash', '--norc', '--noprofile', '-i'], stdin=s, stdout=s, stderr=s,
+                     preexec_fn=pre, env=env, close_fds=True)
+screen = b''
+def pump(t):
+    global screen
+    end = time.time() + t
+    while time.time() < end:
+        r, _, _ = select.select([m], [], [], 0.05)
+        if r:
+            try:
+                b = os.read(m, 65536)
+            except OSError:
+                return
+            screen += b
+            open(d + '/screen', 'wb').write(screen)
+def until(cond, what, t=20):
+    end = time.time() + t
+    while time.time() < end:
+        if cond():
+            return
+        pump(0.1)
+    sys.exit('timed out waiting for ' + what)
+pump(0.5)
+os.write(m, b'python3 ' + job.encode() + b' ' + d.encode() + b'\n')
+until(lambda: os.path.exists(d + '/raw'), 'the moved job to set raw mode')
+pump(0.5)
+mark = len(screen)
+os.write(m, b'xy')
+until(lambda: os.path.exists(d + '/keys'), 'the keys typed without a newline to arrive')
+until(lambda: b'done' in screen[mark:], 'the job to end')
+if b'xy' in screen[mark:]:
+    sys.exit('the keys were echoed: %r' % screen[mark:])
+os.write(m, b'exit\n')
+p.wait(10)
+"#;
+
+fn raw_terminal_after_move() -> Result<(), Failed> {
+    let c = Cluster::up("raw", 2);
+    let dir = scratch("migration", "raw");
+    let job = dir.join("job.py");
+    std::fs::write(&job, RAW_JOB).unwrap();
+    let mut driver = UnixServer(
+        Command::new("python3")
+            .args(["-c", RAW_DRIVER])
+            .arg(&dir)
+            .arg(&job)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("driver.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the job")?;
+    let moved = migrate(&c, "a", pid, "b");
+    std::fs::write(dir.join("moved"), "").unwrap();
+    moved.map_err(|e| format!("the job did not move: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let st = loop {
+        if let Some(st) = driver.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = driver.0.kill();
+            break driver.0.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    assert!(
+        st.success(),
+        "{}\nthe terminal showed:\n{}",
+        read("driver.err"),
+        String::from_utf8_lossy(&std::fs::read(dir.join("screen")).unwrap_or_default())
+    );
+    assert_eq!(
+        read("seen"),
+        read("home"),
+        "tcgetattr after the move (iflag oflag lflag)"
+    );
+    assert_eq!(read("size"), "33 101", "the window size after the move");
+    assert_eq!(read("keys"), "xy", "the keys the job read");
     Ok(())
 }

@@ -116,24 +116,18 @@ fn relayed_slave(pid: i32, fd: i32, index: u32) -> Result<FileKind> {
     }))
 }
 
-/// The termios of a relayed terminal's pty at the body's node: nothing done to the bytes either
-/// way (the home terminal's own line discipline echoes, edits lines and turns ^C and ^Z into
-/// signals for the home's foreground group, which the deputy forwards).
+/// The termios of a relayed terminal's pty at the body's node: the home terminal's, so that
+/// the body reads what it would read at home (tcgetattr), with `EXTPROC` added and output
+/// processing off: the home terminal's own line discipline does the work (echo, line editing,
+/// ^C and ^Z as signals for the home's foreground group, which the deputy forwards; its output
+/// processing), and the body's pty passes input on as it comes (EXTPROC: "done elsewhere").
+/// Output is processed on both sides (a newline reaches the home terminal as CR CR LF when both
+/// have ONLCR, which looks the same). What the body sets (tcsetattr) its node sends home
+/// (`ferry-daemon/src/relay.rs`, `RelayTermios`), without EXTPROC.
 fn passthrough(home: &Termios) -> Termios {
-    let mut cc = home.cc.clone();
-    if cc.len() > libc::VTIME {
-        cc[libc::VMIN] = 1;
-        cc[libc::VTIME] = 0;
-    }
     Termios {
-        iflag: 0,
-        oflag: 0,
-        cflag: home.cflag,
-        lflag: 0,
-        line: home.line,
-        cc,
-        ispeed: home.ispeed,
-        ospeed: home.ospeed,
+        lflag: home.lflag | libc::EXTPROC,
+        ..home.clone()
     }
 }
 
