@@ -386,7 +386,19 @@ fn a_node_cannot_rewrite_another_nodes_identity() {
         nodes_json(&c, "a").iter().any(|n| n["name"] == "z")
     });
     std::thread::sleep(Duration::from_secs(4));
-    let nodes = nodes_json(&c, "a");
+    // b is still b, at its address. (On a machine loaded enough, b can be declared down for a
+    // moment by mistake, and rejoins; a lie believed would keep it out or rename it for good.)
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let nodes = loop {
+        let nodes = nodes_json(&c, "a");
+        let has_b = nodes
+            .iter()
+            .any(|n| n["name"] == "b" && n["addr"] == b_addr.to_string());
+        if has_b || Instant::now() > deadline {
+            break nodes;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(
         nodes
             .iter()
