@@ -64,9 +64,10 @@ pub struct Args {
     /// The child's memory compresses (a byte of noise in each 8) instead of being all noise.
     #[arg(long)]
     compressible: bool,
-    /// The nodes never compress the stream between them (`ferry cluster up --no-compress`).
+    /// The nodes compress the stream between them where it pays (`ferry cluster up
+    /// --compress`; off by default).
     #[arg(long)]
-    no_compress: bool,
+    compress: bool,
 }
 
 /// One migration (times in ms).
@@ -123,7 +124,7 @@ pub fn run(a: Args) -> Result<()> {
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).with_context(|| format!("create {}", work.display()))?;
     let result = (|| {
-        let cluster = cluster_up(&ferry, a.port, &work.join("cluster"), a.no_compress)?;
+        let cluster = cluster_up(&ferry, a.port, &work.join("cluster"), a.compress)?;
         let rows = measure_all(&a, &cluster, &work)?;
         let null = (0..a.null_runs)
             .map(|r| {
@@ -184,13 +185,13 @@ fn median(mut samples: Vec<Sample>) -> Sample {
 // The cluster.
 
 /// A local cluster of two nodes, a and b, stopped however the benchmark ends.
-fn cluster_up(ferry: &Path, port: u16, dir: &Path, no_compress: bool) -> Result<Cluster> {
+fn cluster_up(ferry: &Path, port: u16, dir: &Path, compress: bool) -> Result<Cluster> {
     let port = port.to_string();
     // One network stack and file system for both nodes, as when docs/benchmarks.md
     // was measured (and the benchmark's files may lie in /tmp).
     let mut args = vec!["--nodes", "2", "--port", &port, "--isolation", "shared"];
-    if no_compress {
-        args.push("--no-compress");
+    if compress {
+        args.push("--compress");
     }
     Cluster::up_in(ferry, dir, &args)
 }

@@ -83,7 +83,8 @@ pub struct Config {
     pub stream_stall_secs: Option<f64>,
     /// Whether a migration's stream between this node and another may go in compressed
     /// frames (LZ4, each frame only where that saves an eighth of it), if both say so: this
-    /// node offers it when sending and takes it when receiving. Absent: true.
+    /// node offers it when sending and takes it when receiving. Absent: false (on this
+    /// project's machine, a CPU-bound loopback, it lengthened the freeze: docs/benchmarks.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compress: Option<bool>,
     /// Seconds a node must stay declared down by the membership, and unreachable, before this
@@ -139,7 +140,7 @@ impl Config {
 
     /// How long a migration's image stream may stall ([`Config::stream_stall_secs`]).
     pub fn compress(&self) -> bool {
-        self.compress.unwrap_or(true)
+        self.compress.unwrap_or(false)
     }
 
     pub fn stream_stall(&self) -> std::time::Duration {

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::cluster::Cluster;
+use common::cluster::{Cluster, Isolation};
 use common::scratch;
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::{Path, PathBuf};
@@ -170,7 +170,13 @@ fn timed_sleeps_go_on() -> Result<(), Failed> {
 /// the numbers it chose from. The victims' memory compresses well (a byte in eight varies):
 /// the daemons agree on LZ4 and the wire carries far less than the memory.
 fn auto_chooses() -> Result<(), Failed> {
-    let c = Cluster::up("precopy-auto", 2);
+    let c = Cluster::up_full(
+        "precopy-auto",
+        2,
+        &[],
+        Isolation::default_for_tests(),
+        &["--compress"],
+    );
     let small_dir = scratch("precopy", "auto-small");
     let small = Sleepers::start(&small_dir, 1);
     // The human report.

@@ -89,6 +89,10 @@ pub struct UpArgs {
     /// `compress = false`; for measuring what compression saves).
     #[arg(long)]
     pub no_compress: bool,
+    /// Let migrations' streams between the nodes go LZ4-compressed where that pays (each
+    /// node's `compress = true`; off by default).
+    #[arg(long, conflicts_with = "no_compress")]
+    pub compress: bool,
     /// Each node's control socket mode (`control_mode`, octal: "0666" lets every local user
     /// use Ferry for their own processes) [default: 0600, root only].
     #[arg(long, value_name = "MODE")]
@@ -342,7 +346,11 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             web: None,
             balance: Default::default(),
             stream_stall_secs: a.stream_stall,
-            compress: a.no_compress.then_some(false),
+            compress: if a.compress {
+                Some(true)
+            } else {
+                a.no_compress.then_some(false)
+            },
             control_mode: a.control_mode.clone(),
             control_group: a.control_group.clone(),
             confine_guests: Some(a.confine_guests),
