@@ -389,11 +389,14 @@ fn restore_lazy(run: &mut Run, round: u32) -> Result<(), Failed> {
     let started = Instant::now();
     let stderr = |p: &Path| fs::read_to_string(p).unwrap_or_default();
     let pid = loop {
+        // Whether it has ended is asked before its output is read: one that printed its PID and
+        // ended between the two is not taken for one that ended without printing it.
+        let ended = child.try_wait();
         let text = fs::read_to_string(&out_path).unwrap_or_default();
         if let Some(line) = text.lines().next().filter(|_| text.ends_with('\n')) {
             break line.trim().parse::<i32>().ok();
         }
-        if let Ok(Some(st)) = child.try_wait() {
+        if let Ok(Some(st)) = ended {
             return Err(run.report(&format!(
                 "ferry restore --lazy (round {round}) ended ({st}) without a PID: {}",
                 stderr(&err_path)

@@ -317,7 +317,16 @@ fn source_lost_kills_the_copy() -> Result<(), Failed> {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let log = c.log("b");
+    // (b's daemon logs it once the page server's last word is in, a moment after the copy's
+    // death, or after 10 s without it.)
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let log = loop {
+        let log = c.log("b");
+        if log.contains("lazy-copy-killed") || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(
         log.contains("lazy-copy-killed"),
         "b did not log the copy's death: {log}"
