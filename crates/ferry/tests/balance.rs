@@ -164,7 +164,17 @@ fn an_overloaded_node_sheds_a_process_handed_over_and_it_stays_its_minimum_stay(
         "PID {moved} moved, handed: {handed:?}"
     );
     let arrived = Instant::now();
-    let a_log = log(&c, "a");
+    // The move is listed (ps) as soon as it commits; a's balancer logs it when its migration
+    // returns, a moment later.
+    let a_log = loop {
+        let a_log = log(&c, "a");
+        if a_log.iter().any(|d| d["action"] == "moved")
+            || arrived.elapsed() > Duration::from_secs(10)
+        {
+            break a_log;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let m = a_log
         .iter()
         .find(|d| d["action"] == "moved")
