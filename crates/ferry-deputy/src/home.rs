@@ -729,25 +729,30 @@ impl Deputies {
         Ok(())
     }
 
-    /// Reaps the children of stopped deputy `i` that have ended, by `wait4` calls injected
-    /// into it.
-    fn reap_children(&mut self, i: usize) -> Result<()> {
-        let (pid, at, scratch) = {
-            let d = &self.procs[i];
-            (d.pid, d.syscall_at, d.scratch)
-        };
+    /// An injector into stopped deputy `i` (its PID too), at its own syscall instruction and
+    /// scratch page.
+    fn injector(&self, i: usize) -> Result<(i32, Injector)> {
+        let d = &self.procs[i];
+        let pid = d.pid;
         let regs = ptrace::get_regs(pid).map_err(sys_err(pid, "read registers".into()))?;
         let inj = Injector::new(
             pid,
             pid,
             regs,
             Site {
-                syscall_at: at,
-                scratch,
+                syscall_at: d.syscall_at,
+                scratch: d.scratch,
                 scratch_len: PAGE,
             },
         )
         .map_err(inj_err(pid, "prepare"))?;
+        Ok((pid, inj))
+    }
+
+    /// Reaps the children of stopped deputy `i` that have ended, by `wait4` calls injected
+    /// into it.
+    fn reap_children(&mut self, i: usize) -> Result<()> {
+        let (pid, inj) = self.injector(i)?;
         let flags = (libc::WNOHANG | libc::__WALL) as u64;
         for _ in 0..4096 {
             let r = inj
@@ -763,22 +768,7 @@ impl Deputies {
     /// Gives signal `sig` its default action in stopped deputy `i` (a kernel_sigaction of
     /// zeros), and turns core files off (the body's node has the body's).
     fn default_action(&mut self, i: usize, sig: i32) -> Result<()> {
-        let (pid, at, scratch) = {
-            let d = &self.procs[i];
-            (d.pid, d.syscall_at, d.scratch)
-        };
-        let regs = ptrace::get_regs(pid).map_err(sys_err(pid, "read registers".into()))?;
-        let inj = Injector::new(
-            pid,
-            pid,
-            regs,
-            Site {
-                syscall_at: at,
-                scratch,
-                scratch_len: PAGE,
-            },
-        )
-        .map_err(inj_err(pid, "prepare"))?;
+        let (pid, inj) = self.injector(i)?;
         let sa = inj
             .write_scratch(0, &[0u8; 32])
             .map_err(inj_err(pid, "write a sigaction"))?;
