@@ -1599,19 +1599,23 @@ while True:
     time.sleep(0.2)
 "#;
 
-/// A job started from an interactive shell under a terminal Ferry did not make moves while it
-/// runs: its output still reaches that terminal, a line typed there reaches it, ^Z stops it
-/// (the shell says Stopped, status 148), `fg` resumes it, ^C ends it (status 130).
-fn shell_job_under_a_terminal() -> Result<(), Failed> {
-    let c = Cluster::up("terminal", 2);
-    let dir = scratch("migration", "terminal");
-    let job = dir.join("job.py");
-    std::fs::write(&job, TERMINAL_JOB).unwrap();
+/// Runs `driver` (a Python program holding a pty with an interactive bash, see
+/// `TERMINAL_DRIVER`) with job `job` in `dir`, moves the job (it writes `dir/pid`) from a to b,
+/// tells the driver (`dir/moved`), and returns how the driver ended (killed after `limit`).
+fn drive_terminal_job(
+    c: &Cluster,
+    dir: &Path,
+    driver: &str,
+    job: &str,
+    limit: Duration,
+) -> Result<std::process::ExitStatus, Failed> {
+    let job_path = dir.join("job.py");
+    std::fs::write(&job_path, job).unwrap();
     let mut driver = UnixServer(
         Command::new("python3")
-            .args(["-c", TERMINAL_DRIVER])
-            .arg(&dir)
-            .arg(&job)
+            .args(["-c", driver])
+            .arg(dir)
+            .arg(&job_path)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("driver.err")).unwrap())
@@ -1619,19 +1623,35 @@ fn shell_job_under_a_terminal() -> Result<(), Failed> {
             .unwrap(),
     );
     let pid = pid_from(&dir.join("pid"), "the job")?;
-    let moved = migrate(&c, "a", pid, "b");
+    let moved = migrate(c, "a", pid, "b");
     std::fs::write(dir.join("moved"), "").unwrap();
     moved.map_err(|e| format!("the job did not move: {e}"))?;
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let st = loop {
+    let deadline = Instant::now() + limit;
+    Ok(loop {
         if let Some(st) = driver.0.try_wait().unwrap() {
             break st;
         }
         if Instant::now() > deadline {
+            let _ = driver.0.kill();
             break driver.0.wait().unwrap();
         }
         std::thread::sleep(Duration::from_millis(50));
-    };
+    })
+}
+
+/// A job started from an interactive shell under a terminal Ferry did not make moves while it
+/// runs: its output still reaches that terminal, a line typed there reaches it, ^Z stops it
+/// (the shell says Stopped, status 148), `fg` resumes it, ^C ends it (status 130).
+fn shell_job_under_a_terminal() -> Result<(), Failed> {
+    let c = Cluster::up("terminal", 2);
+    let dir = scratch("migration", "terminal");
+    let st = drive_terminal_job(
+        &c,
+        &dir,
+        TERMINAL_DRIVER,
+        TERMINAL_JOB,
+        Duration::from_secs(90),
+    )?;
     if !st.success() {
         return Err(format!(
             "{}\nthe terminal showed:\n{}\n{}",
@@ -2143,34 +2163,7 @@ p.wait(10)
 fn raw_terminal_after_move() -> Result<(), Failed> {
     let c = Cluster::up("raw", 2);
     let dir = scratch("migration", "raw");
-    let job = dir.join("job.py");
-    std::fs::write(&job, RAW_JOB).unwrap();
-    let mut driver = UnixServer(
-        Command::new("python3")
-            .args(["-c", RAW_DRIVER])
-            .arg(&dir)
-            .arg(&job)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("driver.err")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let pid = pid_from(&dir.join("pid"), "the job")?;
-    let moved = migrate(&c, "a", pid, "b");
-    std::fs::write(dir.join("moved"), "").unwrap();
-    moved.map_err(|e| format!("the job did not move: {e}"))?;
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let st = loop {
-        if let Some(st) = driver.0.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = driver.0.kill();
-            break driver.0.wait().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let st = drive_terminal_job(&c, &dir, RAW_DRIVER, RAW_JOB, Duration::from_secs(40))?;
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
     assert!(
         st.success(),
