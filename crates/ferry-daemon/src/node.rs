@@ -822,11 +822,17 @@ async fn serve_cli(node: &Arc<Node>, mut s: UnixStream) -> Result<()> {
 
 /// Every node this node knows, itself first among equals (sorted by name).
 pub fn nodes(node: &Node) -> Vec<NodeInfo> {
+    // The published load lags by up to a sample; whether this node takes guests is known now
+    // (a `ferry accept no` shows at once).
+    let mut own = node.membership.own_load();
+    if let Some(l) = own.as_mut() {
+        l.accepting = node.accepting.load(std::sync::atomic::Ordering::Relaxed);
+    }
     let mut v = vec![NodeInfo {
         name: node.name().to_string(),
         addr: node.config.listen.to_string(),
         state: "self".into(),
-        load: node.membership.own_load(),
+        load: own,
     }];
     for m in node.membership.members() {
         v.push(NodeInfo {

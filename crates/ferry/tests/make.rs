@@ -1,7 +1,8 @@
 //! `ferry make` on a real local cluster of separate nodes (a, b, c; b and c with their own host
 //! names, PIDs and network, one shared tree): a small multi-file C program built with its
 //! recipes run on b and c comes out right; a failing recipe fails make as it would locally, and
-//! `-k` goes on with the rest; recipes printing many long lines at once never mix them; and a
+//! `-k` goes on with the rest; recipes printing many long lines at once never mix them, on
+//! their nodes or when they all fall back to running here; and a
 //! recipe whose node is killed while it runs is run again on the other node, the build carrying
 //! on to success. The first three share one cluster; the last kills a node of its own cluster.
 
@@ -59,6 +60,15 @@ fn main() {
             node_leaves(how)
         }));
     }
+    trials.push(Trial::test(
+        "output_lines_stay_whole_when_recipes_run_here",
+        || {
+            if args_listing() {
+                return Ok(());
+            }
+            output_lines_here()
+        },
+    ));
     let conclusion = libtest_mimic::run(&args, trials);
     drop(cluster);
     conclusion.exit();
@@ -220,20 +230,53 @@ fn failing_recipe(c: &Cluster) -> Result<(), Failed> {
 
 fn output_lines(c: &Cluster) -> Result<(), Failed> {
     let dir = project("lines");
-    // Eight recipes at once, each 300 lines of ~200 bytes, written by awk in blocks of 4 KiB
-    // that cut lines anywhere.
+    let zeros = lines_makefile(&dir);
+    let o = ferry_make(c, &dir, &["-j", "8"]);
+    lines_stayed_whole(&o, &zeros)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The same with no node taking guests: every recipe falls back to running here, beside the
+/// others.
+fn output_lines_here() -> Result<(), Failed> {
+    let c = Cluster::up_isolated("make-here", 1, Isolation::Separate);
+    let o = c.run("a", &["accept", "no"]);
+    check(o.status.success(), || {
+        format!("accept no: {}", describe(&o))
+    })?;
+    let dir = project("lines-here");
+    let zeros = lines_makefile(&dir);
+    let o = ferry_make(&c, &dir, &["-j", "8"]);
+    check(
+        String::from_utf8_lossy(&o.stderr).contains("recipes run here"),
+        || format!("the recipes did not fall back to here: {}", describe(&o)),
+    )?;
+    lines_stayed_whole(&o, &zeros)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// A Makefile of eight recipes at once, each 2000 lines of ~200 bytes (400 KB, several times a
+/// pipe's capacity: every recipe's output goes out in many partial writes), written by awk in
+/// blocks of 4 KiB that cut lines anywhere. Returns the lines' filler.
+fn lines_makefile(dir: &Path) -> String {
     let zeros = "0".repeat(180);
     let mut mk = String::from("all: r1 r2 r3 r4 r5 r6 r7 r8\n");
     for r in 1..=8 {
         mk.push_str(&format!(
-            "r{r}:\n\t@awk 'BEGIN {{ for (i = 1; i <= 300; i++) \
+            "r{r}:\n\t@awk 'BEGIN {{ for (i = 1; i <= 2000; i++) \
              printf \"recipe {r} line %d {zeros} end\\n\", i }}'\n"
         ));
     }
     std::fs::write(dir.join("Makefile"), mk).unwrap();
-    let o = ferry_make(c, &dir, &["-j", "8"]);
+    zeros
+}
+
+/// Every line of `o` whole, and all 16000 there.
+fn lines_stayed_whole(o: &Output, zeros: &str) -> Result<(), Failed> {
     check(o.status.success(), || {
-        format!("ferry make: {}", describe(&o))
+        format!("ferry make: {}", describe(o))
     })?;
     let out = String::from_utf8_lossy(&o.stdout);
     let mut seen = std::collections::HashSet::new();
@@ -243,17 +286,15 @@ fn output_lines(c: &Cluster) -> Result<(), Failed> {
             && w.next().and_then(|r| r.parse::<u32>().ok()).is_some()
             && w.next() == Some("line")
             && w.next().and_then(|r| r.parse::<u32>().ok()).is_some()
-            && w.next() == Some(zeros.as_str())
+            && w.next() == Some(zeros)
             && w.next() == Some("end")
             && w.next().is_none();
         check(ok, || format!("a broken line: {l:?}"))?;
         seen.insert(l.to_string());
     }
-    check(seen.len() == 8 * 300, || {
-        format!("{} distinct lines, not 2400", seen.len())
-    })?;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
+    check(seen.len() == 8 * 2000, || {
+        format!("{} distinct lines, not 16000", seen.len())
+    })
 }
 
 #[derive(Clone, Copy, PartialEq)]

@@ -15,8 +15,10 @@
 //!   start on another node; after [`MAX_ATTEMPTS`] nodes, or with no node left, it runs here.
 //!   Only a recipe's own end (an exit status from its node) is final.
 //! - **Here**: a recipe make marks as recursive (it runs `$(MAKE)`: make passes it the
-//!   jobserver's descriptors) runs here, with the real shell: the sub-make needs the jobserver
-//!   and dispatches its own recipes. So does everything when no pool is set.
+//!   jobserver's descriptors) runs here, with the real shell in our place: the sub-make needs
+//!   the jobserver and dispatches its own recipes. So does everything when no pool is set. A
+//!   recipe that falls back to here (no node left, or none reachable) runs as our child, its
+//!   output collected like a remote one's.
 
 use super::run;
 use anyhow::{anyhow, bail, Context, Result};
@@ -56,12 +58,89 @@ pub fn main(args: Vec<OsString>) -> ! {
     }
     match dispatch(&shell, &rest, pool.as_deref().map(std::path::Path::new)) {
         Ok(Some(ending)) => finish(ending),
-        Ok(None) => exec_here(&shell, &rest),
+        Ok(None) => finish(run_here(&shell, &rest)),
         Err(e) => {
             eprintln!("ferry make: {e:#}; running the recipe here");
-            exec_here(&shell, &rest)
+            finish(run_here(&shell, &rest))
         }
     }
+}
+
+/// The recipe run here as a child, its output collected and written out as a remote one's:
+/// other recipes run beside it and theirs goes out whole, so must its own (a shell exec'd in
+/// our place would write into the middle of their lines).
+fn run_here(shell: &std::ffi::OsStr, rest: &[OsString]) -> Ending {
+    match run_here_collected(shell, rest) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("ferry make: {e:#}");
+            Ending::Code(127)
+        }
+    }
+}
+
+fn run_here_collected(shell: &std::ffi::OsStr, rest: &[OsString]) -> Result<Ending> {
+    use std::os::fd::OwnedFd;
+    use std::os::unix::process::ExitStatusExt;
+    let signals = Signals::block()?;
+    // std resets the child's signal mask: the recipe starts with the signals unblocked.
+    let mut child = std::process::Command::new(shell)
+        .args(rest)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {}", std::path::Path::new(shell).display()))?;
+    let pid = child.id() as i32;
+    let exited = ferry_sys::pidfd::pidfd_open(pid)
+        .map_err(|e| anyhow!("open a pidfd for the recipe's shell {pid}: {e}"))?;
+    let mut pipes: [Option<OwnedFd>; 2] = [
+        child.stdout.take().map(OwnedFd::from),
+        child.stderr.take().map(OwnedFd::from),
+    ];
+    let mut out = Output::default();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut gone = false;
+    while pipes.iter().any(Option::is_some) {
+        let raw = |p: &Option<OwnedFd>| p.as_ref().map_or(-1, |f| f.as_raw_fd());
+        // Once the shell is gone, only what is already in the pipes is taken: a background
+        // job it left holding them must not hold the recipe open (make waits for the shell
+        // alone).
+        let fds = [
+            raw(&pipes[0]),
+            raw(&pipes[1]),
+            signals.fd.as_raw_fd(),
+            if gone { -1 } else { exited.as_raw_fd() },
+        ];
+        let ready = ferry_sys::ns::poll_events(&fds, if gone { 0 } else { -1 })
+            .context("wait for the recipe's output")?;
+        if gone && ready[..2].iter().all(|r| *r == 0) {
+            break;
+        }
+        for (i, pipe) in pipes.iter_mut().enumerate() {
+            let Some(fd) = pipe.as_ref().filter(|_| ready[i] != 0) else {
+                continue;
+            };
+            match ferry_sys::fdops::read_fd(fd.as_raw_fd(), &mut buf) {
+                Ok(0) | Err(_) => *pipe = None,
+                Ok(n) => out.add(i as u8 + 1, &buf[..n]),
+            }
+        }
+        if ready[2] != 0 {
+            if let Some(sig) = signals.caught() {
+                let _ = ferry_sys::ptrace::kill(pid, sig);
+            }
+        }
+        gone |= ready[3] != 0;
+    }
+    let status = child
+        .wait()
+        .with_context(|| format!("wait for the recipe's shell {pid}"))?;
+    out.write_out();
+    Ok(match (status.signal(), status.code()) {
+        (Some(s), _) => Ending::Signal(s),
+        (None, Some(c)) => Ending::Code(c),
+        (None, None) => Ending::Code(run::EXIT_FERRY_FAILED),
+    })
 }
 
 /// The recipe, with the real shell, in this process's place.
@@ -255,21 +334,39 @@ fn write_fd(fd: usize, data: &[u8]) {
         return;
     }
     // Other recipes' shells write to the same stdout: a write into a full pipe can be cut short
-    // and finished after theirs, so the whole of ours goes under an exclusive lock of the file
-    // (flock; best effort: a descriptor that cannot be locked is written as it is).
-    let locked = ferry_sys::fdops::flock(fd as i32, libc::LOCK_EX).is_ok();
+    // and finished after theirs, so the whole of ours goes under an exclusive lock of the file.
+    // Not of our descriptor: every shell make starts shares its open file description, and a
+    // flock belongs to the description, so each would hold it at once. The file is opened
+    // anew through /proc for a description of our own (best effort: a descriptor that cannot
+    // be reopened, such as a socket, is written unlocked).
+    let lock = own_description(fd as i32)
+        .filter(|l| ferry_sys::fdops::flock(l.as_raw_fd(), libc::LOCK_EX).is_ok());
     let r = if fd == 1 {
         let mut o = std::io::stdout().lock();
         o.write_all(data).and_then(|_| o.flush())
     } else {
         std::io::stderr().lock().write_all(data)
     };
-    if locked {
-        let _ = ferry_sys::fdops::flock(fd as i32, libc::LOCK_UN);
-    }
+    drop(lock);
     if let Err(e) = r {
         log::debug!("writing the recipe's output to fd {fd}: {e}");
     }
+}
+
+/// A new open file description of what `fd` refers to (read-only and non-blocking, so that
+/// opening a pipe neither waits nor needs its other end; never becoming a controlling tty).
+fn own_description(fd: i32) -> Option<std::os::fd::OwnedFd> {
+    let path = format!("/proc/self/fd/{fd}");
+    [libc::O_RDONLY, libc::O_WRONLY]
+        .into_iter()
+        .find_map(|mode| {
+            ferry_sys::fdops::open_path(
+                &path,
+                mode | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+                0,
+            )
+            .ok()
+        })
 }
 
 /// One run of the recipe on `node`.
