@@ -21,6 +21,7 @@ mod load;
 mod make;
 mod migrate;
 mod remote_exec;
+mod sprite;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -50,6 +51,9 @@ enum Command {
     /// `wait` sees the death, and the body's exit until the parent's `wait` sees it, against
     /// the same for a child that never moved.
     Deputy(deputy::Args),
+    /// Sprite's Table 7.3 and MOSIX's Table 5.1: file calls and workloads (a compile, text
+    /// formatting, a 1 MiB copy over TCP, fork + wait, gettimeofday) at home and moved.
+    Sprite(sprite::Args),
     /// Lazy restore (copy-on-reference, `ferry restore --lazy`) against an ordinary one, for
     /// processes reserving 1 MiB to 8 GiB and touching 64 MiB or all of it: time until the
     /// tree runs, until the image is no longer needed, and a fault's cost.
@@ -100,6 +104,7 @@ fn main() {
         Command::RemoteExec(a) => remote_exec::run(a),
         Command::Make(a) => make::run(a),
         Command::Deputy(a) => deputy::run(a),
+        Command::Sprite(a) => sprite::run(a),
         Command::Hosts(a) => hosts::run(a),
         Command::Balance(a) => balance::run(a),
         Command::Load(a) => load::run(a),
