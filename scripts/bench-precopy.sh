@@ -14,7 +14,7 @@ MODES=${MODES:-"eager precopy"}
 DIR=$(mktemp -d /tmp/ferry-bench-precopy.XXXXXX)
 gcc -O2 -o "$DIR/dirtier" tests/victims/dirtier.c
 export FERRY_CLUSTER_DIR=$DIR/cluster
-"$FERRY" cluster up --nodes 2 --isolation shared --first-addr 127.0.0.71 --port 7394 >/dev/null
+"$FERRY" cluster up --nodes 2 --isolation shared --first-addr 127.0.0.71 --port 7394 --no-confine-guests >/dev/null
 VICTIM=
 cleanup() {
     [ -n "$VICTIM" ] && kill -9 "$VICTIM" 2>/dev/null || true

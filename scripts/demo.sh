@@ -4,8 +4,8 @@
 # /tmp, /run and PIDs of their own, on a bridge of the cluster's), and all three share the demo's
 # directory, as machines share a network file system. It starts a small program that counts,
 # and moves it live from node a to b, to c and home to a, while you watch its output carry on:
-# same PID in its own eyes, same count, never a gap it could notice; only the host name it sees
-# changes, with the node it runs on.
+# same PID in its own eyes, same count, never a gap it could notice; even the host name it sees
+# stays its home's. Away from home it sees only the shared directory and the system's files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -57,7 +57,9 @@ echo "--- ferry cluster up --nodes 3 --shared $work"
 echo "--- ferry nodes"
 "$ferry" nodes
 
-setsid "$work/counter" >"$work/out" 2>&1 </dev/null &
+# Started in the shared tree: away from home, a guest sees only that and the system's files.
+cd "$work"
+setsid ./counter >"$work/out" 2>&1 </dev/null &
 pid=$!
 disown "$pid"   # it will be killed where it stood after each move: no job-control noise
 sleep 1.5

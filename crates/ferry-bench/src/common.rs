@@ -346,6 +346,8 @@ impl Cluster {
         };
         let o = Command::new(ferry)
             .args(["cluster", "up"])
+            // The benchmarks' programs run from temporary directories outside any shared tree.
+            .args((!args.contains(&"--confine-guests")).then_some("--no-confine-guests"))
             .args(args)
             .arg("--dir")
             .arg(&c.dir)

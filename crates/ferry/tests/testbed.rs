@@ -398,6 +398,15 @@ fn a_killed_tests_cluster_is_stopped_by_the_next() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
+    // Guests are confined unless the cluster was told otherwise.
+    for node in ["a", "b"] {
+        let cfg = std::fs::read_to_string(dir.join(node).join("ferry.toml")).unwrap();
+        assert!(
+            cfg.lines()
+                .any(|l| l.replace(' ', "") == "confine_guests=true"),
+            "node {node}'s config does not confine guests:\n{cfg}"
+        );
+    }
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).unwrap()).unwrap();
     let bridge = format!("/sys/class/net/ferry{}/ifindex", state["net"]["slot"]);

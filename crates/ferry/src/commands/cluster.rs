@@ -100,12 +100,17 @@ pub struct UpArgs {
     /// Each node's control socket group (`control_group`: a name or a number).
     #[arg(long, value_name = "GROUP")]
     pub control_group: Option<String>,
-    /// Confine guests (each node's `confine_guests`): a tree away from its home sees only the
-    /// system's files, read-only, and the shared tree of the node it runs on. Off by default
-    /// on a local cluster, whose programs usually run from directories outside the shared
-    /// tree (a real node's default is on).
-    #[arg(long)]
+    /// Confine guests (each node's `confine_guests`), the default: a tree away from its home
+    /// sees only the system's files, read-only, and the shared tree of the node it runs on, so
+    /// a tree whose working directory lies outside the shared tree stays home (its move is
+    /// refused, naming the directory).
+    #[arg(long, conflicts_with = "no_confine_guests")]
     pub confine_guests: bool,
+    /// Let guests see their node's whole file system (each node's `confine_guests = false`):
+    /// for programs run from directories outside the shared tree, on a machine whose users
+    /// all trust each other.
+    #[arg(long)]
+    pub no_confine_guests: bool,
     /// Seconds a node must stay declared down, and silent, before the others act on its death
     /// (each node's `dead_after_secs`) [default: 6].
     #[arg(long, value_name = "SECS")]
@@ -353,7 +358,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             },
             control_mode: a.control_mode.clone(),
             control_group: a.control_group.clone(),
-            confine_guests: Some(a.confine_guests),
+            confine_guests: Some(!a.no_confine_guests),
             dead_after_secs: a.dead_after,
             checkpoint_every_secs: a.checkpoint_every,
             credentials: ca.issue_node_files(name, &certs)?,

@@ -111,6 +111,9 @@ impl Cluster {
             .arg(&dir)
             .arg("--shared")
             .arg(Self::shared_tree())
+            // The programs under test run from the repository, outside the shared tree: only a
+            // test that asks for it has its guests confined.
+            .args((!extra.contains(&"--confine-guests")).then_some("--no-confine-guests"))
             .args(extra)
             .output()
             .unwrap();
