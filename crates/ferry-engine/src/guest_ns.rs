@@ -220,8 +220,38 @@ impl GuestNamespaces {
     }
 
     /// Hands the seccomp listeners of the tree rebuilt here (`RestoredTree::take_listeners`)
-    /// to the init, which answers them from then on.
-    pub fn hand_listeners(&self, listeners: Vec<OwnedFd>) -> Result<()> {
+    /// to the init, which answers them from then on, with the names of the tree's relayed
+    /// sockets (`RestoredTree::relayed_names`), sent first.
+    ///
+    /// The hold socket is a stream: each message is a letter, `L` (listeners, in its
+    /// SCM_RIGHTS) or `N` followed by the length of the text that follows (decimal, then a
+    /// newline) and that text
+    /// ([`crate::resources::sockets::RelayedNames::encode`]).
+    pub fn hand_listeners(
+        &self,
+        listeners: Vec<OwnedFd>,
+        names: &[crate::resources::sockets::RelayedNames],
+    ) -> Result<()> {
+        if !names.is_empty() {
+            let text = crate::resources::sockets::RelayedNames::encode(names);
+            let msg = format!("N{}\n{text}", text.len());
+            let mut at = 0;
+            while at < msg.len() {
+                at += ferry_sys::sockets::send(
+                    self.hold.as_raw_fd(),
+                    &msg.as_bytes()[at..],
+                    None,
+                    &[],
+                    0,
+                )
+                .ctx(self.init, || {
+                    format!(
+                        "hand the names of {} relayed socket(s) to the guest init",
+                        names.len()
+                    )
+                })?;
+            }
+        }
         for chunk in listeners.chunks(200) {
             let raw: Vec<i32> = chunk.iter().map(|f| f.as_raw_fd()).collect();
             ferry_sys::sockets::send(self.hold.as_raw_fd(), b"L", None, &raw, 0)

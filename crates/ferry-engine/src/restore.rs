@@ -416,6 +416,8 @@ pub struct RestoredTree {
     done: bool,
     /// The listeners of Ferry's filter, one per process (`RestoreOptions::supervised`).
     listeners: Vec<std::os::fd::OwnedFd>,
+    /// The relayed sockets' names at home, for the supervisor (`RestoreOptions::supervised`).
+    relayed_names: Vec<crate::resources::sockets::RelayedNames>,
     _tracer_thread: std::marker::PhantomData<*const ()>,
 }
 
@@ -424,6 +426,12 @@ impl RestoredTree {
     /// answers them must live as long as the tree (the guest init does).
     pub fn take_listeners(&mut self) -> Vec<std::os::fd::OwnedFd> {
         std::mem::take(&mut self.listeners)
+    }
+
+    /// The names each relayed socket had at home, by the inode of the socket the tree holds
+    /// now: the supervisor answers getsockname and getpeername of those with them.
+    pub fn relayed_names(&self) -> &[crate::resources::sockets::RelayedNames] {
+        &self.relayed_names
     }
 
     /// What was rebuilt (the timings so far; `finish_ms` is completed by `resume`).
@@ -617,6 +625,12 @@ pub fn restore_with<R: Read>(
     let descs = files::open_descriptions(tree, &objects, opts.guest);
     let deferred = Deferred::take();
     let (descs, relay_ends) = descs?;
+    // What the supervisor answers for the relayed sockets (`seccomp::NAMES`).
+    let relayed_names = if opts.supervised {
+        crate::resources::sockets::relayed_names(tree, &descs)?
+    } else {
+        Vec::new()
+    };
     let spare_fd = tree
         .processes
         .iter()
@@ -639,6 +653,7 @@ pub fn restore_with<R: Read>(
 
     let mut husks: Vec<Husk> = Vec::new();
     let mut live = Vec::new();
+    let relayed_files = crate::resources::sockets::relayed_files(tree);
     let mut cx = BuildContext {
         img,
         buf: &mut buf,
@@ -654,6 +669,7 @@ pub fn restore_with<R: Read>(
         adopt: opts.adopt,
         listeners: Vec::new(),
         pages: opts.pages,
+        relayed_files,
     };
     let mut exiting_leaders = Vec::new();
     match build(&mut cx, &mut husks, &mut live, &mut exiting_leaders, t0) {
@@ -671,6 +687,7 @@ pub fn restore_with<R: Read>(
                 relay_ends,
                 done: false,
                 listeners: std::mem::take(&mut cx.listeners),
+                relayed_names,
                 _tracer_thread: std::marker::PhantomData,
             })
         }
@@ -702,6 +719,9 @@ struct BuildContext<'a, R: Read> {
     adopt: &'a [i32],
     listeners: Vec<std::os::fd::OwnedFd>,
     pages: Option<&'a dyn InheritedPages>,
+    /// The file ids of the relayed sockets: a process that holds one has its getsockname and
+    /// getpeername answered by the supervisor.
+    relayed_files: HashSet<u32>,
 }
 
 fn build<R: Read>(
@@ -884,8 +904,13 @@ fn build<R: Read>(
     // 4. The last injected calls: pending signals, credentials, then the trampoline goes.
     for ((p, h), (_, tids)) in live.iter().zip(live_tids.iter()) {
         if cx.supervised {
-            // Still root, every thread there, before its own filters.
-            cx.listeners.push(seccomp::install_forwarding(p, h)?);
+            // Still root, every thread there, before its own filters. A process that holds a
+            // relayed socket (or shares the table of one that does) has its names answered.
+            let holds = |q: &Process| q.fds.iter().any(|f| cx.relayed_files.contains(&f.file));
+            let names = holds(p)
+                || (p.files_shared_with_parent
+                    && live.iter().any(|(q, _)| q.pid == p.ppid && holds(q)));
+            cx.listeners.push(seccomp::install_forwarding(p, h, names)?);
         }
         signals::restore_pending(h, p, &thread_injectors)?;
         if p.files_shared_with_parent {

@@ -1340,10 +1340,66 @@ fn relayed_pipe_reader_gone() -> Result<(), Failed> {
     Ok(())
 }
 
+/// What getsockname(2) and getpeername(2) answer for a connection, called through libc as a C
+/// program calls them, and read whole: with room for any address, with room for 4 bytes
+/// (truncated, the length still the whole name's), with none, through a second descriptor
+/// of the socket (dup), and with a negative length (EINVAL). A moved end of a relayed
+/// connection must answer exactly as it did at home, though its socket is another one.
+/// (Put before `STREAM_SERVER` and `STREAM_CLIENT`.)
+const SOCKET_NAMES: &str = r#"
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def raw_name(fd, peer, room=128, length=None):
+    buf = ctypes.create_string_buffer(b'\xaa' * (room + 8), room + 8)
+    n = ctypes.c_int(room if length is None else length)
+    f = libc.getpeername if peer else libc.getsockname
+    if f(fd, buf, ctypes.byref(n)) != 0:
+        return ('error', ctypes.get_errno())
+    return (n.value, buf.raw)
+def bad_name(fd, peer, bad_len):
+    # A buffer at an unmapped address, or no length at all: EFAULT.
+    n = ctypes.c_int(16)
+    f = libc.getpeername if peer else libc.getsockname
+    r = f(fd, None if bad_len else ctypes.c_void_p(8), None if bad_len else ctypes.byref(n))
+    return (r, ctypes.get_errno() if r else None, n.value)
+def names(s):
+    fd = s.fileno()
+    other = os.dup(fd)
+    try:
+        return [raw_name(fd, p, room, length) for p in (False, True)
+                for (room, length) in ((128, None), (4, None), (0, None), (8, -1))] + \
+            [raw_name(other, False), raw_name(other, True)] + \
+            [bad_name(fd, p, b) for p in (False, True) for b in (False, True)]
+    finally:
+        os.close(other)
+def same_names(s, before, who):
+    after = names(s)
+    def show(l):
+        out = []
+        for x in l:
+            if isinstance(x[1], bytes):
+                b = x[1]
+                while b.endswith(b'\xaa'):
+                    b = b[:-1]
+                x = (x[0], b.hex())
+            out.append(x)
+        return out
+    assert after == before, '%s: socket names changed (length, bytes written before the 0xaa fill)\nbefore %r\nafter  %r' % (who, show(before), show(after))
+    # A socket of its own answers for itself (the filter lets the kernel answer).
+    a, b = socket.socketpair()
+    assert a.getsockname() == '' and raw_name(a.fileno(), True)[0] == 2
+    l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    l.bind(('127.0.0.1', 0))
+    assert l.getsockname()[1] != 0
+    for x in (a, b, l):
+        x.close()
+"#;
+
 /// A server and its client, connected by a UNIX stream socket (`unix`) or over TCP on the
 /// loopback (`tcp`: the port is written to `srv.port`); one of them moves. With `once`, the
 /// server closes its listener once it has accepted (a moved listener would listen on the body's
-/// node).
+/// node). Each checks that its connection's names (`SOCKET_NAMES`) are the same at the end as
+/// at the start (`srv.named`, `client.named`: read before any move).
 const STREAM_SERVER: &str = r#"
 import os, sys, socket
 d, kind = sys.argv[1], sys.argv[2]
@@ -1359,6 +1415,8 @@ open(d + '/pid.srv.tmp', 'w').write(str(os.getpid()))
 os.rename(d + '/pid.srv.tmp', d + '/pid.srv')
 open(d + '/srv.ready', 'w').close()
 c, peer = srv.accept()
+before = names(c)
+open(d + '/srv.named', 'w').close()
 if len(sys.argv) > 3:
     srv.close()
 if kind == 'tcp':
@@ -1375,6 +1433,7 @@ if kind == 'tcp':
     assert c.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == socket.IPPROTO_TCP
     assert c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
+same_names(c, before, 'server')
 c.sendall(b'bye after %d\n' % n)
 c.close()
 open(d + '/srv.done', 'w').write(str(n))
@@ -1389,6 +1448,8 @@ if kind == 'unix':
 else:
     c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     c.connect(('127.0.0.1', int(open(d + '/srv.port').read())))
+before = names(c)
+open(d + '/client.named', 'w').close()
 open(d + '/pid.tmp', 'w').write(str(os.getpid()))
 os.rename(d + '/pid.tmp', d + '/pid')
 f = c.makefile('rb', buffering=0)
@@ -1396,8 +1457,12 @@ for i in range(1, 61):
     c.sendall(b'ping %d\n' % i)
     assert f.readline() == b'pong %d\n' % i
     time.sleep(0.05)
+same_names(c, before, 'client')
 c.shutdown(socket.SHUT_WR)
 rest = f.read()
+if kind == 'tcp':
+    # Closed both ways (TIME_WAIT): no peer any more, moved or not.
+    assert raw_name(c.fileno(), True) == ('error', 107), raw_name(c.fileno(), True)
 open(d + '/client.done', 'w').write(rest.decode())
 "#;
 
@@ -1427,7 +1492,10 @@ fn stream_peer_moves(kind: &str, who: &str) -> Result<(), Failed> {
     let c = Cluster::up(&tag, 2);
     let dir = scratch("migration", &tag);
     let mut srv_cmd = Command::new("python3");
-    srv_cmd.args(["-c", STREAM_SERVER]).arg(&dir).arg(kind);
+    srv_cmd
+        .args(["-c", &format!("{SOCKET_NAMES}\n{STREAM_SERVER}")])
+        .arg(&dir)
+        .arg(kind);
     if who == "server" {
         srv_cmd.arg("once");
     }
@@ -1448,7 +1516,7 @@ fn stream_peer_moves(kind: &str, who: &str) -> Result<(), Failed> {
     }
     let mut client = UnixServer(
         Command::new("python3")
-            .args(["-c", STREAM_CLIENT])
+            .args(["-c", &format!("{SOCKET_NAMES}\n{STREAM_CLIENT}")])
             .arg(&dir)
             .arg(kind)
             .stdin(Stdio::null())
@@ -1463,6 +1531,18 @@ fn stream_peer_moves(kind: &str, who: &str) -> Result<(), Failed> {
     } else {
         pid
     };
+    // The mover has read its names as they are at home.
+    let named = dir.join(if who == "server" {
+        "srv.named"
+    } else {
+        "client.named"
+    });
+    while !named.exists() {
+        if Instant::now() > deadline + Duration::from_secs(10) {
+            return Err(format!("the {who} did not read its socket's names").into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     std::thread::sleep(Duration::from_millis(300));
     migrate(&c, "a", pid, "b").map_err(|e| format!("the {who} did not move: {e}"))?;
     let err = || {

@@ -13,7 +13,8 @@
 //! - **Ferry's own filter** ([`install_forwarding`]): a body (a process whose home is another
 //!   node) gets, before its own filters and while it is still root, a filter that hands the
 //!   location-dependent calls of [`FORWARDED`] to a supervisor (its guest init), and lets every
-//!   other call through in the kernel (SECCOMP_RET_ALLOW, never notified). It is the oldest
+//!   other call through in the kernel (SECCOMP_RET_ALLOW, never notified). A process that
+//!   holds a relayed socket gets the variant that hands over [`NAMES`] too. It is the oldest
 //!   filter, so the process's own filters still decide first (an ERRNO or KILL of theirs
 //!   outranks USER_NOTIF). The capture recognizes it by its exact program and leaves it out of
 //!   the image: a tree moved on, or home, is rebuilt without it (and gets a fresh one where it
@@ -80,10 +81,9 @@ pub fn capture(pid: i32, tids: &[i32], p: &mut Process) -> Result<()> {
         }
     }
     // Ferry's own filter (the oldest) is no part of the process: it is not recorded.
-    if first
-        .first()
-        .is_some_and(|f| f.program == forwarding_program())
-    {
+    if first.first().is_some_and(|f| {
+        f.program == forwarding_program(false) || f.program == forwarding_program(true)
+    }) {
         first.remove(0);
     }
     for f in &first {
@@ -208,6 +208,14 @@ pub const FORWARDED: [(u32, &str); 4] = [
     (libc::SYS_getsid as u32, "getsid"),
 ];
 
+/// Handed to the supervisor too, but only by the filter of a process that holds a relayed
+/// socket (`SocketDesc::relayed`): the supervisor answers them with the original's names for
+/// that socket and lets them run in the kernel for any other.
+pub const NAMES: [(u32, &str); 2] = [
+    (libc::SYS_getsockname as u32, "getsockname"),
+    (libc::SYS_getpeername as u32, "getpeername"),
+];
+
 const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
 const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
 /// BPF_LD | BPF_W | BPF_ABS
@@ -226,17 +234,23 @@ fn insn(code: u16, jt: u8, jf: u8, k: u32) -> [u8; 8] {
     b
 }
 
-/// Ferry's filter: the calls of [`FORWARDED`] (native x86_64 ones) go to the supervisor,
-/// everything else is allowed in the kernel. Always the same bytes, so that a capture knows it.
-pub fn forwarding_program() -> Vec<u8> {
-    let n = FORWARDED.len() as u8;
+/// Ferry's filter: the calls of [`FORWARDED`] (native x86_64 ones), and with `names` those of
+/// [`NAMES`], go to the supervisor; everything else is allowed in the kernel. Always the same
+/// bytes for the same `names`, so that a capture knows it.
+pub fn forwarding_program(names: bool) -> Vec<u8> {
+    let calls: Vec<u32> = FORWARDED
+        .iter()
+        .chain(NAMES.iter().filter(|_| names))
+        .map(|(nr, _)| *nr)
+        .collect();
+    let n = calls.len() as u8;
     let mut prog = Vec::new();
     // struct seccomp_data: nr at 0, arch at 4.
     prog.extend(insn(BPF_LD_W_ABS, 0, 0, 4));
     // Another ABI (i386, whose numbers differ): allowed, at the end.
     prog.extend(insn(BPF_JEQ_K, 0, n + 1, AUDIT_ARCH_X86_64));
     prog.extend(insn(BPF_LD_W_ABS, 0, 0, 0));
-    for (i, (nr, _)) in FORWARDED.iter().enumerate() {
+    for (i, nr) in calls.iter().enumerate() {
         // A match jumps over the remaining tests and the ALLOW to the USER_NOTIF.
         prog.extend(insn(BPF_JEQ_K, n - i as u8, 0, *nr));
     }
@@ -248,10 +262,15 @@ pub fn forwarding_program() -> Vec<u8> {
 /// Installs Ferry's filter in the rebuilt, stopped process `p` (`h` here), on every thread,
 /// and returns its listener (taken out of the process, whose descriptor table keeps no trace
 /// of it). Done before the process's credentials are restored: as root it needs no
-/// no_new_privs, which would change what its own execs may do.
-pub fn install_forwarding(p: &Process, h: &crate::husk::Husk) -> Result<std::os::fd::OwnedFd> {
+/// no_new_privs, which would change what its own execs may do. With `names` (the process
+/// holds a relayed socket) its getsockname and getpeername go to the supervisor too.
+pub fn install_forwarding(
+    p: &Process,
+    h: &crate::husk::Husk,
+    names: bool,
+) -> Result<std::os::fd::OwnedFd> {
     let inj = h.injector();
-    let prog = forwarding_program();
+    let prog = forwarding_program(names);
     let mut head = [0u8; 16];
     head[0..2].copy_from_slice(&((prog.len() / 8) as u16).to_ne_bytes());
     let fail = |what: String| Error::Restore { pid: p.pid, what };
@@ -290,17 +309,26 @@ pub fn install_forwarding(p: &Process, h: &crate::husk::Husk) -> Result<std::os:
 mod tests {
     #[test]
     fn the_forwarding_program_ends_in_allow_then_notify() {
-        let prog = super::forwarding_program();
-        assert_eq!(prog.len() % 8, 0);
-        let n = prog.len() / 8;
-        let k = |i: usize| u32::from_ne_bytes(prog[i * 8 + 4..i * 8 + 8].try_into().unwrap());
-        assert_eq!(k(n - 2), super::SECCOMP_RET_ALLOW);
-        assert_eq!(k(n - 1), super::SECCOMP_RET_USER_NOTIF);
-        // Each call's jump lands on the USER_NOTIF; the arch test's miss on the ALLOW.
-        for i in 0..super::FORWARDED.len() {
-            let at = 3 + i;
-            assert_eq!(at + 1 + prog[at * 8 + 2] as usize, n - 1);
+        for names in [false, true] {
+            let prog = super::forwarding_program(names);
+            assert_eq!(prog.len() % 8, 0);
+            let n = prog.len() / 8;
+            let k = |i: usize| u32::from_ne_bytes(prog[i * 8 + 4..i * 8 + 8].try_into().unwrap());
+            assert_eq!(k(n - 2), super::SECCOMP_RET_ALLOW);
+            assert_eq!(k(n - 1), super::SECCOMP_RET_USER_NOTIF);
+            // Each call's jump lands on the USER_NOTIF; the arch test's miss on the ALLOW.
+            let calls = super::FORWARDED.len() + if names { super::NAMES.len() } else { 0 };
+            assert_eq!(n, 3 + calls + 2);
+            for i in 0..calls {
+                let at = 3 + i;
+                assert_eq!(at + 1 + prog[at * 8 + 2] as usize, n - 1);
+            }
+            assert_eq!(2 + prog[8 + 3] as usize, n - 2);
+            // The names' numbers are tested only with `names`.
+            let tested: Vec<u32> = (3..3 + calls).map(k).collect();
+            for (nr, _) in super::NAMES {
+                assert_eq!(tested.contains(&nr), names);
+            }
         }
-        assert_eq!(2 + prog[8 + 3] as usize, n - 2);
     }
 }

@@ -11,7 +11,8 @@
 //! In a body's namespaces (`--home`), it is also the supervisor of Ferry's seccomp filter: the
 //! listeners of the tree's processes come through the hold socket (SCM_RIGHTS), and it answers
 //! `getppid`, `getpgrp`, `getpgid` and `getsid` with the values the home gave (see
-//! [`Supervisor`]). It names its UTS namespace after the home (`--hostname`). If it dies, the
+//! [`Supervisor`]), and `getsockname` and `getpeername` of the tree's relayed sockets with the
+//! names they had at home (their filters hand those over only in processes that hold one). It names its UTS namespace after the home (`--hostname`). If it dies, the
 //! kernel kills every process of its namespace: no body ever sees ENOSYS from a call nobody
 //! answers.
 
@@ -99,9 +100,129 @@ struct Supervisor {
     counts: std::collections::HashMap<i32, (u64, u64)>,
     /// The processes whose counts changed since they were last reported.
     changed: std::collections::BTreeSet<i32>,
+    /// The relayed sockets, by the inode of the socket the tree holds: their names at home
+    /// (getsockname's, getpeername's), as the kernel writes them.
+    names: std::collections::HashMap<u64, (Vec<u8>, Vec<u8>)>,
+    /// The device number of sockets (sockfs): an inode number means a socket only with it.
+    sockfs: u64,
+    /// Bytes read from the hold socket and not yet understood (a message cut in two).
+    inbox: Vec<u8>,
+}
+
+/// How a forwarded call is answered: a value, an errno, or by the kernel itself
+/// (SECCOMP_USER_NOTIF_FLAG_CONTINUE).
+enum Answer {
+    Value(i64),
+    Errno(i32),
+    Kernel,
 }
 
 impl Supervisor {
+    /// Takes what the hold socket said: `N` messages carry relayed sockets' names (see
+    /// `GuestNamespaces::hand_listeners`), `L` ones listeners (which come in `rights`).
+    fn take_hold(&mut self, data: &[u8], rights: Vec<std::os::fd::OwnedFd>) {
+        self.inbox.extend_from_slice(data);
+        loop {
+            match self.inbox.first() {
+                None => break,
+                Some(b'L') => {
+                    self.inbox.remove(0);
+                }
+                Some(b'N') => {
+                    let Some(nl) = self.inbox.iter().position(|&b| b == b'\n') else {
+                        break;
+                    };
+                    let len = std::str::from_utf8(&self.inbox[1..nl])
+                        .ok()
+                        .and_then(|l| l.parse::<usize>().ok());
+                    let Some(len) = len else {
+                        log::warn!("guest init: a bad names message on the hold socket");
+                        self.inbox.clear();
+                        break;
+                    };
+                    if self.inbox.len() < nl + 1 + len {
+                        break;
+                    }
+                    let text: Vec<u8> = self.inbox.drain(..nl + 1 + len).skip(nl + 1).collect();
+                    let list = std::str::from_utf8(&text)
+                        .ok()
+                        .and_then(ferry_engine::resources::sockets::RelayedNames::decode);
+                    match list {
+                        Some(list) => self
+                            .names
+                            .extend(list.into_iter().map(|n| (n.ino, (n.local, n.peer)))),
+                        None => log::warn!("guest init: bad relayed socket names: {text:?}"),
+                    }
+                }
+                Some(b) => {
+                    log::warn!("guest init: unexpected byte {b} on the hold socket");
+                    self.inbox.clear();
+                    break;
+                }
+            }
+        }
+        for l in &rights {
+            if let Err(e) = ferry_sys::seccomp::sync_wake_up(l.as_raw_fd()) {
+                log::debug!("guest init: seccomp listener: {e}");
+            }
+        }
+        self.listeners.extend(rights);
+    }
+
+    /// getsockname or getpeername (`n`, taken from `listener`): for a relayed socket, the
+    /// name it had at home, written into the caller's buffer as the kernel would (its whole
+    /// length into `*addrlen`, and at most `*addrlen` bytes of it); for anything else, or a
+    /// socket the kernel would fail the call for (getpeername once it is no longer connected),
+    /// the kernel's own answer.
+    fn name(&self, n: &ferry_sys::seccomp::Notif, listener: i32) -> Answer {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let peer = n.nr as i64 == libc::SYS_getpeername;
+        let sock = ferry_sys::pidfd::pidfd_open(n.pid)
+            .and_then(|p| ferry_sys::pidfd::pidfd_getfd(&p, n.args[0] as i32));
+        let Ok(sock) = sock.map(std::fs::File::from) else {
+            return Answer::Kernel;
+        };
+        let Ok(meta) = sock.metadata() else {
+            return Answer::Kernel;
+        };
+        if !meta.file_type().is_socket() || meta.dev() != self.sockfs {
+            return Answer::Kernel;
+        }
+        let Some((local, remote)) = self.names.get(&meta.ino()) else {
+            return Answer::Kernel;
+        };
+        if peer && ferry_sys::sockets::getpeername(sock.as_raw_fd()).is_err() {
+            return Answer::Kernel;
+        }
+        let name = if peer { remote } else { local };
+        // As move_addr_to_user (Linux 6.18) does: read *addrlen; unless it is negative, write
+        // the name's whole length there; then copy min(*addrlen, length) bytes of the name.
+        let mut len = [0u8; 4];
+        if !matches!(
+            ferry_sys::proc_mem::vm_read(n.pid, n.args[2], &mut len),
+            Ok(4)
+        ) {
+            return Answer::Errno(libc::EFAULT);
+        }
+        let len = i32::from_ne_bytes(len).min(name.len() as i32);
+        // The caller is still waiting in this call (not killed, its PID not someone else's)
+        // before anything is written into it.
+        if !ferry_sys::seccomp::id_valid(listener, n.id) {
+            return Answer::Errno(libc::EINTR);
+        }
+        let write = |addr: u64, bytes: &[u8]| matches!(ferry_sys::proc_mem::vm_write(n.pid, addr, bytes), Ok(w) if w == bytes.len());
+        if len >= 0 && !write(n.args[2], &(name.len() as u32).to_ne_bytes()) {
+            return Answer::Errno(libc::EFAULT);
+        }
+        if len < 0 {
+            return Answer::Errno(libc::EINVAL);
+        }
+        if len > 0 && !write(n.args[1], &name[..len as usize]) {
+            return Answer::Errno(libc::EFAULT);
+        }
+        Answer::Value(0)
+    }
+
     /// The answer to notification `n`: a value, or an errno.
     fn answer(&self, n: &ferry_sys::seccomp::Notif) -> std::result::Result<i64, i32> {
         let h = self.home;
@@ -155,11 +276,21 @@ impl Supervisor {
                 return false;
             }
         };
-        let (val, err) = match self.answer(&n) {
-            Ok(v) => (v, 0),
-            Err(e) => (0, e),
+        let nr = n.nr as i64;
+        let answer = if nr == libc::SYS_getsockname || nr == libc::SYS_getpeername {
+            self.name(&n, fd)
+        } else {
+            match self.answer(&n) {
+                Ok(v) => Answer::Value(v),
+                Err(e) => Answer::Errno(e),
+            }
         };
-        if let Err(e) = ferry_sys::seccomp::respond(fd, n.id, val, err, 0) {
+        let (val, err, flags) = match answer {
+            Answer::Value(v) => (v, 0, 0),
+            Answer::Errno(e) => (0, e, 0),
+            Answer::Kernel => (0, 0, ferry_sys::seccomp::SECCOMP_USER_NOTIF_FLAG_CONTINUE),
+        };
+        if let Err(e) = ferry_sys::seccomp::respond(fd, n.id, val, err, flags) {
             if e.errno != libc::ENOENT {
                 log::warn!("guest init: answer call {} of thread {}: {e}", n.nr, n.pid);
             }
@@ -206,12 +337,24 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(name) = &a.hostname {
         ns::sethostname(name).with_context(|| format!("name the guest {name:?}"))?;
     }
+    // Every socket's inode is on the one sockfs: the hold socket's device is theirs.
+    let sockfs = {
+        use std::os::unix::fs::MetadataExt;
+        hold.try_clone()
+            .map(std::fs::File::from)
+            .and_then(|f| f.metadata())
+            .map(|m| m.dev())
+            .context("stat the hold socket")?
+    };
     let mut sup = match &a.home {
         Some(h) => Some(Supervisor {
             home: parse_home(h)?,
             listeners: Vec::new(),
             counts: Default::default(),
             changed: Default::default(),
+            names: Default::default(),
+            sockfs,
+            inbox: Vec::new(),
         }),
         None => None,
     };
@@ -285,16 +428,9 @@ pub fn run(a: Args) -> Result<()> {
         }
         if ready[1] {
             let fd = hold.as_ref().map(|h| h.as_raw_fd()).unwrap_or(-1);
-            match ferry_sys::sockets::recv(fd, 64, libc::MSG_DONTWAIT) {
+            match ferry_sys::sockets::recv(fd, 65536, libc::MSG_DONTWAIT) {
                 Ok(r) if !r.data.is_empty() => match sup.as_mut() {
-                    Some(s) => {
-                        for l in &r.rights {
-                            if let Err(e) = ferry_sys::seccomp::sync_wake_up(l.as_raw_fd()) {
-                                log::debug!("guest init: seccomp listener: {e}");
-                            }
-                        }
-                        s.listeners.extend(r.rights)
-                    }
+                    Some(s) => s.take_hold(&r.data, r.rights),
                     None => log::warn!("guest init: seccomp listeners for no home"),
                 },
                 Err(e) if e.errno == libc::EAGAIN || e.errno == libc::EINTR => {}

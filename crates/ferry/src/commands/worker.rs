@@ -1003,7 +1003,8 @@ mod hold {
         .map_err(anyhow::Error::from)
         .and_then(|mut tree| {
             // The init answers the tree's forwarded calls from now on.
-            guest.hand_listeners(tree.take_listeners())?;
+            let listeners = tree.take_listeners();
+            guest.hand_listeners(listeners, tree.relayed_names())?;
             Ok(tree)
         });
         match tree {

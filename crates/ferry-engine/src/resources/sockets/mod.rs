@@ -43,6 +43,7 @@ mod inet;
 mod netlink;
 mod packet;
 mod raw;
+mod relayed;
 mod scm;
 mod tcp;
 mod udp;
@@ -72,6 +73,7 @@ use tcp::*;
 use udp::*;
 use unix::*;
 
+pub use relayed::{name_bytes, relayed_files, relayed_names, RelayedNames};
 pub use scm::InFlight;
 pub(crate) use scm::{holders_in_flight, may_fly, name_carrier};
 pub use tcp::silence_tcp_connections;
