@@ -97,6 +97,12 @@ pub struct Config {
     /// from should the node running it die (crate::recovery). Absent: none taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_secs: Option<f64>,
+    /// Where a tree is rebuilt from its last image when the node running its body dies
+    /// (crate::recovery): `"idlest"`, the idlest other live node that accepts guests, or this
+    /// home if there is none; `"home"`, always here; or a node's name, that node if it is live,
+    /// else here. A rebuild elsewhere that fails is done here. Absent: "idlest".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recover_on: Option<String>,
     pub credentials: CredentialPaths,
     /// Whether a guest (a body: a tree whose home is another node) sees only the shared tree
     /// and the system's files, read-only, of this node (docs/security.md, "Guests are

@@ -238,16 +238,18 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
                         _ => false,
                     };
                     if dead {
-                        // Its last image, if it has one, runs on here (crate::recovery).
+                        // Whatever becomes of the tree here, its body there must not run on
+                        // should that node come back (crate::recovery::fence).
                         let b = body.clone().unwrap_or_default();
-                        match crate::recovery::recover(&node, root, &b).await {
-                            Ok(_) => {
-                                if let Err(e) = moved(&node, &b, root, &me) {
-                                    tracing::warn!(event = "recovered-unrecorded", root,
-                                        error = %format!("{e:#}"));
-                                }
-                                continue;
-                            }
+                        let tree = node.deputies.tree_of(&b, root).unwrap_or_else(|| pids.clone());
+                        if let Err(e) = crate::recovery::condemn(&node, &b, root, tree) {
+                            tracing::error!(event = "fence-unrecorded", root,
+                                error = %format!("{e:#}"));
+                        }
+                        // Its last image, if it has one, runs on elsewhere or here
+                        // (crate::recovery).
+                        match crate::recovery::recover_anywhere(&node, root, &b).await {
+                            Ok(_) => continue,
                             Err(e) => tracing::warn!(event = "recovery-failed", root,
                                 error = %format!("{e:#}")),
                         }

@@ -285,6 +285,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     tokio::spawn(crate::balancer::run(node.clone()));
     tokio::spawn(reap(node.clone()));
     tokio::spawn(rejoin(node.clone()));
+    tokio::spawn(crate::recovery::fence(node.clone()));
     if let Some((path, list)) = revocations {
         tokio::spawn(watch_revocations(node.clone(), path, list));
     }

@@ -7,18 +7,33 @@
 //! streams its image back in data frames and lets it run on (`Thaw`), as a migration that is
 //! refused at the last moment would. The home keeps the last complete image in
 //! `DATA_DIR/checkpoints/ROOT/image` (written to a temporary file, fsynced, renamed). When the
-//! body's node is dead (`Node::is_dead`), the home rebuilds the tree from that image on itself,
-//! in guest namespaces (its PIDs, its home's identity for the forwarded calls), as a guest of
-//! kind `recovered`: its deputies stay, now for a body at home, so the parent's `wait` and
-//! `kill HOMEPID` work on. Without an image, the deputies end as SIGKILL, as before.
+//! body's node is dead (`Node::is_dead`), the home rebuilds the tree from that image
+//! ([`recover_anywhere`]) where its `recover_on` says ([`pick_node`]: by default the idlest
+//! other live node that accepts guests, else itself). Elsewhere, the image goes there as a
+//! migration from the home would (`MigrateOffer`, the image, `Rebuilt`, the outcome decided
+//! durably, `Commit`), and the tree runs there as an ordinary body of its home; here, it is
+//! rebuilt in guest namespaces (its PIDs, its home's identity for the forwarded calls), as a
+//! guest of kind `recovered`. Either way its deputies stay and follow the new body, so the
+//! parent's `wait` and `kill HOMEPID` work on. Without an image, the deputies end as SIGKILL,
+//! as before.
+//!
+//! **Exactly one survivor** ([`fence`]): a node taken for dead may only have been cut off or
+//! frozen, its body running on. Before the home acts on the death, it records durably
+//! (`FENCE`) the tree's PIDs and the dead node; the first time that node is live again, the
+//! home has each of those PIDs killed there (`SignalBody` SIGKILL, which that node applies to
+//! the body it holds for this home), and forgets the record once the node has answered.
 
 use crate::node::Node;
+use crate::outcomes::Outcome;
+use crate::state;
 use crate::workers::Worker;
 use anyhow::{anyhow, bail, Context, Result};
-use ferry_transport::message::{kind, ProcInfo};
+use ferry_transport::message::{kind, MigrateOffer, ProcInfo};
 use ferry_transport::{read_frame, read_msg, write_data, write_end, write_msg, Conn, Frame, Msg};
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 /// Where the last image of the tree whose root is home PID `root` is kept.
@@ -200,21 +215,7 @@ pub async fn recover(node: &Arc<Node>, root: i32, dead: &str) -> Result<i32> {
         Msg::Error { message } => bail!("resume PID {root}: {message}"),
         other => bail!("restore worker said {}", kind(&other)),
     }
-    let status = std::fs::read_to_string(format!("/proc/{root}/status")).unwrap_or_default();
-    let uid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    let command = std::fs::read(format!("/proc/{root}/cmdline"))
-        .map(|c| {
-            String::from_utf8_lossy(&c)
-                .split('\0')
-                .filter(|s| !s.is_empty())
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_default();
+    let (uid, command) = deputy_identity(root);
     let me = node.name().to_string();
     let info = ProcInfo {
         home_node: me.clone(),
@@ -236,7 +237,273 @@ pub async fn recover(node: &Arc<Node>, root: i32, dead: &str) -> Result<i32> {
     node.bodies.add(rebuilt.pid, &me, root);
     crate::deputies::watch_supervisor(node.clone(), rebuilt.pid);
     node.guests.add(info);
-    tracing::warn!(event = "guest-recovered", root, pid = rebuilt.pid, dead = %dead,
+    tracing::warn!(event = "guest-recovered", root, pid = rebuilt.pid, dead = %dead, node = %me,
         image = %path.display(), "rebuilt from its last checkpoint after its node died");
     Ok(rebuilt.pid)
+}
+
+/// The owner and command line of the deputy `root` (the process's own, at home).
+fn deputy_identity(root: i32) -> (u32, String) {
+    let status = std::fs::read_to_string(format!("/proc/{root}/status")).unwrap_or_default();
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let command = std::fs::read(format!("/proc/{root}/cmdline"))
+        .map(|c| {
+            String::from_utf8_lossy(&c)
+                .split('\0')
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    (uid, command)
+}
+
+/// Where a tree whose body's node `dead` died is rebuilt (`recover_on` in this home's config):
+/// "idlest" (the default), the idlest other live node that accepts guests, whose owner is away
+/// and whose load is fresh (`ferry_policy::choose_idlest`), else this home; "home", this home;
+/// a node's name, that node if it is live, else this home.
+pub fn pick_node(node: &Node, dead: &str) -> String {
+    let me = node.name().to_string();
+    let live = |name: &str| name != dead && name != me && !node.membership.is_down(name);
+    match node.config.recover_on.as_deref().unwrap_or("idlest") {
+        "home" => me,
+        "idlest" => {
+            let loads: Vec<(String, ferry_policy::NodeLoad)> = node
+                .membership
+                .members()
+                .into_iter()
+                .filter(|m| live(&m.id.name))
+                .filter_map(|m| Some((m.id.name, m.load?)))
+                .collect();
+            ferry_policy::choose_idlest(loads.iter().map(|(n, l)| (n.as_str(), l)), None)
+                .map_or(me.clone(), str::to_string)
+        }
+        name if live(name) && node.membership.find(name).is_some() => name.to_string(),
+        _ => me,
+    }
+}
+
+/// The node running the body of `root` is dead: its tree is rebuilt from its last image where
+/// [`pick_node`] says, or here should that fail before the other node holds a rebuilt copy;
+/// its deputies then follow it (crate::deputies::moved). Returns the node it runs on now.
+pub async fn recover_anywhere(node: &Arc<Node>, root: i32, dead: &str) -> Result<String> {
+    let me = node.name().to_string();
+    let to = pick_node(node, dead);
+    if to != me {
+        match send_image(node, root, dead, &to).await {
+            Ok(pid) => {
+                tracing::warn!(event = "guest-recovered", root, pid, dead = %dead, node = %to,
+                    "rebuilt from its last checkpoint after its node died");
+                return Ok(to);
+            }
+            Err(e) => tracing::warn!(event = "recovery-elsewhere-failed", root, node = %to,
+                error = %format!("{e:#}"), "rebuilt here instead"),
+        }
+    }
+    recover(node, root, dead).await?;
+    if let Err(e) = crate::deputies::moved(node, dead, root, &me) {
+        tracing::warn!(event = "recovered-unrecorded", root, error = %format!("{e:#}"));
+    }
+    Ok(me)
+}
+
+/// Sends the last image of `root` to node `to` as a migration from this home would go, and has
+/// it run there. Err only if `to` holds no copy it may run (the caller then rebuilds it here):
+/// once `to` has rebuilt it, the outcome is decided (durably, crate::outcomes) and the
+/// deputies follow it before `Commit` leaves; a `to` that misses our `Commit` asks for the
+/// outcome, as after any migration. Returns the copy's PID there.
+async fn send_image(node: &Arc<Node>, root: i32, dead: &str, to: &str) -> Result<i32> {
+    let path = image_path(node, root);
+    let image = tokio::fs::read(&path)
+        .await
+        .with_context(|| format!("no checkpoint of PID {root} ({})", path.display()))?;
+    let home_ids = crate::migrate::home_ids(root)
+        .ok_or_else(|| anyhow!("the deputy of PID {root} is gone"))?;
+    let (uid, command) = deputy_identity(root);
+    let id = node.next_id();
+    let me = node.name().to_string();
+    let offer = MigrateOffer {
+        id,
+        from_node: me.clone(),
+        home_node: me,
+        home_pid: root,
+        command,
+        uid,
+        memory_bytes: image.len() as u64,
+        since_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        home_ids: Some(home_ids),
+        compress: Vec::new(),
+        lazy: false,
+        in_place: false,
+    };
+    node.outcomes
+        .begin(id, to, None)
+        .context("record the recovery")?;
+    let r = offer_image(node, offer, &image, dead, to).await;
+    node.outcomes.end(id);
+    r
+}
+
+async fn offer_image(
+    node: &Arc<Node>,
+    offer: MigrateOffer,
+    image: &[u8],
+    dead: &str,
+    to: &str,
+) -> Result<i32> {
+    let (id, root) = (offer.id, offer.home_pid);
+    let mut conn = node.dial(to).await?;
+    write_msg(&mut conn.stream, &Msg::MigrateOffer(offer)).await?;
+    match read_msg(&mut conn.stream).await {
+        Ok(Msg::Accept) => {}
+        Ok(Msg::Refused { reason }) => bail!("node {to} refused PID {root}: {reason}"),
+        Ok(other) => bail!("node {to} answered the offer with {}", kind(&other)),
+        Err(e) => bail!("node {to} did not answer the offer: {e}"),
+    }
+    let stall = node.config.stream_stall();
+    let sent = tokio::time::timeout(stall, async {
+        write_data(&mut conn.stream, image).await?;
+        write_end(&mut conn.stream).await
+    })
+    .await;
+    match sent {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => bail!("stream the image of PID {root} to node {to}: {e}"),
+        Err(_) => bail!("node {to} took nothing of the image of PID {root} for {stall:?}"),
+    }
+    let rebuilt =
+        match tokio::time::timeout(Duration::from_secs(600), read_msg(&mut conn.stream)).await {
+            Ok(Ok(Msg::Rebuilt(r))) => r,
+            Ok(Ok(Msg::Abort { reason } | Msg::Refused { reason })) => {
+                bail!("node {to} could not rebuild PID {root}: {reason}")
+            }
+            Ok(Ok(other)) => bail!("node {to} answered the image with {}", kind(&other)),
+            Ok(Err(e)) => bail!("lost node {to} while it rebuilt PID {root}: {e}"),
+            Err(_) => bail!("node {to} did not rebuild PID {root} within 10 minutes"),
+        };
+    // The commit point, as in a migration: decided durably before anyone acts on it; a
+    // destination that asked first (it lost us) has decided it already: not committed.
+    let decided = node.outcomes.decide(
+        id,
+        Outcome {
+            committed: true,
+            to: to.to_string(),
+            root: None,
+        },
+    );
+    let refusal = match decided {
+        Ok(o) if o.committed => None,
+        Ok(_) => Some(anyhow!("node {to} gave up waiting for the commit")),
+        Err(e) => Some(e.context("record the commit")),
+    };
+    if let Some(e) = refusal {
+        let abort = Msg::Abort {
+            reason: format!("{e:#}"),
+        };
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), write_msg(&mut conn.stream, &abort)).await;
+        return Err(e);
+    }
+    // The deputies follow the copy before it may run (should this daemon die now, its
+    // successor finds them pointing at it, and `to` learns the outcome by asking).
+    if let Err(e) = crate::deputies::moved(node, dead, root, to) {
+        tracing::warn!(event = "recovered-unrecorded", root, error = %format!("{e:#}"));
+    }
+    let confirmed = async {
+        write_msg(&mut conn.stream, &Msg::Commit).await?;
+        match tokio::time::timeout(Duration::from_secs(30), read_msg(&mut conn.stream)).await {
+            Ok(Ok(Msg::Resumed)) => Ok(()),
+            Ok(Ok(other)) => Err(anyhow!(
+                "node {to} answered the commit with {}",
+                kind(&other)
+            )),
+            Ok(Err(e)) => Err(anyhow!("{e}")),
+            Err(_) => Err(anyhow!("no answer within 30 s")),
+        }
+    }
+    .await;
+    match confirmed {
+        Ok(()) => node.outcomes.settle(id),
+        Err(e) => tracing::warn!(event = "commit-unconfirmed", id, pid = root, to = %to,
+            error = %format!("{e:#}"), "the copy runs once its node learns the outcome"),
+    }
+    Ok(rebuilt.pid)
+}
+
+/// A body this home gave up for dead on `node` (its PIDs, the deputies' at home): killed there
+/// should that node ever be live again (see the module's head).
+#[derive(Serialize, Deserialize)]
+struct Fence {
+    node: String,
+    root: i32,
+    pids: Vec<i32>,
+}
+
+fn fence_key(dead: &str, root: i32) -> String {
+    let hex: String = dead.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{root}-{hex}")
+}
+
+/// Records, before the home acts on the death of `dead`, that the body of the tree `pids`
+/// (root `root`) that ran there must be killed should `dead` come back.
+pub fn condemn(node: &Node, dead: &str, root: i32, pids: Vec<i32>) -> Result<()> {
+    let f = Fence {
+        node: dead.to_string(),
+        root,
+        pids,
+    };
+    node.store
+        .put(state::FENCE, &fence_key(dead, root), &f)
+        .with_context(|| format!("record the body of PID {root} on dead node {dead}"))
+}
+
+/// Kills, on each node taken for dead that is live again, the bodies this home gave up there
+/// (recorded by [`condemn`]). Runs for the daemon's life.
+pub async fn fence(node: Arc<Node>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for (key, f) in node.store.load::<Fence>(state::FENCE) {
+            if node.membership.is_down(&f.node) || node.membership.find(&f.node).is_none() {
+                continue;
+            }
+            match fence_one(&node, &f).await {
+                Ok(killed) => {
+                    tracing::warn!(event = "stale-body-fenced", node = %f.node, root = f.root,
+                        killed = ?killed, "the node taken for dead is back: its old body is killed");
+                    node.store.remove_or_log(state::FENCE, &key);
+                }
+                Err(e) => tracing::debug!(event = "stale-body-unreached", node = %f.node,
+                    root = f.root, error = %format!("{e:#}")),
+            }
+        }
+    }
+}
+
+/// Has every PID of `f` killed on its node. Returns those that were there.
+async fn fence_one(node: &Node, f: &Fence) -> Result<Vec<i32>> {
+    let mut killed = Vec::new();
+    for &pid in &f.pids {
+        let mut conn = node.dial(&f.node).await?;
+        let kill = Msg::SignalBody {
+            pid,
+            sig: libc::SIGKILL,
+            queued: None,
+        };
+        write_msg(&mut conn.stream, &kill).await?;
+        match tokio::time::timeout(Duration::from_secs(5), read_msg(&mut conn.stream)).await {
+            Ok(Ok(Msg::Done)) => killed.push(pid),
+            // No such body there (any more): nothing to kill.
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => bail!("node {}: {e}", f.node),
+            Err(_) => bail!("node {} did not answer within 5 s", f.node),
+        }
+    }
+    Ok(killed)
 }

@@ -20,6 +20,9 @@ pub const OUTCOME: &str = "outcome";
 pub const HELD: &str = "held";
 pub const SENDING: &str = "sending";
 pub const RAN: &str = "ran";
+/// Home side: a body given up for dead on a node, to kill there should it come back
+/// (crate::recovery::fence).
+pub const FENCE: &str = "fence";
 
 pub struct Store {
     dir: PathBuf,

@@ -59,6 +59,14 @@ fn main() {
             "a_checkpointed_guest_whose_node_is_killed_is_rebuilt_at_home",
             recovered_after_node_death,
         ),
+        Trial::test(
+            "a_checkpointed_guest_whose_node_is_killed_is_rebuilt_on_another_node",
+            recovered_elsewhere_after_node_death,
+        ),
+        Trial::test(
+            "a_node_taken_for_dead_that_comes_back_runs_no_old_body",
+            taken_for_dead_comes_back,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -131,29 +139,7 @@ impl Ticker {
     /// The processes running this ticker (its command line names the status file), with
     /// their states: zombies are left out.
     fn copies(&self) -> Vec<(i32, char)> {
-        let want = self.status.display().to_string();
-        let mut out = Vec::new();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-                continue;
-            };
-            if !cmd.split(|b| *b == 0).any(|a| a == want.as_bytes()) {
-                continue;
-            }
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|s| s.trim_start().chars().next())
-                .unwrap_or('?');
-            if state != 'Z' && state != 'X' && state != '?' && !is_deputy(pid) {
-                out.push((pid, state));
-            }
-        }
-        out
+        copies_naming(&self.status)
     }
 
     fn kill_copies(&self) {
@@ -161,6 +147,34 @@ impl Ticker {
             let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
         }
     }
+}
+
+/// The processes whose command line has `arg` as an argument, with their states: zombies and
+/// deputies are left out.
+fn copies_naming(arg: &Path) -> Vec<(i32, char)> {
+    let want = arg.display().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if !cmd.split(|b| *b == 0).any(|a| a == want.as_bytes()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|s| s.trim_start().chars().next())
+            .unwrap_or('?');
+        if state != 'Z' && state != 'X' && state != '?' && !is_deputy(pid) {
+            out.push((pid, state));
+        }
+    }
+    out
 }
 
 impl Drop for Ticker {
@@ -671,43 +685,33 @@ fn home_restart_keeps_deputies() -> Result<(), Failed> {
 /// so, and its deputy stands for it still: SIGTERM to the home PID ends it, and its parent
 /// sees that. Before, the deputy ended as if SIGKILLed and the process was gone.
 fn recovered_after_node_death() -> Result<(), Failed> {
+    recovered_on("cp-recover", 2, "a")
+}
+
+/// As above with a third node, c, idle and accepting guests: a rebuilds the process there
+/// (`recover_on` "idlest", the default), not at home. It counts on, `ferry ps` on c lists it as
+/// a's, a's log says where it went, and its deputy at a follows it there: SIGTERM to the home
+/// PID ends it, and its parent sees that. Before, it was always rebuilt at home.
+fn recovered_elsewhere_after_node_death() -> Result<(), Failed> {
+    recovered_on("cp-recover-c", 3, "c")
+}
+
+/// b, running a process moved there from a (of `n` nodes), is killed outright after a has
+/// checkpointed the process; it is rebuilt on `expect_on`.
+fn recovered_on(tag: &str, n: usize, expect_on: &str) -> Result<(), Failed> {
     let c = Cluster::up_full(
-        "cp-recover",
-        2,
+        tag,
+        n,
         &[],
         Isolation::Separate,
         &["--dead-after", "2", "--checkpoint-every", "1"],
     );
     let dir = scratch("commit_protocol", "recover");
     let count = dir.join("count");
-    // No descriptor but /dev/null held between ticks: the file it writes is opened anew each
-    // time, so an image of it restores whatever the file has become since.
-    let mut child = Command::new("python3")
-        .arg("-c")
-        .arg(
-            "import sys, time\ni = 0\nwhile True:\n    i += 1\n    \
-             with open(sys.argv[1], 'w') as f:\n        f.write(str(i))\n    \
-             time.sleep(0.1)\n",
-        )
-        .arg(&count)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = counter(&count);
     let pid = child.id() as i32;
-    let read = || {
-        std::fs::read_to_string(&count)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-    };
-    let counting = || {
-        let a = read();
-        std::thread::sleep(Duration::from_millis(400));
-        let b = read();
-        matches!((a, b), (Some(x), Some(y)) if y != x)
-    };
-    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b"]);
+    let counting = || counts(&count);
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b", "c"][..n]);
     let r = (|| -> Result<(), Failed> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !counting() {
@@ -743,12 +747,25 @@ fn recovered_after_node_death() -> Result<(), Failed> {
         if !counting() {
             return Err(format!("the rebuilt process does not count\n{}", logs()).into());
         }
-        let listed = ps(&c, "a").into_iter().find(|g| {
-            g["home_pid"].as_i64() == Some(pid as i64) && g["node"] == "a" && g["home_node"] == "a"
+        let said = format!("node={expect_on}");
+        if !c.log("a").lines().any(|l| {
+            l.contains("event=\"guest-recovered\"") && l.split_whitespace().any(|w| w == said)
+        }) {
+            return Err(format!("a's log does not say it went to {expect_on}\n{}", logs()).into());
+        }
+        let listed = ps(&c, expect_on).into_iter().find(|g| {
+            g["home_pid"].as_i64() == Some(pid as i64)
+                && g["node"] == expect_on
+                && g["home_node"] == "a"
         });
+        let kind = if expect_on == "a" {
+            "recovered"
+        } else {
+            "migrated"
+        };
         match listed {
-            Some(g) if g["kind"] == "recovered" => {}
-            other => return Err(format!("ferry ps on a lists {other:?}").into()),
+            Some(g) if g["kind"] == kind => {}
+            other => return Err(format!("ferry ps on {expect_on} lists {other:?}").into()),
         }
         let _ = Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -779,6 +796,116 @@ fn recovered_after_node_death() -> Result<(), Failed> {
     let _ = child.kill();
     let _ = child.wait();
     r
+}
+
+/// b, running a process moved there from a, has its daemon frozen (SIGSTOP) after a has
+/// checkpointed the process: the body on b runs on, but b answers nobody, and a takes it for
+/// dead (declared down, no TLS handshake) and rebuilds the process at home. When b's daemon
+/// runs again, its old body must not run on beside the rebuilt one: exactly one copy ticks,
+/// listed at a, and a's log says it had the old one killed. Before, both ran on.
+fn taken_for_dead_comes_back() -> Result<(), Failed> {
+    let c = Cluster::up_full(
+        "cp-fence",
+        2,
+        &[],
+        Isolation::Shared,
+        &["--dead-after", "2", "--checkpoint-every", "1"],
+    );
+    let dir = scratch("commit_protocol", "fence");
+    let count = dir.join("count");
+    let mut child = counter(&count);
+    let pid = child.id() as i32;
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b"]);
+    let b = c.daemon_pid("b").to_string();
+    let r = (|| -> Result<(), Failed> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !counts(&count) {
+            if Instant::now() > deadline {
+                return Err("the counter did not start".into());
+            }
+        }
+        migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !c.log("a").contains("event=\"checkpoint-taken\"") {
+            if Instant::now() > deadline {
+                return Err(format!("a took no checkpoint\n{}", logs()).into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = Command::new("kill").args(["-STOP", &b]).status();
+        let recovered = (|| -> Result<(), Failed> {
+            let deadline = Instant::now() + Duration::from_secs(40);
+            while !c.log("a").contains("event=\"guest-recovered\"") {
+                if Instant::now() > deadline {
+                    return Err(format!("a did not rebuild it\n{}", logs()).into());
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Ok(())
+        })();
+        let _ = Command::new("kill").args(["-CONT", &b]).status();
+        recovered?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let copies = copies_naming(&count);
+            if copies.len() == 1 {
+                std::thread::sleep(Duration::from_secs(1));
+                if copies_naming(&count).len() == 1 && counts(&count) {
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!("copies after b came back: {copies:?}\n{}", logs()).into());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let listed = ps(&c, "a")
+            .into_iter()
+            .any(|g| g["home_pid"].as_i64() == Some(pid as i64) && g["node"] == "a");
+        if !listed || !c.log("a").contains("event=\"stale-body-fenced\"") {
+            return Err(format!("listed at a: {listed}; a's log\n{}", logs()).into());
+        }
+        Ok(())
+    })();
+    let _ = Command::new("kill").args(["-CONT", &b]).status();
+    for (p, _) in copies_naming(&count) {
+        let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    r
+}
+
+/// A python counter writing 1, 2, 3... to `count` every 100 ms, holding no descriptor but
+/// /dev/null between ticks: the file is opened anew each time, so an image of it restores
+/// whatever the file has become since.
+fn counter(count: &Path) -> Child {
+    Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys, time\ni = 0\nwhile True:\n    i += 1\n    \
+             with open(sys.argv[1], 'w') as f:\n        f.write(str(i))\n    \
+             time.sleep(0.1)\n",
+        )
+        .arg(count)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Whether the number in `count` moves within 400 ms.
+fn counts(count: &Path) -> bool {
+    let read = || {
+        std::fs::read_to_string(count)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    let a = read();
+    std::thread::sleep(Duration::from_millis(400));
+    let b = read();
+    matches!((a, b), (Some(x), Some(y)) if y != x)
 }
 
 /// A deputy: the original a migration left at home (crates/ferry-deputy), traced by its worker

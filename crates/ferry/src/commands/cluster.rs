@@ -119,6 +119,11 @@ pub struct UpArgs {
     /// should its node die (each node's `checkpoint_every_secs`) [default: none].
     #[arg(long, value_name = "SECS")]
     pub checkpoint_every: Option<f64>,
+    /// Where a tree whose body's node died is rebuilt from its last image (each node's
+    /// `recover_on`): idlest (the idlest other live node that accepts guests, else home), home,
+    /// or a node's name [default: idlest].
+    #[arg(long, value_name = "WHERE")]
+    pub recover_on: Option<String>,
 }
 
 #[derive(
@@ -361,6 +366,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             confine_guests: Some(!a.no_confine_guests),
             dead_after_secs: a.dead_after,
             checkpoint_every_secs: a.checkpoint_every,
+            recover_on: a.recover_on.clone(),
             credentials: ca.issue_node_files(name, &certs)?,
             // The nodes share this machine's terminals: none watches them unless told.
             owner: ferry_daemon::hosts::OwnerConfig {
