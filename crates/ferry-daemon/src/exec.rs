@@ -331,7 +331,8 @@ where
             return Ok(());
         }
     }
-    let prog = match Program::start(&node, &spec) {
+    // A program run for another node is a guest here: it sees only what a guest may.
+    let prog = match Program::start(&node, &spec, peer.is_some()) {
         Ok(p) => p,
         Err(f) => {
             tracing::info!(event = "run-failed", from = %from, home_pid = spec.home_pid,
@@ -739,11 +740,18 @@ struct Failure {
 }
 
 impl Program {
-    fn start(node: &Arc<Node>, spec: &RunSpec) -> Result<Program, Failure> {
+    fn start(node: &Arc<Node>, spec: &RunSpec, guest: bool) -> Result<Program, Failure> {
         let here = node.name().to_string();
         let fail = |code: i32, what: String| Failure {
             message: format!("node {here}: {what}"),
             exit_code: code,
+        };
+        let mount_ns = if guest {
+            node.guest_mounts
+                .for_guest()
+                .map_err(|why| fail(125, why))?
+        } else {
+            None
         };
         let Some(cmd) = spec.argv.first() else {
             return Err(fail(125, "no command given".into()));
@@ -837,6 +845,7 @@ impl Program {
             // signal is tied to the forking thread: a tokio worker, which lives as long as the
             // runtime.
             parent_death_signal: libc::SIGKILL,
+            mount_ns,
         };
         let pid = match ferry_sys::spawn::spawn(&s) {
             Ok(pid) => pid,
@@ -846,7 +855,14 @@ impl Program {
                     let node = node.clone();
                     tokio::spawn(async move { node.reaper.wait(e.pid).await });
                 }
-                return Err(spawn_failure(&e, cmd, &candidates, spec, &here));
+                return Err(spawn_failure(
+                    &e,
+                    cmd,
+                    &candidates,
+                    spec,
+                    &here,
+                    mount_ns.is_some(),
+                ));
             }
         };
         drop((child_in, child_out, child_err));
@@ -873,19 +889,26 @@ fn spawn_failure(
     candidates: &[PathBuf],
     spec: &RunSpec,
     here: &str,
+    confined: bool,
 ) -> Failure {
+    // What a confined guest cannot find may well be there, outside what it sees.
+    let unseen = if confined && matches!(e.errno, libc::ENOENT | libc::ENOTDIR) {
+        " (a guest here sees only the shared tree and the system's files)"
+    } else {
+        ""
+    };
     let err = io::Error::from_raw_os_error(e.errno);
     let path = e.candidate.and_then(|i| candidates.get(i));
     let (exit_code, what) = match (e.step, path) {
-        (Step::Exec, None) => (127, format!("{cmd}: command not found")),
+        (Step::Exec, None) => (127, format!("{cmd}: command not found{unseen}")),
         (Step::Exec, Some(_)) if e.errno == libc::ENOENT || e.errno == libc::ENOTDIR => {
-            (127, format!("{cmd}: {err}"))
+            (127, format!("{cmd}: {err}{unseen}"))
         }
         (Step::Exec, Some(_)) if e.errno == libc::EISDIR => (126, format!("{cmd}: Is a directory")),
         (Step::Exec, Some(p)) => (126, format!("cannot execute {}: {err}", p.display())),
         (Step::Cwd, _) => (
             125,
-            format!("cannot change to directory {}: {err}", spec.cwd),
+            format!("cannot change to directory {}: {err}{unseen}", spec.cwd),
         ),
         (step, _) => (
             125,

@@ -17,6 +17,7 @@
 
 pub mod balancer;
 pub mod config;
+pub mod confine;
 pub mod deputies;
 pub mod engine_cmd;
 pub mod evict;

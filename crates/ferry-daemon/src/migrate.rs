@@ -719,21 +719,8 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         ]);
         // A guest away from home sees only the shared tree and the system's files here, never
         // what this node keeps to itself (its data directory and credentials included).
-        if offer.home_node != node.name() && node.config.confine_guests.unwrap_or(true) {
-            worker_args.push("--confine".to_string());
-            if let Some(s) = &node.config.shared {
-                worker_args.push(format!("--shared={}", s.display()));
-            }
-            let c = &node.config.credentials;
-            let mut hide: Vec<&std::path::Path> = vec![node.config.data_dir.as_path()];
-            hide.extend(
-                [&c.ca_cert, &c.cert, &c.key]
-                    .into_iter()
-                    .filter_map(|p| p.parent()),
-            );
-            for h in hide {
-                worker_args.push(format!("--hide={}", h.display()));
-            }
+        if offer.home_node != node.name() && crate::confine::confines(&node.config) {
+            worker_args.extend(crate::confine::guest_init_args(&node.config));
         }
     }
     if offer.lazy {

@@ -43,6 +43,8 @@ pub struct Node {
     pub hosts: crate::hosts::Hosts,
     /// The ferry binary, run as engine workers.
     pub exe: PathBuf,
+    /// The mount namespace programs run here for other nodes enter (crate::confine).
+    pub guest_mounts: crate::confine::GuestMounts,
     /// What this daemon counts (crate::metrics), and the CPU use of its guests.
     pub metrics: crate::metrics::Metrics,
     pub cpu: crate::metrics::CpuMeter,
@@ -243,6 +245,8 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     let accepting = hosts.accepts().is_ok();
     let store = Arc::new(crate::state::Store::open(&config.data_dir)?);
     let balancer = crate::balancer::Balancer::new(config.balance.clone());
+    // Before the reaper runs: the helper that makes it is waited for here.
+    let guest_mounts = crate::confine::GuestMounts::make(&config, &exe);
     let node = Arc::new(Node {
         creds,
         membership,
@@ -257,6 +261,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         accepting: AtomicBool::new(accepting),
         hosts,
         exe,
+        guest_mounts,
         metrics: Default::default(),
         cpu: Default::default(),
         exec_spares: Default::default(),

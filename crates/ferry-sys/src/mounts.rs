@@ -16,6 +16,25 @@ fn cpath(op: &'static str, p: &Path) -> SysResult<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| SysError::new(op, libc::EINVAL))
 }
 
+/// Moves this process (single-threaded) into a new mount namespace, a slave of the one it
+/// leaves: mounts made there later still show here, nothing mounted here goes back.
+pub fn unshare_mount_ns() -> SysResult<()> {
+    // SAFETY: plain integer argument.
+    let r = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+    check("unshare(CLONE_NEWNS)", r as libc::c_long)?;
+    // SAFETY: NUL-terminated strings; no data.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        )
+    };
+    check("mount(/, MS_REC|MS_SLAVE)", r as libc::c_long).map(drop)
+}
+
 /// Mounts a fresh tmpfs on `dir` (nosuid, nodev) with the given mode for its root.
 pub fn mount_tmpfs(dir: &Path, mode: u32) -> SysResult<()> {
     let target = cpath("mount tmpfs (path has NUL)", dir)?;

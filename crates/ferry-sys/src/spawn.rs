@@ -50,6 +50,10 @@ pub struct Spawn {
     pub sig_blocked: u64,
     /// Sent to the child when the forking thread dies (0: none).
     pub parent_death_signal: i32,
+    /// A mount namespace (an nsfs descriptor) the child enters first, while still root: its
+    /// root and working directory become that namespace's root, and `cwd` is then looked up
+    /// there (a guest's confined file system).
+    pub mount_ns: Option<RawFd>,
 }
 
 /// The step of the child's setup that failed.
@@ -68,9 +72,10 @@ pub enum Step {
     Umask,
     Signals,
     Exec,
+    MountNs,
 }
 
-const STEPS: [Step; 13] = [
+const STEPS: [Step; 14] = [
     Step::Fork,
     Step::Session,
     Step::Stdio,
@@ -84,6 +89,7 @@ const STEPS: [Step; 13] = [
     Step::Umask,
     Step::Signals,
     Step::Exec,
+    Step::MountNs,
 ];
 
 impl Step {
@@ -106,6 +112,7 @@ impl Step {
             Step::Umask => "set umask",
             Step::Signals => "reset signal dispositions",
             Step::Exec => "execute",
+            Step::MountNs => "enter the guests' mount namespace",
         }
     }
 }
@@ -236,6 +243,13 @@ fn child(
     // SAFETY: setsid takes no arguments.
     if unsafe { libc::setsid() } < 0 {
         fail(Step::Session);
+    }
+    if let Some(ns) = s.mount_ns {
+        // SAFETY: setns on a descriptor the caller holds; plain integer arguments. The child
+        // has its own fs_struct (fork), as entering a mount namespace requires.
+        if unsafe { libc::setns(ns, libc::CLONE_NEWNS) } < 0 {
+            fail(Step::MountNs);
+        }
     }
     // Move the stdio sources above 2 first, so that none is overwritten by another's dup2.
     let mut high = [0; 3];

@@ -135,6 +135,10 @@ enum Command {
     GuestInit(commands::guest_init::Args),
     #[command(name = "__node-init", hide = true)]
     NodeInit(commands::node_init::Args),
+    /// Makes the confined mount namespace a daemon's programs for other nodes enter
+    /// (internal): see ferry_daemon::confine.
+    #[command(name = "__guest-mounts", hide = true)]
+    GuestMounts(commands::guest_confine::Args),
 }
 
 fn main() {
@@ -174,6 +178,7 @@ fn main() {
         Command::Image(c) => commands::image::run(c),
         Command::GuestInit(a) => commands::guest_init::run(a),
         Command::NodeInit(a) => commands::node_init::run(a),
+        Command::GuestMounts(a) => commands::guest_confine::hold(a),
         Command::Migrate(a) => commands::migrate::run(a, node),
         Command::Run(a) => commands::run::run(a, node),
         Command::Make { args } => commands::make::run(args, node),

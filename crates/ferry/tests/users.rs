@@ -4,8 +4,8 @@
 //! run through `setpriv` with no capability. A user moves, checkpoints and restores their own
 //! processes; cannot checkpoint, kill, move or see another user's or root's; and cannot make
 //! a restore produce a process with more than their credentials. And a guest (a process moved
-//! away from its home, `--confine-guests`) sees only the shared tree and the system's files of
-//! the node it runs on.
+//! away from its home, or a program run for another node, `--confine-guests`) sees only the
+//! shared tree and the system's files of the node it runs on.
 
 mod common;
 
@@ -36,7 +36,7 @@ fn main() {
         )))
     };
     type Test = fn(&Cluster) -> Result<(), Failed>;
-    let tests: [(&str, Test); 5] = [
+    let tests: [(&str, Test); 6] = [
         ("a_user_moves_checkpoints_and_restores_their_own", own),
         ("a_user_cannot_touch_another_users_or_roots", others),
         ("an_image_claiming_root_is_refused", image_claims_root),
@@ -44,6 +44,10 @@ fn main() {
         (
             "a_guest_sees_only_the_shared_tree_and_the_system",
             guest_confined,
+        ),
+        (
+            "a_program_run_for_another_node_sees_only_the_shared_tree_and_the_system",
+            run_guest_confined,
         ),
     ];
     let trials = tests
@@ -86,6 +90,11 @@ fn as_user(uid: u32, args: &[&str]) -> Command {
 
 /// `ferry ARGS` on node a as `uid` (0: root itself).
 fn ferry_as(c: &Cluster, uid: u32, args: &[&str]) -> Output {
+    ferry_as_in(c, uid, None, args)
+}
+
+/// `ferry ARGS` as `uid`, in `dir` (None: this test's working directory).
+fn ferry_as_in(c: &Cluster, uid: u32, dir: Option<&Path>, args: &[&str]) -> Output {
     let mut cmd = if uid == 0 {
         let mut cmd = Command::new(FERRY);
         cmd.args(args).stdin(Stdio::null());
@@ -95,6 +104,9 @@ fn ferry_as(c: &Cluster, uid: u32, args: &[&str]) -> Output {
         all.extend_from_slice(args);
         as_user(uid, &all)
     };
+    if let Some(d) = dir {
+        cmd.current_dir(d);
+    }
     cmd.env("FERRY_CLUSTER_DIR", &c.dir)
         .env("FERRY_NODE", "a")
         .output()
@@ -475,28 +487,76 @@ fn ps_hides_others(c: &Cluster) -> Result<(), Failed> {
     )
 }
 
+/// Writes `path` (under /tmp) into node b's private /tmp, through its init's root, and checks
+/// that this machine (node a) does not see it.
+fn plant_secret_on_b(c: &Cluster, path: &str) -> Result<(), Failed> {
+    let init = c.init_pid("b").ok_or("node b has no init")?;
+    let on_b = format!("/proc/{init}/root{path}");
+    std::fs::write(&on_b, "b-secret\n").map_err(|e| format!("write {on_b}: {e}"))?;
+    check(!Path::new(path).exists(), || {
+        format!("{path} is b's own, yet shows here")
+    })
+}
+
+/// A program run on b for a (`ferry run --on b`) is a guest there too: it cannot read a file
+/// in b's private /tmp nor see this machine's /root; it reads the system's files and writes in
+/// the shared tree, as root or as a user. Started in a directory outside the shared tree, it
+/// does not start, and the error says why.
+fn run_guest_confined(c: &Cluster) -> Result<(), Failed> {
+    let secret = "/tmp/ferry-run-guest-secret";
+    plant_secret_on_b(c, secret)?;
+    let dir = common::scratch("users", "run-confined");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = format!(
+        "cat {secret}; echo cat=$?; ls -A /root | wc -l; head -c 4 /etc/passwd; echo; \
+         echo passwd=$?; id -u > wrote-$(id -u)"
+    );
+    for uid in [0, ALICE] {
+        let sh = ["sh", "-c", script.as_str()];
+        let o = ferry_as_in(
+            c,
+            uid,
+            Some(&dir),
+            &[&["run", "--on", "b", "--"][..], &sh[..]].concat(),
+        );
+        let out = String::from_utf8_lossy(&o.stdout);
+        let lines: Vec<&str> = out.lines().collect();
+        check(
+            String::from_utf8_lossy(&o.stderr).contains("No such file or directory")
+                && lines.contains(&"cat=1")
+                && lines.contains(&"0")
+                && lines.contains(&"root")
+                && lines.contains(&"passwd=0"),
+            || {
+                format!(
+                    "uid {uid}'s program on b: {} (want {secret} missing, /root empty, \
+                     /etc/passwd read)",
+                    describe(&o)
+                )
+            },
+        )?;
+        let wrote = std::fs::read_to_string(dir.join(format!("wrote-{uid}"))).unwrap_or_default();
+        check(wrote.trim() == uid.to_string(), || {
+            format!("uid {uid}'s program did not write in the shared tree: {wrote:?}")
+        })?;
+    }
+    // A directory outside the shared tree (this crate's) is not there for a guest.
+    let o = ferry_as(c, 0, &["run", "--on", "b", "--", "true"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    check(
+        o.status.code() == Some(125)
+            && err.contains("cannot change to directory")
+            && err.contains("sees only the shared tree"),
+        || format!("run on b from outside the shared tree: {}", describe(&o)),
+    )
+}
+
 /// A root shell moved from a to b cannot read a file in b's private /tmp (which its home a
 /// cannot see either), nor see this machine's /root; it still reads the system's files and
 /// writes in the shared tree.
 fn guest_confined(c: &Cluster) -> Result<(), Failed> {
     let secret = "/tmp/ferry-guest-secret";
-    let o = ferry_as(
-        c,
-        0,
-        &[
-            "run",
-            "--on",
-            "b",
-            "--",
-            "sh",
-            "-c",
-            &format!("echo b-secret > {secret} && chmod 644 {secret}"),
-        ],
-    );
-    check(o.status.success(), || format!("run on b: {}", describe(&o)))?;
-    check(!Path::new(secret).exists(), || {
-        format!("{secret} is b's own, yet shows here")
-    })?;
+    plant_secret_on_b(c, secret)?;
     let dir = common::scratch("users", "confined");
     let script = format!(
         "while [ ! -e go ]; do sleep 0.05; done; \

@@ -17,9 +17,34 @@
 //! is found again); anything else of the node (its /root, its /tmp, /home, /var, /srv ...) is
 //! not there at all.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use ferry_sys::mounts;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
+
+/// `ferry __guest-mounts`: a confined mount namespace for a daemon's programs from other
+/// nodes (`ferry_daemon::confine`). Unshares, confines, says `R` on stdout and waits for its
+/// stdin to end; the daemon holds the namespace by its descriptor from then on.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The cluster's shared tree.
+    #[arg(long)]
+    pub shared: Option<PathBuf>,
+    /// Directories of the node's own hidden even where they would show.
+    #[arg(long)]
+    pub hide: Vec<PathBuf>,
+}
+
+pub fn hold(a: Args) -> Result<()> {
+    mounts::unshare_mount_ns().context("make a mount namespace")?;
+    confine(a.shared.as_deref(), &a.hide).context("confine the guests' file system")?;
+    println!("R");
+    let mut line = String::new();
+    if std::io::stdin().lock().read_line(&mut line).is_err() {
+        bail!("read the daemon's word");
+    }
+    Ok(())
+}
 
 /// The top-level directories a guest sees (read-only), when they are directories here.
 pub const SYSTEM_DIRS: [&str; 8] = [
