@@ -2,7 +2,8 @@
 //! the whole file: the remote program's exit status and death by signal, stdin, stdout and
 //! stderr streamed (200 MiB through with bounded memory), cwd, environment, umask, rlimits and
 //! uid, signals, a terminal (a pty made here), --auto, refusals and errors, `ferry ps`, and a
-//! caller that vanishes. The tests run in order (the last one kills node c).
+//! caller that vanishes. They run at once on the shared cluster, but for the one that makes
+//! its nodes refuse guests, which holds it alone; a dead node is tested on a cluster of its own.
 
 mod common;
 
