@@ -251,3 +251,35 @@ pub fn dup2(old: RawFd, new: RawFd) -> SysResult<()> {
     let r = unsafe { libc::dup2(old, new) };
     check("dup2", r as libc::c_long).map(drop)
 }
+
+/// fstat(2) of `fd`: the `struct stat` as the kernel writes it (x86_64: 144 bytes).
+pub fn fstat_raw(fd: RawFd) -> SysResult<[u8; 144]> {
+    const _: () = assert!(std::mem::size_of::<libc::stat>() == 144);
+    // SAFETY: struct stat is plain old data; all zeroes is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes one struct stat into `st`.
+    let r = unsafe { libc::fstat(fd, &mut st) };
+    check("fstat", r as libc::c_long)?;
+    // SAFETY: `st` is 144 initialized bytes (checked above).
+    Ok(unsafe { std::mem::transmute::<libc::stat, [u8; 144]>(st) })
+}
+
+/// statx(2) of `fd` itself (AT_EMPTY_PATH, with `flags` added) for the fields in `mask`: the
+/// `struct statx` as the kernel writes it (256 bytes).
+pub fn statx_raw(fd: RawFd, flags: i32, mask: u32) -> SysResult<[u8; 256]> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the path is a NUL-terminated empty string; the kernel writes at most one struct
+    // statx (256 bytes) into `buf`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            fd,
+            c"".as_ptr(),
+            flags | libc::AT_EMPTY_PATH,
+            mask,
+            buf.as_mut_ptr(),
+        )
+    };
+    check("statx", r)?;
+    Ok(buf)
+}

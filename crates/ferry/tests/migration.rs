@@ -1362,6 +1362,16 @@ def bad_name(fd, peer, bad_len):
     f = libc.getpeername if peer else libc.getsockname
     r = f(fd, None if bad_len else ctypes.c_void_p(8), None if bad_len else ctypes.byref(n))
     return (r, ctypes.get_errno() if r else None, n.value)
+def stats(fd):
+    # fstat(2) itself, glibc's fstat (newfstatat with AT_EMPTY_PATH), statx(2): inode, mode.
+    st = ctypes.create_string_buffer(144)
+    assert libc.syscall(5, fd, st) == 0
+    sx = ctypes.create_string_buffer(256)
+    assert libc.statx(fd, b'', 0x1000, 0x7ff, sx) == 0
+    f = os.fstat(fd)
+    return [('stat', int.from_bytes(st.raw[8:16], 'little'), int.from_bytes(st.raw[24:28], 'little')),
+            ('fstat', f.st_ino, f.st_mode),
+            ('statx', int.from_bytes(sx.raw[32:40], 'little'), int.from_bytes(sx.raw[28:30], 'little'))]
 def names(s):
     fd = s.fileno()
     other = os.dup(fd)
@@ -1369,7 +1379,8 @@ def names(s):
         return [raw_name(fd, p, room, length) for p in (False, True)
                 for (room, length) in ((128, None), (4, None), (0, None), (8, -1))] + \
             [raw_name(other, False), raw_name(other, True)] + \
-            [bad_name(fd, p, b) for p in (False, True) for b in (False, True)]
+            [bad_name(fd, p, b) for p in (False, True) for b in (False, True)] + \
+            stats(fd) + stats(other)
     finally:
         os.close(other)
 def same_names(s, before, who):
@@ -1388,6 +1399,10 @@ def same_names(s, before, who):
     # A socket of its own answers for itself (the filter lets the kernel answer).
     a, b = socket.socketpair()
     assert a.getsockname() == '' and raw_name(a.fileno(), True)[0] == 2
+    own = int(os.readlink('/proc/self/fd/%d' % a.fileno())[8:-1])
+    assert [x[1] for x in stats(a.fileno())] == [own] * 3, (stats(a.fileno()), own)
+    # A path is stat'ed by the kernel, relative to a descriptor too.
+    assert os.stat('.', dir_fd=os.open('/', os.O_PATH)).st_ino == os.stat('/').st_ino
     l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     l.bind(('127.0.0.1', 0))
     assert l.getsockname()[1] != 0

@@ -209,11 +209,19 @@ pub const FORWARDED: [(u32, &str); 4] = [
 ];
 
 /// Handed to the supervisor too, but only by the filter of a process that holds a relayed
-/// socket (`SocketDesc::relayed`): the supervisor answers them with the original's names for
-/// that socket and lets them run in the kernel for any other.
-pub const NAMES: [(u32, &str); 2] = [
+/// socket (`SocketDesc::relayed`): the supervisor answers them with the original's names (and
+/// inode, for fstat) for that socket and lets them run in the kernel for anything else.
+pub const NAMES: [(u32, &str); 3] = [
     (libc::SYS_getsockname as u32, "getsockname"),
     (libc::SYS_getpeername as u32, "getpeername"),
+    (libc::SYS_fstat as u32, "fstat"),
+];
+
+/// With [`NAMES`]: these calls too, but only when they stat a descriptor itself (their flags,
+/// the argument of this index, hold AT_EMPTY_PATH): a stat of a path never leaves the kernel.
+pub const NAMES_AT: [(u32, &str, u32); 2] = [
+    (libc::SYS_newfstatat as u32, "newfstatat", 3),
+    (libc::SYS_statx as u32, "statx", 2),
 ];
 
 const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
@@ -222,6 +230,8 @@ const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
 const BPF_LD_W_ABS: u16 = 0x20;
 /// BPF_JMP | BPF_JEQ | BPF_K
 const BPF_JEQ_K: u16 = 0x15;
+/// BPF_JMP | BPF_JSET | BPF_K
+const BPF_JSET_K: u16 = 0x45;
 const SECCOMP_FILTER_FLAG_NEW_LISTENER: u64 = 8;
 const SECCOMP_FILTER_FLAG_TSYNC_ESRCH: u64 = 16;
 
@@ -235,27 +245,52 @@ fn insn(code: u16, jt: u8, jf: u8, k: u32) -> [u8; 8] {
 }
 
 /// Ferry's filter: the calls of [`FORWARDED`] (native x86_64 ones), and with `names` those of
-/// [`NAMES`], go to the supervisor; everything else is allowed in the kernel. Always the same
-/// bytes for the same `names`, so that a capture knows it.
+/// [`NAMES`] and [`NAMES_AT`], go to the supervisor; everything else is allowed in the kernel.
+/// Always the same bytes for the same `names`, so that a capture knows it.
 pub fn forwarding_program(names: bool) -> Vec<u8> {
     let calls: Vec<u32> = FORWARDED
         .iter()
         .chain(NAMES.iter().filter(|_| names))
         .map(|(nr, _)| *nr)
         .collect();
-    let n = calls.len() as u8;
+    let conds: &[(u32, &str, u32)] = if names { &NAMES_AT } else { &[] };
+    let (n, m) = (calls.len(), conds.len());
+    // Where the returns are: ALLOW, USER_NOTIF after the tests; then a block of two for each
+    // conditional call, then ALLOW and USER_NOTIF again (jumps only go forward).
+    let allow = 3 + n + m;
+    let cond = |j: usize| allow + 2 + 2 * j;
+    let allow2 = allow + 2 + 2 * m;
+    let off = |from: usize, to: usize| (to - from - 1) as u8;
     let mut prog = Vec::new();
-    // struct seccomp_data: nr at 0, arch at 4.
+    // struct seccomp_data: nr at 0, arch at 4, args from 16 (8 bytes each).
     prog.extend(insn(BPF_LD_W_ABS, 0, 0, 4));
-    // Another ABI (i386, whose numbers differ): allowed, at the end.
-    prog.extend(insn(BPF_JEQ_K, 0, n + 1, AUDIT_ARCH_X86_64));
+    // Another ABI (i386, whose numbers differ): allowed.
+    prog.extend(insn(BPF_JEQ_K, 0, off(1, allow), AUDIT_ARCH_X86_64));
     prog.extend(insn(BPF_LD_W_ABS, 0, 0, 0));
     for (i, nr) in calls.iter().enumerate() {
         // A match jumps over the remaining tests and the ALLOW to the USER_NOTIF.
-        prog.extend(insn(BPF_JEQ_K, n - i as u8, 0, *nr));
+        prog.extend(insn(BPF_JEQ_K, off(3 + i, allow + 1), 0, *nr));
+    }
+    for (j, (nr, _, _)) in conds.iter().enumerate() {
+        prog.extend(insn(BPF_JEQ_K, off(3 + n + j, cond(j)), 0, *nr));
     }
     prog.extend(insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW));
     prog.extend(insn(BPF_RET_K, 0, 0, SECCOMP_RET_USER_NOTIF));
+    for (j, (_, _, arg)) in conds.iter().enumerate() {
+        // The low half of the flags argument (little-endian).
+        prog.extend(insn(BPF_LD_W_ABS, 0, 0, 16 + 8 * arg));
+        let at = cond(j) + 1;
+        prog.extend(insn(
+            BPF_JSET_K,
+            off(at, allow2 + 1),
+            off(at, allow2),
+            libc::AT_EMPTY_PATH as u32,
+        ));
+    }
+    if m > 0 {
+        prog.extend(insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW));
+        prog.extend(insn(BPF_RET_K, 0, 0, SECCOMP_RET_USER_NOTIF));
+    }
     prog
 }
 
@@ -307,28 +342,73 @@ pub fn install_forwarding(
 
 #[cfg(test)]
 mod tests {
+    /// What the program returns for a call (classic BPF, as the kernel runs it).
+    fn run(prog: &[u8], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+        let mut data = Vec::new();
+        data.extend(nr.to_ne_bytes());
+        data.extend(arch.to_ne_bytes());
+        data.extend(0u64.to_ne_bytes());
+        for a in args {
+            data.extend(a.to_ne_bytes());
+        }
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let i = &prog[pc * 8..pc * 8 + 8];
+            let code = u16::from_ne_bytes([i[0], i[1]]);
+            let (jt, jf) = (i[2] as usize, i[3] as usize);
+            let k = u32::from_ne_bytes([i[4], i[5], i[6], i[7]]);
+            pc += 1;
+            match code {
+                super::BPF_LD_W_ABS => {
+                    let k = k as usize;
+                    acc = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
+                }
+                super::BPF_JEQ_K => pc += if acc == k { jt } else { jf },
+                super::BPF_JSET_K => pc += if acc & k != 0 { jt } else { jf },
+                super::BPF_RET_K => return k,
+                other => panic!("instruction {other:#x}"),
+            }
+        }
+    }
+
     #[test]
-    fn the_forwarding_program_ends_in_allow_then_notify() {
+    fn the_forwarding_program_hands_over_exactly_its_calls() {
+        use super::{SECCOMP_RET_ALLOW as ALLOW, SECCOMP_RET_USER_NOTIF as NOTIF};
+        let x86 = super::AUDIT_ARCH_X86_64;
+        let empty = libc::AT_EMPTY_PATH as u64;
         for names in [false, true] {
             let prog = super::forwarding_program(names);
             assert_eq!(prog.len() % 8, 0);
-            let n = prog.len() / 8;
-            let k = |i: usize| u32::from_ne_bytes(prog[i * 8 + 4..i * 8 + 8].try_into().unwrap());
-            assert_eq!(k(n - 2), super::SECCOMP_RET_ALLOW);
-            assert_eq!(k(n - 1), super::SECCOMP_RET_USER_NOTIF);
-            // Each call's jump lands on the USER_NOTIF; the arch test's miss on the ALLOW.
-            let calls = super::FORWARDED.len() + if names { super::NAMES.len() } else { 0 };
-            assert_eq!(n, 3 + calls + 2);
-            for i in 0..calls {
-                let at = 3 + i;
-                assert_eq!(at + 1 + prog[at * 8 + 2] as usize, n - 1);
+            let call = |nr: i64, args: [u64; 6]| run(&prog, x86, nr as u32, args);
+            for (nr, _) in super::FORWARDED {
+                assert_eq!(call(nr as i64, [0; 6]), NOTIF);
+                // i386's numbers mean other calls.
+                assert_eq!(run(&prog, 0x4000_0003, nr, [0; 6]), ALLOW);
             }
-            assert_eq!(2 + prog[8 + 3] as usize, n - 2);
-            // The names' numbers are tested only with `names`.
-            let tested: Vec<u32> = (3..3 + calls).map(k).collect();
             for (nr, _) in super::NAMES {
-                assert_eq!(tested.contains(&nr), names);
+                assert_eq!(call(nr as i64, [0; 6]), if names { NOTIF } else { ALLOW });
+            }
+            let at = |flags: u64| [3, 0, 0, flags, 0, 0];
+            let sx = |flags: u64| [3, 0, flags, 0x7ff, 0, 0];
+            let n = if names { NOTIF } else { ALLOW };
+            assert_eq!(call(libc::SYS_newfstatat, at(empty)), n);
+            assert_eq!(call(libc::SYS_newfstatat, at(empty | 0x100)), n);
+            assert_eq!(call(libc::SYS_newfstatat, at(0x100)), ALLOW);
+            assert_eq!(call(libc::SYS_newfstatat, at(0)), ALLOW);
+            assert_eq!(call(libc::SYS_statx, sx(empty)), n);
+            assert_eq!(call(libc::SYS_statx, sx(0)), ALLOW);
+            // Flags in another argument than the call's own do not count.
+            assert_eq!(call(libc::SYS_statx, at(empty)), ALLOW);
+            for nr in [
+                libc::SYS_read,
+                libc::SYS_write,
+                libc::SYS_stat,
+                libc::SYS_openat,
+            ] {
+                assert_eq!(call(nr, at(empty)), ALLOW);
             }
         }
+        // Without names, the program is the one bodies have had since the filter came.
+        assert_eq!(super::forwarding_program(false).len() / 8, 3 + 4 + 2);
     }
 }

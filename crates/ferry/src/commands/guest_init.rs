@@ -101,8 +101,8 @@ struct Supervisor {
     /// The processes whose counts changed since they were last reported.
     changed: std::collections::BTreeSet<i32>,
     /// The relayed sockets, by the inode of the socket the tree holds: their names at home
-    /// (getsockname's, getpeername's), as the kernel writes them.
-    names: std::collections::HashMap<u64, (Vec<u8>, Vec<u8>)>,
+    /// (getsockname's, getpeername's), as the kernel writes them, and their inode there.
+    names: std::collections::HashMap<u64, ferry_engine::resources::sockets::RelayedNames>,
     /// The device number of sockets (sockfs): an inode number means a socket only with it.
     sockfs: u64,
     /// Bytes read from the hold socket and not yet understood (a message cut in two).
@@ -148,9 +148,7 @@ impl Supervisor {
                         .ok()
                         .and_then(ferry_engine::resources::sockets::RelayedNames::decode);
                     match list {
-                        Some(list) => self
-                            .names
-                            .extend(list.into_iter().map(|n| (n.ino, (n.local, n.peer)))),
+                        Some(list) => self.names.extend(list.into_iter().map(|n| (n.ino, n))),
                         None => log::warn!("guest init: bad relayed socket names: {text:?}"),
                     }
                 }
@@ -169,28 +167,45 @@ impl Supervisor {
         self.listeners.extend(rights);
     }
 
+    /// The relayed socket the caller of `n` names by its descriptor `fd` (a copy of it, and
+    /// what the restore said of it); `None` for any other descriptor.
+    fn relayed(
+        &self,
+        n: &ferry_sys::seccomp::Notif,
+        fd: u64,
+    ) -> Option<(
+        std::fs::File,
+        &ferry_engine::resources::sockets::RelayedNames,
+    )> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let sock = ferry_sys::pidfd::pidfd_open(n.pid)
+            .and_then(|p| ferry_sys::pidfd::pidfd_getfd(&p, fd as i32))
+            .ok()
+            .map(std::fs::File::from)?;
+        let meta = sock.metadata().ok()?;
+        if !meta.file_type().is_socket() || meta.dev() != self.sockfs {
+            return None;
+        }
+        let known = self.names.get(&meta.ino())?;
+        Some((sock, known))
+    }
+
+    /// Writes `bytes` at `addr` of the caller of `n`, whole, or says it could not.
+    fn write_to(n: &ferry_sys::seccomp::Notif, addr: u64, bytes: &[u8]) -> bool {
+        matches!(ferry_sys::proc_mem::vm_write(n.pid, addr, bytes), Ok(w) if w == bytes.len())
+    }
+
     /// getsockname or getpeername (`n`, taken from `listener`): for a relayed socket, the
     /// name it had at home, written into the caller's buffer as the kernel would (its whole
     /// length into `*addrlen`, and at most `*addrlen` bytes of it); for anything else, or a
     /// socket the kernel would fail the call for (getpeername once it is no longer connected),
     /// the kernel's own answer.
     fn name(&self, n: &ferry_sys::seccomp::Notif, listener: i32) -> Answer {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let peer = n.nr as i64 == libc::SYS_getpeername;
-        let sock = ferry_sys::pidfd::pidfd_open(n.pid)
-            .and_then(|p| ferry_sys::pidfd::pidfd_getfd(&p, n.args[0] as i32));
-        let Ok(sock) = sock.map(std::fs::File::from) else {
+        let Some((sock, known)) = self.relayed(n, n.args[0]) else {
             return Answer::Kernel;
         };
-        let Ok(meta) = sock.metadata() else {
-            return Answer::Kernel;
-        };
-        if !meta.file_type().is_socket() || meta.dev() != self.sockfs {
-            return Answer::Kernel;
-        }
-        let Some((local, remote)) = self.names.get(&meta.ino()) else {
-            return Answer::Kernel;
-        };
+        let (local, remote) = (&known.local, &known.peer);
         if peer && ferry_sys::sockets::getpeername(sock.as_raw_fd()).is_err() {
             return Answer::Kernel;
         }
@@ -210,7 +225,7 @@ impl Supervisor {
         if !ferry_sys::seccomp::id_valid(listener, n.id) {
             return Answer::Errno(libc::EINTR);
         }
-        let write = |addr: u64, bytes: &[u8]| matches!(ferry_sys::proc_mem::vm_write(n.pid, addr, bytes), Ok(w) if w == bytes.len());
+        let write = |addr: u64, bytes: &[u8]| Self::write_to(n, addr, bytes);
         if len >= 0 && !write(n.args[2], &(name.len() as u32).to_ne_bytes()) {
             return Answer::Errno(libc::EFAULT);
         }
@@ -218,6 +233,61 @@ impl Supervisor {
             return Answer::Errno(libc::EINVAL);
         }
         if len > 0 && !write(n.args[1], &name[..len as usize]) {
+            return Answer::Errno(libc::EFAULT);
+        }
+        Answer::Value(0)
+    }
+
+    /// fstat, or newfstatat and statx of a descriptor itself (AT_EMPTY_PATH, an empty path):
+    /// for a relayed socket, what the kernel says of the body's socket but for its inode
+    /// number, which is the original's at home; for anything else, the kernel's own answer.
+    fn stat(&self, n: &ferry_sys::seccomp::Notif, listener: i32) -> Answer {
+        let nr = n.nr as i64;
+        let (fd, buf) = match nr {
+            libc::SYS_fstat => (n.args[0], n.args[1]),
+            libc::SYS_newfstatat => (n.args[0], n.args[2]),
+            _ => (n.args[0], n.args[4]),
+        };
+        if nr != libc::SYS_fstat && n.args[1] != 0 {
+            // A path (relative to the descriptor) is the kernel's to follow; a NULL one with
+            // AT_EMPTY_PATH means the descriptor itself, as an empty one does.
+            let mut first = [0u8; 1];
+            match ferry_sys::proc_mem::vm_read(n.pid, n.args[1], &mut first) {
+                Ok(1) if first[0] == 0 => {}
+                _ => return Answer::Kernel,
+            }
+        }
+        let Some((sock, known)) = self.relayed(n, fd) else {
+            return Answer::Kernel;
+        };
+        let ino = known.home_ino.to_ne_bytes();
+        let st = if nr == libc::SYS_statx {
+            // struct statx: stx_mask at 0, stx_ino at 32 (when the mask has STATX_INO).
+            let flags = (n.args[2] as i32) & libc::AT_STATX_SYNC_TYPE;
+            match ferry_sys::fdops::statx_raw(sock.as_raw_fd(), flags, n.args[3] as u32) {
+                Ok(mut st) => {
+                    let mask = u32::from_ne_bytes(st[0..4].try_into().expect("4 bytes"));
+                    if mask & libc::STATX_INO != 0 {
+                        st[32..40].copy_from_slice(&ino);
+                    }
+                    st.to_vec()
+                }
+                Err(_) => return Answer::Kernel,
+            }
+        } else {
+            // struct stat (x86_64): st_ino at 8.
+            match ferry_sys::fdops::fstat_raw(sock.as_raw_fd()) {
+                Ok(mut st) => {
+                    st[8..16].copy_from_slice(&ino);
+                    st.to_vec()
+                }
+                Err(_) => return Answer::Kernel,
+            }
+        };
+        if !ferry_sys::seccomp::id_valid(listener, n.id) {
+            return Answer::Errno(libc::EINTR);
+        }
+        if !Self::write_to(n, buf, &st) {
             return Answer::Errno(libc::EFAULT);
         }
         Answer::Value(0)
@@ -279,6 +349,8 @@ impl Supervisor {
         let nr = n.nr as i64;
         let answer = if nr == libc::SYS_getsockname || nr == libc::SYS_getpeername {
             self.name(&n, fd)
+        } else if nr == libc::SYS_fstat || nr == libc::SYS_newfstatat || nr == libc::SYS_statx {
+            self.stat(&n, fd)
         } else {
             match self.answer(&n) {
                 Ok(v) => Answer::Value(v),

@@ -16,12 +16,14 @@ use std::os::unix::fs::MetadataExt;
 
 /// A relayed socket as its supervisor knows it: the inode of the socket the body holds, and
 /// the names the original had at home, as getsockname(2) and getpeername(2) write them (raw
-/// `struct sockaddr` bytes, as long as the kernel says they are).
+/// `struct sockaddr` bytes, as long as the kernel says they are), and its inode there (what
+/// fstat(2) said at home: `SocketDesc::ino`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RelayedNames {
     pub ino: u64,
     pub local: Vec<u8>,
     pub peer: Vec<u8>,
+    pub home_ino: u64,
 }
 
 /// The bytes getsockname(2) or getpeername(2) gives for `a` of a socket of `family` (`None`:
@@ -79,6 +81,7 @@ pub fn relayed_names(tree: &Tree, descs: &HashMap<u32, OwnedFd>) -> Result<Vec<R
             ino,
             local: name_bytes(s.family, s.local.as_ref()),
             peer: name_bytes(s.family, s.peer.as_ref()),
+            home_ino: s.ino,
         });
     }
     Ok(out)
@@ -114,10 +117,13 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 }
 
 impl RelayedNames {
-    /// One line per socket: "INO LOCAL PEER\n", the names in hex ("-" for none).
+    /// One line per socket: "INO LOCAL PEER HOME_INO\n", the names in hex ("-" for none).
     pub fn encode(list: &[RelayedNames]) -> String {
         list.iter()
-            .map(|n| format!("{} {} {}\n", n.ino, hex(&n.local), hex(&n.peer)))
+            .map(|n| {
+                let (l, p) = (hex(&n.local), hex(&n.peer));
+                format!("{} {l} {p} {}\n", n.ino, n.home_ino)
+            })
             .collect()
     }
 
@@ -131,6 +137,7 @@ impl RelayedNames {
                     ino: f.next()?.parse().ok()?,
                     local: unhex(f.next()?)?,
                     peer: unhex(f.next()?)?,
+                    home_ino: f.next()?.parse().ok()?,
                 };
                 f.next().is_none().then_some(n)
             })
@@ -168,17 +175,20 @@ mod tests {
                     }),
                 ),
                 peer: vec![1, 0],
+                home_ino: 9,
             },
             RelayedNames {
                 ino: 7,
                 local: Vec::new(),
                 peer: vec![0xff; 111],
+                home_ino: u64::MAX,
             },
         ];
         let text = RelayedNames::encode(&list);
         assert_eq!(RelayedNames::decode(&text), Some(list));
-        assert_eq!(RelayedNames::decode("1 zz -\n"), None);
-        assert_eq!(RelayedNames::decode("1 00 - extra\n"), None);
-        assert_eq!(RelayedNames::decode("1 0 -\n"), None);
+        assert_eq!(RelayedNames::decode("1 zz - 2\n"), None);
+        assert_eq!(RelayedNames::decode("1 00 - 2 extra\n"), None);
+        assert_eq!(RelayedNames::decode("1 0 - 2\n"), None);
+        assert_eq!(RelayedNames::decode("1 00 -\n"), None);
     }
 }
