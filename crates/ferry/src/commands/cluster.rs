@@ -477,6 +477,13 @@ fn start_node(
         "--go-fd".into(),
         go_r.as_raw_fd().to_string(),
     ];
+    let mut args = args;
+    for name in super::node_init::NET_SYSCTLS {
+        if let Ok(v) = std::fs::read_to_string(Path::new("/proc/sys/net").join(name)) {
+            args.push("--net-sysctl".into());
+            args.push(format!("{name}={}", v.trim()));
+        }
+    }
     let init = ferry_sys::ns::spawn_node_init(exe, &args, go_r.as_raw_fd())
         .with_context(|| format!("make the namespaces of node {name}"))?;
     drop(go_r);

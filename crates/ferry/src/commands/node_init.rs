@@ -7,8 +7,9 @@
 //! the ferry binary and the cluster's shared tree (`shared` in the config) are carried, bound
 //! at the same paths; and, once `ferry cluster up` has moved the node's end of a veth pair in
 //! (it then writes one byte on the go pipe), its own address on that link, loopback, and a
-//! route to the cluster's subnet only. Then it starts the daemon (its log on stdout and
-//! stderr), reaps every orphan of the node, and on SIGTERM or SIGINT passes SIGTERM to the
+//! route to the cluster's subnet only, and the machine's network settings that a moving
+//! process's state may depend on ([`NET_SYSCTLS`]). Then it starts the daemon (its log on
+//! stdout and stderr), reaps every orphan of the node, and on SIGTERM or SIGINT passes SIGTERM to the
 //! daemon and, once the daemon is gone, exits: the kernel then ends whatever still runs on the
 //! node, as a machine's shutdown would. If the daemon ends on its own (killed, crashed), the
 //! node stays up, as a machine whose daemon crashed does: its sockets close as they would
@@ -35,7 +36,17 @@ pub struct Args {
     /// The read end of the go pipe: one byte once the link is in our namespace.
     #[arg(long)]
     pub go_fd: i32,
+    /// Network settings of the machine to give the node too, `NAME=VALUE` (NAME under
+    /// /proc/sys/net, e.g. `ipv4/ping_group_range=0 0`): a new network namespace starts with
+    /// the kernel's defaults, not the machine's.
+    #[arg(long = "net-sysctl")]
+    pub net_sysctls: Vec<String>,
 }
+
+/// The settings of this machine's network namespace a separate node takes over: those a
+/// process's state may depend on when it moves (a ping socket can only be made again where
+/// its maker's group may make one).
+pub const NET_SYSCTLS: [&str; 1] = ["ipv4/ping_group_range"];
 
 /// The directories a node has to itself: fresh and empty on each node, like a machine's.
 pub const PRIVATE_DIRS: [(&str, u32); 3] =
@@ -70,6 +81,14 @@ pub fn run(a: Args) -> Result<()> {
         _ => bail!("`ferry cluster up` gave up before this node's link was ready"),
     }
     drop(go);
+    for kv in &a.net_sysctls {
+        let (name, value) = kv
+            .split_once('=')
+            .filter(|(n, _)| NET_SYSCTLS.contains(n))
+            .with_context(|| format!("--net-sysctl {kv:?}: not one of {NET_SYSCTLS:?}"))?;
+        let path = Path::new("/proc/sys/net").join(name);
+        std::fs::write(&path, value).with_context(|| format!("set {}", path.display()))?;
+    }
     ip(&["link", "set", "lo", "up"])?;
     ip(&["addr", "add", &a.address, "dev", &a.link])?;
     ip(&["link", "set", &a.link, "up"])?;

@@ -8,6 +8,11 @@ impl Cap<'_> {
         if ty == SockType::Raw {
             return self.raw(domain, protocol);
         }
+        if ty == SockType::Dgram
+            && (protocol == libc::IPPROTO_ICMP || protocol == ping::IPPROTO_ICMPV6)
+        {
+            return self.ping(domain, protocol);
+        }
         let family = if domain == libc::AF_INET {
             SockFamily::Inet
         } else {
@@ -130,7 +135,8 @@ impl Cap<'_> {
             }
             _ => {
                 return Err(self.refuse(format!(
-                    "{} sockets of protocol {protocol} are not supported (only TCP and UDP)",
+                    "{} sockets of protocol {protocol} are not supported (only TCP, UDP and \
+                     ICMP echo)",
                     if domain == libc::AF_INET {
                         "IPv4"
                     } else {

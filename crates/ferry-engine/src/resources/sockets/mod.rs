@@ -36,12 +36,15 @@
 //! the shared plumbing (addresses, options, the capture of one descriptor, the check of the
 //! whole tree, the rebuild's [`Builder`] and the [`Deferred`] machinery), `unix` the UNIX
 //! sockets, `inet` what TCP and UDP share, `tcp` the TCP repair-mode work, `udp` the UDP
-//! datagrams and `scm` the descriptors in flight in UNIX sockets' queues (SCM_RIGHTS).
+//! datagrams, `ping` the ICMP echo sockets, `raw` and `packet` those that see raw packets,
+//! `netlink` the kernel's, and `scm` the descriptors in flight in UNIX sockets' queues
+//! (SCM_RIGHTS).
 
 mod filter;
 mod inet;
 mod netlink;
 mod packet;
+mod ping;
 mod raw;
 mod relayed;
 mod scm;
@@ -881,6 +884,8 @@ pub struct Deferred {
     handshakes: Vec<DeferredHandshake>,
     /// UDP sockets shut down, once bound and their datagrams sent.
     shutdowns: Vec<(OwnedFd, Shutdown)>,
+    /// Echo replies for ping sockets, once they have their identifiers.
+    pings: Vec<ping::DeferredPings>,
 }
 
 impl Deferred {
@@ -897,6 +902,7 @@ impl Deferred {
             && self.names.is_empty()
             && self.handshakes.is_empty()
             && self.shutdowns.is_empty()
+            && self.pings.is_empty()
     }
 
     /// Binds and connects the UDP sockets, makes the TCP listeners listen, makes the TCP
@@ -972,6 +978,12 @@ impl Deferred {
                     &format!("{}: queue {} bytes again", d.what, d.data.len()),
                     e,
                 )
+            })?;
+        }
+        for p in &self.pings {
+            p.deliver().map_err(|e| Error::Restore {
+                pid,
+                what: format!("{}: {e}", p.what),
             })?;
         }
         for (fd, sh) in &self.shutdowns {
@@ -1369,8 +1381,19 @@ impl<'a> Builder<'a> {
                 SockFamily::Netlink => libc::AF_NETLINK,
                 SockFamily::Packet => libc::AF_PACKET,
             };
-            let fd = sk::socket(domain, sock_type_raw(s.sock_type) | NEW, s.protocol)
-                .map_err(|e| self.err(i, format!("socket: {e}")))?;
+            let fd =
+                sk::socket(domain, sock_type_raw(s.sock_type) | NEW, s.protocol).map_err(|e| {
+                    match ping::is_ping(s.family, s.sock_type, s.protocol) {
+                        true if e.errno == libc::EACCES => self.err(
+                            i,
+                            format!(
+                            "make an ICMP echo (ping) socket: {e}: the restorer's group is not \
+                             in net.ipv4.ping_group_range here"
+                        ),
+                        ),
+                        _ => self.err(i, format!("socket: {e}")),
+                    }
+                })?;
             self.fds[i] = Some(fd);
             match s.family {
                 SockFamily::Unix => {}
@@ -1446,6 +1469,9 @@ impl<'a> Builder<'a> {
                             }
                         }
                     }
+                }
+                (f, SockType::Dgram) if ping::is_ping(f, SockType::Dgram, s.protocol) => {
+                    self.requeue_ping_replies(r)?;
                 }
                 (_, SockType::Dgram) => {
                     let to =

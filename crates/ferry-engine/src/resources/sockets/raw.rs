@@ -48,14 +48,9 @@ fn address_only(a: SockAddr) -> Option<SockAddr> {
     }
 }
 
-/// Where raw socket `ino` is connected, from /proc/PID/net/raw or raw6 (a line's state is
-/// TCP_ESTABLISHED, 1, when it is), or `None`.
-fn connected_to(pid: i32, domain: i32, ino: u64) -> Option<SockAddr> {
-    let table = if domain == libc::AF_INET {
-        "net/raw"
-    } else {
-        "net/raw6"
-    };
+/// Where socket `ino` is connected, from `table` (/proc/PID/net/raw, raw6, icmp or icmp6: a
+/// line's state is TCP_ESTABLISHED, 1, when it is), or `None`. The port is left 0.
+pub(super) fn connected_to(pid: i32, table: &str, ino: u64) -> Option<SockAddr> {
     let text = procfs::read(pid, table).ok()?;
     for line in text.lines().skip(1) {
         let cols: Vec<&str> = line.split_whitespace().collect();
@@ -102,7 +97,12 @@ impl Cap<'_> {
         let raw_name = sk::getsockname(self.s).ctx(self.pid, || self.what("read the name"))?;
         let local = decode_addr(&raw_name).and_then(address_only);
         // getpeername(2) answers ENOTCONN for a raw socket (it has no port): the table says.
-        let peer = connected_to(self.pid, domain, self.ino).and_then(address_only);
+        let table = if domain == libc::AF_INET {
+            "net/raw"
+        } else {
+            "net/raw6"
+        };
+        let peer = connected_to(self.pid, table, self.ino).and_then(address_only);
         let mut desc = SocketDesc {
             ino: self.ino,
             family,

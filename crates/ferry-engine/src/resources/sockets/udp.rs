@@ -51,6 +51,7 @@ impl<'a> Builder<'a> {
             let s = self.sock(j);
             s.family != SockFamily::Unix
                 && s.sock_type == SockType::Dgram
+                && !ping::is_ping(s.family, s.sock_type, s.protocol)
                 && s.local.as_ref().is_some_and(|l| same_endpoint(l, from))
         })
     }
