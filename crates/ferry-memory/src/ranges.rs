@@ -75,6 +75,16 @@ impl RangeMap {
         self.m.iter().next().map(|(&s, &(e, src))| (s, e, src))
     }
 
+    /// The range holding `addr`, or else the lowest one above it.
+    pub fn at_or_after(&self, addr: u64) -> Option<(u64, u64, Src)> {
+        self.get(addr).or_else(|| {
+            self.m
+                .range(addr..)
+                .next()
+                .map(|(&s, &(e, src))| (s, e, src))
+        })
+    }
+
     /// `[from, from+len)` moved to `[to, to+len)` (whatever was there is replaced).
     pub fn remap(&mut self, from: u64, to: u64, len: u64) {
         let moved = self.remove(from, from + len);

@@ -24,7 +24,7 @@ use ferry_image::Backing;
 use ferry_sys::proc_mem::{vm_write, ProcMem};
 use ferry_sys::uffd::{self, Msg};
 use ferry_sys::PAGE_SIZE;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
@@ -39,8 +39,15 @@ pub struct Options {
     /// The background push starts this long after the tree was handed over (until then only
     /// faults are served). Zero: at once.
     pub push_after: Duration,
-    /// Bytes the background push copies between two looks at the faults.
+    /// Bytes the background push asks for in one request.
     pub push_piece: usize,
+    /// Bytes the background push keeps asked for and not yet received (requests pipelined
+    /// to a remote source; faults' requests go out at once beside them).
+    pub push_window: usize,
+    /// The most pages one fault's window may grow to: a fault right after the previous one's
+    /// window doubles it (a process reading its memory in sequence), any other starts again
+    /// at `1 + prefetch` (no growth with `prefetch` 0).
+    pub fault_window_max: usize,
     /// The ferry binary, to run the lazy phase's guardian ([`crate::guard`]); `None`: no
     /// guardian (the tree's memory then depends on this process staying alive).
     pub guardian: Option<std::path::PathBuf>,
@@ -59,6 +66,8 @@ impl Default for Options {
             prefetch: 1,
             push_after: Duration::ZERO,
             push_piece: 256 << 10,
+            push_window: 4 << 20,
+            fault_window_max: 256,
             guardian: None,
             push_gate: None,
             serves_inherited: false,
@@ -78,6 +87,9 @@ pub struct Stats {
     /// fault, or the push, had brought it): woken without a copy.
     pub faults: u64,
     pub faults_already_served: u64,
+    /// Faults whose page was already asked for (by the push or another fault's window):
+    /// served by that answer, never asked again.
+    pub faults_on_the_way: u64,
     /// Pages copied in answer to faults (the faulting pages and their prefetched neighbours),
     /// and by the background push.
     pub fault_pages: u64,
@@ -89,6 +101,11 @@ pub struct Stats {
     pub unmaps: u64,
     /// Time spent answering faults (from reading the message to the copy's wake), in all.
     pub fault_service_us: u64,
+    /// Requests made to the source, the most outstanding at once, and the largest window a
+    /// fault asked for (pages).
+    pub asks: u64,
+    pub max_asks_in_flight: u64,
+    pub max_fault_window_pages: u64,
     /// Bytes the source delivered.
     pub source_bytes: u64,
     /// From the hand-over until the last page was in and the source let go.
@@ -104,12 +121,31 @@ struct Space {
     label: String,
     /// Where each registered range's contents come from.
     view: RangeMap,
-    /// What the source holds that this address space still lacks.
+    /// What the source holds that this address space still lacks, not yet asked for.
     owed: RangeMap,
+    /// Asked for and not yet in: on its way, never asked for again.
+    inflight: RangeMap,
+    /// Where the push goes on in this space (where the last fault's window ended).
+    cursor: u64,
+    /// The last fault, the end of its window and the window's size in pages.
+    last_fault: u64,
+    fault_end: u64,
+    window: u64,
     /// Ranges whose pages a forked child gets zeroed (MADV_WIPEONFORK in the image).
     wipe_on_fork: Vec<(u64, u64)>,
     /// Its process is gone.
     dead: bool,
+}
+
+impl Space {
+    /// Pages on their way to `[start, end)` that the process dropped or unmapped: no longer
+    /// waited for; a thread blocked in a fault there is woken to fault again (and find the
+    /// zero page, or its signal).
+    fn forget_on_the_way(&mut self, start: u64, end: u64) {
+        for (s, e, _) in self.inflight.remove(start, end) {
+            let _ = uffd::wake(self.uffd.as_fd(), s, e - s);
+        }
+    }
 }
 
 /// A page server for [`ferry_engine::restore::RestoreOptions::lazy`]: [`LazyMemory::start`]
@@ -239,6 +275,11 @@ impl LazyMemory for LazyServer {
                 label: format!("PID {}", p.pid),
                 view,
                 owed,
+                inflight: RangeMap::default(),
+                cursor: 0,
+                last_fault: 0,
+                fault_end: 0,
+                window: 1,
                 wipe_on_fork,
                 dead: false,
             });
@@ -264,9 +305,11 @@ impl LazyMemory for LazyServer {
                     source,
                     opts,
                     stats,
-                    buf: Vec::new(),
                     t0,
                     guardian,
+                    asks: HashMap::new(),
+                    push_in_flight: 0,
+                    arrived: Vec::new(),
                 };
                 let r = s.run();
                 let guardian = s.guardian.take();
@@ -410,7 +453,7 @@ fn children_of(pid: i32) -> Vec<i32> {
         .collect()
 }
 
-/// The outcome of one fill of a range.
+/// The outcome of one copy into a range.
 enum Fill {
     /// Done (pages already present skipped, their waiters woken).
     Done,
@@ -420,14 +463,32 @@ enum Fill {
     Gone { dead: bool },
 }
 
+/// A request to the source, outstanding or answered and not yet copied in everywhere.
+#[derive(Debug, Clone, Copy)]
+struct Ask {
+    pid: i32,
+    addr: u64,
+    len: u64,
+    /// The background push's (else a fault's window).
+    push: bool,
+    /// For a fault's: when the fault was read.
+    fault_at: Option<Instant>,
+}
+
 struct Serving {
     spaces: Vec<Space>,
     source: Box<dyn PageSource>,
     opts: Options,
     stats: Stats,
-    buf: Vec<u8>,
     t0: Instant,
     guardian: Option<Guardian>,
+    /// Outstanding requests, by number.
+    asks: HashMap<u64, Ask>,
+    /// Bytes the push has asked for and not yet received.
+    push_in_flight: u64,
+    /// Answers received whose pages are not yet in every address space waiting for them (a
+    /// copy met a changing address space: tried again once its events are read).
+    arrived: Vec<(Ask, Vec<u8>)>,
 }
 
 const PAGE: u64 = PAGE_SIZE;
@@ -440,8 +501,17 @@ impl Serving {
             let before = self.spaces.len();
             self.spaces.retain(|s| !s.dead);
             self.stats.ended_owing += (before - self.spaces.len()) as u64;
-            if self.spaces.iter().all(|s| s.owed.is_empty()) {
-                return Ok(());
+            if self.asks.is_empty() && self.arrived.is_empty() {
+                // Pages on their way with no request left for them (cannot happen; should it,
+                // they are owed again rather than waited for in vain).
+                for s in &mut self.spaces {
+                    for (a, b, src) in s.inflight.remove(0, u64::MAX) {
+                        s.owed.insert(a, b, src);
+                    }
+                }
+                if self.spaces.iter().all(|s| s.owed.is_empty()) {
+                    return Ok(());
+                }
             }
             let gate_open = self
                 .opts
@@ -449,33 +519,145 @@ impl Serving {
                 .as_ref()
                 .is_none_or(|g| g.load(std::sync::atomic::Ordering::Acquire));
             let pushing = gate_open && self.t0.elapsed() >= self.opts.push_after;
-            let timeout = if pushing {
-                0
-            } else if !gate_open {
-                20
-            } else {
-                (self.opts.push_after.saturating_sub(self.t0.elapsed()))
-                    .as_millis()
-                    .clamp(1, 100) as i32
-            };
-            if !pushing {
+            if pushing {
+                next_push = self.push_more(next_push)?;
+            }
+            let waiting = !self.asks.is_empty();
+            let timeout =
+                if !self.arrived.is_empty() || (waiting && self.source.ready_fd().is_none()) {
+                    0
+                } else if waiting {
+                    100
+                } else if pushing {
+                    0
+                } else if !gate_open {
+                    20
+                } else {
+                    (self.opts.push_after.saturating_sub(self.t0.elapsed()))
+                        .as_millis()
+                        .clamp(1, 100) as i32
+                };
+            if !waiting {
                 self.source.check()?;
             }
-            let fds: Vec<i32> = self.spaces.iter().map(|s| s.uffd.as_raw_fd()).collect();
+            let mut fds: Vec<i32> = self.spaces.iter().map(|s| s.uffd.as_raw_fd()).collect();
+            let nspaces = fds.len();
+            if waiting {
+                fds.extend(self.source.ready_fd());
+            }
             let ready = ferry_sys::ns::poll_in(&fds, timeout)
                 .map_err(|e| format!("wait for page faults: {e}"))?;
             let any = ready.iter().any(|r| *r);
-            for (i, r) in ready.into_iter().enumerate().rev() {
-                if r {
+            for i in (0..nspaces).rev() {
+                if ready[i] {
                     self.drain(i)?;
                 }
             }
-            if pushing {
-                next_push = self.push_piece(next_push)?;
-            } else if !any {
+            if !self.asks.is_empty() {
+                self.collect()?;
+            }
+            self.apply_arrived()?;
+            if !pushing && !any {
                 self.find_dead();
             }
         }
+    }
+
+    /// Takes the answers that have arrived.
+    fn collect(&mut self) -> Result<(), String> {
+        let mut got = Vec::new();
+        self.source.answers(&mut got).map_err(|e| {
+            format!(
+                "memory owed to the tree cannot be supplied ({} requests outstanding): {e}",
+                self.asks.len()
+            )
+        })?;
+        for (id, data) in got {
+            // An answer to a request asked again comes twice: the second finds none.
+            let Some(a) = self.asks.remove(&id) else {
+                continue;
+            };
+            if a.push {
+                self.push_in_flight -= a.len;
+            }
+            if data.len() as u64 != a.len {
+                return Err(format!(
+                    "{} bytes came for PID {}'s memory at {:x} ({} asked)",
+                    data.len(),
+                    a.pid,
+                    a.addr,
+                    a.len
+                ));
+            }
+            self.arrived.push((a, data));
+        }
+        Ok(())
+    }
+
+    /// Copies what has arrived into every address space waiting for it.
+    fn apply_arrived(&mut self) -> Result<(), String> {
+        for (a, data) in std::mem::take(&mut self.arrived) {
+            if self.apply(&a, &data)? {
+                if let Some(t) = a.fault_at {
+                    self.stats.fault_service_us += t.elapsed().as_micros() as u64;
+                }
+            } else {
+                self.arrived.push((a, data));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the answer to `a` wherever its pages are on their way (a range moved by
+    /// mremap since is found at its new place, a forked child gets them too, a range
+    /// unmapped or dropped since is no longer waited for). False: a copy met a changing
+    /// address space, to be tried again once its events are read.
+    fn apply(&mut self, a: &Ask, data: &[u8]) -> Result<bool, String> {
+        let mut complete = true;
+        for j in 0..self.spaces.len() {
+            if self.spaces[j].dead {
+                continue;
+            }
+            let pieces: Vec<(u64, u64, usize)> = self.spaces[j]
+                .inflight
+                .iter()
+                .filter_map(|(s, e, src)| match src {
+                    Src::Image { pid, addr } if pid == a.pid => {
+                        let lo = addr.max(a.addr);
+                        let hi = (addr + (e - s)).min(a.addr + a.len);
+                        (lo < hi)
+                            .then(|| (s + (lo - addr), s + (hi - addr), (lo - a.addr) as usize))
+                    }
+                    _ => None,
+                })
+                .collect();
+            'pieces: for (ds, de, off) in pieces {
+                let mut at = ds;
+                while at < de {
+                    let from = off + (at - ds) as usize;
+                    let (fill, done_to) =
+                        self.copy_data(j, at, &data[from..off + (de - ds) as usize])?;
+                    self.spaces[j].inflight.remove(at, done_to);
+                    match fill {
+                        Fill::Done => break,
+                        Fill::Again => {
+                            complete = false;
+                            break;
+                        }
+                        Fill::Gone { dead: true } => {
+                            let s = &mut self.spaces[j];
+                            s.owed = RangeMap::default();
+                            s.inflight = RangeMap::default();
+                            s.dead = true;
+                            break 'pieces;
+                        }
+                        // One page gone (a hole unmapped in the middle): the rest goes on.
+                        Fill::Gone { dead: false } => at = done_to,
+                    }
+                }
+            }
+        }
+        Ok(complete)
     }
 
     /// Marks the address spaces whose process is gone (while the push waits, nothing else
@@ -485,13 +667,14 @@ impl Serving {
     fn find_dead(&mut self) {
         const PROBE: u64 = 0x10000;
         for s in &mut self.spaces {
-            if s.owed.is_empty() || s.view.get(PROBE).is_some() {
+            if (s.owed.is_empty() && s.inflight.is_empty()) || s.view.get(PROBE).is_some() {
                 continue;
             }
             if let Err((e, _)) = uffd::zeropage(s.uffd.as_fd(), PROBE, PAGE) {
                 if e.errno == libc::ESRCH {
                     s.dead = true;
                     s.owed = RangeMap::default();
+                    s.inflight = RangeMap::default();
                 }
             }
         }
@@ -538,10 +721,7 @@ impl Serving {
     fn handle(&mut self, i: usize, m: Msg) -> Result<Option<Msg>, String> {
         match m {
             Msg::Pagefault { address, .. } => {
-                let t = Instant::now();
-                let r = self.fault(i, address & !(PAGE - 1))?;
-                self.stats.fault_service_us += t.elapsed().as_micros() as u64;
-                if r {
+                if self.fault(i, address & !(PAGE - 1))? {
                     self.stats.faults += 1;
                     Ok(None)
                 } else {
@@ -552,9 +732,11 @@ impl Serving {
                 let parent = &self.spaces[i];
                 let mut view = parent.view.clone();
                 let mut owed = parent.owed.clone();
+                let mut inflight = parent.inflight.clone();
                 for &(s, e) in &parent.wipe_on_fork {
                     view.remove(s, e);
                     owed.remove(s, e);
+                    inflight.remove(s, e);
                 }
                 let label = if parent.label.starts_with("a process forked from") {
                     parent.label.clone()
@@ -570,6 +752,11 @@ impl Serving {
                     label,
                     view,
                     owed,
+                    inflight,
+                    cursor: 0,
+                    last_fault: 0,
+                    fault_end: 0,
+                    window: 1,
                     wipe_on_fork,
                     dead: false,
                 });
@@ -580,6 +767,7 @@ impl Serving {
                 let s = &mut self.spaces[i];
                 s.view.remap(from, to, len);
                 s.owed.remap(from, to, len);
+                s.inflight.remap(from, to, len);
                 self.stats.remaps += 1;
                 Ok(None)
             }
@@ -590,6 +778,7 @@ impl Serving {
                     s.view.insert(start, end, Src::Zero);
                 }
                 s.owed.remove(start, end);
+                s.forget_on_the_way(start, end);
                 self.stats.removes += 1;
                 Ok(None)
             }
@@ -597,6 +786,7 @@ impl Serving {
                 let s = &mut self.spaces[i];
                 s.view.remove(start, end);
                 s.owed.remove(start, end);
+                s.forget_on_the_way(start, end);
                 self.stats.unmaps += 1;
                 Ok(None)
             }
@@ -607,56 +797,115 @@ impl Serving {
         }
     }
 
-    /// Answers a fault at `page` of space `i`. False: try again (the address space changes).
+    /// Answers a fault at `page` of space `i`: a page on its way is left to its answer (whose
+    /// copy wakes every thread waiting there); an owed page is asked for with a window of
+    /// the owed pages after it, which doubles while the faults go on in sequence (up to
+    /// [`Options::fault_window_max`]); a page with no data gets the zero page. False: try
+    /// again (the address space changes).
     fn fault(&mut self, i: usize, page: u64) -> Result<bool, String> {
-        let owed = self.spaces[i].owed.get(page);
-        let outcome = match owed {
-            Some((s, e, src)) => {
-                let end = e.min(page + PAGE * (1 + self.opts.prefetch as u64));
-                let r = self.copy_from_source(i, page, end, src.at(page - s))?;
-                if let Fill::Done = r {
-                    self.stats.fault_pages += (end - page) / PAGE;
+        if self.spaces[i].inflight.get(page).is_some() {
+            self.stats.faults_on_the_way += 1;
+            return Ok(true);
+        }
+        if self.spaces[i].owed.get(page).is_none() {
+            return Ok(match self.zero(i, page) {
+                Fill::Done => true,
+                Fill::Again => false,
+                Fill::Gone { dead } => {
+                    if dead {
+                        let s = &mut self.spaces[i];
+                        s.owed = RangeMap::default();
+                        s.inflight = RangeMap::default();
+                        s.dead = true;
+                    }
+                    true
                 }
-                r
-            }
-            None => self.zero(i, page),
+            });
+        }
+        let first = 1 + self.opts.prefetch as u64;
+        let max = if self.opts.prefetch == 0 {
+            1
+        } else {
+            first.max(self.opts.fault_window_max as u64)
         };
-        Ok(match outcome {
-            Fill::Done => true,
-            Fill::Again => false,
-            Fill::Gone { dead } => {
-                if dead {
-                    self.spaces[i].owed = RangeMap::default();
-                    self.spaces[i].dead = true;
-                }
-                true
-            }
-        })
+        let s = &mut self.spaces[i];
+        let in_sequence = page >= s.last_fault && page <= s.fault_end + s.window * PAGE;
+        s.window = if in_sequence {
+            (s.window * 2).min(max)
+        } else {
+            first
+        };
+        s.last_fault = page;
+        s.fault_end = page + s.window * PAGE;
+        // The push goes on from here: what the process touches next is likely near.
+        s.cursor = s.fault_end;
+        let (end, window) = (s.fault_end, s.window);
+        self.stats.max_fault_window_pages = self.stats.max_fault_window_pages.max(window);
+        let pages = self.ask_range(i, page, end, Some(Instant::now()), false)?;
+        self.stats.fault_pages += pages;
+        Ok(true)
     }
 
-    /// Copies `[start, end)` of space `i` from the source (`src` for `start`), then drops it
-    /// from what the space is owed.
-    fn copy_from_source(
+    /// Asks the source for what space `i` is owed in `[start, end)` (in requests of at most
+    /// the source's limit), which is then on its way, never asked for again; gives the pages
+    /// asked.
+    fn ask_range(
         &mut self,
         i: usize,
         start: u64,
         end: u64,
-        src: Src,
-    ) -> Result<Fill, String> {
-        let Src::Image { pid, addr } = src else {
-            return Ok(self.zero(i, start));
-        };
-        let len = (end - start) as usize;
-        let mut buf = std::mem::take(&mut self.buf);
-        buf.resize(len, 0);
-        let read = self.source.read(pid, addr, &mut buf);
-        if let Err(e) = read {
-            self.buf = buf;
-            return Err(format!(
-                "{}: its memory at {start:x}-{end:x} cannot be supplied: {e}",
-                self.spaces[i].label
-            ));
+        fault_at: Option<Instant>,
+        push: bool,
+    ) -> Result<u64, String> {
+        let max = (self.source.max_ask() as u64).max(PAGE) & !(PAGE - 1);
+        let mut pages = 0;
+        for (s, e, src) in self.spaces[i].owed.remove(start, end) {
+            let Src::Image { pid, addr } = src else {
+                continue;
+            };
+            self.spaces[i].inflight.insert(s, e, src);
+            let mut at = 0;
+            while at < e - s {
+                let len = (e - s - at).min(max);
+                let id = self
+                    .source
+                    .ask(pid, addr + at, len as usize)
+                    .map_err(|err| {
+                        format!(
+                            "{}: its memory at {:x}-{:x} cannot be supplied: {err}",
+                            self.spaces[i].label,
+                            s + at,
+                            s + at + len
+                        )
+                    })?;
+                self.asks.insert(
+                    id,
+                    Ask {
+                        pid,
+                        addr: addr + at,
+                        len,
+                        push,
+                        fault_at,
+                    },
+                );
+                if push {
+                    self.push_in_flight += len;
+                }
+                self.stats.asks += 1;
+                at += len;
+            }
+            pages += (e - s) / PAGE;
         }
+        self.stats.max_asks_in_flight = self.stats.max_asks_in_flight.max(self.asks.len() as u64);
+        Ok(pages)
+    }
+
+    /// Copies `buf` into space `i` at `start`; gives how it ended and how far it got (the
+    /// end of what was copied or found present; past the page that is gone, for a range
+    /// with a hole).
+    fn copy_data(&mut self, i: usize, start: u64, buf: &[u8]) -> Result<(Fill, u64), String> {
+        let len = buf.len();
+        let end = start + len as u64;
         let fd = self.spaces[i].uffd.as_fd();
         let mut done = 0usize;
         // A copy must lie within one mapping (else ENOENT): a range that spans two (split by
@@ -675,17 +924,11 @@ impl Serving {
                 }
                 Ok(_) => {
                     let _ = uffd::wake(fd, at, PAGE);
-                    if done == 0 {
-                        self.stats.faults_already_served += 1;
-                    }
                     done += PAGE as usize;
                 }
                 Err((e, n)) if e.errno == libc::EEXIST => {
                     let p = at + n as u64;
                     let _ = uffd::wake(fd, p, PAGE);
-                    if done + n == 0 {
-                        self.stats.faults_already_served += 1;
-                    }
                     done += n + PAGE as usize;
                     span = len;
                 }
@@ -711,7 +954,6 @@ impl Serving {
                     break Fill::Gone { dead: false };
                 }
                 Err((e, _)) => {
-                    self.buf = buf;
                     return Err(format!(
                         "{}: fill its memory at {at:x}: {e}",
                         self.spaces[i].label
@@ -719,16 +961,14 @@ impl Serving {
                 }
             }
         };
-        self.buf = buf;
         let done_to = match outcome {
             Fill::Gone { dead: true } => end,
             // Only the page that is gone: the rest of the range may still be mapped (a hole
             // unmapped in its middle), and its own event will say what left.
             Fill::Gone { dead: false } => (start + done as u64 + PAGE).min(end),
-            _ => start + (done as u64).min(end - start),
+            _ => start + (done as u64).min(len as u64),
         };
-        self.spaces[i].owed.remove(start, done_to);
-        Ok(outcome)
+        Ok((outcome, done_to))
     }
 
     fn zero(&mut self, i: usize, page: u64) -> Fill {
@@ -752,25 +992,39 @@ impl Serving {
         }
     }
 
-    /// Copies one piece of what some space is still owed (spaces take turns from `next`).
-    fn push_piece(&mut self, next: usize) -> Result<usize, String> {
-        let n = self.spaces.len();
-        for k in 0..n {
-            let i = (next + k) % n;
-            let Some((s, e, src)) = self.spaces[i].owed.first() else {
-                continue;
-            };
-            let end = e.min(s + self.opts.push_piece as u64);
-            match self.copy_from_source(i, s, end, src)? {
-                Fill::Done => self.stats.pushed_pages += (end - s) / PAGE,
-                Fill::Gone { dead: true } => {
-                    self.spaces[i].owed = RangeMap::default();
-                    self.spaces[i].dead = true;
+    /// Asks for pieces of what the spaces are still owed (they take turns from `next`, each
+    /// from where its push stands) until [`Options::push_window`] bytes are on their way.
+    fn push_more(&mut self, mut next: usize) -> Result<usize, String> {
+        let window = (self.opts.push_window.max(self.opts.push_piece)) as u64;
+        while self.push_in_flight < window {
+            let n = self.spaces.len();
+            let mut asked = false;
+            for k in 0..n {
+                let i = (next + k) % n;
+                let sp = &self.spaces[i];
+                if sp.dead {
+                    continue;
                 }
-                // Its events are read on the next round.
-                Fill::Again | Fill::Gone { dead: false } => {}
+                let Some((s, e, _)) = sp.owed.at_or_after(sp.cursor).or_else(|| sp.owed.first())
+                else {
+                    continue;
+                };
+                let from = if sp.cursor > s && sp.cursor < e {
+                    sp.cursor
+                } else {
+                    s
+                };
+                let to = e.min(from + self.opts.push_piece.max(PAGE as usize) as u64);
+                let pages = self.ask_range(i, from, to, None, true)?;
+                self.stats.pushed_pages += pages;
+                self.spaces[i].cursor = to;
+                next = i + 1;
+                asked = true;
+                break;
             }
-            return Ok(i + 1);
+            if !asked {
+                break;
+            }
         }
         Ok(next)
     }

@@ -24,6 +24,23 @@ pub trait PageSource: Send {
     fn check(&mut self) -> Result<(), String> {
         Ok(())
     }
+    /// Asks for `[addr, addr + len)` of process `pid`'s memory (at most [`Self::max_ask`]
+    /// bytes) without waiting for it: its bytes come later from [`Self::answers`], under the
+    /// number returned. Many may be outstanding at once (the server keeps a window of them in
+    /// flight, faults' and the push's).
+    fn ask(&mut self, pid: i32, addr: u64, len: usize) -> Result<u64, String>;
+    /// Appends the answers that have arrived, `(number, bytes)`, without waiting. An error
+    /// says why an outstanding request will never be answered.
+    fn answers(&mut self, out: &mut Vec<(u64, Vec<u8>)>) -> Result<(), String>;
+    /// A descriptor that becomes readable when an answer may have arrived; `None`: every
+    /// answer is there as soon as it is asked for.
+    fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    /// The most bytes one request may ask for.
+    fn max_ask(&self) -> usize {
+        1 << 20
+    }
 }
 
 /// An image file, read at random: each record whole and checked against its checksum when
@@ -35,6 +52,9 @@ pub struct ImageSource {
     /// Records read and checked, most recent last: (record, its bytes, data offset).
     cache: Vec<(PageRecord, Vec<u8>, usize)>,
     delivered: u64,
+    /// Requests read at once ([`PageSource::ask`]) and not yet collected.
+    ready: Vec<(u64, Vec<u8>)>,
+    asked: u64,
 }
 
 /// Records kept after they were read (a fault's neighbours, and the background push's
@@ -66,6 +86,8 @@ impl ImageSource {
             by_pid,
             cache: Vec::new(),
             delivered: 0,
+            ready: Vec::new(),
+            asked: 0,
         })
     }
 
@@ -138,6 +160,19 @@ impl PageSource for ImageSource {
 
     fn describe(&self) -> String {
         format!("image {}", self.path.display())
+    }
+
+    fn ask(&mut self, pid: i32, addr: u64, len: usize) -> Result<u64, String> {
+        let mut buf = vec![0u8; len];
+        self.read(pid, addr, &mut buf)?;
+        self.asked += 1;
+        self.ready.push((self.asked, buf));
+        Ok(self.asked)
+    }
+
+    fn answers(&mut self, out: &mut Vec<(u64, Vec<u8>)>) -> Result<(), String> {
+        out.append(&mut self.ready);
+        Ok(())
     }
 
     fn bytes_delivered(&self) -> u64 {

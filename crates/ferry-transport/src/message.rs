@@ -619,6 +619,18 @@ pub struct LazyReport {
     /// push had brought the page).
     pub faults: u64,
     pub faults_already_served: u64,
+    /// Faults whose page was already on its way (asked for by the push or another fault's
+    /// window): served by that answer, never asked for twice.
+    #[serde(default)]
+    pub faults_on_the_way: u64,
+    /// Requests made to the source, the most outstanding at once (they are pipelined), and
+    /// the largest window of pages one fault asked for (it doubles on sequential faults).
+    #[serde(default)]
+    pub asks: u64,
+    #[serde(default)]
+    pub max_asks_in_flight: u64,
+    #[serde(default)]
+    pub max_fault_window_pages: u64,
     /// Pages sent in answer to faults (with their prefetched neighbours), and by the push.
     pub fault_pages: u64,
     pub pushed_pages: u64,

@@ -35,6 +35,10 @@ fn main() {
             "shared_memory_is_refused_and_left_running",
             shared_memory_refused,
         ),
+        Trial::test(
+            "sequential_faults_grow_their_window",
+            sequential_faults_grow_their_window,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -210,6 +214,14 @@ fn moves_there_and_back() -> Result<(), Failed> {
             "the copy ran before its memory was there, so it faulted: {r}"
         );
         assert!(r["resumed_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(
+            l["max_asks_in_flight"].as_u64().unwrap_or(0) > 1,
+            "page requests went one at a time: {r}"
+        );
+        assert!(
+            l["source_bytes"].as_u64().unwrap() <= l["owed_bytes"].as_u64().unwrap(),
+            "a page came over the link twice: {r}"
+        );
         d.assert_intact_for(2, &format!("after a lazy move {from} -> {to}"));
     }
     Ok(())
@@ -371,5 +383,58 @@ fn shared_memory_refused() -> Result<(), Failed> {
     assert!(stat.contains("TracerPid:\t0"), "left traced: {stat}");
     let _ = child.kill();
     let _ = child.wait();
+    Ok(())
+}
+
+/// `ferry restore --lazy --prefetch 15` of the dirtier (16 MiB), the push held back for 1.5 s:
+/// its checks read every page in order each second, so its faults come in sequence and each
+/// asks for a window twice the one before (more pages per fault than the fixed 1 + 15 of the
+/// prefetch), and every page still checks out.
+fn sequential_faults_grow_their_window() -> Result<(), Failed> {
+    let dir = scratch("lazy_migration", "window");
+    let mut d = Dirtier::start(&dir, 16, 10);
+    let pid = d.pid().to_string();
+    let img = dir.join("img");
+    let img = img.to_str().unwrap();
+    let (ok, out, err) = common::ferry(&["checkpoint", &pid, "--dir", img]);
+    assert!(ok, "checkpoint: {out}{err}");
+    // (Killed by the checkpoint: its PID is free once collected.)
+    let _ = d.child.wait();
+    let (ok, out, err) = common::ferry(&[
+        "restore",
+        "--dir",
+        img,
+        "--lazy",
+        "--prefetch",
+        "15",
+        "--push-after-ms",
+        "1500",
+        "--json",
+    ]);
+    let kill = || {
+        let _ = Command::new("kill").args(["-9", &pid]).status();
+    };
+    if !ok {
+        kill();
+        return Err(format!("restore --lazy: {out}{err}").into());
+    }
+    let docs: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&out)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("bad json: {e}: {out}"))?;
+    let l = &docs.last().ok_or("no report")?["lazy"];
+    let intact = std::panic::catch_unwind(|| d.assert_intact_for(1, "after a lazy restore"));
+    kill();
+    intact.map_err(|_| "a page came back wrong after the lazy restore")?;
+    let n = |k: &str| l[k].as_u64().unwrap_or(0);
+    // Faults that asked for pages (not those on a dropped page, or on one already coming).
+    let faults =
+        n("faults") - n("zero_pages") - n("faults_already_served") - n("faults_on_the_way");
+    let pages = n("fault_pages");
+    assert!(pages > 3000, "the pages did not come by fault: {l}");
+    assert!(
+        pages > 16 * faults && n("max_fault_window_pages") >= 64,
+        "the faults' window did not grow ({faults} faults brought {pages} pages): {l}"
+    );
     Ok(())
 }

@@ -19,7 +19,7 @@ use ferry_transport::{Frame, FrameError, Msg};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Takes this worker's end of the page link from its daemon (descriptor `fd` there, taken with
 /// `pidfd_getfd`), and says so: the daemon then closes its copy, so that the link closes
@@ -94,7 +94,9 @@ pub fn serve(mut link: UnixStream, hosts: HashMap<i32, i32>) {
     }
 }
 
-/// Destination side: the source node's memory, read over the page link.
+/// Destination side: the source node's memory, read over the page link. Requests are
+/// pipelined: the page server keeps several outstanding ([`PageSource::ask`]) and takes their
+/// answers as they come ([`PageSource::answers`]); the source answers them in order.
 pub struct RemoteSource {
     link: UnixStream,
     /// The pages each process (the tree's PID) is owed: what the image names as inherited.
@@ -103,9 +105,22 @@ pub struct RemoteSource {
     delivered: u64,
     /// The last request's number.
     id: u64,
+    /// Requests not yet answered, by number.
+    outstanding: HashMap<u64, Msg>,
+    /// Answers read while waiting for another ([`Self::read`]), not yet collected.
+    stash: Vec<(u64, Vec<u8>)>,
+    /// When an answer last came (or the first request went out since none was outstanding),
+    /// and when the outstanding requests were last asked again.
+    last_answer: Instant,
+    last_resend: Instant,
     /// How long a request may wait for its answer in all.
     stall: Duration,
 }
+
+/// A source that sends nothing for this long while requests are outstanding is asked them
+/// again (their answers, should they come twice, are told apart by their numbers): a busy
+/// machine must not cost a tree.
+const ASK_AGAIN: Duration = Duration::from_secs(2);
 
 impl RemoteSource {
     /// `stall`: how long a request may wait for its answer before the source counts as lost.
@@ -138,59 +153,103 @@ impl RemoteSource {
             from: from.to_string(),
             delivered: 0,
             id: 0,
+            outstanding: HashMap::new(),
+            stash: Vec::new(),
+            last_answer: Instant::now(),
+            last_resend: Instant::now(),
             stall,
         })
     }
 
-    fn read_chunk(&mut self, pid: i32, addr: u64, buf: &mut [u8]) -> Result<()> {
+    fn send(&mut self, pid: i32, addr: u64, len: usize) -> Result<u64> {
+        if len > DATA_CHUNK {
+            bail!("{len} bytes asked at once (at most {DATA_CHUNK})");
+        }
         self.id += 1;
         let id = self.id;
         let want = Msg::PageWant {
             pid,
             addr,
-            len: buf.len() as u64,
+            len: len as u64,
             id,
         };
         write_msg(&mut self.link, &want).context("ask for it")?;
-        let since = std::time::Instant::now();
-        loop {
-            // A request unanswered for a while is asked again (its answer, should it come
-            // twice, is told apart by its number): a busy machine must not cost a tree.
-            let ready = ferry_sys::ns::poll_in(&[self.link.as_raw_fd()], 2000)
-                .map(|r| r[0])
-                .unwrap_or(true);
-            if !ready {
-                if since.elapsed() > self.stall {
-                    bail!("no answer from the source (stream_stall_secs)");
-                }
-                log::warn!("page request {id} unanswered for 2 s: asked again");
-                write_msg(&mut self.link, &want).context("ask for it again")?;
-                continue;
-            }
-            match self.read_answer(id, buf)? {
-                true => return Ok(()),
-                false => continue,
-            }
+        if self.outstanding.is_empty() {
+            self.last_answer = Instant::now();
+            self.last_resend = self.last_answer;
         }
+        self.outstanding.insert(id, want);
+        Ok(id)
     }
 
-    /// Reads one answer: true if it is request `id`'s (its data in `buf`), false if it was a
-    /// late answer to an earlier request, dropped.
-    fn read_answer(&mut self, id: u64, buf: &mut [u8]) -> Result<bool> {
+    /// Reads the answers waiting on the link into `out` (waiting up to `wait_ms` for the
+    /// first); asks again what waited too long, and fails once the source has been silent
+    /// for the stall time.
+    fn take(&mut self, out: &mut Vec<(u64, Vec<u8>)>, mut wait_ms: i32) -> Result<()> {
+        out.append(&mut self.stash);
+        loop {
+            if self.outstanding.is_empty() {
+                return Ok(());
+            }
+            let ready = ferry_sys::ns::poll_in(&[self.link.as_raw_fd()], wait_ms)
+                .map(|r| r[0])
+                .unwrap_or(true);
+            wait_ms = 0;
+            if !ready {
+                break;
+            }
+            if let Some(answer) = self.read_answer()? {
+                self.last_answer = Instant::now();
+                out.push(answer);
+            }
+        }
+        if self.last_answer.elapsed() > self.stall {
+            bail!("no answer from the source (stream_stall_secs)");
+        }
+        if self.last_answer.elapsed() > ASK_AGAIN && self.last_resend.elapsed() > ASK_AGAIN {
+            log::warn!(
+                "{} page requests unanswered for {:.1} s: asked again",
+                self.outstanding.len(),
+                self.last_answer.elapsed().as_secs_f64()
+            );
+            let mut again: Vec<(u64, Msg)> = self
+                .outstanding
+                .iter()
+                .map(|(i, m)| (*i, m.clone()))
+                .collect();
+            again.sort_by_key(|(i, _)| *i);
+            for (_, m) in again {
+                write_msg(&mut self.link, &m).context("ask for it again")?;
+            }
+            self.last_resend = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Reads one answer: `Some((number, bytes))` for an outstanding request; `None` for a
+    /// late second answer to one asked again, dropped.
+    fn read_answer(&mut self) -> Result<Option<(u64, Vec<u8>)>> {
         match read_frame(&mut self.link) {
-            Ok(Frame::Msg(Msg::PageReply { id: got })) => match read_frame(&mut self.link) {
-                Ok(Frame::Data(_)) if got != id => Ok(false),
-                Ok(Frame::Data(d)) if d.len() == buf.len() => {
-                    buf.copy_from_slice(&d);
+            Ok(Frame::Msg(Msg::PageReply { id })) => match read_frame(&mut self.link) {
+                Ok(Frame::Data(d)) => {
+                    let Some(Msg::PageWant { len, .. }) = self.outstanding.remove(&id) else {
+                        return Ok(None);
+                    };
+                    if d.len() as u64 != len {
+                        bail!("{} bytes came for {len} asked", d.len());
+                    }
                     self.delivered += d.len() as u64;
-                    Ok(true)
+                    Ok(Some((id, d)))
                 }
-                Ok(Frame::Data(d)) => bail!("{} bytes came for {} asked", d.len(), buf.len()),
                 Ok(_) => bail!("the link carried something else than pages"),
                 Err(e) => bail!("the link to the source failed: {e}"),
             },
-            Ok(Frame::Msg(Msg::PageError { id: got, .. })) if got != id => Ok(false),
-            Ok(Frame::Msg(Msg::PageError { message, .. })) => bail!("{message}"),
+            Ok(Frame::Msg(Msg::PageError { id, message })) => match self.outstanding.get(&id) {
+                Some(Msg::PageWant { pid, addr, len, .. }) => {
+                    bail!("PID {pid}'s memory at {addr:x}-{:x}: {message}", addr + len)
+                }
+                _ => Ok(None),
+            },
             Ok(_) => bail!("the link carried something else than pages"),
             Err(FrameError::Closed) => bail!("the link to the source is gone"),
             Err(FrameError::Io(e))
@@ -216,17 +275,47 @@ impl ferry_memory::PageSource for RemoteSource {
         while done < buf.len() {
             let n = (buf.len() - done).min(DATA_CHUNK);
             let at = addr + done as u64;
-            self.read_chunk(pid, at, &mut buf[done..done + n])
-                .map_err(|e| {
-                    format!(
-                        "node {}: PID {pid}'s memory at {at:x}-{:x}: {e:#}",
-                        self.from,
-                        at + n as u64
-                    )
-                })?;
+            let got = (|| -> Result<()> {
+                let id = self.send(pid, at, n)?;
+                let mut answers = Vec::new();
+                loop {
+                    self.take(&mut answers, 100)?;
+                    if let Some(k) = answers.iter().position(|(i, _)| *i == id) {
+                        let (_, d) = answers.swap_remove(k);
+                        buf[done..done + n].copy_from_slice(&d);
+                        self.stash.append(&mut answers);
+                        return Ok(());
+                    }
+                }
+            })();
+            got.map_err(|e| {
+                format!(
+                    "node {}: PID {pid}'s memory at {at:x}-{:x}: {e:#}",
+                    self.from,
+                    at + n as u64
+                )
+            })?;
             done += n;
         }
         Ok(())
+    }
+
+    fn ask(&mut self, pid: i32, addr: u64, len: usize) -> std::result::Result<u64, String> {
+        self.send(pid, addr, len)
+            .map_err(|e| format!("node {}: {e:#}", self.from))
+    }
+
+    fn answers(&mut self, out: &mut Vec<(u64, Vec<u8>)>) -> std::result::Result<(), String> {
+        self.take(out, 0)
+            .map_err(|e| format!("node {}: {e:#}", self.from))
+    }
+
+    fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.link.as_raw_fd())
+    }
+
+    fn max_ask(&self) -> usize {
+        DATA_CHUNK
     }
 
     fn describe(&self) -> String {
@@ -240,7 +329,7 @@ impl ferry_memory::PageSource for RemoteSource {
     fn check(&mut self) -> std::result::Result<(), String> {
         // Nothing is asked now: anything to read is the end of the link.
         match ferry_sys::ns::poll_in(&[self.link.as_raw_fd()], 0) {
-            Ok(r) if r[0] => Err(format!(
+            Ok(r) if r[0] && self.outstanding.is_empty() => Err(format!(
                 "the link to the source node {} is gone (its daemon, its capture worker or \
                  the network)",
                 self.from
@@ -256,6 +345,10 @@ pub fn report(s: &ferry_memory::Stats) -> ferry_transport::message::LazyReport {
         owed_bytes: s.owed_bytes,
         faults: s.faults,
         faults_already_served: s.faults_already_served,
+        faults_on_the_way: s.faults_on_the_way,
+        asks: s.asks,
+        max_asks_in_flight: s.max_asks_in_flight,
+        max_fault_window_pages: s.max_fault_window_pages,
         fault_pages: s.fault_pages,
         pushed_pages: s.pushed_pages,
         zero_pages: s.zero_pages,

@@ -805,8 +805,11 @@ pub fn restore_worker(
                         Box::new(source),
                         ferry_memory::Options {
                             prefetch: l.prefetch,
-                            // One round trip to the source per piece.
+                            // One request per piece, four on their way at once (the
+                            // source reads, both daemons relay, this server copies, all
+                            // at the same time).
                             push_piece: ferry_transport::frame::DATA_CHUNK,
+                            push_window: 4 * ferry_transport::frame::DATA_CHUNK,
                             guardian: Some(exe),
                             push_gate: Some(gate.clone()),
                             serves_inherited: true,
