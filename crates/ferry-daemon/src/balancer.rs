@@ -554,9 +554,8 @@ async fn decide(node: &Arc<Node>, cfg: &BalanceConfig, rates: HashMap<i32, f64>)
                 decision("move", Some(pid), Some(to.clone()), reason),
             );
             let command = comm(pid);
-            let home = node
-                .guests
-                .find(pid)
+            // The identity it moves under (a `ferry run` program's home is this node).
+            let home = crate::migrate::moving_guest(node, pid)
                 .map_or((node.name().to_string(), pid), |g| {
                     (g.home_node, g.home_pid)
                 });

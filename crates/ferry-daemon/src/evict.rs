@@ -5,9 +5,13 @@
 //! Each guest goes home (the deputy waits for it there; a tree coming home is always taken
 //! back), unless its home is busy (as many runnable processes as processors) and another node
 //! is idle, accepts guests and would not make it wait: then there, longest idle first. All
-//! guests leave at once. A guest that cannot move (a `ferry run` program, whose stdio are its
-//! caller's stream through this daemon; a refused resource; no live home and no idle node)
-//! keeps running here and is reported with the reason: nothing is killed.
+//! guests leave at once. A `ferry run` program moves like the others: this node becomes its
+//! home (its deputy stays here, and its stdio, this daemon's stream to its caller, are relayed
+//! to where it runs: crate::migrate), so its caller sees nothing. A guest that cannot move (a
+//! refused resource; no live home and no idle node) keeps running here and is reported with
+//! the reason; except a `ferry run` program when the owner is back or the node drains
+//! ([`LastResort::Kill`]): it is killed, as the last resort, its caller told why on its
+//! stderr, and `ferry run` exits as for SIGKILL.
 
 use crate::node::Node;
 use ferry_policy::hosts::{self as policy, HostRequest};
@@ -18,10 +22,20 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// What happens to a `ferry run` program that could go nowhere.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LastResort {
+    /// It keeps running here (`ferry evict`, fairness).
+    Stay,
+    /// It is killed, its caller told (the owner is back, `ferry drain`).
+    Kill,
+}
+
 /// Sends away every guest `which` selects; returns what went where.
 pub async fn evict(
     node: &Arc<Node>,
     reason: String,
+    last: LastResort,
     which: impl Fn(&ProcInfo) -> bool,
 ) -> EvictReport {
     let t0 = Instant::now();
@@ -35,7 +49,10 @@ pub async fn evict(
     let mut tasks = Vec::new();
     for g in guests {
         let node = node.clone();
-        tasks.push(tokio::spawn(async move { evict_one(&node, g).await }));
+        let why = reason.clone();
+        tasks.push(tokio::spawn(async move {
+            evict_one(&node, g, &why, last).await
+        }));
     }
     let mut report = EvictReport {
         node: node.name().to_string(),
@@ -56,7 +73,7 @@ pub async fn evict(
     report
 }
 
-async fn evict_one(node: &Arc<Node>, g: ProcInfo) -> EvictedGuest {
+async fn evict_one(node: &Arc<Node>, g: ProcInfo, reason: &str, last: LastResort) -> EvictedGuest {
     let t = Instant::now();
     let mut out = EvictedGuest {
         home_node: g.home_node.clone(),
@@ -66,17 +83,12 @@ async fn evict_one(node: &Arc<Node>, g: ProcInfo) -> EvictedGuest {
         command: g.command.clone(),
         ..Default::default()
     };
-    let r = if g.kind == "remote-exec" {
-        Err(
-            "a `ferry run` program cannot move yet (its stdio are its caller's stream through \
-             this daemon): it keeps running here"
-                .to_string(),
-        )
-    } else {
+    let run = g.kind == crate::migrate::REMOTE_EXEC;
+    let r = {
         let dests = destinations(node, &g);
         if dests.is_empty() {
             Err(format!(
-                "its home {} is not alive and no other node is idle: it keeps running here",
+                "its home {} is not alive and no other node is idle",
                 g.home_node
             ))
         } else {
@@ -98,8 +110,13 @@ async fn evict_one(node: &Arc<Node>, g: ProcInfo) -> EvictedGuest {
                     }
                 }
             }
-            to.ok_or_else(|| format!("{}; it keeps running here", errors.join("; ")))
+            to.ok_or_else(|| errors.join("; "))
         }
+    };
+    let r = match r {
+        Err(e) if run && last == LastResort::Kill => Err(kill_run(node, &g, reason, &e)),
+        Err(e) => Err(format!("{e}; it keeps running here")),
+        Ok(to) => Ok(to),
     };
     out.ms = t.elapsed().as_secs_f64() * 1e3;
     match r {
@@ -115,6 +132,31 @@ async fn evict_one(node: &Arc<Node>, g: ProcInfo) -> EvictedGuest {
         }
     }
     out
+}
+
+/// The last resort for a `ferry run` program that could not leave: its caller is told why
+/// (on its stderr, through the program's stream), then its session and process group are
+/// killed; `ferry run` reports the SIGKILL. Returns the report's error.
+fn kill_run(node: &Arc<Node>, g: &ProcInfo, reason: &str, why: &str) -> String {
+    let line = format!(
+        "node {} must be freed ({reason}) and `{}` (PID {} there) could not move: {why}; \
+         it was killed",
+        node.name(),
+        g.command.lines().next().unwrap_or_default(),
+        g.pid
+    );
+    let told = node.run_notices.tell(g.pid, line);
+    tracing::warn!(event = "run-killed-on-eviction", home = %g.home_node,
+        home_pid = g.home_pid, pid = g.pid, reason = %reason, error = %why, caller_told = told,
+        "a `ferry run` program could not move and was killed (the last resort)");
+    // Its caller's stream carries the line before the end: the kill waits for the session to
+    // have sent it (written in order, ahead of the exit the reaper reports).
+    let (node, pid) = (node.clone(), g.pid);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        crate::exec::kill_program(&node, pid);
+    });
+    format!("{why}; it was killed (the last resort), its caller told")
 }
 
 /// Moves the guest whose PID here is `pid` to `to`.
@@ -204,7 +246,12 @@ pub async fn serve(node: &Arc<Node>, target: &str, drain: bool, via: Option<&str
     }
     let who = via.map_or(String::new(), |p| format!(" (asked by node {p})"));
     let reason = format!("ferry {}{who}", if drain { "drain" } else { "evict" });
-    let mut r = evict(node, reason, |_| true).await;
+    let last = if drain {
+        LastResort::Kill
+    } else {
+        LastResort::Stay
+    };
+    let mut r = evict(node, reason, last, |_| true).await;
     r.draining = drain || r.draining;
     debug_assert!(!drain || !node.accepting.load(Ordering::Relaxed));
     Msg::Evicted(r)

@@ -247,6 +247,38 @@ impl Spares {
     }
 }
 
+/// Lines for the callers of the `ferry run` programs running here, by PID: each goes to its
+/// caller's stderr, as the program's own stderr would (eviction says so when it must kill one).
+#[derive(Default)]
+pub struct Notices(std::sync::Mutex<std::collections::HashMap<i32, mpsc::UnboundedSender<String>>>);
+
+impl Notices {
+    fn open(&self, pid: i32) -> mpsc::UnboundedReceiver<String> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pid, tx);
+        rx
+    }
+
+    fn close(&self, pid: i32) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&pid);
+    }
+
+    /// Tells the caller of the program `pid` runs here `line`; false if there is none.
+    pub fn tell(&self, pid: i32, line: String) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&pid)
+            .is_some_and(|tx| tx.send(line).is_ok())
+    }
+}
+
 /// The caller (the process at the other end of the control socket) may claim the uid, gid,
 /// groups and home PID of `spec`: root may claim anything, anyone else only itself.
 fn check_caller(cli: &UnixStream, spec: &RunSpec) -> Result<(), String> {
@@ -357,7 +389,7 @@ where
         uid: spec.uid,
         command: command_line(&spec.argv),
         state: "running".into(),
-        kind: "remote-exec".into(),
+        kind: crate::migrate::REMOTE_EXEC.into(),
         since_unix_ms: now_unix_ms(),
         home_ids: None,
         forwarded_calls: 0,
@@ -367,6 +399,7 @@ where
         home_pid = spec.home_pid, pid, uid = spec.uid, tty = spec.tty.is_some(),
         command = %spec.argv[0]);
     let status = session(&node, stream, prog).await;
+    node.run_notices.close(pid);
     node.guests.remove(pid);
     match status {
         Some(st) => tracing::info!(event = "run-ended", home_pid = spec.home_pid, pid,
@@ -420,6 +453,7 @@ where
     let tty = prog.master.is_some();
     let mut out = prog.stdout.take();
     let mut err = prog.stderr.take();
+    let mut notices = node.run_notices.open(pid);
 
     let status = loop {
         tokio::select! {
@@ -436,6 +470,18 @@ where
             st = &mut exit => {
                 ended.store(true, Ordering::Relaxed);
                 break Some(st);
+            }
+            Some(line) = notices.recv() => {
+                let note = Msg::Io {
+                    stream: 2,
+                    // A terminal in raw mode needs its carriage return.
+                    data: ByteBuf::from(
+                        format!("ferry: {line}{}", if tty { "\r\n" } else { "\n" }).into_bytes(),
+                    ),
+                };
+                if write_msg(&mut wr, &note).await.is_err() {
+                    break None;
+                }
             }
             ev = ev_rx.recv() => match ev {
                 Some(Event::ReaderClosed(1)) if !tty => out = None,
@@ -461,11 +507,16 @@ where
         return None;
     };
 
-    // The program ended: what it wrote is in its pipes (or on its way through the pty).
+    // The program ended: what it wrote is in its pipes (or on its way through the pty). One
+    // that moved away (eviction, the balancer: crate::migrate) ended as its body's deputy here:
+    // its last output may still be on its way through the relays, so only its end of file, or
+    // DRAIN_MAX, ends the wait.
+    let moved = node.guests.find(pid).is_none();
+    let idle = if moved { DRAIN_MAX } else { DRAIN_IDLE };
     let deadline = Instant::now() + DRAIN_MAX;
     let mut caller_ok = true;
     while (out.is_some() || err.is_some()) && Instant::now() < deadline {
-        let step = tokio::time::timeout(DRAIN_IDLE, async {
+        let step = tokio::time::timeout(idle, async {
             tokio::select! {
                 r = read_opt(&out) => forward(&mut wr, 1, r, &mut out).await,
                 r = read_opt(&err) => forward(&mut wr, 2, r, &mut err).await,
@@ -687,6 +738,21 @@ async fn hang_up(pid: i32, mut exit: Pin<&mut impl Future<Output = i32>>) -> i32
     }
     signal_session(pid, libc::SIGKILL);
     status
+}
+
+/// Kills the `ferry run` program `pid` runs here, with its session and process group (the
+/// last resort of an eviction: crate::evict). Its session reports the SIGKILL to its caller.
+pub fn kill_program(node: &Node, pid: i32) {
+    // Still ours: its session forgets it only once it is reaped.
+    if node
+        .guests
+        .find(pid)
+        .is_none_or(|g| g.kind != crate::migrate::REMOTE_EXEC)
+    {
+        return;
+    }
+    let _ = ferry_sys::ptrace::kill(pid, libc::SIGKILL);
+    signal_session(pid, libc::SIGKILL);
 }
 
 /// Sends `sig` to every process in session `sid` or process group `sid` (0: just count them).

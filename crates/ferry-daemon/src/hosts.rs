@@ -284,7 +284,13 @@ pub async fn watch(node: Arc<Node>) {
             if guests && !node.hosts.evicting.swap(true, Ordering::SeqCst) {
                 let node = node.clone();
                 tokio::spawn(async move {
-                    crate::evict::evict(&node, "owner input".into(), |_| true).await;
+                    crate::evict::evict(
+                        &node,
+                        "owner input".into(),
+                        crate::evict::LastResort::Kill,
+                        |_| true,
+                    )
+                    .await;
                     node.hosts.evicting.store(false, Ordering::SeqCst);
                 });
             }
@@ -553,7 +559,7 @@ fn grant_here(node: &Arc<Node>, want: HostGrant, reclaim: bool) -> Result<(), St
         let node = node.clone();
         tokio::spawn(async move {
             let reason = format!("reclaimed for uid {}", want.uid);
-            crate::evict::evict(&node, reason, |p| {
+            crate::evict::evict(&node, reason, crate::evict::LastResort::Stay, |p| {
                 p.home_node == g.requester && p.uid == g.uid
             })
             .await;

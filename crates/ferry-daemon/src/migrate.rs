@@ -72,7 +72,11 @@ async fn send_counted(
         bail!("PID {pid} is already on node {to}");
     }
     // A guest keeps the identity it got at home; a native process gets this node as home.
-    let guest = node.guests.find(pid);
+    // So does a `ferry run` program started here: its stdio are this daemon's pipes to its
+    // caller, so this node stays its home (deputies and relays), and its caller's stream goes
+    // on through them.
+    let run_here = node.guests.find(pid).filter(|g| g.kind == REMOTE_EXEC);
+    let guest = moving_guest(&node, pid);
     let host_pid = guest.as_ref().map_or(pid, |g| g.pid);
     let mut report = MigrateReport {
         pid,
@@ -324,6 +328,13 @@ async fn send_counted(
     if let Some(g) = &guest {
         node.guests.remove(g.pid);
     }
+    if let Some(r) = &run_here {
+        // Its deputy stays here, no guest any more: ps, the load and eviction count its body
+        // where it runs now.
+        node.guests.remove(r.pid);
+        tracing::info!(event = "run-moved", home = %r.home_node, home_pid = r.home_pid,
+            pid, to = %to, "its caller's stream goes on through this node's relays");
+    }
     if let Some(pids) = deputies {
         crate::deputies::adopt(node.clone(), worker, pid, pids, to.to_string());
     } else if let Some(g) = guest
@@ -400,6 +411,16 @@ async fn send_counted(
     tracing::info!(event = "migrated", id, pid, to = %to, dest_pid = rebuilt.pid,
         freeze_ms = report.freeze_ms, wire_bytes = report.wire_bytes);
     Ok(report)
+}
+
+/// What `ferry ps` calls a `ferry run` program (crate::exec).
+pub const REMOTE_EXEC: &str = "remote-exec";
+
+/// The guest entry PID `pid` moves under: a tree that came here by migration keeps its home's
+/// identity; a native process, or a `ferry run` program started here (its stdio are this
+/// daemon's, relayed once it moves), has this node as its home (None).
+pub fn moving_guest(node: &Node, pid: i32) -> Option<ProcInfo> {
+    node.guests.find(pid).filter(|g| g.kind != REMOTE_EXEC)
 }
 
 /// Removes a migration from those under way however `send` ends.

@@ -50,6 +50,8 @@ pub struct Node {
     pub cpu: crate::metrics::CpuMeter,
     /// Connections to peers opened ahead of the remote runs that will use them.
     pub exec_spares: crate::exec::Spares,
+    /// What this node must tell the callers of the `ferry run` programs it runs.
+    pub run_notices: crate::exec::Notices,
     /// Automatic load balancing (crate::balancer).
     pub balancer: crate::balancer::Balancer,
 }
@@ -265,6 +267,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         metrics: Default::default(),
         cpu: Default::default(),
         exec_spares: Default::default(),
+        run_notices: Default::default(),
         balancer,
     });
     tracing::info!(event = "started", node = %node.name(), listen = %node.config.listen,

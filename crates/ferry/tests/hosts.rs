@@ -398,3 +398,161 @@ fn a_user_holding_many_hosts_gives_one_back_to_one_holding_none() {
     }
     let _ = h1.wait();
 }
+
+/// A `ferry run` program that prints one numbered line every 0.1 s on its stdout, and exits
+/// with 7 once `stop` exists in its directory. With `inotify`, it first takes an inotify
+/// instance with an event it never reads (a migration refuses that: it cannot move).
+fn run_counter(c: &Cluster, on: &str, dir: &Path, inotify: bool) -> Child {
+    let prog = format!(
+        "import os, sys, time\n\
+         if {inotify}:\n    \
+             import ctypes\n    \
+             libc = ctypes.CDLL(None)\n    \
+             fd = libc.inotify_init()\n    \
+             libc.inotify_add_watch(fd, b'.', 0x100)\n    \
+             open('created', 'w').close()\n\
+         i = 0\n\
+         while not os.path.exists('stop'):\n    \
+             i += 1\n    \
+             print(i, flush=True)\n    \
+             time.sleep(0.1)\n\
+         sys.exit(7)\n",
+        inotify = if inotify { "True" } else { "False" }
+    );
+    c.ferry("a")
+        .args(["run", "--on", on, "--", "python3", "-u", "-c", &prog])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("count")).unwrap())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// The `ferry run` program of `ferry run` PID `pid` runs on node `node` (ps on that node).
+fn run_on(c: &Cluster, node: &str, home_pid: i32) -> bool {
+    let o = c.run(node, &["ps", "--json"]);
+    serde_json::from_slice::<serde_json::Value>(&o.stdout)
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .any(|p| p["home_pid"] == home_pid && p["kind"] == "remote-exec" && p["node"] == node)
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            panic!("ferry run did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn owner_input_moves_a_ferry_run_program_whose_caller_sees_nothing() {
+    let c = Cluster::up_isolated("hosts-run-owner", 2, Isolation::Shared);
+    let (mut master, slave_path, mut slave) = pty();
+    let o = Command::new("touch")
+        .args(["-a", "-d", "1 hour ago"])
+        .arg(&slave_path)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    set_owner(
+        &c,
+        "b",
+        &format!(
+            "accept = \"idle\"\nload_below = 10000.0\ninput_idle_secs = 3\ninput_watch = [{:?}]",
+            slave_path
+        ),
+    );
+    wait_until(
+        "b to be idle and accepting",
+        Duration::from_secs(10),
+        || {
+            let l = node_load(&c, "a", "b");
+            l["accepting"] == true && l["owner"]["idle"] == true
+        },
+    );
+    let dir = scratch("run-owner");
+    let mut run = run_counter(&c, "b", &dir, false);
+    let home_pid = run.id() as i32;
+    wait_until("the program to run on b", Duration::from_secs(10), || {
+        run_on(&c, "b", home_pid)
+    });
+    counts_on(&dir, "the program to count on b");
+
+    // The owner types on b.
+    master.write_all(b"ls\n").unwrap();
+    let t = Instant::now();
+    let mut got = Vec::new();
+    while got.is_empty() && t.elapsed() < Duration::from_secs(5) {
+        let mut buf = [0u8; 16];
+        match slave.read(&mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    assert!(!got.is_empty(), "nothing came through the pty");
+    wait_until("the program to leave b", Duration::from_secs(15), || {
+        c.log("b").contains("guest-evicted") || c.log("b").contains("guest-not-evicted")
+    });
+    let log = c.log("b");
+    assert!(log.contains("run-moved"), "{log}");
+    assert!(!run_on(&c, "b", home_pid), "{log}");
+    // Its caller is none the wiser: the count goes on, no line lost or doubled.
+    counts_on(&dir, "the program to count where it went");
+    assert!(run.try_wait().unwrap().is_none(), "ferry run ended");
+    std::fs::write(dir.join("stop"), b"").unwrap();
+    let st = wait_exit(&mut run, Duration::from_secs(20));
+    assert_eq!(st.code(), Some(7), "{st:?}");
+    let n = lines(&dir).len();
+    for (i, l) in lines(&dir).iter().enumerate() {
+        assert_eq!(l, &(i + 1).to_string(), "lost or doubled lines (of {n})");
+    }
+    let err = std::fs::read_to_string(dir.join("stderr")).unwrap();
+    assert!(err.is_empty(), "its caller was told something: {err}");
+    drop(master);
+}
+
+#[test]
+fn drain_kills_a_ferry_run_program_that_cannot_move_and_its_caller_is_told() {
+    let c = Cluster::up_isolated("hosts-run-drain", 2, Isolation::Shared);
+    let dir = scratch("run-drain");
+    let mut run = run_counter(&c, "b", &dir, true);
+    let home_pid = run.id() as i32;
+    wait_until("the program to run on b", Duration::from_secs(10), || {
+        run_on(&c, "b", home_pid)
+    });
+    counts_on(&dir, "the program to count on b");
+    let o = c.run("a", &["drain", "b", "--json"]);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    assert_eq!(
+        r["guests"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        text(&o)
+    );
+    let g = &r["guests"][0];
+    assert!(g["to"].is_null(), "{r}");
+    assert!(
+        g["error"].as_str().unwrap_or_default().contains("killed"),
+        "{r}"
+    );
+    let st = wait_exit(&mut run, Duration::from_secs(10));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    let err = std::fs::read_to_string(dir.join("stderr")).unwrap();
+    assert!(
+        err.contains("could not move") && err.contains("inotify") && err.contains("killed"),
+        "{err}"
+    );
+    let log = c.log("b");
+    assert!(log.contains("run-killed-on-eviction"), "{log}");
+}
