@@ -107,6 +107,7 @@ pub fn capture_with<W: Write>(
         .iter()
         .flat_map(|p| std::iter::once(p.pid).chain(p.threads.iter().map(|t| t.tid)))
         .collect();
+    fdcap.tree_pids = frozen.procs.iter().map(|p| p.pid).collect();
     if frozen.relay_pipes {
         let pids: Vec<i32> = frozen.procs.iter().map(|p| p.pid).collect();
         fdcap.relay = crate::preflight::pipes_shared_outside(&pids);

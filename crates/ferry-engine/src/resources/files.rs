@@ -38,6 +38,8 @@ pub struct FdCapture {
     inflight: std::cell::RefCell<super::sockets::InFlight>,
     /// The PIDs and TIDs of the tree (ours): a file under /proc/PID of one of them is refused.
     pub tree_ids: std::collections::HashSet<i32>,
+    /// The PIDs of the tree's processes (ours), in capture order.
+    pub tree_pids: Vec<i32>,
 }
 
 fn octal(info: &[(String, String)], key: &str) -> i64 {
@@ -153,13 +155,27 @@ impl FdCapture {
                 return Ok(());
             };
             let id = (|| {
-                let link = procfs::readlink(me, &format!("fd/{fd}"))?;
-                let md = std::fs::metadata(format!("/proc/self/fd/{fd}"))
-                    .ctx(me, || format!("stat fd {fd} ({link})"))?;
-                let info = procfs::fdinfo(me, fd)?;
+                // Through a process of the tree that holds it too, if one does: an epoll
+                // instance's interest list names that process's descriptors.
+                let (pid, fd) = self.tree_holder(fd).unwrap_or((me, fd));
+                let link = procfs::readlink(pid, &format!("fd/{fd}"))?;
+                let md = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
+                    .ctx(pid, || format!("stat fd {fd} ({link})"))?;
+                let info = procfs::fdinfo(pid, fd)?;
+                if pid == me && info.iter().any(|(k, _)| k == "tfd") {
+                    return Err(Error::Unsupported {
+                        pid: me,
+                        what: format!("fd {fd} ({link})"),
+                        why: "an epoll instance in flight that no process of the tree holds, \
+                              with items in its interest list: they name descriptors of a \
+                              process that has since let go of it, which no rebuilt process \
+                              holds to register them again"
+                            .into(),
+                    });
+                }
                 let (desc_locks, _) =
-                    super::locks::capture(me, &format!("fd {fd} ({link})"), &info)?;
-                let id = self.description(me, fd, &link, &md, &info, desc_locks, tree, objects)?;
+                    super::locks::capture(pid, &format!("fd {fd} ({link})"), &info)?;
+                let id = self.description(pid, fd, &link, &md, &info, desc_locks, tree, objects)?;
                 if let Err(kind) = super::sockets::may_fly(&tree.files[id as usize].kind) {
                     return Err(Error::Unsupported {
                         pid: me,
@@ -172,6 +188,19 @@ impl FdCapture {
             .map_err(|e| super::sockets::name_carrier(e, carrier))?;
             self.inflight.borrow_mut().record(k, id);
         }
+    }
+
+    /// A process of the tree, and its descriptor, that hold the description of our descriptor
+    /// `fd` (one in flight), if any does.
+    fn tree_holder(&self, fd: i32) -> Option<(i32, i32)> {
+        let me = std::process::id() as i32;
+        self.tree_pids.iter().find_map(|&q| {
+            procfs::fds(q)
+                .ok()?
+                .into_iter()
+                .find(|&n| fdops::kcmp_file(q, me, n, fd).unwrap_or(false))
+                .map(|n| (q, n))
+        })
     }
 
     /// Once every process is captured: the messages of the sockets' queues name the

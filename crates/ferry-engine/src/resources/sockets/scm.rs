@@ -20,9 +20,10 @@
 
 use super::*;
 
-/// The kinds of description that may be in flight (what a restore can open without a process
-/// holding it; pidfds are made inside their process, epoll and others refer to descriptors of
-/// one).
+/// The kinds of description that may be in flight (what a restore can open before the
+/// processes are made: pidfds are made inside their process, once its target exists). An epoll
+/// instance may: its items are registered again by the process of the tree that holds it (one
+/// that no process holds may fly only with an empty interest list: `FdCapture`).
 pub(crate) fn may_fly(kind: &FileKind) -> std::result::Result<(), &'static str> {
     match kind {
         FileKind::Regular { .. }
@@ -31,7 +32,11 @@ pub(crate) fn may_fly(kind: &FileKind) -> std::result::Result<(), &'static str> 
         | FileKind::PathOnly { .. }
         | FileKind::Pipe { .. }
         | FileKind::EventFd { .. }
-        | FileKind::Memfd { .. } => Ok(()),
+        | FileKind::Memfd { .. }
+        | FileKind::Epoll(_)
+        | FileKind::Timerfd(_)
+        | FileKind::Signalfd(_)
+        | FileKind::Inotify(_) => Ok(()),
         FileKind::Socket(s) if s.tcp.is_some() => Err("a TCP connection"),
         FileKind::Socket(s) if s.family != SockFamily::Unix && s.sock_type == SockType::Stream => {
             Err("a TCP socket")
@@ -39,10 +44,6 @@ pub(crate) fn may_fly(kind: &FileKind) -> std::result::Result<(), &'static str> 
         FileKind::Socket(_) => Ok(()),
         FileKind::Tty(_) => Err("a terminal"),
         FileKind::Pidfd { .. } => Err("a pidfd"),
-        FileKind::Epoll(_) => Err("an epoll instance"),
-        FileKind::Timerfd(_) => Err("a timerfd"),
-        FileKind::Signalfd(_) => Err("a signalfd"),
-        FileKind::Inotify(_) => Err("an inotify instance"),
         FileKind::Unknown => Err("an unknown kind of file"),
     }
 }
