@@ -1396,6 +1396,13 @@ def same_names(s, before, who):
             out.append(x)
         return out
     assert after == before, '%s: socket names changed (length, bytes written before the 0xaa fill)\nbefore %r\nafter  %r' % (who, show(before), show(after))
+    # From another thread too (the supervisor is told of a thread, not of its process).
+    import threading
+    got = []
+    t = threading.Thread(target=lambda: got.append(names(s)))
+    t.start()
+    t.join()
+    assert got == [after], '%s: another thread sees other names\n%r' % (who, show(got[0]) if got else None)
     # A socket of its own answers for itself (the filter lets the kernel answer).
     a, b = socket.socketpair()
     assert a.getsockname() == '' and raw_name(a.fileno(), True)[0] == 2

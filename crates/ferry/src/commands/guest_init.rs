@@ -83,6 +83,16 @@ fn ids_of(tid: i32) -> Option<(i32, i32, i32)> {
     Some((next()?, next()?, next()?))
 }
 
+/// The process (thread group) thread `tid` belongs to.
+fn tgid_of(tid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Whether thread `tid` belongs to process `pid`.
 fn thread_of(tid: i32, pid: i32) -> bool {
     tid == pid || std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
@@ -169,6 +179,11 @@ impl Supervisor {
 
     /// The relayed socket the caller of `n` names by its descriptor `fd` (a copy of it, and
     /// what the restore said of it); `None` for any other descriptor.
+    ///
+    /// The descriptor is looked up in the calling thread's own table (/proc/TID/fd: one
+    /// readlink, which is all a descriptor that is no relayed socket costs), then taken with
+    /// pidfd_getfd from the thread, or from its process (pidfd_getfd takes no thread's pidfd),
+    /// and must be the same socket.
     fn relayed(
         &self,
         n: &ferry_sys::seccomp::Notif,
@@ -178,15 +193,29 @@ impl Supervisor {
         &ferry_engine::resources::sockets::RelayedNames,
     )> {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        let sock = ferry_sys::pidfd::pidfd_open(n.pid)
-            .and_then(|p| ferry_sys::pidfd::pidfd_getfd(&p, fd as i32))
-            .ok()
-            .map(std::fs::File::from)?;
-        let meta = sock.metadata().ok()?;
-        if !meta.file_type().is_socket() || meta.dev() != self.sockfs {
+        let fd = fd as i32;
+        if fd < 0 {
             return None;
         }
-        let known = self.names.get(&meta.ino())?;
+        let link = std::fs::read_link(format!("/proc/{}/fd/{fd}", n.pid)).ok()?;
+        let ino: u64 = link
+            .to_str()?
+            .strip_prefix("socket:[")?
+            .strip_suffix(']')?
+            .parse()
+            .ok()?;
+        let known = self.names.get(&ino)?;
+        let take = |pid: i32| {
+            ferry_sys::pidfd::pidfd_open(pid)
+                .and_then(|p| ferry_sys::pidfd::pidfd_getfd(&p, fd))
+                .ok()
+        };
+        let sock = take(n.pid).or_else(|| take(tgid_of(n.pid)?))?;
+        let sock = std::fs::File::from(sock);
+        let meta = sock.metadata().ok()?;
+        if !meta.file_type().is_socket() || meta.dev() != self.sockfs || meta.ino() != ino {
+            return None;
+        }
         Some((sock, known))
     }
 
