@@ -557,3 +557,60 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_engine::resources::sockets::RelayedNames;
+
+    fn supervisor() -> Supervisor {
+        Supervisor {
+            home: HomeIds {
+                root: 1,
+                ppid: 1,
+                pgid: 1,
+                sid: 1,
+            },
+            listeners: Vec::new(),
+            counts: Default::default(),
+            changed: Default::default(),
+            names: Default::default(),
+            sockfs: 0,
+            inbox: Vec::new(),
+        }
+    }
+
+    /// The hold socket is a stream: a names message cut anywhere, and run together with the
+    /// listeners' letters, is read whole.
+    #[test]
+    fn names_messages_are_read_across_cuts() {
+        let list = vec![
+            RelayedNames {
+                ino: 5,
+                local: vec![2, 0, 1, 2, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+                peer: vec![1, 0],
+                home_ino: 77,
+            },
+            RelayedNames {
+                ino: 6,
+                local: Vec::new(),
+                peer: vec![1, 0, b'/', b'a', 0],
+                home_ino: 78,
+            },
+        ];
+        let text = RelayedNames::encode(&list);
+        let stream = format!("LN{}\n{text}L", text.len()).into_bytes();
+        for cut in 0..=stream.len() {
+            let mut s = supervisor();
+            s.take_hold(&stream[..cut], Vec::new());
+            s.take_hold(&stream[cut..], Vec::new());
+            assert!(s.inbox.is_empty(), "cut at {cut}");
+            assert_eq!(s.names.len(), 2, "cut at {cut}");
+            assert_eq!(s.names[&6], list[1]);
+        }
+        // A message that is not one is dropped, not kept waiting for more.
+        let mut s = supervisor();
+        s.take_hold(b"Nx\n", Vec::new());
+        assert!(s.names.is_empty() && s.inbox.is_empty());
+    }
+}
