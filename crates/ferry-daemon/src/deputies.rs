@@ -28,8 +28,8 @@ pub const REPORT_SOCKET: &str = "guests.sock";
 
 /// What the task serving a tree's deputies is asked to do.
 enum Cmd {
-    /// Pass this on to the worker.
-    Msg(Msg),
+    /// Pass this on to the worker (boxed: a `Msg` is large, a `Release` small).
+    Msg(Box<Msg>),
     /// The tree is coming home: let its deputies go (`ReleaseDeputies`), and say which.
     Release(oneshot::Sender<Result<Vec<i32>>>),
 }
@@ -114,7 +114,7 @@ impl Deputies {
             );
         }
         e.to_worker
-            .send(Cmd::Msg(Msg::BodyStatus { pid, status }))
+            .send(Cmd::Msg(Box::new(Msg::BodyStatus { pid, status })))
             .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))
     }
 

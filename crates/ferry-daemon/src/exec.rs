@@ -395,6 +395,14 @@ where
         forwarded_calls: 0,
         forwarded_us: 0,
     });
+    if spec.balance {
+        // `ferry run --balance`: the balancer may move it (crate::balancer; a `ferry run`
+        // program moves with its stdio relayed from here: crate::migrate::moving_guest).
+        let origin = format!("ferry run --balance from node {}", spec.home_node);
+        if let Err(e) = node.balancer.add(pid, &origin, false) {
+            tracing::warn!(event = "run-not-balanced", pid, error = %format!("{e:#}"));
+        }
+    }
     tracing::info!(event = "run-started", from = %from, home = %spec.home_node,
         home_pid = spec.home_pid, pid, uid = spec.uid, tty = spec.tty.is_some(),
         command = %spec.argv[0]);
@@ -1090,6 +1098,7 @@ mod tests {
             stderr_tty: false,
             sig_ignored: 0,
             sig_blocked: 0,
+            balance: false,
         }
     }
 

@@ -473,6 +473,10 @@ pub struct RunSpec {
     /// The caller's signal mask, which the program starts with.
     #[serde(default)]
     pub sig_blocked: u64,
+    /// `--balance`: the node that runs the program hands it to its balancer, which may move
+    /// it later (its caller's stream follows it).
+    #[serde(default)]
+    pub balance: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

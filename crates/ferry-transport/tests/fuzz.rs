@@ -40,6 +40,7 @@ fn messages() -> Vec<Msg> {
         stderr_tty: true,
         sig_ignored: 1 << 12,
         sig_blocked: 0,
+        balance: false,
     };
     let proc_info = ProcInfo {
         home_node: "a".into(),

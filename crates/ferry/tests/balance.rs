@@ -1,8 +1,10 @@
 //! Automatic load balancing between real daemons (ferry-daemon/src/balancer.rs), on a cluster
 //! of two separate nodes held to half a CPU each (`--cpu-quota 0.5`): an overloaded node sheds a
 //! CPU-bound process handed to Ferry to the idle node, which keeps it for its minimum stay even
-//! when it becomes the busier one; a process nobody handed over is never moved; and the
-//! decision log says why, moving or not. Nothing here times Ferry.
+//! when it becomes the busier one; a process nobody handed over is never moved; a program started
+//! with `ferry run --balance` is moved like one handed over, its caller seeing its output and
+//! exit status as if it had stayed; and the decision log says why, moving or not. Nothing here
+//! times Ferry.
 
 mod common;
 
@@ -261,4 +263,117 @@ fn a_process_not_handed_over_is_never_moved_and_the_log_says_why() {
     };
     assert!(demand("a") > 2.0, "{nodes:#?}");
     assert!(demand("b") < 0.5, "{nodes:#?}");
+}
+
+/// `ferry run --on a [--balance]` of a busy loop that prints `started`, spins until `stop`
+/// exists in `dir`, prints `done` and exits 3; its stdout goes to `dir/out-N`.
+fn run_loop(c: &Cluster, dir: &std::path::Path, n: usize, balance: bool) -> Child {
+    let mut args = vec!["run", "--on", "a"];
+    if balance {
+        args.push("--balance");
+    }
+    args.extend([
+        "--",
+        "python3",
+        "-c",
+        "import os, sys\nprint('started', flush=True)\n\
+         while not os.path.exists('stop'):\n    pass\nprint('done', flush=True)\nsys.exit(3)\n",
+    ]);
+    c.ferry("a")
+        .args(&args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join(format!("out-{n}"))).unwrap())
+        .stderr(std::fs::File::create(dir.join(format!("err-{n}"))).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_program_started_with_ferry_run_balance_is_moved_off_a_loaded_node_its_stream_following() {
+    let c = quota_cluster("balance-run");
+    let dir = Cluster::shared_tree()
+        .join("balance")
+        .join(format!("run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Three busy loops run on a (half a CPU) through `ferry run`: two with --balance.
+    let mut runs = Vec::new();
+    for n in 0..3 {
+        runs.push(run_loop(&c, &dir, n, n < 2));
+    }
+    let ps = || -> Vec<serde_json::Value> {
+        let o = c.run("a", &["ps", "--json"]);
+        serde_json::from_slice(&o.stdout).unwrap_or_default()
+    };
+    // Each program's PID on a, by its `ferry run`'s.
+    let t0 = Instant::now();
+    let programs: Vec<i64> = loop {
+        let now = ps();
+        let found: Vec<i64> = runs
+            .iter()
+            .filter_map(|r| {
+                now.iter()
+                    .find(|p| p["home_pid"] == r.id() && p["kind"] == "remote-exec")
+                    .map(|p| p["pid"].as_i64().unwrap())
+            })
+            .collect();
+        if found.len() == 3 {
+            break found;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "not started: {now:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // One of the two handed over goes to b; the third never moves.
+    let moved = loop {
+        if let Some(p) = ps().iter().find(|p| p["node"] == "b") {
+            break p["home_pid"].as_i64().unwrap();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(40),
+            "nothing moved in 40 s; a's decisions: {:#?}\n{}",
+            log(&c, "a"),
+            c.log("a")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        programs[..2].contains(&moved),
+        "PID {moved} moved; the --balance ones: {:?}",
+        &programs[..2]
+    );
+    let t1 = Instant::now();
+    let a_log = loop {
+        let a_log = log(&c, "a");
+        if a_log.iter().any(|d| d["action"] == "moved") || t1.elapsed() > Duration::from_secs(10) {
+            break a_log;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let m = a_log
+        .iter()
+        .find(|d| d["action"] == "moved")
+        .expect("a logged the move");
+    assert_eq!(m["pid"], moved);
+    assert_eq!(m["to"], "b");
+    // Their callers see nothing: each prints what its program wrote and exits with its code.
+    std::fs::write(dir.join("stop"), b"").unwrap();
+    for (n, r) in runs.iter_mut().enumerate() {
+        let t = Instant::now();
+        let st = loop {
+            if let Some(st) = r.try_wait().unwrap() {
+                break st;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "run {n} did not end");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let out = std::fs::read_to_string(dir.join(format!("out-{n}"))).unwrap();
+        let err = std::fs::read_to_string(dir.join(format!("err-{n}"))).unwrap();
+        assert_eq!(st.code(), Some(3), "run {n}: {st:?} {err}");
+        assert_eq!(out, "started\ndone\n", "run {n}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -749,6 +749,7 @@ fn forge(sock: &Path) {
             stderr_tty: false,
             sig_ignored: 0,
             sig_blocked: 0,
+            balance: false,
         };
         write_msg(&mut s, &Msg::Run(spec)).await.unwrap();
         read_msg(&mut s).await.unwrap()

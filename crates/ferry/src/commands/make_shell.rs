@@ -247,6 +247,7 @@ fn dispatch(
                 on: Some(node.to_string()),
                 auto: false,
                 elsewhere: false,
+                balance: false,
                 command: command.clone(),
             },
             &status,

@@ -1,5 +1,7 @@
-//! `ferry run [--on NODE | --auto [--elsewhere]] -- CMD ARGS...`: run a command on another node
-//! as if it ran here (Sprite's remote execution).
+//! `ferry run [--on NODE | --auto [--elsewhere]] [--balance] -- CMD ARGS...`: run a command on
+//! another node as if it ran here (Sprite's remote execution). With `--balance` the node that
+//! runs it hands it to its load balancer, which may move it later (as MOSIX does); eviction may
+//! move it in any case. Its stream follows it, relayed by the node it started on.
 //!
 //! The command gets this process's cwd, environment, umask, rlimits, uid, gid, groups and
 //! ignored signals; its stdin, stdout and stderr are ours, streamed (a terminal becomes a pty
@@ -37,6 +39,10 @@ pub struct Args {
     /// With --auto: never on this node.
     #[arg(long, requires = "auto")]
     pub elsewhere: bool,
+    /// Hand the program to the load balancer of the node that runs it: it may be moved later,
+    /// to a less loaded node, its stdio and exit status following it (see `ferry balance`).
+    #[arg(long)]
+    pub balance: bool,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -167,6 +173,7 @@ pub(crate) fn build_spec(a: &Args, status: &str) -> Result<RunSpec> {
         home_pid: std::process::id() as i32,
         target: a.on.clone(),
         elsewhere: a.elsewhere,
+        balance: a.balance,
         sig_ignored,
         sig_blocked,
     })
