@@ -1511,12 +1511,21 @@ fn tcp_server_of_a_home_client() -> Result<(), Failed> {
 /// as it would have at home.
 fn stream_peer_moves(kind: &str, who: &str) -> Result<(), Failed> {
     let tag = format!("{kind}{who}relay");
-    let c = Cluster::up(&tag, 2);
+    // Guests confined, as `ferry cluster up` makes them by default (so the programs run in the
+    // shared tree).
+    let c = Cluster::up_full(
+        &tag,
+        2,
+        &[],
+        Isolation::default_for_tests(),
+        &["--confine-guests"],
+    );
     let dir = scratch("migration", &tag);
     let mut srv_cmd = Command::new("python3");
     srv_cmd
         .args(["-c", &format!("{SOCKET_NAMES}\n{STREAM_SERVER}")])
         .arg(&dir)
+        .current_dir(&dir)
         .arg(kind);
     if who == "server" {
         srv_cmd.arg("once");
@@ -1540,6 +1549,7 @@ fn stream_peer_moves(kind: &str, who: &str) -> Result<(), Failed> {
         Command::new("python3")
             .args(["-c", &format!("{SOCKET_NAMES}\n{STREAM_CLIENT}")])
             .arg(&dir)
+            .current_dir(&dir)
             .arg(kind)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
