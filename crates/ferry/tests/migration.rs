@@ -85,6 +85,10 @@ fn main() {
             tcp_server_of_a_home_client,
         ),
         Trial::test(
+            "a_unix_server_talks_on_to_its_client_at_home",
+            unix_server_of_a_home_client,
+        ),
+        Trial::test(
             "a_shell_job_under_a_terminal_moves_stops_resumes_and_is_interrupted",
             shell_job_under_a_terminal,
         ),
@@ -1499,6 +1503,12 @@ fn unix_client_of_a_home_server() -> Result<(), Failed> {
 /// connection and relays it), and the server sees the same peer address to the end.
 fn tcp_client_of_a_home_server() -> Result<(), Failed> {
     stream_peer_moves("tcp", "client")
+}
+
+/// A UNIX server moves while its client at home talks to it over the connection it accepted:
+/// that socket's own name is the listener's path, which the body's unnamed pair does not have.
+fn unix_server_of_a_home_client() -> Result<(), Failed> {
+    stream_peer_moves("unix", "server")
 }
 
 /// A TCP server moves while its client at home talks to it over the connection it accepted.
