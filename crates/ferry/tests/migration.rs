@@ -1347,8 +1347,9 @@ fn relayed_pipe_reader_gone() -> Result<(), Failed> {
 /// What getsockname(2) and getpeername(2) answer for a connection, called through libc as a C
 /// program calls them, and read whole: with room for any address, with room for 4 bytes
 /// (truncated, the length still the whole name's), with none, through a second descriptor
-/// of the socket (dup), and with a negative length (EINVAL). A moved end of a relayed
-/// connection must answer exactly as it did at home, though its socket is another one.
+/// of the socket (dup), and with a negative length (EINVAL); then fstat's, statx's and
+/// SO_PEERCRED's answers. A moved end of a relayed connection must answer exactly as it did at
+/// home, though its socket is another one.
 /// (Put before `STREAM_SERVER` and `STREAM_CLIENT`.)
 const SOCKET_NAMES: &str = r#"
 import ctypes, os, socket
@@ -1384,7 +1385,8 @@ def names(s):
                 for (room, length) in ((128, None), (4, None), (0, None), (8, -1))] + \
             [raw_name(other, False), raw_name(other, True)] + \
             [bad_name(fd, p, b) for p in (False, True) for b in (False, True)] + \
-            stats(fd) + stats(other)
+            stats(fd) + stats(other) + \
+            [('cred', s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))]
     finally:
         os.close(other)
 def same_names(s, before, who):
