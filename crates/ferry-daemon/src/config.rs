@@ -131,12 +131,16 @@ fn yes() -> bool {
     true
 }
 
+/// A checkpoint interval in seconds as a duration (0 or less: none; at least 0.1 s).
+pub fn interval(secs: Option<f64>) -> Option<std::time::Duration> {
+    secs.filter(|s| *s > 0.0)
+        .map(|s| std::time::Duration::from_secs_f64(s.clamp(0.1, 1e6)))
+}
+
 impl Config {
     /// How often a tree that left is checkpointed ([`Config::checkpoint_every_secs`]).
     pub fn checkpoint_every(&self) -> Option<std::time::Duration> {
-        self.checkpoint_every_secs
-            .filter(|s| *s > 0.0)
-            .map(|s| std::time::Duration::from_secs_f64(s.clamp(0.1, 1e6)))
+        interval(self.checkpoint_every_secs)
     }
 
     /// How long a death verdict must stand before it is acted on ([`Config::dead_after_secs`]).

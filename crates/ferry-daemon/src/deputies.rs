@@ -187,7 +187,15 @@ impl Deputies {
 
 /// Takes over a capture worker that has just made deputies of `pids` (the tree of `root`, whose
 /// body now runs on `body_node`), and serves them until the last one ends.
-pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, body_node: String) {
+/// `every`: the tree's own checkpoint interval in seconds (0: never), overriding the node's.
+pub fn adopt(
+    node: Arc<Node>,
+    mut worker: Worker,
+    root: i32,
+    pids: Vec<i32>,
+    body_node: String,
+    every: Option<f64>,
+) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     {
         let mut m = node.deputies.map.lock().expect("deputies lock");
@@ -211,6 +219,7 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
         body_node: body_node.clone(),
         worker_pid: worker.pid,
         worker_start: state::start_time(worker.pid).unwrap_or(0),
+        checkpoint_every_secs: every,
     };
     node.store
         .put_or_log(state::DEPUTY, &root.to_string(), &record);
@@ -254,7 +263,11 @@ pub fn adopt(node: Arc<Node>, mut worker: Worker, root: i32, pids: Vec<i32>, bod
                                 error = %format!("{e:#}")),
                         }
                     }
-                    if let (Some(every), Some(b)) = (node.config.checkpoint_every(), &body) {
+                    let every = match every {
+                        Some(s) => crate::config::interval(Some(s)),
+                        None => node.config.checkpoint_every(),
+                    };
+                    if let (Some(every), Some(b)) = (every, &body) {
                         let busy = checkpointing.load(std::sync::atomic::Ordering::Relaxed);
                         if !dead && !body_lost && *b != me && !busy
                             && checkpointed.elapsed() >= every
@@ -370,6 +383,10 @@ struct DeputyRecord {
     /// Their worker (their tracer), and its start time.
     worker_pid: i32,
     worker_start: u64,
+    /// The tree's own checkpoint interval (`ferry run --checkpoint-every`; 0: never), else
+    /// the node's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    checkpoint_every_secs: Option<f64>,
 }
 
 /// The tree of deputy `pid` left node `from` for `to` (see [`Deputies::body_moved`]); its
@@ -419,7 +436,7 @@ pub fn recover(node: &Arc<Node>) {
                                 .collect();
                             tracing::warn!(event = "deputies-recovered", root = r.root,
                                 pids = ?pids, body = %r.body_node, worker = r.worker_pid);
-                            adopt(node, w, r.root, pids, r.body_node);
+                            adopt(node, w, r.root, pids, r.body_node, r.checkpoint_every_secs);
                             return;
                         }
                         Err(e) if tries >= 50 => {

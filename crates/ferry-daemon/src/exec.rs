@@ -394,6 +394,7 @@ where
         home_ids: None,
         forwarded_calls: 0,
         forwarded_us: 0,
+        checkpoint_every_secs: spec.checkpoint_every_secs.map(f64::from),
     });
     if spec.balance {
         // `ferry run --balance`: the balancer may move it (crate::balancer; a `ferry run`
@@ -1099,6 +1100,7 @@ mod tests {
             sig_ignored: 0,
             sig_blocked: 0,
             balance: false,
+            checkpoint_every_secs: None,
         }
     }
 

@@ -76,6 +76,8 @@ async fn send_counted(
     // caller, so this node stays its home (deputies and relays), and its caller's stream goes
     // on through them.
     let run_here = node.guests.find(pid).filter(|g| g.kind == REMOTE_EXEC);
+    // Named by its caller's PID or by its own, the program is what moves.
+    let pid = run_here.as_ref().map_or(pid, |r| r.pid);
     let guest = moving_guest(&node, pid);
     let host_pid = guest.as_ref().map_or(pid, |g| g.pid);
     let mut report = MigrateReport {
@@ -336,7 +338,9 @@ async fn send_counted(
             pid, to = %to, "its caller's stream goes on through this node's relays");
     }
     if let Some(pids) = deputies {
-        crate::deputies::adopt(node.clone(), worker, pid, pids, to.to_string());
+        // A `ferry run` program's own checkpoint interval, else this node's.
+        let every = run_here.as_ref().and_then(|g| g.checkpoint_every_secs);
+        crate::deputies::adopt(node.clone(), worker, pid, pids, to.to_string(), every);
     } else if let Some(g) = guest
         .as_ref()
         .filter(|g| !(g.home_node == to && rebuilt.pid == g.home_pid))
@@ -828,6 +832,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         home_ids: offer.home_ids.clone(),
         forwarded_calls: 0,
         forwarded_us: 0,
+        checkpoint_every_secs: None,
     };
     // The copy is recorded before anyone may act on it: a restarted daemon finds it (its worker
     // resumes it should this daemon die now) and asks the source what became of it.

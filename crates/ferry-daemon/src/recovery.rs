@@ -233,6 +233,7 @@ pub async fn recover(node: &Arc<Node>, root: i32, dead: &str) -> Result<i32> {
         home_ids: Some(ids),
         forwarded_calls: 0,
         forwarded_us: 0,
+        checkpoint_every_secs: None,
     };
     node.bodies.add(rebuilt.pid, &me, root);
     crate::deputies::watch_supervisor(node.clone(), rebuilt.pid);

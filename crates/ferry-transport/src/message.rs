@@ -477,6 +477,12 @@ pub struct RunSpec {
     /// it later (its caller's stream follows it).
     #[serde(default)]
     pub balance: bool,
+    /// `--checkpoint-every SECS`: how often the program's tree is checkpointed once it has
+    /// left the node running it (its home, in the sense of its deputies), overriding that
+    /// node's `checkpoint_every_secs` (0: never). None: the node's default. (An f32: a
+    /// `Msg` must stay small.)
+    #[serde(default)]
+    pub checkpoint_every_secs: Option<f32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -513,6 +519,10 @@ pub struct ProcInfo {
     pub forwarded_calls: u64,
     #[serde(default)]
     pub forwarded_us: u64,
+    /// A `ferry run` program's own checkpoint interval (`ferry run --checkpoint-every`), for
+    /// when its tree leaves the node running it (0: never); None: that node's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_secs: Option<f64>,
 }
 
 /// The cluster as one node sees it (`Msg::View`). Every struct here only ever gains fields,

@@ -41,6 +41,7 @@ fn messages() -> Vec<Msg> {
         sig_ignored: 1 << 12,
         sig_blocked: 0,
         balance: false,
+        checkpoint_every_secs: None,
     };
     let proc_info = ProcInfo {
         home_node: "a".into(),
@@ -55,6 +56,7 @@ fn messages() -> Vec<Msg> {
         home_ids: None,
         forwarded_calls: 3,
         forwarded_us: 40,
+        checkpoint_every_secs: Some(2.5),
     };
     vec![
         Msg::Hello { node: "a".into() },

@@ -67,6 +67,10 @@ fn main() {
             "a_node_taken_for_dead_that_comes_back_runs_no_old_body",
             taken_for_dead_comes_back,
         ),
+        Trial::test(
+            "a_ferry_run_program_is_checkpointed_at_its_own_interval_and_recovered",
+            run_program_checkpointed,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -873,6 +877,116 @@ fn taken_for_dead_comes_back() -> Result<(), Failed> {
     }
     let _ = child.kill();
     let _ = child.wait();
+    r
+}
+
+/// `ferry run --checkpoint-every 1` on a, whose own default is none: the program (its stdio
+/// put on /dev/null, so that no relayed pipe holds it back) is moved to b, and a checkpoints it
+/// every second because the program asked; b is killed outright, a rebuilds it, and the
+/// `ferry run` that started it still stands for it: SIGTERM to it reaches the program, and it
+/// dies of SIGTERM. Before, `ferry run` had no such option, a node's default was the only
+/// choice, and a `ferry run` program could not leave its node.
+fn run_program_checkpointed() -> Result<(), Failed> {
+    let c = Cluster::up_full(
+        "cp-run-ckpt",
+        2,
+        &[],
+        Isolation::Separate,
+        &["--dead-after", "2"],
+    );
+    let dir = scratch("commit_protocol", "run-ckpt");
+    let count = dir.join("count");
+    let mut run = c
+        .ferry("a")
+        .args([
+            "run",
+            "--on",
+            "a",
+            "--checkpoint-every",
+            "1",
+            "--",
+            "python3",
+            "-c",
+        ])
+        .arg(
+            "import os, sys, time\nfd = os.open('/dev/null', os.O_RDWR)\n\
+             for n in (0, 1, 2):\n    os.dup2(fd, n)\nos.close(fd)\ni = 0\n\
+             while True:\n    i += 1\n    with open(sys.argv[1], 'w') as f:\n        \
+             f.write(str(i))\n    time.sleep(0.1)\n",
+        )
+        .arg(&count)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b"]);
+    let r = (|| -> Result<(), Failed> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !counts(&count) {
+            if Instant::now() > deadline {
+                return Err(format!("the program did not start\n{}", logs()).into());
+            }
+        }
+        let pid = ps(&c, "a")
+            .into_iter()
+            .find(|g| g["kind"] == "remote-exec")
+            .and_then(|g| g["pid"].as_i64())
+            .ok_or("ferry ps on a lists no ferry run program")?;
+        migrate(&c, "a", pid as i32, "b").map_err(|e| format!("a -> b: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !c.log("a").contains("event=\"checkpoint-taken\"") {
+            if Instant::now() > deadline {
+                return Err(format!("a took no checkpoint\n{}", logs()).into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let init = c.init_pid("b").ok_or("node b has no init")?;
+        let _ = Command::new("kill")
+            .args(["-9", &init.to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while !c.log("a").contains("event=\"guest-recovered\"") {
+            if let Ok(Some(st)) = run.try_wait() {
+                return Err(format!("ferry run ended ({st}) with b\n{}", logs()).into());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("a did not rebuild it\n{}", logs()).into());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if !counts(&count) {
+            return Err(format!("the rebuilt program does not count\n{}", logs()).into());
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &run.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match run.try_wait() {
+                Ok(Some(st)) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    if st.signal() != Some(libc::SIGTERM) {
+                        return Err(format!("ferry run ended with {st}\n{}", logs()).into());
+                    }
+                    break;
+                }
+                _ if Instant::now() > deadline => {
+                    return Err(format!("SIGTERM to ferry run did not end it\n{}", logs()).into())
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        if counts(&count) {
+            return Err("still counting after SIGTERM".into());
+        }
+        Ok(())
+    })();
+    let _ = run.kill();
+    let _ = run.wait();
+    for (p, _) in copies_naming(&count) {
+        let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+    }
     r
 }
 

@@ -750,6 +750,7 @@ fn forge(sock: &Path) {
             sig_ignored: 0,
             sig_blocked: 0,
             balance: false,
+            checkpoint_every_secs: None,
         };
         write_msg(&mut s, &Msg::Run(spec)).await.unwrap();
         read_msg(&mut s).await.unwrap()

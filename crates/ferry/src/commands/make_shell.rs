@@ -248,6 +248,7 @@ fn dispatch(
                 auto: false,
                 elsewhere: false,
                 balance: false,
+                checkpoint_every: None,
                 command: command.clone(),
             },
             &status,

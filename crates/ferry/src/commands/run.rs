@@ -43,6 +43,11 @@ pub struct Args {
     /// to a less loaded node, its stdio and exit status following it (see `ferry balance`).
     #[arg(long)]
     pub balance: bool,
+    /// Should the program's tree leave the node running it (`ferry migrate`, the balancer),
+    /// that node checkpoints it every SECS seconds to rebuild it from should its new node die
+    /// (0: never), whatever that node's own `checkpoint_every_secs`.
+    #[arg(long, value_name = "SECS")]
+    pub checkpoint_every: Option<f32>,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -176,6 +181,12 @@ pub(crate) fn build_spec(a: &Args, status: &str) -> Result<RunSpec> {
         balance: a.balance,
         sig_ignored,
         sig_blocked,
+        checkpoint_every_secs: match a.checkpoint_every {
+            Some(s) if !(s.is_finite() && s >= 0.0) => {
+                bail!("--checkpoint-every {s}: not a number of seconds (0 for never)")
+            }
+            s => s,
+        },
     })
 }
 
