@@ -306,6 +306,11 @@ impl RestoreObjects {
         Ok(me)
     }
 
+    /// Whoever asked for the restore (`None`: Ferry itself, root).
+    pub fn caller(&self) -> Option<&FsCreds> {
+        self.caller.as_ref()
+    }
+
     /// Whose rights a file operation for process `p` uses: its own, then (for the very file
     /// captured) the caller's.
     pub fn rights<'a>(&'a self, p: &Process) -> Rights<'a> {

@@ -41,6 +41,14 @@ pub struct PtyState {
     /// Input queued for the slave to read, in order.
     #[serde(with = "serde_bytes")]
     pub input: Vec<u8>,
+    /// Output the slave wrote that the master has not read yet, as the master reads it (after
+    /// the slave's output processing), in order.
+    #[serde(default, with = "serde_bytes")]
+    pub output: Vec<u8>,
+    /// The slave's owner, group and mode (what grantpt, chown and chmod made them), when the
+    /// slave was open to read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slave_owner: Option<(u32, u32, u32)>,
 }
 
 /// `struct termios2`.

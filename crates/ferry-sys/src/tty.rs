@@ -9,6 +9,7 @@ const TIOCSPTLCK: libc::c_ulong = 0x4004_5431;
 const TIOCGPKT: libc::c_ulong = 0x8004_5438;
 const TIOCGPTLCK: libc::c_ulong = 0x8004_5439;
 const TIOCPKT: libc::c_ulong = 0x5420;
+const TIOCGDEV: libc::c_ulong = 0x8004_5432;
 
 /// The parts of `struct termios2` Ferry keeps.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,6 +37,12 @@ fn set_int(fd: RawFd, req: libc::c_ulong, v: i32, op: &'static str) -> SysResult
     // SAFETY: each request used here reads one int from the pointer.
     let r = unsafe { libc::ioctl(fd, req as _, &v) };
     check(op, r as libc::c_long).map(drop)
+}
+
+/// The device number of the terminal `fd` refers to (for /dev/tty, the controlling terminal
+/// it was opened for), encoded as `st_rdev` and /proc/PID/stat's `tty_nr` are.
+pub fn real_dev(fd: RawFd) -> SysResult<u32> {
+    get_int(fd, TIOCGDEV, "ioctl(TIOCGDEV)").map(|n| n as u32)
 }
 
 /// The pts number of a pty master.

@@ -579,6 +579,8 @@ pub fn open_descriptions(
                 fd
             }
             FileKind::PathOnly { path } => by_path(d, path, keep_flags(d.flags), Match::Inode)?,
+            // Made in the process itself, once it has its controlling terminal (`install`).
+            FileKind::Device { .. } if super::tty::is_dev_tty(d) => continue,
             FileKind::Device { path, rdev } => {
                 let fd = by_path(d, path, keep_flags(d.flags), Match::Device)?;
                 let now = std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
@@ -660,7 +662,7 @@ pub fn open_descriptions(
                 super::anon_inodes::open(d, &creds)?
             }
             FileKind::Socket(_) => super::sockets::open(d, tree, guest.map(|g| g.pidfd()), &out)?,
-            FileKind::Tty(_) => super::tty::open(d, tree, &dev)?,
+            FileKind::Tty(_) => super::tty::open(d, tree, &dev, objects.caller())?,
             // Made in the process itself, once its target exists (see `install`).
             FileKind::Pidfd { .. } => continue,
             FileKind::Unknown => {
@@ -787,6 +789,13 @@ pub fn install(h: &Husk, p: &Process, tree: &Tree, descs: &HashMap<u32, OwnedFd>
         if let Some(FileKind::Pidfd { .. }) = tree.files.get(fd.file as usize).map(|d| &d.kind) {
             continue;
         }
+        if tree
+            .files
+            .get(fd.file as usize)
+            .is_some_and(super::tty::is_dev_tty)
+        {
+            continue;
+        }
         let d = descs.get(&fd.file).ok_or_else(|| {
             Error::BadImage(format!(
                 "PID {} fd {} names unknown file {}",
@@ -801,6 +810,15 @@ pub fn install(h: &Husk, p: &Process, tree: &Tree, descs: &HashMap<u32, OwnedFd>
         if let Some(FileKind::Pidfd { pid }) = tree.files.get(fd.file as usize).map(|d| &d.kind) {
             let flags = tree.files[fd.file as usize].flags;
             install_pidfd(h, fd, *pid, flags)?;
+        }
+    }
+    for fd in &p.fds {
+        if let Some(d) = tree
+            .files
+            .get(fd.file as usize)
+            .filter(|d| super::tty::is_dev_tty(d))
+        {
+            super::tty::install_dev_tty(h, fd.fd, d.flags, fd.cloexec)?;
         }
     }
     // POSIX locks belong to the process: it takes them itself, through its descriptors.

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 const TTYAUX_MAJOR: u32 = 5;
 const PTMX_MINOR: u32 = 2;
+const TTY_MINOR: u32 = 0;
 const PTS_MAJOR_FIRST: u32 = 136;
 const PTS_MAJOR_LAST: u32 = 143;
 /// How long restore waits for a pts number still held by a terminal being torn down.
@@ -57,6 +58,9 @@ pub fn classify(
     let (major, minor) = (libc::major(md.rdev()), libc::minor(md.rdev()));
     if major == TTYAUX_MAJOR && minor == PTMX_MINOR {
         return capture_master(pid, fd, path).map(Some);
+    }
+    if major == TTYAUX_MAJOR && minor == TTY_MINOR && path == "/dev/tty" {
+        return capture_dev_tty(pid, fd, path, md.rdev()).map(Some);
     }
     if (PTS_MAJOR_FIRST..=PTS_MAJOR_LAST).contains(&major) {
         let Some(index) = path
@@ -93,6 +97,94 @@ pub fn classify(
         })));
     }
     Ok(None)
+}
+
+/// /dev/tty: a name for the controlling terminal the process had when it opened it. Made again
+/// by the rebuilt process itself, once it has its controlling terminal back (`install`): so that
+/// terminal must be a pty of the tree, and still the process's.
+fn capture_dev_tty(pid: i32, fd: i32, path: &str, rdev: u64) -> Result<FileKind> {
+    let pfd = pidfd::pidfd_open(pid).ctx(pid, || "open a pidfd".into())?;
+    let copy = pidfd::pidfd_getfd(&pfd, fd).ctx(pid, || format!("copy fd {fd}"))?;
+    let real = tty::real_dev(copy.as_raw_fd())
+        .ctx(pid, || format!("the terminal behind fd {fd} (/dev/tty)"))?;
+    let stat = procfs::read(pid, "stat")?;
+    let ctty: Option<u32> = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(4)?.parse().ok());
+    let (major, minor) = (libc::major(u64::from(real)), libc::minor(u64::from(real)));
+    if ctty != Some(real) {
+        return Err(unsupported(
+            pid,
+            fd,
+            path,
+            format!(
+                "it was opened for terminal {major}:{minor}, which is no longer the process's \
+                 controlling terminal, so opening /dev/tty again would not reach it"
+            ),
+        ));
+    }
+    if !(PTS_MAJOR_FIRST..=PTS_MAJOR_LAST).contains(&major) {
+        return Err(unsupported(
+            pid,
+            fd,
+            path,
+            format!("its terminal {major}:{minor} is not a pty (a console or virtual terminal)"),
+        ));
+    }
+    let index = (major - PTS_MAJOR_FIRST) * 256 + minor;
+    if !master_in_tree(index)? {
+        return Err(unsupported(
+            pid,
+            fd,
+            path,
+            format!(
+                "its terminal /dev/pts/{index} is not made again as the process's controlling \
+                 terminal (its master is not held in the tree)"
+            ),
+        ));
+    }
+    Ok(FileKind::Device {
+        path: path.into(),
+        rdev,
+    })
+}
+
+/// Whether description `d` is /dev/tty (made again inside its process by [`install_dev_tty`]).
+pub fn is_dev_tty(d: &FileDesc) -> bool {
+    matches!(&d.kind, FileKind::Device { path, rdev }
+        if path == "/dev/tty"
+            && libc::major(*rdev) == TTYAUX_MAJOR
+            && libc::minor(*rdev) == TTY_MINOR)
+}
+
+/// Opens /dev/tty at descriptor `fd` of the rebuilt process `h` (which has its controlling
+/// terminal back), with open flags `flags`.
+pub fn install_dev_tty(h: &Husk, fd: i32, flags: i32, cloexec: bool) -> Result<()> {
+    let inj = h.injector();
+    let fail = |e: crate::Error| Error::Restore {
+        pid: h.pid,
+        what: format!("fd {fd}: open /dev/tty: {e}"),
+    };
+    let path = inj
+        .write_scratch(0, b"/dev/tty\0")
+        .map_err(|e| fail(e.into()))?;
+    let keep = flags & (libc::O_ACCMODE | libc::O_NONBLOCK | libc::O_APPEND);
+    let open_flags = keep | libc::O_NOCTTY | if cloexec { libc::O_CLOEXEC } else { 0 };
+    let got = inj
+        .syscall(
+            "openat",
+            libc::SYS_openat,
+            &[libc::AT_FDCWD as u64, path, open_flags as u64, 0],
+        )
+        .map_err(|e| fail(e.into()))? as i32;
+    if got != fd {
+        let c = if cloexec { libc::O_CLOEXEC as u64 } else { 0 };
+        inj.syscall("dup3", libc::SYS_dup3, &[got as u64, fd as u64, c])
+            .map_err(|e| fail(e.into()))?;
+        inj.syscall("close", libc::SYS_close, &[got as u64])
+            .map_err(|e| fail(e.into()))?;
+    }
+    Ok(())
 }
 
 /// A slave of a terminal outside the tree: its termios and window size, read through a copy of
@@ -276,18 +368,23 @@ fn capture_master(pid: i32, fd: i32, path: &str) -> Result<FileKind> {
             ));
         }
     }
-    let output = fdops::fionread(m).ctx(pid, || what("bytes queued"))?;
-    if output > 0 {
-        return Err(unsupported(
-            pid,
-            fd,
-            path,
-            format!(
-                "{output} bytes written on /dev/pts/{index} are not read from the master yet; \
-                 they cannot be captured without consuming them (retry once they are read)"
-            ),
-        ));
-    }
+    let (output, slave_owner) = if locked {
+        let queued = fdops::fionread(m).ctx(pid, || what("bytes queued"))?;
+        if queued > 0 {
+            return Err(unsupported(
+                pid,
+                fd,
+                path,
+                format!(
+                    "{queued} bytes written on /dev/pts/{index} are not read from the master \
+                     yet, and its slave is locked (TIOCSPTLCK): they cannot be put back"
+                ),
+            ));
+        }
+        (Vec::new(), None)
+    } else {
+        take_output(pid, m, index, packet_mode)?
+    };
     let input = if locked {
         Vec::new()
     } else {
@@ -304,9 +401,113 @@ fn capture_master(pid: i32, fd: i32, path: &str) -> Result<FileKind> {
             session,
             fg_pgrp,
             input,
+            output,
+            slave_owner,
         }),
         relayed: None,
     }))
+}
+
+/// A pty slave's owner, group and mode.
+type SlaveOwner = (u32, u32, u32);
+
+/// Reads the output queued on master `m` (what its slave wrote and the master has not read)
+/// and writes it straight back through the slave with output processing off, so that the
+/// master reads the same bytes again; and the slave's owner, group and mode.
+fn take_output(
+    pid: i32,
+    m: i32,
+    index: u32,
+    packet_mode: bool,
+) -> Result<(Vec<u8>, Option<SlaveOwner>)> {
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    let slave =
+        tty::open_peer(m, flags).ctx(pid, || format!("open the slave of /dev/pts/{index}"))?;
+    let owner = std::fs::File::from(
+        slave
+            .try_clone()
+            .ctx(pid, || format!("dup the slave of /dev/pts/{index}"))?,
+    )
+    .metadata()
+    .ok()
+    .map(|md| (md.uid(), md.gid(), md.mode() & 0o7777));
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut idle = 0;
+    // What does not fit the master's read buffer waits in the pty's flip buffers, which the
+    // kernel moves in as the master reads (a moment later): look until nothing comes twice.
+    while idle < 2 {
+        // The description is the process's, blocking: read only what is there.
+        let ready = ferry_sys::sockets::poll_now(m, libc::POLLIN)
+            .ctx(pid, || format!("poll the master of /dev/pts/{index}"))?;
+        let got = if ready & libc::POLLIN != 0 {
+            fdops::read_fd(m, &mut buf)
+        } else {
+            Err(ferry_sys::SysError {
+                errno: libc::EAGAIN,
+                op: "read",
+            })
+        };
+        match got {
+            Ok(0) => break,
+            Ok(n) => {
+                idle = 0;
+                // In packet mode every read starts with a status byte (TIOCPKT_DATA, 0, before
+                // data; a control status alone otherwise, which the read consumes).
+                let data = if packet_mode { &buf[1..n] } else { &buf[..n] };
+                if packet_mode && buf[0] != 0 {
+                    log::warn!(
+                        "PID {pid}: /dev/pts/{index}: a pending packet-mode status {:#x} was \
+                         read with its output and is lost",
+                        buf[0]
+                    );
+                }
+                out.extend_from_slice(data);
+            }
+            Err(e) if e.errno == libc::EAGAIN || e.errno == libc::EIO => {
+                idle += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => {
+                return Err(e).ctx(pid, || format!("read the output of /dev/pts/{index}"));
+            }
+        }
+    }
+    if !out.is_empty() {
+        write_output(slave.as_raw_fd(), &out).ctx(pid, || {
+            format!(
+                "put {} bytes of output back into /dev/pts/{index} (they were read out)",
+                out.len()
+            )
+        })?;
+    }
+    Ok((out, owner))
+}
+
+/// Writes `data` through slave `s` with its output processing off (OPOST), so that its master
+/// reads exactly `data`, then gives the slave its settings back.
+fn write_output(s: i32, data: &[u8]) -> ferry_sys::SysResult<()> {
+    let t = tty::get_termios(s)?;
+    let mut raw = t.clone();
+    raw.oflag &= !libc::OPOST;
+    tty::set_termios(s, &raw)?;
+    let mut done = 0;
+    let mut r = Ok(());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while done < data.len() {
+        match fdops::write_fd(s, &data[done..]) {
+            Ok(n) => done += n,
+            Err(e) if e.errno == libc::EAGAIN && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2))
+            }
+            Err(e) => {
+                r = Err(e);
+                break;
+            }
+        }
+    }
+    tty::set_termios(s, &t)?;
+    r
 }
 
 /// Reads the input queued for the slave of master `m` and writes it straight back.
@@ -394,7 +595,12 @@ fn tty_of(d: &FileDesc) -> Option<&TtyDesc> {
 
 /// Recreates the open file description `d` (a pty side) in this (the restoring) process, from
 /// the ptmx and devpts in `dev` (`/dev`, or a guest's).
-pub fn open(d: &FileDesc, tree: &Tree, dev: &Path) -> Result<OwnedFd> {
+pub fn open(
+    d: &FileDesc,
+    tree: &Tree,
+    dev: &Path,
+    caller: Option<&ferry_sys::fsid::FsCreds>,
+) -> Result<OwnedFd> {
     let me = std::process::id() as i32;
     let t = tty_of(d)
         .ok_or_else(|| Error::BadImage(format!("file {}: {:?} is not a tty", d.id, d.kind)))?;
@@ -418,7 +624,7 @@ pub fn open(d: &FileDesc, tree: &Tree, dev: &Path) -> Result<OwnedFd> {
                 winsize: home.winsize,
                 ..Default::default()
             };
-            let master = make_pty(dev, t.index, &state, true)?;
+            let master = make_pty(dev, t.index, &state, true, caller)?;
             RELAYED
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -435,7 +641,7 @@ pub fn open(d: &FileDesc, tree: &Tree, dev: &Path) -> Result<OwnedFd> {
                     Error::BadImage(format!("pty {} has no master description", t.index))
                 })?;
             let has_slave = descs.iter().any(|x| !x.master);
-            let master = make_pty(dev, t.index, state, has_slave)?;
+            let master = make_pty(dev, t.index, state, has_slave, caller)?;
             if state.session != 0 {
                 CTTY.lock().unwrap_or_else(|e| e.into_inner()).insert(
                     state.session,
@@ -480,7 +686,15 @@ fn open_at(path: &Path, flags: i32) -> ferry_sys::SysResult<OwnedFd> {
 }
 
 /// Opens `dev`/ptmx until pty `index` comes out, and gives it its state.
-fn make_pty(dev: &Path, index: u32, s: &PtyState, has_slave: bool) -> Result<OwnedFd> {
+/// Makes pty `index` again with state `s`. `caller`: whoever asked for the restore (`None`:
+/// root); a user's restore gives the slave only to that user and their groups.
+fn make_pty(
+    dev: &Path,
+    index: u32,
+    s: &PtyState,
+    has_slave: bool,
+    caller: Option<&ferry_sys::fsid::FsCreds>,
+) -> Result<OwnedFd> {
     let ptmx = dev.join("ptmx");
     let me = std::process::id() as i32;
     let deadline = Instant::now() + INDEX_WAIT;
@@ -530,6 +744,31 @@ fn make_pty(dev: &Path, index: u32, s: &PtyState, has_slave: bool) -> Result<Own
     }
     if !s.input.is_empty() {
         put_back(m, &s.input).ctx(me, || what("refill the input"))?;
+    }
+    if !s.output.is_empty() || s.slave_owner.is_some() {
+        let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC;
+        let slave = tty::open_peer(m, flags).ctx(me, || what("open the slave"))?;
+        if !s.output.is_empty() {
+            write_output(slave.as_raw_fd(), &s.output).ctx(me, || what("refill the output"))?;
+        }
+        if let Some((uid, gid, mode)) = s.slave_owner {
+            use std::os::unix::fs::PermissionsExt;
+            // A user's image grants nothing: the slave goes to no one else, nor to a group
+            // the user is not in.
+            let (uid, gid, mode) = match caller.filter(|c| c.uid != 0) {
+                Some(c) => (
+                    (uid == c.uid).then_some(uid),
+                    (gid == c.gid || c.groups.contains(&gid)).then_some(gid),
+                    mode & 0o777,
+                ),
+                None => (Some(uid), Some(gid), mode),
+            };
+            std::os::unix::fs::fchown(&slave, uid, gid)
+                .ctx(me, || what(&format!("give the slave to {uid:?}:{gid:?}")))?;
+            std::fs::File::from(slave)
+                .set_permissions(std::fs::Permissions::from_mode(mode))
+                .ctx(me, || what(&format!("set the slave's mode {mode:o}")))?;
+        }
     }
     if s.locked && !has_slave {
         tty::set_locked(m, true).ctx(me, || what("lock"))?;

@@ -26,6 +26,7 @@ use super::*;
 /// that no process holds may fly only with an empty interest list: `FdCapture`).
 pub(crate) fn may_fly(kind: &FileKind) -> std::result::Result<(), &'static str> {
     match kind {
+        FileKind::Device { path, .. } if path == "/dev/tty" => Err("/dev/tty"),
         FileKind::Regular { .. }
         | FileKind::Directory { .. }
         | FileKind::Device { .. }
