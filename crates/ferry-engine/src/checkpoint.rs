@@ -203,6 +203,8 @@ pub fn capture_with<W: Write>(
     tree.ghosts = objects.ghosts.clone();
     // Everything was captured with our PIDs; the image holds the tree's own.
     let hosts: Vec<i32> = frozen.procs.iter().map(|p| p.host()).collect();
+    // What the files it holds or maps contain, for a restore on another machine.
+    tree.digests = crate::digests::capture(&tree, &hosts);
     view.translate(&mut tree, frozen)?;
     report.tree_pids = tree.processes.iter().map(|p| p.pid).collect();
     report.tree_root_pid = tree.root_pid;

@@ -21,6 +21,7 @@
 
 pub mod cancel;
 pub mod checkpoint;
+pub mod digests;
 pub mod error;
 pub mod freeze;
 pub mod guest_ns;

@@ -16,6 +16,9 @@
 //! is tried again with the rights of whoever asked for the restore ([`Rights::caller`]; Ferry's
 //! own, root, today), and then the file must be the very one captured: the same device, inode,
 //! type, size and change time, which the process had open when it was frozen.
+//!
+//! With the process's own rights, a regular file on another device or inode (the same path on
+//! another machine) is taken if it holds what the captured one held (`crate::digests`).
 
 use crate::error::{Error, Result};
 use ferry_image::{FileIdentity, Process};
@@ -153,13 +156,16 @@ fn io_failed(e: std::io::Error, what: &str) -> Failed {
     }
 }
 
-/// One try, on a thread with `creds`.
+/// One try, on a thread with `creds`. `by_contents`: a regular file elsewhere than the one
+/// captured (another machine's) is taken if it holds what the captured one held
+/// (`crate::digests`).
 fn try_open(
     creds: &FsCreds,
     path: &str,
     flags: i32,
     want: Option<&FileIdentity>,
     m: Match,
+    by_contents: bool,
 ) -> std::result::Result<OwnedFd, Failed> {
     let r = fsid::with_fs_creds(creds, || {
         let o = fsid::openat2(
@@ -173,7 +179,15 @@ fn try_open(
         let through = format!("/proc/self/fd/{}", o.as_raw_fd());
         if let Some(want) = want {
             let md = std::fs::metadata(&through).map_err(|e| io_failed(e, "stat it"))?;
-            let diff = differences(want, &identity_of(&md), m);
+            let now = identity_of(&md);
+            let mut diff = differences(want, &now, m);
+            if !diff.is_empty() && by_contents && matches!(m, Match::Contents | Match::Mapped) {
+                match crate::digests::same_contents(want, &now, &through) {
+                    Some(true) => diff.clear(),
+                    Some(false) => diff.push("its contents differ from the file captured".into()),
+                    None => {}
+                }
+            }
             if !diff.is_empty() {
                 return Err(Failed::Differs(diff));
             }
@@ -213,7 +227,7 @@ pub fn open(
             d.join("; ")
         ))
     };
-    match try_open(&rights.process, path, flags, want, m) {
+    match try_open(&rights.process, path, flags, want, m, true) {
         Ok(fd) => Ok(fd),
         Err(Failed::Differs(d)) => Err(differs(d)),
         Err(Failed::Other(e)) => Err(refuse(e)),
@@ -229,7 +243,8 @@ pub fn open(
                     rights.process
                 )));
             };
-            match try_open(&caller, path, flags, Some(want), m) {
+            // Exactly that file: never another with the same contents.
+            match try_open(&caller, path, flags, Some(want), m, false) {
                 Ok(fd) => Ok(fd),
                 Err(Failed::Differs(d)) => Err(differs(d)),
                 Err(Failed::Other(e2)) => Err(refuse(e2)),

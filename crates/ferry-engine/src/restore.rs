@@ -567,6 +567,7 @@ pub fn restore_with<R: Read>(
         ));
     }
     let t0 = Instant::now();
+    crate::digests::install(&img.tree);
     check_adoption(&img.tree, opts)?;
     check_pids_free(&img.tree, opts.guest, opts.adopt)?;
     if let (false, Some(release)) = (opts.adopt.is_empty(), opts.release) {

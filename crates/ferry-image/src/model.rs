@@ -30,6 +30,20 @@ pub struct Tree {
     /// For an incremental checkpoint: the image its processes' `inherited` pages come from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentImage>,
+    /// The contents of the regular files the tree holds or maps by path, as captured: on
+    /// another machine (another device and inode under the same path) a file is the one
+    /// captured if its contents are these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub digests: Vec<FileDigest>,
+}
+
+/// What a regular file held: its SHA-256 and size, for the file (`dev`, `ino`) captured.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct FileDigest {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub sha256: [u8; 32],
 }
 
 /// The parent of an incremental image: where it was, and what it was (a restore refuses a

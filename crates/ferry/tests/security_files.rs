@@ -136,10 +136,10 @@ fn restore_refuses_a_file_replaced_by_a_link_to_a_root_file() {
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's secret\n");
     assert_eq!(secret.metadata().unwrap().mode() & 0o7777, 0o600);
 
-    // Their own file put in its place is not the file captured either (it may even have the
-    // old inode number: then its change time tells).
+    // Their own file put in its place, of the same size, is not the file captured either (it
+    // may even have the old inode number: then its change time tells, and its contents).
     std::fs::remove_file(&data).unwrap();
-    std::fs::write(&data, "mine\n").unwrap();
+    std::fs::write(&data, "MINE\n").unwrap();
     std::os::unix::fs::chown(&data, Some(NOBODY), Some(NOBODY)).unwrap();
     let err = restore_refused(&img, pid);
     assert_mentions(
@@ -246,6 +246,72 @@ fn images_are_0600_in_a_0700_directory() {
     assert_eq!(
         existing.join("image.ferry").metadata().unwrap().mode() & 0o777,
         0o600
+    );
+}
+
+/// On another machine the same path names another inode: a file there is the one captured if
+/// it holds what the captured one held (its SHA-256, recorded at checkpoint), as a mapping or
+/// a descriptor; a file of the same size with other contents is refused, naming it.
+#[test]
+fn restore_takes_a_file_with_the_captured_contents_under_another_inode() {
+    let d = scratch("security_files", "contents");
+    let home = user_dir(&d.join("home"));
+    let data = home.join("data");
+    let put = |text: &str| {
+        // Written aside and renamed into place: a new inode, as another machine's copy.
+        let aside = home.join("data.new");
+        std::fs::write(&aside, text).unwrap();
+        std::os::unix::fs::chown(&aside, Some(NOBODY), Some(NOBODY)).unwrap();
+        std::fs::rename(&aside, &data).unwrap();
+        data.metadata().unwrap().ino()
+    };
+    let first = put(&"page of mine\n".repeat(400));
+    // Kept, so that its inode number is not given to a later file.
+    std::fs::hard_link(&data, home.join("captured")).unwrap();
+    let mut child = run_as_nobody(
+        &home,
+        "/usr/bin/python3",
+        &[
+            "-c",
+            "import mmap, time\nf = open('data', 'r+b')\nm = mmap.mmap(f.fileno(), 0)\n\
+             open('ready', 'w').close()\ntime.sleep(1000)",
+        ],
+        "python3",
+    );
+    let ready = home.join("ready");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "python3 did not map its file");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = child.id();
+    let img = d.join("img");
+    checkpoint(&mut child, &img);
+
+    // Other contents, the same size: refused.
+    put(&"page of MINE\n".repeat(400));
+    let err = restore_refused(&img, pid);
+    assert_mentions(
+        &err,
+        &[
+            &format!("PID {pid}"),
+            data.to_str().unwrap(),
+            "its contents differ from the file captured",
+        ],
+    );
+    // The same contents under another inode: taken, as descriptor and mapping.
+    let second = put(&"page of mine\n".repeat(400));
+    assert_ne!(first, second);
+    let (ok, out, err) = ferry(&["restore", "--dir", img.to_str().unwrap()]);
+    assert!(ok, "restore failed: {err}");
+    assert_eq!(out.trim(), pid.to_string());
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    assert!(
+        maps.lines()
+            .any(|l| l.ends_with(data.to_str().unwrap()) && l.contains(&format!(" {second} "))),
+        "the restored process does not map {} (inode {second}):\n{maps}",
+        data.display()
     );
 }
 
