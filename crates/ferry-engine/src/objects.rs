@@ -384,7 +384,9 @@ impl RestoreObjects {
                 rights.pid, v.start, v.end
             )));
         };
-        let write = v.shared && v.prot & libc::PROT_WRITE as u32 != 0;
+        // A shared mapping of a file opened for writing may be made writable later (mprotect),
+        // even if it is read-only now: its file is opened for writing again.
+        let write = v.shared && (v.prot & libc::PROT_WRITE as u32 != 0 || v.may_write);
         let flags = if write { libc::O_RDWR } else { libc::O_RDONLY };
         let fd = match ghost {
             Some(id) => self.reopen_ghost(*id, flags, rights)?,

@@ -271,6 +271,22 @@ pub struct Vma {
     /// pages are written so that the kernel can give it huge pages again.
     #[serde(default)]
     pub huge_pages: bool,
+    /// A shared mapping that may be made writable (VmFlags `mw`: its file was opened for
+    /// writing), whatever its protection now.
+    #[serde(default)]
+    pub may_write: bool,
+    /// `MADV_MERGEABLE` (VmFlags `mg`).
+    #[serde(default)]
+    pub mergeable: bool,
+    /// `MADV_SEQUENTIAL` (VmFlags `sr`).
+    #[serde(default)]
+    pub sequential: bool,
+    /// `MADV_RANDOM` (VmFlags `rr`).
+    #[serde(default)]
+    pub random: bool,
+    /// Locked on fault (`mlock2(MLOCK_ONFAULT)`, `mlockall(MCL_ONFAULT)`: VmFlags `lf`).
+    #[serde(default)]
+    pub lock_onfault: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

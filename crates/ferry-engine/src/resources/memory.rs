@@ -24,6 +24,10 @@ const MADV_WIPEONFORK: u64 = 18;
 const MADV_DONTDUMP: u64 = 16;
 const MADV_HUGEPAGE: u64 = 14;
 const MADV_NOHUGEPAGE: u64 = 15;
+const MADV_RANDOM: u64 = 1;
+const MADV_SEQUENTIAL: u64 = 2;
+const MADV_MERGEABLE: u64 = 12;
+const MLOCK_ONFAULT: u64 = 1;
 /// Memory is read (and written to the image) in runs of at most this many bytes. Small enough
 /// that whoever consumes the image (a disk, or a migration's stream through two daemons into
 /// a restore worker) works while the next run is read, instead of waiting for one large run
@@ -88,6 +92,11 @@ pub fn capture(pid: i32, maps: &[MapEntry], objects: &mut CaptureObjects) -> Res
             hugepage: m.has_flag("hg"),
             nohugepage: m.has_flag("nh"),
             huge_pages: m.anon_huge_kb > 0,
+            may_write: m.shared() && m.has_flag("mw"),
+            mergeable: m.has_flag("mg"),
+            sequential: m.has_flag("sr"),
+            random: m.has_flag("rr"),
+            lock_onfault: m.has_flag("lf"),
         });
     }
     Ok(out)
@@ -309,6 +318,9 @@ fn seal_nonzero(image_pid: i32, addr: u64, buf: &[u8]) -> Sealed {
 pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Result<()> {
     let vmas = &p.vmas;
     let rights = &objects.rights(p);
+    // The husk is root when it maps: a user's image locks nothing (it could lock more than
+    // the user's RLIMIT_MEMLOCK allows).
+    let lock = objects.caller().is_none_or(|c| c.uid == 0);
     let inj = h.injector();
     let pid = h.pid;
     // The vDSO and its data pages come first, at their old place, as one unit.
@@ -372,7 +384,7 @@ pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Resu
             |w: &Vma| matches!(w.backing, Backing::Anonymous) && !w.shared && !w.growsdown;
         if private_anon(v) && i > 0 && vmas[i - 1].end == v.start && private_anon(&vmas[i - 1]) {
             map_apart(&mut calls, v, h.spare_area());
-            madvise_flags(&mut calls, v);
+            madvise_flags(&mut calls, v, lock);
             whose.resize(calls.len(), i);
             continue;
         }
@@ -397,7 +409,7 @@ pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Resu
                 flush(&mut calls, &mut whose, &mut held)?;
                 objects.attach_sysv(h, *object, v)?;
                 let mut after = Vec::new();
-                madvise_flags(&mut after, v);
+                madvise_flags(&mut after, v, lock);
                 h.batch(&after, |_| format!("advise {:x}-{:x}", v.start, v.end))?;
                 continue;
             }
@@ -435,7 +447,7 @@ pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Resu
             }
             None => calls.push(mmap),
         }
-        madvise_flags(&mut calls, v);
+        madvise_flags(&mut calls, v, lock);
         debug_assert!(calls.len() > before);
         whose.resize(calls.len(), i);
         if held.len() >= HELD_FDS {
@@ -449,14 +461,18 @@ pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Resu
 const HELD_FDS: usize = 256;
 const SYS_PIDFD_GETFD: i64 = 438;
 
-/// The madvise states that change semantics or the page size, as captured.
-fn madvise_flags(calls: &mut Vec<Call>, v: &Vma) {
+/// The madvise states that change semantics or the page size, as captured, and the mapping's
+/// lock if `lock`.
+fn madvise_flags(calls: &mut Vec<Call>, v: &Vma, lock: bool) {
     for (on, advice) in [
         (v.dontfork, MADV_DONTFORK),
         (v.wipeonfork, MADV_WIPEONFORK),
         (v.dontdump, MADV_DONTDUMP),
         (v.hugepage, MADV_HUGEPAGE),
         (v.nohugepage, MADV_NOHUGEPAGE),
+        (v.mergeable, MADV_MERGEABLE),
+        (v.sequential, MADV_SEQUENTIAL),
+        (v.random, MADV_RANDOM),
     ] {
         if on {
             calls.push(Call::new(
@@ -465,6 +481,16 @@ fn madvise_flags(calls: &mut Vec<Call>, v: &Vma) {
                 &[v.start, v.end - v.start, advice],
             ));
         }
+    }
+    // Locked on fault, so that nothing is faulted in here: pages are locked as their contents
+    // are written (or, lazily, fetched), untouched ones when first touched. A lock that was
+    // not on fault (plain mlock) comes back on fault too (see docs/limitations.md).
+    if v.locked && lock {
+        calls.push(Call::new(
+            "mlock2",
+            libc::SYS_mlock2,
+            &[v.start, v.end - v.start, MLOCK_ONFAULT],
+        ));
     }
 }
 
