@@ -65,6 +65,12 @@ pub struct Shape {
     pub reserve_mib: usize,
     /// Memory that compresses: each word one byte of noise and seven zero bytes.
     pub compressible: bool,
+    /// Touched fraction (per mille): instead of waiting for `go`, the process watches its PID
+    /// namespace, and once it has moved (a moved process runs in a namespace of its own) it
+    /// reads this share of its pages (a pseudo-random spread) and writes their checksum with
+    /// the wall-clock times of the move and of the last page read ([`touch_after_move`]).
+    /// 0: every page, after `go`.
+    pub touch_permille: usize,
 }
 
 impl Shape {
@@ -99,6 +105,9 @@ impl Shape {
         ]
         .into_iter()
         .chain(self.compressible.then(|| "--compressible".to_string()))
+        .chain(
+            (self.touch_permille > 0).then(|| format!("--touch-permille={}", self.touch_permille)),
+        )
         .collect()
     }
 
@@ -216,6 +225,9 @@ pub fn run(mib: usize, dir: &Path, shape: Shape) -> Result<()> {
             *w = (*w & 0xff) | 1;
         }
     }
+    if shape.touch_permille > 0 {
+        return touch_after_move(dir, &words, shape.touch_permille);
+    }
     let sum = checksum(&words);
     write_atomic(
         dir,
@@ -245,5 +257,51 @@ pub fn run(mib: usize, dir: &Path, shape: Shape) -> Result<()> {
     }
     drop(pipes);
     write_atomic(dir, "result", &format!("{again:016x}\n"))?;
+    Ok(())
+}
+
+/// Whether page `p` is among the touched `permille` (a fixed pseudo-random spread).
+fn touched(p: usize, permille: usize) -> bool {
+    (xorshift(0x746f_7563 ^ (p as u64 + 1)) % 1000) < permille as u64
+}
+
+/// The checksum of the touched pages, in order.
+fn touched_sum(words: &[u64], permille: usize) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    words
+        .chunks(512)
+        .enumerate()
+        .filter(|(p, _)| touched(*p, permille))
+        .fold(7u64, |h, (_, page)| {
+            (h ^ checksum(page)).wrapping_mul(K).rotate_left(31)
+        })
+}
+
+fn wall_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// `ready` with the touched pages' checksum; then, once this process runs in another PID
+/// namespace (it has moved), reads the touched pages and writes `result`: their checksum, the
+/// wall-clock time (ns) it first ran there, and when the last touched page had been read.
+fn touch_after_move(dir: &Path, words: &[u64], permille: usize) -> Result<()> {
+    let ns = || std::fs::read_link("/proc/self/ns/pid").ok();
+    let home = ns().context("read /proc/self/ns/pid")?;
+    let sum = touched_sum(words, permille);
+    write_atomic(
+        dir,
+        "ready",
+        &format!("{} {sum:016x}\n", std::process::id()),
+    )?;
+    while ns().is_none_or(|n| n == home) {
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    let moved = wall_ns();
+    let again = touched_sum(words, permille);
+    let done = wall_ns();
+    write_atomic(dir, "result", &format!("{again:016x} {moved} {done}\n"))?;
     Ok(())
 }

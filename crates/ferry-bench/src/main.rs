@@ -22,6 +22,7 @@ mod make;
 mod migrate;
 mod remote_exec;
 mod sprite;
+mod touch;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -58,6 +59,10 @@ enum Command {
     /// processes reserving 1 MiB to 8 GiB and touching 64 MiB or all of it: time until the
     /// tree runs, until the image is no longer needed, and a fault's cost.
     Lazy(lazy::Args),
+    /// The touched fraction: a process of N MiB that, once moved, reads 1 %, 10 % or 100 % of
+    /// its memory, moved eagerly, with pre-copy and lazily: when it runs on b, when every
+    /// touched page is there, and the bytes moved, against memcpy of N MiB.
+    Touch(touch::Args),
     /// Host selection over 10 to 10,000 nodes (the policy), a request through a daemon holding
     /// 1,000 simulated gossip entries, and the time eviction takes to free a node.
     Hosts(hosts::Args),
@@ -93,6 +98,9 @@ enum Command {
         /// bytes, as a heap of small numbers does) instead of noise that does not.
         #[arg(long)]
         compressible: bool,
+        /// Read this share (per mille) of the pages once moved, not all after `go`.
+        #[arg(long, default_value_t = 0)]
+        touch_permille: usize,
     },
 }
 
@@ -117,6 +125,7 @@ fn main() {
             fds,
             reserve_mib,
             compressible,
+            touch_permille,
         } => hold::run(
             mib,
             &dir,
@@ -127,9 +136,11 @@ fn main() {
                 fds,
                 reserve_mib,
                 compressible,
+                touch_permille,
             },
         ),
         Command::Lazy(a) => lazy::run(a),
+        Command::Touch(a) => touch::run(a),
     };
     if let Err(e) = result {
         eprintln!("ferry-bench: {e:#}");

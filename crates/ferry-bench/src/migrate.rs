@@ -185,7 +185,7 @@ fn median(mut samples: Vec<Sample>) -> Sample {
 // The cluster.
 
 /// A local cluster of two nodes, a and b, stopped however the benchmark ends.
-fn cluster_up(ferry: &Path, port: u16, dir: &Path, compress: bool) -> Result<Cluster> {
+pub(crate) fn cluster_up(ferry: &Path, port: u16, dir: &Path, compress: bool) -> Result<Cluster> {
     let port = port.to_string();
     // One network stack and file system for both nodes, as when docs/benchmarks.md
     // was measured (and the benchmark's files may lie in /tmp).
@@ -216,7 +216,12 @@ fn cpu_ms(c: &Cluster, node: &str) -> Result<f64> {
 }
 
 /// `ferry --node a migrate PID --to b --json`, with a time limit: the report.
-fn migrate_a_to_b(c: &Cluster, pid: i32, dir: &Path, memory: &str) -> Result<serde_json::Value> {
+pub(crate) fn migrate_a_to_b(
+    c: &Cluster,
+    pid: i32,
+    dir: &Path,
+    memory: &str,
+) -> Result<serde_json::Value> {
     let pid = pid.to_string();
     ferry_json(
         c.ferry_on("a"),
