@@ -81,6 +81,11 @@ pub struct Config {
     /// before its commit point: the process runs on at the source. Absent: 30.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_stall_secs: Option<f64>,
+    /// `--memory auto` moves a tree lazily when an eager move would keep it frozen at least
+    /// this long: its memory (64 MiB or more) at the speed memory last moved to that node (no
+    /// earlier move there: never lazily). Absent: 1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy_above_ms: Option<f64>,
     /// Whether a migration's stream between this node and another may go in compressed
     /// frames (LZ4, each frame only where that saves an eighth of it), if both say so: this
     /// node offers it when sending and takes it when receiving. Absent: false (on this

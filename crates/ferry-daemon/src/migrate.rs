@@ -109,24 +109,45 @@ async fn send_counted(
     if let Some(o) = owner {
         args.push(format!("--owner={o}"));
     }
-    let lazy = memory == "lazy";
-    let (mut worker, mut pages) = if lazy {
-        let (w, p) = Worker::spawn_paged(&node.exe, &args).await?;
-        (w, Some(p))
-    } else {
-        (Worker::spawn(&node.exe, &args)?, None)
-    };
-    let (memory_bytes, uid, command, in_place) = match worker_msg(&mut worker).await? {
+    // `auto` may choose lazy (the capture worker decides, from the tree's size), if the speed
+    // memory moves at to `to` is known: the worker then gets a page link too.
+    let link_bps = node.links.lock().expect("not poisoned").get(to).copied();
+    if let (true, Some(bps)) = (memory == "auto", link_bps) {
+        args.push(format!("--link-bps={bps}"));
+        args.push(format!(
+            "--lazy-above-ms={}",
+            node.config.lazy_above_ms.unwrap_or(1000.0)
+        ));
+    }
+    let (mut worker, mut pages) =
+        if memory == "lazy" || args.iter().any(|a| a.starts_with("--link-bps")) {
+            let (w, p) = Worker::spawn_paged(&node.exe, &args).await?;
+            (w, Some(p))
+        } else {
+            (Worker::spawn(&node.exe, &args)?, None)
+        };
+    let (memory_bytes, uid, command, in_place, lazy) = match worker_msg(&mut worker).await? {
         Msg::Movable {
             memory_bytes,
             uid,
             command,
             in_place,
-        } => (memory_bytes, uid, command, in_place),
+            lazy,
+        } => (
+            memory_bytes,
+            uid,
+            command,
+            in_place,
+            lazy || memory == "lazy",
+        ),
         Msg::Error { message } => bail!("{message}"),
         other => bail!("capture worker said {}", kind(&other)),
     };
     report.preflight_ms = ms(t0);
+    if !lazy {
+        // (`auto` chose otherwise: the link goes unused.)
+        pages = None;
+    }
 
     let t1 = Instant::now();
     let id = node.next_id();
@@ -414,7 +435,28 @@ async fn send_counted(
     report.total_ms = ms(t0);
     tracing::info!(event = "migrated", id, pid, to = %to, dest_pid = rebuilt.pid,
         freeze_ms = report.freeze_ms, wire_bytes = report.wire_bytes);
+    learn_link(&node, to, &report);
     Ok(report)
+}
+
+/// Remembers how fast memory moved to `to` in a migration that moved at least 8 MiB of it:
+/// the image's stream (eager), the first pre-copy round (all memory, the tree running), or
+/// the lazy phase (the destination's page server received its bytes from the resume until the
+/// source was released).
+fn learn_link(node: &Node, to: &str, r: &MigrateReport) {
+    const ENOUGH: f64 = 8.0 * 1048576.0;
+    let rate = |bytes: f64, ms: f64| (bytes >= ENOUGH && ms > 0.0).then(|| bytes / (ms / 1e3));
+    let bps = match (&r.lazy, r.memory.rounds.first()) {
+        (Some(l), _) => rate(l.source_bytes as f64, l.source_released_after_resume_ms),
+        (None, Some(round)) => rate(round.sent_bytes as f64, round.ms),
+        (None, None) => rate(r.image_bytes as f64, r.transfer_ms),
+    };
+    if let Some(bps) = bps {
+        node.links
+            .lock()
+            .expect("not poisoned")
+            .insert(to.to_string(), bps);
+    }
 }
 
 /// What `ferry ps` calls a `ferry run` program (crate::exec).

@@ -54,6 +54,9 @@ pub struct Node {
     pub run_notices: crate::exec::Notices,
     /// Automatic load balancing (crate::balancer).
     pub balancer: crate::balancer::Balancer,
+    /// The speed (bytes/s) memory last moved at to each node (crate::migrate::learn_link):
+    /// what `--memory auto` weighs an eager move's freeze by.
+    pub links: std::sync::Mutex<std::collections::HashMap<String, f64>>,
 }
 
 impl Node {
@@ -269,6 +272,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         exec_spares: Default::default(),
         run_notices: Default::default(),
         balancer,
+        links: Default::default(),
     });
     tracing::info!(event = "started", node = %node.name(), listen = %node.config.listen,
         control = %sock_path.display(), peers = ?node.config.peers,

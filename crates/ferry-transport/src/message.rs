@@ -150,6 +150,9 @@ pub enum Msg {
         /// (`MigrateOffer::in_place`).
         #[serde(default)]
         in_place: bool,
+        /// Its memory moves lazily (asked, or chosen by `auto`).
+        #[serde(default)]
+        lazy: bool,
     },
     /// Daemon to capture worker: freeze and stream the image.
     Go,

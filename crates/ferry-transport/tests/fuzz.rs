@@ -234,6 +234,7 @@ fn messages() -> Vec<Msg> {
             uid: 0,
             command: "x".into(),
             in_place: false,
+            lazy: false,
         },
         Msg::Go,
         Msg::Frozen,

@@ -83,6 +83,13 @@ enum Command {
         /// With --memory lazy: the daemon's descriptor of this worker's end of the page link.
         #[arg(long)]
         pages_fd: Option<i32>,
+        /// With --memory auto and a page link: the link's speed to the destination (bytes/s,
+        /// measured by an earlier move) and the freeze (ms) above which an eager move would
+        /// stop the tree for too long: then it moves lazily.
+        #[arg(long, requires = "lazy_above_ms")]
+        link_bps: Option<f64>,
+        #[arg(long, requires = "link_bps")]
+        lazy_above_ms: Option<f64>,
     },
     /// Engine worker of a daemon: receive and rebuild a tree (internal).
     #[command(name = "__restore-worker", hide = true)]
@@ -227,6 +234,8 @@ fn main() {
             owner,
             deputies_dir,
             pages_fd,
+            link_bps,
+            lazy_above_ms,
         } => commands::worker::capture_worker(
             pid,
             relay_pipes,
@@ -234,6 +243,7 @@ fn main() {
             owner.as_ref(),
             deputies_dir,
             pages_fd,
+            link_bps.zip(lazy_above_ms),
         ),
         Command::LazyGuard { server_pid } => commands::restore::lazy_guard(server_pid),
     };

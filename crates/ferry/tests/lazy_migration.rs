@@ -39,6 +39,10 @@ fn main() {
             "sequential_faults_grow_their_window",
             sequential_faults_grow_their_window,
         ),
+        Trial::test(
+            "auto_moves_a_large_tree_lazily_once_the_link_is_known",
+            auto_chooses_lazy,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -170,6 +174,16 @@ impl Drop for Dirtier {
 }
 
 fn migrate_lazy(c: &Cluster, on: &str, pid: i32, to: &str) -> Result<serde_json::Value, String> {
+    migrate_with(c, on, pid, to, "lazy")
+}
+
+fn migrate_with(
+    c: &Cluster,
+    on: &str,
+    pid: i32,
+    to: &str,
+    memory: &str,
+) -> Result<serde_json::Value, String> {
     let o = c.run(
         on,
         &[
@@ -178,7 +192,7 @@ fn migrate_lazy(c: &Cluster, on: &str, pid: i32, to: &str) -> Result<serde_json:
             "--to",
             to,
             "--memory",
-            "lazy",
+            memory,
             "--json",
         ],
     );
@@ -436,5 +450,40 @@ fn sequential_faults_grow_their_window() -> Result<(), Failed> {
         pages > 16 * faults && n("max_fault_window_pages") >= 64,
         "the faults' window did not grow ({faults} faults brought {pages} pages): {l}"
     );
+    Ok(())
+}
+
+/// `--memory auto` with `lazy_above_ms` 1: a tree of 80 MiB goes a -> b, b -> a without a
+/// known link (not lazily: neither node has moved memory to the other yet), then a -> b again,
+/// now lazily, the report saying why (the speed measured by the first move), and every page
+/// checks out.
+fn auto_chooses_lazy() -> Result<(), Failed> {
+    let c = Cluster::up_full(
+        "lazyauto",
+        2,
+        &[],
+        common::cluster::Isolation::default_for_tests(),
+        &["--lazy-above-ms", "1"],
+    );
+    let dir = scratch("lazy_migration", "auto");
+    let d = Dirtier::start(&dir, 80, 200);
+    let pid = d.pid();
+    for (from, to, lazy) in [("a", "b", false), ("b", "a", false), ("a", "b", true)] {
+        let r =
+            migrate_with(&c, from, pid, to, "auto").map_err(|e| format!("{from} -> {to}: {e}"))?;
+        let plan = &r["memory"];
+        if lazy {
+            assert_eq!(plan["mode"], "lazy", "{from} -> {to}, the link known: {r}");
+            let why = plan["reason"].as_str().unwrap_or("");
+            assert!(why.starts_with("auto:") && why.contains("measured"), "{r}");
+            assert!(
+                r["lazy"]["owed_bytes"].as_u64().unwrap_or(0) > 64 << 20,
+                "{r}"
+            );
+        } else {
+            assert_ne!(plan["mode"], "lazy", "{from} -> {to}, no link known: {r}");
+        }
+        d.assert_intact_for(1, &format!("after an auto move {from} -> {to}"));
+    }
     Ok(())
 }

@@ -85,6 +85,11 @@ pub struct UpArgs {
     /// process runs on at its source (each node's `stream_stall_secs`) [default: 30].
     #[arg(long, value_name = "SECS")]
     pub stream_stall: Option<f64>,
+    /// `--memory auto` moves a tree lazily when an eager move to a node would freeze it at
+    /// least this long, at the speed memory last moved there (each node's `lazy_above_ms`)
+    /// [default: 1000].
+    #[arg(long, value_name = "MS")]
+    pub lazy_above_ms: Option<f64>,
     /// Send migrations' streams between the nodes as they are, never compressed (each node's
     /// `compress = false`; for measuring what compression saves).
     #[arg(long)]
@@ -356,6 +361,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             web: None,
             balance: Default::default(),
             stream_stall_secs: a.stream_stall,
+            lazy_above_ms: a.lazy_above_ms,
             compress: if a.compress {
                 Some(true)
             } else {

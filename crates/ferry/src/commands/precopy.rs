@@ -22,6 +22,26 @@ pub const AUTO_MIN_BYTES: u64 = 64 << 20;
 /// link's speed: pre-copy would not converge.
 const AUTO_MAX_DIRTY_SHARE: f64 = 0.5;
 
+/// `auto`'s rule for lazy (with the link to the destination known, `link_bps`): a tree of at
+/// least [`AUTO_MIN_BYTES`] that an eager move would keep frozen for `above_ms` or more (its
+/// memory at the link's speed), and that holds no shared memory (which lazy cannot serve), is
+/// moved lazily; the reason is returned. Otherwise `None`: eager or pre-copy, as before.
+pub fn auto_lazy(pid: i32, memory_bytes: u64, link_bps: f64, above_ms: f64) -> Option<String> {
+    let eager_ms = memory_bytes as f64 / link_bps.max(1.0) * 1e3;
+    if memory_bytes < AUTO_MIN_BYTES || eager_ms < above_ms {
+        return None;
+    }
+    if let Err(e) = ferry_engine::lazy::preflight(pid) {
+        log::info!("auto: not lazy: {e}");
+        return None;
+    }
+    Some(format!(
+        "auto: {:.0} MiB would stand still about {eager_ms:.0} ms at the {:.0} MiB/s measured          to this node (at least {above_ms:.0} ms: lazy): private anonymous memory stays at the          source, served as the copy touches it and pushed meanwhile",
+        mib(memory_bytes as f64),
+        mib(link_bps)
+    ))
+}
+
 pub enum Outcome {
     /// Freeze now and send the rest; with the pre-copy, if rounds were made.
     Freeze(Option<Precopy>, MemoryPlan),

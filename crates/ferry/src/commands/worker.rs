@@ -183,6 +183,7 @@ pub fn capture_worker(
     owner: Option<&ferry_sys::owner::Owner>,
     deputies_dir: Option<std::path::PathBuf>,
     pages_fd: Option<i32>,
+    auto_lazy: Option<(f64, f64)>,
 ) -> Result<()> {
     ferry_sys::process::set_parent_death_signal(libc::SIGTERM).context("watch the daemon")?;
     let cancel = ferry_engine::cancel::flag();
@@ -191,12 +192,12 @@ pub fn capture_worker(
     }
     let mut input = std::io::stdin().lock();
     let mut out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-    let lazy = memory == "lazy";
+    let asked_lazy = memory == "lazy";
     let link = match pages_fd.map(super::pages::take_link).transpose() {
         Ok(l) => l,
         Err(e) => return fail(&mut out, &e),
     };
-    if lazy && link.is_none() {
+    if asked_lazy && link.is_none() {
         return fail(
             &mut out,
             &anyhow::anyhow!("--memory lazy needs a page link"),
@@ -207,7 +208,7 @@ pub fn capture_worker(
         .and_then(|d| {
             ferry_engine::preflight::check_with(pid, relay_pipes)
                 .with_context(|| format!("cannot move PID {pid}"))?;
-            if lazy {
+            if asked_lazy {
                 ferry_engine::lazy::preflight(pid)
                     .map_err(|e| anyhow::anyhow!("cannot move PID {pid} lazily: {e}"))?;
             }
@@ -217,6 +218,15 @@ pub fn capture_worker(
         Ok(x) => x,
         Err(e) => return fail(&mut out, &e),
     };
+    // `auto` moves lazily what an eager move would freeze too long (docs: ARCHITECTURE.md,
+    // "Choosing how memory moves").
+    let auto_lazy = match auto_lazy {
+        Some((link_bps, above_ms)) if memory == "auto" && link.is_some() => {
+            super::precopy::auto_lazy(pid, memory_bytes, link_bps, above_ms)
+        }
+        _ => None,
+    };
+    let lazy = asked_lazy || auto_lazy.is_some();
     write_msg(
         &mut out,
         &Msg::Movable {
@@ -224,6 +234,7 @@ pub fn capture_worker(
             uid,
             command,
             in_place: !relay_pipes && rebuilt_in_place(pid),
+            lazy,
         },
     )?;
     if !matches!(next_command(&mut input), Some(Msg::Go)) {
@@ -234,9 +245,11 @@ pub fn capture_worker(
             None,
             ferry_transport::message::MemoryPlan {
                 mode: "lazy".into(),
-                reason: "asked (--memory lazy): private anonymous memory stays at the source, \
-                         served as the copy touches it and pushed meanwhile"
-                    .into(),
+                reason: auto_lazy.unwrap_or_else(|| {
+                    "asked (--memory lazy): private anonymous memory stays at the source, \
+                     served as the copy touches it and pushed meanwhile"
+                        .into()
+                }),
                 ..Default::default()
             },
         ))
