@@ -13,7 +13,7 @@
  * socket still answers a new echo request with its identifier; options.
  *
  * Needs the program's group in net.ipv4.ping_group_range (the engine suite
- * sets it on this machine for its run, and `ferry cluster up` gives separate
+ * widens this machine's to root's group, and `ferry cluster up` gives separate
  * nodes this machine's range); otherwise it fails at setup saying so.
  */
 #include "ferry_test.h"

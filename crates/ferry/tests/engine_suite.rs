@@ -178,49 +178,32 @@ fn main() {
             trials.push(Trial::test(format!("ns_extra::{name}"), move || f(&s)));
         }
     }
-    let ping_groups = PingGroups::widen();
+    widen_ping_groups();
     let conclusion = libtest_mimic::run(&args, trials);
-    drop(ping_groups);
     suite.harness.exit(conclusion);
 }
 
 /// `fd_icmp_ping` makes ping sockets, which need the maker's group in this machine's
 /// `net.ipv4.ping_group_range` (most distributions let every group; a bare kernel none): the
-/// range is widened to root's group for the run (before the `mig::` cluster starts: `ferry
-/// cluster up` gives its separate nodes this machine's range), and put back after it.
-struct PingGroups(Option<String>);
-
-const PING_GROUP_RANGE: &str = "/proc/sys/net/ipv4/ping_group_range";
-
-impl PingGroups {
-    fn widen() -> PingGroups {
-        let Ok(old) = std::fs::read_to_string(PING_GROUP_RANGE) else {
-            return PingGroups(None);
-        };
-        let range: Vec<i64> = old
-            .split_whitespace()
-            .filter_map(|w| w.parse().ok())
-            .collect();
-        if let [lo, hi] = range[..] {
-            if lo <= 0 && 0 <= hi {
-                return PingGroups(None);
-            }
-        }
-        match std::fs::write(PING_GROUP_RANGE, "0 0") {
-            Ok(()) => PingGroups(Some(old)),
-            Err(e) => {
-                eprintln!("cannot widen {PING_GROUP_RANGE} to root's group: {e}");
-                PingGroups(None)
-            }
+/// range is widened to root's group before the `mig::` cluster starts (`ferry cluster up` gives
+/// its separate nodes this machine's range), and left so: suites run at once by others would
+/// otherwise narrow it under each other's feet (one did, within a minute of this landing).
+fn widen_ping_groups() {
+    const PING_GROUP_RANGE: &str = "/proc/sys/net/ipv4/ping_group_range";
+    let Ok(old) = std::fs::read_to_string(PING_GROUP_RANGE) else {
+        return;
+    };
+    let range: Vec<i64> = old
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    if let [lo, hi] = range[..] {
+        if lo <= 0 && 0 <= hi {
+            return;
         }
     }
-}
-
-impl Drop for PingGroups {
-    fn drop(&mut self) {
-        if let Some(old) = self.0.take() {
-            let _ = std::fs::write(PING_GROUP_RANGE, old.trim());
-        }
+    if let Err(e) = std::fs::write(PING_GROUP_RANGE, "0 0") {
+        eprintln!("cannot widen {PING_GROUP_RANGE} to root's group: {e}");
     }
 }
 
