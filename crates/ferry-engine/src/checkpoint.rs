@@ -192,6 +192,7 @@ pub fn capture_with<W: Write>(
             inj.finish()?;
         }
         p.vmas = memory::capture(host, &procfs::smaps(host)?, &mut objects)?;
+        memory::check_memfd_exe(host, &p)?;
         p.fds = fdcap.capture(host, &mut tree, &mut objects)?;
         tree.processes.push(p);
     }

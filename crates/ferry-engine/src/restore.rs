@@ -867,7 +867,8 @@ fn build<R: Read>(
         if !p.files_shared_with_parent {
             files::install(h, p, tree, cx.descs)?;
         }
-        process::restore_environment(h, p, &cx.objects.rights(p))?;
+        let memfd_exe = memory::memfd_exe(p, cx.objects)?;
+        process::restore_environment(h, p, &cx.objects.rights(p), memfd_exe)?;
         signals::restore_actions(h, p)?;
         // The main thread is the husk itself; one that had exited is made to exit again at
         // resume, and every thread of the image is made beside it.

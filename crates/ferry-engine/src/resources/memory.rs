@@ -457,6 +457,44 @@ pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Resu
     flush(&mut calls, &mut whose, &mut held)
 }
 
+/// The recreated memfd process `p` runs from, when its executable is a memfd (a program
+/// started with fexecve or execveat of one): the object of its mapping of that memfd.
+pub fn memfd_exe(p: &Process, objects: &RestoreObjects) -> Result<Option<std::fs::File>> {
+    if !p.exe.starts_with("/memfd:") {
+        return Ok(None);
+    }
+    let Some(object) = p.vmas.iter().find_map(|v| match v.backing {
+        Backing::Shmem { object } if v.name == p.exe && !objects.is_sysv(object) => Some(object),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    objects
+        .shmem_file(object)?
+        .try_clone()
+        .ctx(p.pid, || {
+            format!("share memory object {object}, its executable")
+        })
+        .map(Some)
+}
+
+/// Refuses a process running from a memfd that it no longer maps (its executable could not
+/// be made again: [`memfd_exe`]).
+pub fn check_memfd_exe(pid: i32, p: &Process) -> Result<()> {
+    let mapped = p
+        .vmas
+        .iter()
+        .any(|v| matches!(v.backing, Backing::Shmem { .. }) && v.name == p.exe);
+    if p.exe.starts_with("/memfd:") && !mapped {
+        return Err(Error::Unsupported {
+            pid,
+            what: format!("its executable {}", p.exe),
+            why: "it runs from a memfd it no longer maps, which cannot be made again".into(),
+        });
+    }
+    Ok(())
+}
+
 /// How many descriptors of mapped files ferry keeps open for one batch at most.
 const HELD_FDS: usize = 256;
 const SYS_PIDFD_GETFD: i64 = 438;

@@ -138,10 +138,13 @@ pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -
 
 /// Restores cwd, root, umask, personality, rlimits and the mm bookkeeping. Run after memory
 /// and descriptors are in place, before credentials are dropped.
+/// `memfd_exe`: the recreated memfd the process runs from, when its executable is one
+/// (`memory::memfd_exe`).
 pub fn restore_environment(
     h: &Husk,
     p: &Process,
     rights: &crate::reopen::Rights<'_>,
+    memfd_exe: Option<std::fs::File>,
 ) -> Result<()> {
     let inj = h.injector();
     let pid = h.pid;
@@ -229,7 +232,7 @@ pub fn restore_environment(
             format!("set rlimit {} to {}/{}", r.resource, r.cur, r.max)
         })?;
     }
-    set_mm_map(h, p, rights)
+    set_mm_map(h, p, rights, memfd_exe)
 }
 
 const MEMBARRIER_CMD_GET_REGISTRATIONS: u64 = 1 << 9;
@@ -281,7 +284,12 @@ fn restore_audit_and_oom(h: &Husk, p: &Process) -> Result<()> {
     Ok(())
 }
 
-fn set_mm_map(h: &Husk, p: &Process, rights: &crate::reopen::Rights<'_>) -> Result<()> {
+fn set_mm_map(
+    h: &Husk,
+    p: &Process,
+    rights: &crate::reopen::Rights<'_>,
+    memfd_exe: Option<std::fs::File>,
+) -> Result<()> {
     let inj = h.injector();
     let mm = &p.mm;
     let auxv: Vec<u8> = mm.auxv.iter().flat_map(|w| w.to_ne_bytes()).collect();
@@ -304,15 +312,18 @@ fn set_mm_map(h: &Husk, p: &Process, rights: &crate::reopen::Rights<'_>) -> Resu
         }),
         _ => None,
     });
-    let exe = crate::reopen::open(
-        p.pid,
-        "executable",
-        exe_path,
-        libc::O_RDONLY,
-        want.as_ref(),
-        crate::reopen::Match::Mapped,
-        rights,
-    )?;
+    let exe = match memfd_exe {
+        Some(f) => std::os::fd::OwnedFd::from(f),
+        None => crate::reopen::open(
+            p.pid,
+            "executable",
+            exe_path,
+            libc::O_RDONLY,
+            want.as_ref(),
+            crate::reopen::Match::Mapped,
+            rights,
+        )?,
+    };
     // A deputy taken over at home (`Husk::adopt`) has its executable already, and the kernel
     // refuses to replace one that is mapped (as the image maps it again): -1 keeps it.
     let same_exe = {
