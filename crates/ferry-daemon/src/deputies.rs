@@ -614,6 +614,9 @@ impl Bodies {
                 .map(|(ns, _)| ns.clone())
                 .collect()
         };
+        if namespaces.is_empty() {
+            return None;
+        }
         let dir = std::fs::read_dir("/proc").ok()?;
         dir.flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())

@@ -742,6 +742,19 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         write_msg(&mut conn.stream, &Msg::Refused { reason }).await?;
         return Ok(());
     }
+    // A body of the same tree still here is one its home gave up for dead (this node was
+    // frozen or cut off meanwhile) and has killed as soon as it hears from us
+    // (crate::recovery::fence): the tree must not come back beside it, and be killed for it.
+    if let Some(host) = node.bodies.host_pid(&offer.home_node, offer.home_pid) {
+        let reason = format!(
+            "a body of PID {} from {} already runs here (PID {host}): one its home took this \
+             node for dead and rebuilt elsewhere; it is killed once the home hears from us",
+            offer.home_pid, offer.home_node
+        );
+        tracing::warn!(event = "refused-guest", from = %from, pid = offer.home_pid, reason = %reason);
+        write_msg(&mut conn.stream, &Msg::Refused { reason }).await?;
+        return Ok(());
+    }
     // A tree coming home from the node running its body, fit to be rebuilt in place of its
     // deputies: the restore worker asks for them to be let go once it knows the image's tree
     // fits (ferry_deputy::home::Deputies::release); any other comes home as a body beside

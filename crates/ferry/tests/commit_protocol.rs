@@ -68,6 +68,10 @@ fn main() {
             taken_for_dead_comes_back,
         ),
         Trial::test(
+            "a_tree_is_not_sent_back_beside_its_old_body",
+            not_sent_back_beside_old_body,
+        ),
+        Trial::test(
             "a_ferry_run_program_is_checkpointed_at_its_own_interval_and_recovered",
             run_program_checkpointed,
         ),
@@ -880,6 +884,79 @@ fn taken_for_dead_comes_back() -> Result<(), Failed> {
     r
 }
 
+/// As above with a third node, and a's kill of the old body held back (fail point
+/// `a:hold-fence`): the process is rebuilt on c while b's daemon is stopped; b runs again, its
+/// old body with it. Moving the rebuilt process from c to b must be refused, naming the body
+/// already there: accepted, the new body would sit beside the old one, and the kill meant for
+/// the old one could take either.
+fn not_sent_back_beside_old_body() -> Result<(), Failed> {
+    let c = Cluster::up_full(
+        "cp-fence-back",
+        3,
+        &[("FAILPOINTS", "a:hold-fence=return")],
+        Isolation::Shared,
+        &["--dead-after", "2", "--checkpoint-every", "1"],
+    );
+    let dir = scratch("commit_protocol", "fence-back");
+    let count = dir.join("count");
+    let mut child = counter(&count);
+    let pid = child.id() as i32;
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b", "c"]);
+    let b = c.daemon_pid("b").to_string();
+    let r = (|| -> Result<(), Failed> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !counts(&count) {
+            if Instant::now() > deadline {
+                return Err("the counter did not start".into());
+            }
+        }
+        migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !c.log("a").contains("event=\"checkpoint-taken\"") {
+            if Instant::now() > deadline {
+                return Err(format!("a took no checkpoint\n{}", logs()).into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = Command::new("kill").args(["-STOP", &b]).status();
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while !c.log("a").contains("event=\"guest-recovered\"") {
+            if Instant::now() > deadline {
+                let _ = Command::new("kill").args(["-CONT", &b]).status();
+                return Err(format!("a did not rebuild it\n{}", logs()).into());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = Command::new("kill").args(["-CONT", &b]).status();
+        let on_c = ps(&c, "c")
+            .into_iter()
+            .find(|g| g["home_pid"].as_i64() == Some(pid as i64))
+            .and_then(|g| g["pid"].as_i64())
+            .ok_or_else(|| format!("ferry ps on c does not list it\n{}", logs()))?;
+        // c must hear from b again first.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match migrate(&c, "c", on_c as i32, "b") {
+                Ok(out) => {
+                    return Err(format!("c -> b beside the old body: {out}\n{}", logs()).into())
+                }
+                Err(e) if e.contains("already runs here") => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!("c -> b: {e}\n{}", logs()).into())
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(500)),
+            }
+        }
+    })();
+    let _ = Command::new("kill").args(["-CONT", &b]).status();
+    for (p, _) in copies_naming(&count) {
+        let _ = Command::new("kill").args(["-9", &p.to_string()]).status();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    r
+}
+
 /// `ferry run --checkpoint-every 1` on a, whose own default is none: the program (its stdio
 /// put on /dev/null, so that no relayed pipe holds it back) is moved to b, and a checkpoints it
 /// every second because the program asked; b is killed outright, a rebuilds it, and the
@@ -1009,7 +1086,8 @@ fn counter(count: &Path) -> Child {
         .unwrap()
 }
 
-/// Whether the number in `count` moves within 400 ms.
+/// Whether the number in `count` moves within 3 s (it moves every 100 ms, but a loaded
+/// machine, with a checkpoint freezing the counter every second, may hold it back a while).
 fn counts(count: &Path) -> bool {
     let read = || {
         std::fs::read_to_string(count)
@@ -1017,9 +1095,15 @@ fn counts(count: &Path) -> bool {
             .and_then(|s| s.trim().parse::<u64>().ok())
     };
     let a = read();
-    std::thread::sleep(Duration::from_millis(400));
-    let b = read();
-    matches!((a, b), (Some(x), Some(y)) if y != x)
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        let b = read();
+        if matches!((a, b), (Some(x), Some(y)) if y != x) {
+            return true;
+        }
+    }
+    false
 }
 
 /// A deputy: the original a migration left at home (crates/ferry-deputy), traced by its worker
