@@ -52,6 +52,9 @@ pub struct Args {
     /// Only the *calls* measure.
     #[arg(long)]
     calls_only: bool,
+    /// Only the *relays* measure.
+    #[arg(long, conflicts_with = "calls_only")]
+    relays_only: bool,
     /// MiB each run of the *relays* measure streams (0: no relay measure).
     #[arg(long, default_value_t = 256)]
     relay_mib: u64,
@@ -185,6 +188,13 @@ pub fn run(a: Args) -> Result<()> {
         }
         Ok(())
     };
+    if a.relays_only {
+        if a.relay_mib == 0 {
+            bail!("--relays-only needs --relay-mib above 0");
+        }
+        println!("{}", relays_table(&a, &moved)?);
+        return Ok(());
+    }
     let calls = calls_table(&a, &moved)?;
     let relays = if a.relay_mib > 0 && !a.calls_only {
         relays_table(&a, &moved)?

@@ -424,7 +424,11 @@ async fn pump_duplex(
                     continue;
                 }
                 let got = if socket {
-                    ferry_sys::sockets::recv(raw, buf.len(), libc::MSG_DONTWAIT).map(|r| r.data)
+                    // Read straight into the bytes to send: nothing zeroed first, no room
+                    // for control messages (which a relay drops).
+                    let mut d = Vec::with_capacity(buf.len());
+                    ferry_sys::sockets::recv_append(raw, &mut d, buf.len(), libc::MSG_DONTWAIT)
+                        .map(|_| d)
                 } else {
                     ferry_sys::fdops::read_fd(raw, &mut buf).map(|n| buf[..n].to_vec())
                 };
@@ -465,8 +469,12 @@ async fn pump_duplex(
                     }
                     match ferry_sys::fdops::write_fd(raw, &data[at..]) {
                         Ok(n) => at += n,
-                        Err(e) if e.errno == libc::EAGAIN || e.errno == libc::EINTR => {
-                            std::thread::sleep(Duration::from_millis(5))
+                        Err(e) if e.errno == libc::EINTR => {}
+                        // A description that is non-blocking (the home's own socket, as its
+                        // process set it): wait until it takes more (not a 5 ms sleep per
+                        // full buffer), and look at `stop` now and then.
+                        Err(e) if e.errno == libc::EAGAIN => {
+                            let _ = ferry_sys::sockets::poll_wait(raw, libc::POLLOUT, 100);
                         }
                         Err(_) => {
                             let _ = out_tx.blocking_send(TtyOut::Broken);
@@ -525,10 +533,13 @@ async fn pump_duplex(
                     Some(TtyOut::Broken) | None => return Ok(()),
                 },
                 frame = read_frame(&mut rx), if !got_end => match frame {
+                    // (An empty one would read as the far side's shutdown.)
+                    Ok(Frame::Data(d)) if d.is_empty() => {}
                     Ok(Frame::Data(d)) => {
                         total += d.len() as u64;
                         count(d.len());
-                        if in_tx.send(d.to_vec()).is_err() {
+                        // The frame's own buffer: no copy of it.
+                        if in_tx.send(d).is_err() {
                             return Ok(());
                         }
                     }

@@ -239,15 +239,34 @@ pub fn shutdown(fd: RawFd, how: i32) -> SysResult<()> {
 
 /// The events among `events` that are ready on `fd` right now (poll with no timeout).
 pub fn poll_now(fd: RawFd, events: i16) -> SysResult<i16> {
+    poll_wait(fd, events, 0)
+}
+
+/// The events among `events` that are ready on `fd`, waiting up to `timeout_ms` for one
+/// (0 when none came).
+pub fn poll_wait(fd: RawFd, events: i16, timeout_ms: i32) -> SysResult<i16> {
     let mut p = libc::pollfd {
         fd,
         events,
         revents: 0,
     };
     // SAFETY: p is one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
     check("poll", r as libc::c_long)?;
     Ok(p.revents)
+}
+
+/// recv(2) of up to `max` bytes (no address, no control messages) appended to `v`, into its
+/// spare capacity: nothing is zeroed first. Returns the bytes received (0: end of file).
+pub fn recv_append(fd: RawFd, v: &mut Vec<u8>, max: usize, flags: i32) -> SysResult<usize> {
+    v.reserve(max);
+    let spare = v.spare_capacity_mut();
+    // SAFETY: spare points at at least `max` bytes of v's allocation, which recv only writes.
+    let r = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), max, flags) };
+    let n = check("recv", r as libc::c_long)? as usize;
+    // SAFETY: recv initialised the first n (<= max) bytes of the spare capacity.
+    unsafe { v.set_len(v.len() + n) };
+    Ok(n)
 }
 
 /// ioctl(SIOCINQ/SIOCOUTQ/...) returning an int.

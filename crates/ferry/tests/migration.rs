@@ -73,6 +73,10 @@ fn main() {
             relayed_pipe_reader_gone,
         ),
         Trial::test(
+            "bulk_streams_through_relays_arrive_whole_both_ways",
+            bulk_streams_through_relays,
+        ),
+        Trial::test(
             "a_client_talks_on_to_its_server_at_home_over_a_unix_socket",
             unix_client_of_a_home_server,
         ),
@@ -1341,6 +1345,184 @@ fn relayed_pipe_reader_gone() -> Result<(), Failed> {
         got, want,
         "the reader at home did not get the moved writer's lines"
     );
+    Ok(())
+}
+
+/// The moved middle of `feeder | BULK_MOVED | reader`, also a client of `BULK_SERVER` at home
+/// over TCP. Once `go` exists it streams 24 MiB (the same bytes) to its stdout and to the
+/// server, in writes of odd sizes, closes its stdout and shuts its socket down for writing;
+/// then reads its stdin and the server's reply to their ends. It reports the SHA-256 and
+/// length of each stream in `moved.sums`.
+const BULK_MOVED: &str = r#"
+import os, sys, socket, hashlib, random, time
+d = sys.argv[1]
+c = socket.create_connection(('127.0.0.1', int(open(d + '/srv.port').read())))
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+while not os.path.exists(d + '/go'):
+    time.sleep(0.02)
+data = random.Random(7).randbytes(1 << 20)
+sizes = [1, 100, 4096, 65536, 131072, 7000, 300000, 5]
+sent, at, i, h = 0, 0, 0, hashlib.sha256()
+while sent < 24 << 20:
+    n = min(sizes[i % len(sizes)], (24 << 20) - sent)
+    i += 1
+    chunk = data[at:at + n] if at + n <= len(data) else data[at:] + data[:at + n - len(data)]
+    at = (at + n) % len(data)
+    v = memoryview(chunk)
+    while v:
+        v = v[os.write(1, v):]
+    c.sendall(chunk)
+    h.update(chunk)
+    sent += n
+os.close(1)
+c.shutdown(socket.SHUT_WR)
+def drain(read):
+    g, n = hashlib.sha256(), 0
+    while True:
+        b = read(1 << 16)
+        if not b:
+            return '%s %d' % (g.hexdigest(), n)
+        g.update(b)
+        n += len(b)
+sums = ['%s %d' % (h.hexdigest(), sent), drain(lambda k: os.read(0, k)), drain(c.recv)]
+open(d + '/moved.tmp', 'w').write('\n'.join(sums))
+os.rename(d + '/moved.tmp', d + '/moved.sums')
+"#;
+
+/// At home: accepts one connection, waits a second before reading (its peer's data backs up
+/// through the relay meanwhile), reads to end of file, then answers 8 MiB and closes.
+/// `srv.sums`: what it got, then what it sent.
+const BULK_SERVER: &str = r#"
+import os, sys, socket, hashlib, random, time
+d = sys.argv[1]
+s = socket.socket()
+s.bind(('127.0.0.1', 0))
+s.listen(1)
+open(d + '/srv.port.tmp', 'w').write(str(s.getsockname()[1]))
+os.rename(d + '/srv.port.tmp', d + '/srv.port')
+c, _ = s.accept()
+time.sleep(1)
+g, n = hashlib.sha256(), 0
+while True:
+    b = c.recv(1 << 16)
+    if not b:
+        break
+    g.update(b)
+    n += len(b)
+reply = random.Random(9).randbytes(8 << 20)
+c.sendall(reply)
+c.close()
+open(d + '/srv.tmp', 'w').write('%s %d\n%s %d' % (g.hexdigest(), n,
+    hashlib.sha256(reply).hexdigest(), len(reply)))
+os.rename(d + '/srv.tmp', d + '/srv.sums')
+"#;
+
+/// The pipeline's ends at home: `feed` writes 8 MiB to its stdout; `read` waits a second, then
+/// reads its stdin to end of file. Each writes the SHA-256 and length to `feed.sums` or
+/// `read.sums`.
+const BULK_END: &str = r#"
+import os, sys, hashlib, random, time
+d, role = sys.argv[1], sys.argv[2]
+g, n = hashlib.sha256(), 0
+if role == 'feed':
+    data = random.Random(11).randbytes(8 << 20)
+    v = memoryview(data)
+    while v:
+        v = v[os.write(1, v[:1 << 20]):]
+    g.update(data)
+    n = len(data)
+else:
+    time.sleep(1)
+    while True:
+        b = os.read(0, 1 << 16)
+        if not b:
+            break
+        g.update(b)
+        n += len(b)
+open(d + '/' + role + '.tmp', 'w').write('%s %d' % (g.hexdigest(), n))
+os.rename(d + '/' + role + '.tmp', d + '/' + role + '.sums')
+"#;
+
+/// A process in the middle of a pipeline, and a TCP client of a server, all at home but it,
+/// moves, then streams in bulk through its relays: 24 MiB out through the relayed pipe and
+/// the relayed connection (whose readers at home start a second late: the relays are held
+/// back meanwhile), end of file and a half-close behind them; then 8 MiB in through each
+/// (the home's bytes pushed ahead to its node). Every stream arrives whole and in order, and
+/// its end arrives after it.
+fn bulk_streams_through_relays() -> Result<(), Failed> {
+    let c = Cluster::up("bulkrelay", 2);
+    let dir = scratch("migration", "bulkrelay");
+    let log = |name: &str| std::fs::File::create(dir.join(name)).unwrap();
+    let _server = UnixServer(
+        Command::new("python3")
+            .args(["-c", BULK_SERVER])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log("srv.err"))
+            .spawn()
+            .unwrap(),
+    );
+    pid_from(&dir.join("srv.port"), "the server")?;
+    let script = "python3 -c \"$2\" \"$1\" feed | python3 -c \"$3\" \"$1\" \
+        | python3 -c \"$2\" \"$1\" read";
+    let mut sh = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "bulkrelay"])
+            .arg(&dir)
+            .arg(BULK_END)
+            .arg(BULK_MOVED)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log("pipeline.err"))
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the moved stage")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the middle stage did not move: {e}"))?;
+    std::fs::write(dir.join("go"), "").unwrap();
+    let errs = || {
+        ["srv.err", "pipeline.err"]
+            .iter()
+            .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_default())
+            .collect::<String>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let st = loop {
+        if let Some(st) = sh.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the streams did not end\n{}\n{}",
+                errs(),
+                c.log("a") + &c.log("b")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(st.success(), "the pipeline failed: {st:?}\n{}", errs());
+    let sums = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let (moved, srv) = (sums("moved.sums"), sums("srv.sums"));
+    let moved: Vec<&str> = moved.lines().collect();
+    let srv: Vec<&str> = srv.lines().collect();
+    assert_eq!(moved.len(), 3, "the moved stage did not finish\n{}", errs());
+    assert_eq!(srv.len(), 2, "the server did not finish\n{}", errs());
+    assert!(moved[0].ends_with(&format!(" {}", 24 << 20)), "{moved:?}");
+    assert_eq!(
+        sums("read.sums"),
+        moved[0],
+        "the reader at home got other bytes"
+    );
+    assert_eq!(srv[0], moved[0], "the server at home got other bytes");
+    assert_eq!(
+        moved[1],
+        sums("feed.sums"),
+        "the moved stage read other bytes"
+    );
+    assert_eq!(moved[2], srv[1], "the moved client got another reply");
     Ok(())
 }
 
