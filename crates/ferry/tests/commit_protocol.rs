@@ -687,8 +687,9 @@ fn home_restart_keeps_deputies() -> Result<(), Failed> {
 }
 
 /// Node b, running a process moved there from a, is killed outright (its init: its daemon and
-/// every process on it die) after a has checkpointed the process (`--checkpoint-every 1`). Once
-/// b is dead, a rebuilds the process from its last image, at home: it counts on (from the
+/// every process on it die) after a has checkpointed the process (`--checkpoint-every 2`:
+/// every second, on a loaded machine, the captures froze the counter for seconds). Once b is
+/// dead, a rebuilds the process from its last image, at home: it counts on (from the
 /// image's count), `ferry ps` lists it at a with its home PID (kind "recovered"), a's log says
 /// so, and its deputy stands for it still: SIGTERM to the home PID ends it, and its parent
 /// sees that. Before, the deputy ended as if SIGKILLed and the process was gone.
@@ -712,7 +713,7 @@ fn recovered_on(tag: &str, n: usize, expect_on: &str) -> Result<(), Failed> {
         n,
         &[],
         Isolation::Separate,
-        &["--dead-after", "2", "--checkpoint-every", "1"],
+        &["--dead-after", "2", "--checkpoint-every", "2"],
     );
     let dir = scratch("commit_protocol", "recover");
     let count = dir.join("count");
@@ -957,7 +958,7 @@ fn not_sent_back_beside_old_body() -> Result<(), Failed> {
     r
 }
 
-/// `ferry run --checkpoint-every 1` on a, whose own default is none: the program (its stdio
+/// `ferry run --checkpoint-every 2` on a, whose own default is none: the program (its stdio
 /// put on /dev/null, so that no relayed pipe holds it back) is moved to b, and a checkpoints it
 /// every second because the program asked; b is killed outright, a rebuilds it, and the
 /// `ferry run` that started it still stands for it: SIGTERM to it reaches the program, and it
@@ -980,7 +981,7 @@ fn run_program_checkpointed() -> Result<(), Failed> {
             "--on",
             "a",
             "--checkpoint-every",
-            "1",
+            "2",
             "--",
             "python3",
             "-c",
