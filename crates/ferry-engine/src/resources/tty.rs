@@ -745,13 +745,16 @@ fn make_pty(
     if !s.input.is_empty() {
         put_back(m, &s.input).ctx(me, || what("refill the input"))?;
     }
-    if !s.output.is_empty() || s.slave_owner.is_some() {
+    // (Only where a slave is held or wrote: our closing the last descriptor of a slave makes
+    // the master's reads fail with EIO.)
+    let owner = s.slave_owner.filter(|_| has_slave);
+    if !s.output.is_empty() || owner.is_some() {
         let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC;
         let slave = tty::open_peer(m, flags).ctx(me, || what("open the slave"))?;
         if !s.output.is_empty() {
             write_output(slave.as_raw_fd(), &s.output).ctx(me, || what("refill the output"))?;
         }
-        if let Some((uid, gid, mode)) = s.slave_owner {
+        if let Some((uid, gid, mode)) = owner {
             use std::os::unix::fs::PermissionsExt;
             // A user's image grants nothing: the slave goes to no one else, nor to a group
             // the user is not in.
