@@ -715,7 +715,7 @@ fn recovered_on(tag: &str, n: usize, expect_on: &str) -> Result<(), Failed> {
         Isolation::Separate,
         &["--dead-after", "2", "--checkpoint-every", "2"],
     );
-    let dir = scratch("commit_protocol", "recover");
+    let dir = scratch("commit_protocol", tag);
     let count = dir.join("count");
     let mut child = counter(&count);
     let pid = child.id() as i32;
@@ -798,7 +798,7 @@ fn recovered_on(tag: &str, n: usize, expect_on: &str) -> Result<(), Failed> {
             }
         }
         if counting() {
-            return Err("still counting after SIGTERM".into());
+            return Err(format!("still counting after SIGTERM\n{}", logs()).into());
         }
         Ok(())
     })();
@@ -986,12 +986,10 @@ fn run_program_checkpointed() -> Result<(), Failed> {
             "python3",
             "-c",
         ])
-        .arg(
-            "import os, sys, time\nfd = os.open('/dev/null', os.O_RDWR)\n\
-             for n in (0, 1, 2):\n    os.dup2(fd, n)\nos.close(fd)\ni = 0\n\
-             while True:\n    i += 1\n    with open(sys.argv[1], 'w') as f:\n        \
-             f.write(str(i))\n    time.sleep(0.1)\n",
-        )
+        .arg(format!(
+            "import os\nfd = os.open('/dev/null', os.O_RDWR)\n\
+                 for n in (0, 1, 2):\n    os.dup2(fd, n)\nos.close(fd)\n{COUNTER_LOOP}"
+        ))
         .arg(&count)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -1068,17 +1066,24 @@ fn run_program_checkpointed() -> Result<(), Failed> {
     r
 }
 
-/// A python counter writing 1, 2, 3... to `count` every 100 ms, holding no descriptor but
-/// /dev/null between ticks: the file is opened anew each time, so an image of it restores
-/// whatever the file has become since.
+/// Counts 1, 2, 3... into the file `sys.argv[1]` every 100 ms, through a shared mapping of
+/// its first 64 bytes (libc's mmap: Python's own keeps a descriptor of the file): it holds no
+/// descriptor of it, and a mapped file must only keep its device, inode and size, so an image
+/// of it restores whatever the file has become since (a file it held open, written since,
+/// would be refused: not the file captured).
+const COUNTER_LOOP: &str = "import ctypes, os, sys, time\n\
+     fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)\n\
+     os.ftruncate(fd, 64)\nlibc = ctypes.CDLL(None)\nlibc.mmap.restype = ctypes.c_void_p\n\
+     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, \
+     ctypes.c_int, ctypes.c_long]\np = libc.mmap(None, 64, 3, 1, fd, 0)\nos.close(fd)\n\
+     i = 0\nwhile True:\n    i += 1\n    ctypes.memmove(p, str(i).ljust(64).encode(), 64)\n    \
+     time.sleep(0.1)\n";
+
+/// A python counter writing 1, 2, 3... to `count` every 100 ms ([`COUNTER_LOOP`]).
 fn counter(count: &Path) -> Child {
     Command::new("python3")
         .arg("-c")
-        .arg(
-            "import sys, time\ni = 0\nwhile True:\n    i += 1\n    \
-             with open(sys.argv[1], 'w') as f:\n        f.write(str(i))\n    \
-             time.sleep(0.1)\n",
-        )
+        .arg(COUNTER_LOOP)
         .arg(count)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
