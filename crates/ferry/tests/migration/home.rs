@@ -1,0 +1,789 @@
+//! What the home keeps (the deputy): a shell's wait, a parent's view of stop, continue and
+//! exit, a body lost with its node, a job under a real terminal, the home's identities, a
+//! supervisor's death, a job brought home, fork after the move, a raw terminal.
+
+use super::*;
+
+/// A shell's background job, moved to another node while it runs: the shell's `wait` gets its
+/// exact exit code (the deputy at home ends as the body did), and a signal sent to its PID at
+/// home reaches it over there, with the shell seeing the death by that signal. The shell, its
+/// job table and `wait` are bash's own, untouched.
+pub(super) fn shell_waits_for_moved_child() -> Result<(), Failed> {
+    let c = Cluster::up("shell", 2);
+    let dir = scratch("migration", "shell");
+    // Each job writes its PID, then counts in a file; on `go` it exits with 7.
+    let job = "import os,sys,time\n\
+        d=sys.argv[1]\n\
+        open(d+'/pid.tmp','w').write(str(os.getpid())); os.rename(d+'/pid.tmp', d+'/pid')\n\
+        n=0\n\
+        while not os.path.exists(d+'/go'):\n\
+        \x20   n+=1; open(d+'/count','w').write(str(n)); time.sleep(0.02)\n\
+        sys.exit(7)\n";
+    let script = "for k in exit signal; do mkdir -p \"$1/$k\"; python3 -c \"$2\" \"$1/$k\" & \
+         wait $!; echo \"$k $?\" >> \"$1/statuses\"; done";
+    let mut shell = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "shell"])
+            .arg(&dir)
+            .arg(job)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let job_pid = |k: &str| pid_from(&dir.join(k).join("pid"), &format!("job {k}"));
+    let counting = |k: &str, what: &str| -> Result<(), Failed> {
+        let count = || -> u64 {
+            std::fs::read_to_string(dir.join(k).join("count"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let start = count();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count() < start + 5 {
+            if Instant::now() > deadline {
+                return Err(format!("{what}: job {k} stopped counting").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    };
+
+    // 1. Moved, then told to finish: the shell sees its exit code, 7.
+    let pid = job_pid("exit")?;
+    let r = migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let body = r["dest_pid"].as_i64().ok_or("no dest_pid")? as i32;
+    let body = c.host_pid("b", body).ok_or("the body is not on b")?;
+    assert_ne!(
+        common::run::tracer_of(pid),
+        0,
+        "PID {pid} at home is not a deputy"
+    );
+    counting("exit", "after the move")?;
+    let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap()
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u32>()
+        .unwrap();
+    assert_eq!(
+        ppid,
+        shell.0.id(),
+        "the deputy is no longer the shell's child"
+    );
+    std::fs::write(dir.join("exit").join("go"), "").unwrap();
+
+    // 2. Moved, then signalled at home: the shell sees the job killed by SIGTERM (143). (Not
+    // SIGINT: a non-interactive shell starts its background jobs with SIGINT ignored.)
+    let pid = job_pid("signal")?;
+    let r = migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let body2 = r["dest_pid"].as_i64().ok_or("no dest_pid")? as i32;
+    let body2 = c.host_pid("b", body2).ok_or("the body is not on b")?;
+    counting("signal", "after the move")?;
+    let st = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(st) = shell.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the shell never saw its jobs end: {:?}",
+                std::fs::read_to_string(dir.join("statuses"))
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let statuses = std::fs::read_to_string(dir.join("statuses")).unwrap();
+    assert_eq!(statuses, "exit 7\nsignal 143\n", "what the shell saw");
+    assert!(
+        !pid_alive(body) && !pid_alive(body2),
+        "a body outlived its job"
+    );
+    Ok(())
+}
+
+/// The terminal the job runs in: an interactive bash under a pty that a Python driver holds
+/// (a terminal Ferry did not make). See `shell_job_under_a_terminal`.
+pub(super) const TERMINAL_DRIVER: &str = r#"
+import os, sys, time, select, subprocess, fcntl, termios
+d, job = sys.argv[1], sys.argv[2]
+m, s = os.openpty()
+def pre():
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+env = dict(os.environ, PS1='$ ', TERM='dumb', HISTFILE='/dev/null')
+p = subprocess.Popen(['bash', '--norc', '--noprofile', '-i'], stdin=s, stdout=s, stderr=s,
+                     preexec_fn=pre, env=env, close_fds=True)
+os.close(s)
+screen = b''
+def pump(t):
+    global screen
+    end = time.time() + t
+    while time.time() < end:
+        r, _, _ = select.select([m], [], [], 0.05)
+        if r:
+            try:
+                b = os.read(m, 65536)
+            except OSError:
+                return
+            screen += b
+            open(d + '/screen', 'wb').write(screen)
+def until(pat, since=0, t=20):
+    end = time.time() + t
+    while time.time() < end:
+        if pat in screen[since:]:
+            return
+        pump(0.1)
+    sys.exit('timed out waiting for %r' % pat)
+def typ(b):
+    os.write(m, b)
+pump(0.5)
+typ(b'python3 ' + job.encode() + b' ' + d.encode() + b'\n')
+until(b'tick 3')
+while not os.path.exists(d + '/moved'):
+    pump(0.1)
+until(b'tick', since=len(screen))
+typ(b'hello from home\n')
+end = time.time() + 20
+def typed():
+    try:
+        return b'hello from home' in open(d + '/input', 'rb').read()
+    except OSError:
+        return False
+while not typed():
+    pump(0.1)
+    if time.time() > end:
+        sys.exit('the moved job never read the line typed at home')
+typ(b'\x1a')
+until(b'Stopped')
+typ(b'echo status=$?\n')
+until(b'status=148')
+mark = len(screen)
+typ(b'fg\n')
+until(b'tick', since=mark + 10)
+mark = len(screen)
+typ(b'\x03')
+# Input typed while the moved job has the terminal goes to the job (see docs/limitations.md):
+# wait for the shell's prompt.
+until(b'$ ', since=mark)
+mark = len(screen)
+typ(b'echo status=$?\n')
+until(b'status=130', since=mark)
+typ(b'exit\n')
+p.wait(10)
+"#;
+
+/// The job: prints a tick every 0.2 s, and appends every line it reads to `input`.
+pub(super) const TERMINAL_JOB: &str = r#"
+import os, sys, time, threading, signal
+d = sys.argv[1]
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+def rd():
+    for l in sys.stdin:
+        with open(d + '/input', 'a') as f:
+            f.write(l)
+threading.Thread(target=rd, daemon=True).start()
+i = 0
+while True:
+    i += 1
+    print('tick', i, flush=True)
+    time.sleep(0.2)
+"#;
+
+/// Runs `driver` (a Python program holding a pty with an interactive bash, see
+/// `TERMINAL_DRIVER`) with job `job` in `dir`, moves the job (it writes `dir/pid`) from a to b,
+/// tells the driver (`dir/moved`), and returns how the driver ended (killed after `limit`).
+pub(super) fn drive_terminal_job(
+    c: &Cluster,
+    dir: &Path,
+    driver: &str,
+    job: &str,
+    limit: Duration,
+) -> Result<std::process::ExitStatus, Failed> {
+    let job_path = dir.join("job.py");
+    std::fs::write(&job_path, job).unwrap();
+    let mut driver = UnixServer(
+        Command::new("python3")
+            .args(["-c", driver])
+            .arg(dir)
+            .arg(&job_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("driver.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the job")?;
+    let moved = migrate(c, "a", pid, "b");
+    std::fs::write(dir.join("moved"), "").unwrap();
+    moved.map_err(|e| format!("the job did not move: {e}"))?;
+    let deadline = Instant::now() + limit;
+    Ok(loop {
+        if let Some(st) = driver.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = driver.0.kill();
+            break driver.0.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    })
+}
+
+/// A job started from an interactive shell under a terminal Ferry did not make moves while it
+/// runs: its output still reaches that terminal, a line typed there reaches it, ^Z stops it
+/// (the shell says Stopped, status 148), `fg` resumes it, ^C ends it (status 130).
+pub(super) fn shell_job_under_a_terminal() -> Result<(), Failed> {
+    let c = Cluster::up("terminal", 2);
+    let dir = scratch("migration", "terminal");
+    let st = drive_terminal_job(
+        &c,
+        &dir,
+        TERMINAL_DRIVER,
+        TERMINAL_JOB,
+        Duration::from_secs(90),
+    )?;
+    if !st.success() {
+        return Err(format!(
+            "{}\nthe terminal showed:\n{}\n{}",
+            std::fs::read_to_string(dir.join("driver.err")).unwrap_or_default(),
+            String::from_utf8_lossy(&std::fs::read(dir.join("screen")).unwrap_or_default()),
+            c.log("a") + &c.log("b")
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// A parent that waits with WUNTRACED and WCONTINUED for a child that has moved: SIGTSTP and
+/// SIGCONT sent to the child's PID at home stop and continue its body over there, and the
+/// parent sees the stop (by SIGTSTP), the continue and the exit code, in that order, as if the
+/// child had never left.
+pub(super) fn parent_sees_stop_continue_exit() -> Result<(), Failed> {
+    let c = Cluster::up("jobctl", 2);
+    let dir = scratch("migration", "jobctl");
+    let mut p = UnixServer(
+        Command::new("python3")
+            .args(["-c", JOBCTL_PARENT])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the child")?;
+    let r = migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let body = r["dest_pid"].as_i64().ok_or("no dest_pid")? as i32;
+    let body = c.host_pid("b", body).ok_or("the body is not on b")?;
+    let events = || std::fs::read_to_string(dir.join("events")).unwrap_or_default();
+    let wait_events = |want: &str, what: &str| -> Result<(), Failed> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while events() != want {
+            if Instant::now() > deadline {
+                return Err(format!("{what}: the parent saw {:?}, not {want:?}", events()).into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    };
+    let kill = |sig: &str| {
+        assert!(Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success())
+    };
+    kill("-TSTP");
+    wait_events("stopped 20\n", "after SIGTSTP at home")?;
+    assert_eq!(proc_state_of(body), Some('T'), "the body did not stop");
+    kill("-CONT");
+    wait_events("stopped 20\ncontinued\n", "after SIGCONT at home")?;
+    std::fs::write(dir.join("go"), "").unwrap();
+    wait_events("stopped 20\ncontinued\nexited 3\n", "after the end")?;
+    let st = p.0.wait().unwrap();
+    assert!(st.success(), "the parent failed: {st:?}");
+    Ok(())
+}
+
+/// A parent (argv[1]: a directory) leading a session of its own, that forks a child (in a
+/// process group of its own, which is therefore not orphaned: the kernel discards SIGTSTP sent
+/// to an orphaned group) waiting for `DIR/go` to exit with 3,
+/// writes its PID in `DIR/pid`, and appends every change `waitpid(WUNTRACED | WCONTINUED)`
+/// reports to `DIR/events`.
+pub(super) const JOBCTL_PARENT: &str = r#"import os,sys
+d=sys.argv[1]
+os.setsid()
+pid=os.fork()
+if pid==0:
+    os.setpgid(0,0)
+    os.execvp('python3',['python3','-c','import os,sys,time\nwhile not os.path.exists(sys.argv[1]+"/go"): time.sleep(0.02)\nsys.exit(3)',d])
+open(d+'/pid.tmp','w').write(str(pid)); os.rename(d+'/pid.tmp',d+'/pid')
+while True:
+    p,st=os.waitpid(pid,os.WUNTRACED|os.WCONTINUED)
+    if os.WIFSTOPPED(st): ev='stopped %d'%os.WSTOPSIG(st)
+    elif os.WIFCONTINUED(st): ev='continued'
+    elif os.WIFEXITED(st): ev='exited %d'%os.WEXITSTATUS(st)
+    else: ev='signaled %d'%os.WTERMSIG(st)
+    open(d+'/events','a').write(ev+'\n')
+    if not (os.WIFSTOPPED(st) or os.WIFCONTINUED(st)): break
+"#;
+
+/// The node running a body dies (its whole machine: the node's init and everything in its
+/// namespaces): once the membership declares it dead, the deputy at home ends as a process
+/// killed by SIGKILL, and its parent sees exactly that. Nothing waits forever.
+pub(super) fn body_lost_with_its_node() -> Result<(), Failed> {
+    let c = Cluster::up("bodylost", 2);
+    let dir = scratch("migration", "bodylost");
+    let mut t = Ticker::start(&dir, 4);
+    let home = t.pid();
+    migrate(&c, "a", home, "b").map_err(|e| format!("a -> b: {e}"))?;
+    assert_ne!(common::run::tracer_of(home), 0, "no deputy at home");
+    let init = c
+        .init_pid("b")
+        .ok_or("node b has no init of its own (not a separate node)")?;
+    kill_host_pid(init as i64);
+    let st = t
+        .wait_end(Duration::from_secs(60))
+        .ok_or("the deputy outlived its body's node")?;
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    Ok(())
+}
+
+/// A program started by a shell at home (its parent; its group and session those of the
+/// shell) prints its parent, group, session and host name, and the errno its own seccomp filter
+/// gives: moved to b and back (in guest namespaces of its own both times), it prints exactly
+/// what it printed at home, its own filter still acting; and the shell's `wait` gets its exit
+/// code. Ferry's filter is not its own: moving it on from b (a capture of it) keeps its filter
+/// and leaves Ferry's out. `ferry ps` counts the calls its supervisor answered. A signal
+/// queued to it at home (sigqueue) reaches the body with its si_code and value.
+pub(super) fn keeps_home_identities() -> Result<(), Failed> {
+    let c = Cluster::up("homeids", 2);
+    let dir = scratch("migration", "homeids");
+    let victim = victim_binary("home_ids");
+    let mut shell = UnixServer(
+        Command::new("setsid")
+            .args([
+                "bash",
+                "-c",
+                "\"$1\" \"$2\" & wait $!; echo $? > \"$2/status\"",
+                "shell",
+            ])
+            .arg(&victim)
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let sh = shell.0.id() as i32;
+    let pid = pid_from(&dir.join("pid"), "home_ids")?;
+    let ask = |n: usize| -> Result<String, Failed> {
+        std::fs::write(dir.join(format!("ask{n}")), "").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ids = std::fs::read_to_string(dir.join("ids")).unwrap_or_default();
+            if let Some(l) = ids.lines().find(|l| l.starts_with(&format!("{n} "))) {
+                return Ok(l.split_once(' ').unwrap().1.to_string());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no answer {n}: {ids:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    // `kill -q V -USR1 PID` (sigqueue) from a process at home: the handler sees SI_QUEUE and
+    // the value, at home and moved alike; the sender's PID at home (moved: 0, which the kernel
+    // gives a sender outside the body's PID namespace: docs/limitations.md).
+    let sigqueue = |value: i32, moved: bool| -> Result<(), Failed> {
+        let sent = std::fs::read_to_string(dir.join("sigs")).unwrap_or_default();
+        let mut kill = Command::new("/usr/bin/kill")
+            .args(["-s", "USR1", "-q", &value.to_string(), &pid.to_string()])
+            .spawn()
+            .unwrap();
+        let sender = kill.id() as i32;
+        assert!(kill.wait().unwrap().success());
+        let want = format!("{} {} {value}", -1, if moved { 0 } else { sender });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let sigs = std::fs::read_to_string(dir.join("sigs")).unwrap_or_default();
+            if let Some(got) = sigs.strip_prefix(&sent).and_then(|s| s.lines().next()) {
+                assert_eq!(got, want, "si_code, si_pid, si_value (SI_QUEUE is -1)");
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("signal {value} never arrived: {sigs:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    sigqueue(41, false)?;
+    let home = ask(1)?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(
+        home,
+        format!(
+            "ppid={sh} pgrp={sh} pgid={sh} sid={sh} sid_self={sh} host={} own=13",
+            host.trim()
+        ),
+        "at home"
+    );
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let on_b = ask(2)?;
+    sigqueue(42, true)?;
+    // What it cost, in `ferry ps`: the five calls of its answer went to its supervisor (the
+    // count reaches the daemon within a second or so).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = guest(&c, "a", pid).ok_or("the body is not in ferry ps")?;
+        let calls = row["forwarded_calls"].as_u64().unwrap_or(0);
+        if calls >= 5 {
+            assert!(calls < 100, "{row}");
+            assert_eq!(row["node"], "b", "{row}");
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("ferry ps never counted its forwarded calls: {row}").into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    migrate(&c, "b", pid, "a").map_err(|e| format!("b -> a: {e}"))?;
+    let back = ask(3)?;
+    assert_eq!(on_b, home, "on b");
+    assert_eq!(back, home, "back on a");
+    std::fs::write(dir.join("done"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shell.0.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            return Err("the shell never saw its job end".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+    assert_eq!(status.trim(), "5", "what the shell's wait got");
+    Ok(())
+}
+
+/// The guest init on b (the body's supervisor: it answers its forwarded calls and reports its
+/// end) is killed: the kernel kills the body with it, and b tells the home, whose deputy ends
+/// as SIGKILL for its parent. Nothing waits forever.
+pub(super) fn supervisor_dies() -> Result<(), Failed> {
+    let c = Cluster::up("supdies", 2);
+    let dir = scratch("migration", "supdies");
+    let mut t = Ticker::start(&dir, 4);
+    let home = t.pid();
+    let r = migrate(&c, "a", home, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let body = r["dest_pid"].as_i64().ok_or("no dest_pid")? as i32;
+    let body = c.host_pid("b", body).ok_or("the body is not on b")?;
+    let init = common::parent_pid(body).ok_or("the body has no parent")?;
+    assert!(
+        common::is_guest_init(init),
+        "the body's parent {init} is no guest init"
+    );
+    kill_host_pid(init as i64);
+    let st = t
+        .wait_end(Duration::from_secs(15))
+        .ok_or("the deputy outlived its body's supervisor")?;
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    Ok(())
+}
+
+/// The PID a victim wrote to `path` (atomically, by rename), waiting up to 10 s for it.
+pub(super) fn pid_from(path: &Path, what: &str) -> Result<i32, Failed> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(p) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            return Ok(p);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{what} did not start").into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A shell's background jobs, each moved a -> b and brought back to a: at home again each is
+/// the ordinary process under its own PID (no deputy, no tracer, no Ferry filter, in this
+/// machine's own PID namespace, no longer a guest in `ferry ps`), still the shell's child, and
+/// still counting. The shell's `wait` then gets the first one's exit code (7) from the process
+/// itself, and `kill -TERM PID` at home ends the second (143).
+pub(super) fn job_brought_home() -> Result<(), Failed> {
+    let c = Cluster::up("home", 2);
+    let dir = scratch("migration", "home");
+    let job = "import os,sys,time\n\
+        d=sys.argv[1]\n\
+        open(d+'/pid.tmp','w').write(str(os.getpid())); os.rename(d+'/pid.tmp', d+'/pid')\n\
+        n=0\n\
+        while not os.path.exists(d+'/go'):\n\
+        \x20   n+=1; open(d+'/count','w').write(str(n)); time.sleep(0.02)\n\
+        sys.exit(7)\n";
+    let script = "for k in exit signal; do mkdir -p \"$1/$k\"; python3 -c \"$2\" \"$1/$k\" & \
+         wait $!; echo \"$k $?\" >> \"$1/statuses\"; done";
+    let mut shell = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "shell"])
+            .arg(&dir)
+            .arg(job)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let count = |k: &str| -> u64 {
+        std::fs::read_to_string(dir.join(k).join("count"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let counting = |k: &str, what: &str| -> Result<(), Failed> {
+        let start = count(k);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count(k) < start + 5 {
+            if Instant::now() > deadline {
+                return Err(format!("{what}: job {k} stopped counting").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    };
+    let status_field = |pid: i32, key: &str| -> String {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()))
+            .unwrap_or_default()
+    };
+    let ppid_of = |pid: i32| -> i32 { status_field(pid, "PPid:").parse().unwrap_or(0) };
+    for k in ["exit", "signal"] {
+        let pid = pid_from(&dir.join(k).join("pid"), &format!("job {k}"))?;
+        migrate(&c, "a", pid, "b").map_err(|e| format!("{k}: a -> b: {e}"))?;
+        assert_ne!(common::run::tracer_of(pid), 0, "{k}: no deputy at home");
+        counting(k, "on b")?;
+        let r = migrate(&c, "b", pid, "a").map_err(|e| format!("{k}: b -> a: {e}"))?;
+        assert_eq!(r["dest_pid"].as_i64(), Some(pid as i64), "{k}: {r}");
+        // Home again: the process itself, under its PID, in this machine's namespaces.
+        assert!(pid_alive(pid), "{k}: PID {pid} is gone at home");
+        assert_eq!(
+            common::run::tracer_of(pid),
+            0,
+            "{k}: PID {pid} is still traced (a deputy)"
+        );
+        assert_eq!(
+            std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok(),
+            std::fs::read_link("/proc/self/ns/pid").ok(),
+            "{k}: PID {pid} runs in a PID namespace of its own"
+        );
+        assert_eq!(status_field(pid, "Seccomp:"), "0", "{k}: a filter is left");
+        assert_eq!(
+            ppid_of(pid),
+            shell.0.id() as i32,
+            "{k}: not the shell's child"
+        );
+        assert!(
+            guest(&c, "a", pid).is_none(),
+            "{k}: still listed as a guest"
+        );
+        assert!(guest(&c, "b", pid).is_none(), "{k}: still listed on b");
+        counting(k, "back home")?;
+        if k == "exit" {
+            std::fs::write(dir.join(k).join("go"), "").unwrap();
+        } else {
+            let st = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(st) = shell.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the shell never saw its jobs end: {:?}",
+                std::fs::read_to_string(dir.join("statuses"))
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let statuses = std::fs::read_to_string(dir.join("statuses")).unwrap();
+    assert_eq!(statuses, "exit 7\nsignal 143\n", "what the shell saw");
+    Ok(())
+}
+
+/// A process forks after it moved: the child (which has no deputy at home: docs/limitations.md)
+/// sees what a child forked at home would: its parent is the parent's home PID, its process
+/// group and session are the parent's home ones, and the parent's `wait` gets its exit status.
+pub(super) fn fork_after_move() -> Result<(), Failed> {
+    let c = Cluster::up("forked", 2);
+    let dir = scratch("migration", "forked");
+    let prog = "import os,sys,time\n\
+        d=sys.argv[1]\n\
+        def ids(): return '%d %d %d %d' % (os.getpid(), os.getppid(), os.getpgrp(), os.getsid(0))\n\
+        open(d+'/home','w').write(ids())\n\
+        open(d+'/pid.tmp','w').write(str(os.getpid())); os.rename(d+'/pid.tmp', d+'/pid')\n\
+        while not os.path.exists(d+'/fork'): time.sleep(0.02)\n\
+        open(d+'/moved','w').write(ids())\n\
+        k=os.fork()\n\
+        if k==0:\n\
+        \x20   open(d+'/child','w').write(ids()); os._exit(5)\n\
+        _,st=os.waitpid(k,0)\n\
+        open(d+'/status','w').write(str(os.waitstatus_to_exitcode(st)))\n";
+    let (out, err) = victim_output(&dir, "forked");
+    let mut p = UnixServer(
+        Command::new("python3")
+            .args(["-c", prog])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the parent")?;
+    let home = std::fs::read_to_string(dir.join("home")).unwrap();
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    std::fs::write(dir.join("fork"), "").unwrap();
+    let st = p.0.wait().unwrap();
+    assert_eq!(st.code(), Some(0), "the parent: {st:?}");
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let moved = read("moved");
+    assert_eq!(
+        moved, home,
+        "the parent's ids after the move (pid ppid pgrp sid)"
+    );
+    let f: Vec<i64> = home.split(' ').map(|v| v.parse().unwrap()).collect();
+    let child: Vec<i64> = read("child")
+        .split(' ')
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    assert_eq!(child.len(), 4, "the child wrote {:?}", read("child"));
+    assert_eq!(
+        &child[1..],
+        &[f[0], f[2], f[3]],
+        "the child's parent, group and session (the parent's: {home})"
+    );
+    assert_eq!(read("status"), "5", "the parent's wait for its child");
+    Ok(())
+}
+
+/// A full-screen program's terminal, after it moved: its settings read as the home terminal's
+/// (tcgetattr), its window size is the home terminal's, and `stty raw -echo` (tty.setraw)
+/// reaches the home terminal, so that keys typed there arrive one by one, unechoed.
+pub(super) const RAW_JOB: &str = r#"
+import os, sys, time, tty, termios, fcntl, struct
+d = sys.argv[1]
+def flags():
+    a = termios.tcgetattr(0)
+    return '%d %d %d' % (a[0], a[1], a[3] & ~0o200000)
+open(d + '/home', 'w').write(flags())
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+while not os.path.exists(d + '/moved'):
+    time.sleep(0.05)
+open(d + '/seen', 'w').write(flags())
+rows, cols = struct.unpack('HHHH', fcntl.ioctl(0, termios.TIOCGWINSZ, b'\0' * 8))[:2]
+open(d + '/size', 'w').write('%d %d' % (rows, cols))
+saved = termios.tcgetattr(0)
+tty.setraw(0)
+open(d + '/raw', 'w').write('')
+got = b''
+while len(got) < 2:
+    got += os.read(0, 1)
+open(d + '/keys', 'wb').write(got)
+termios.tcsetattr(0, termios.TCSADRAIN, saved)
+print('done', flush=True)
+"#;
+
+pub(super) const RAW_DRIVER: &str = r#"
+import os, sys, time, select, subprocess, fcntl, termios, struct
+d, job = sys.argv[1], sys.argv[2]
+m, s = os.openpty()
+fcntl.ioctl(m, termios.TIOCSWINSZ, struct.pack('HHHH', 33, 101, 0, 0))
+def pre():
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+env = dict(os.environ, PS1='$ ', TERM='dumb', HISTFILE='/dev/null')
+p = subprocess.Popen(['bash', '--norc', '--noprofile', '-i'], stdin=s, stdout=s, stderr=s,
+                     preexec_fn=pre, env=env, close_fds=True)
+screen = b''
+def pump(t):
+    global screen
+    end = time.time() + t
+    while time.time() < end:
+        r, _, _ = select.select([m], [], [], 0.05)
+        if r:
+            try:
+                b = os.read(m, 65536)
+            except OSError:
+                return
+            screen += b
+            open(d + '/screen', 'wb').write(screen)
+def until(cond, what, t=20):
+    end = time.time() + t
+    while time.time() < end:
+        if cond():
+            return
+        pump(0.1)
+    sys.exit('timed out waiting for ' + what)
+pump(0.5)
+os.write(m, b'python3 ' + job.encode() + b' ' + d.encode() + b'\n')
+until(lambda: os.path.exists(d + '/raw'), 'the moved job to set raw mode')
+pump(0.5)
+mark = len(screen)
+os.write(m, b'xy')
+until(lambda: os.path.exists(d + '/keys'), 'the keys typed without a newline to arrive')
+until(lambda: b'done' in screen[mark:], 'the job to end')
+if b'xy' in screen[mark:]:
+    sys.exit('the keys were echoed: %r' % screen[mark:])
+os.write(m, b'exit\n')
+p.wait(10)
+"#;
+
+pub(super) fn raw_terminal_after_move() -> Result<(), Failed> {
+    let c = Cluster::up("raw", 2);
+    let dir = scratch("migration", "raw");
+    let st = drive_terminal_job(&c, &dir, RAW_DRIVER, RAW_JOB, Duration::from_secs(40))?;
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    assert!(
+        st.success(),
+        "{}\nthe terminal showed:\n{}",
+        read("driver.err"),
+        String::from_utf8_lossy(&std::fs::read(dir.join("screen")).unwrap_or_default())
+    );
+    assert_eq!(
+        read("seen"),
+        read("home"),
+        "tcgetattr after the move (iflag oflag lflag)"
+    );
+    assert_eq!(read("size"), "33 101", "the window size after the move");
+    assert_eq!(read("keys"), "xy", "the keys the job read");
+    Ok(())
+}

@@ -1,0 +1,585 @@
+//! Relays: a pipeline stage moved with its pipes relayed from home, EPIPE when the reader at
+//! home goes, bulk streams both ways, and UNIX and TCP peers at home talking on to a moved
+//! client or server (their names, fstat and credentials as at home).
+
+use super::*;
+
+/// The middle stage of a shell pipeline moves while data flows through it: its stdin and
+/// stdout are pipes shared with the stages that stay home, relayed by the daemons. The last
+/// stage gets every line, in order, end of file arrives through both relays, and the shell
+/// (with pipefail) sees every stage succeed.
+pub(super) fn pipeline_stage_moves_with_relayed_pipes() -> Result<(), Failed> {
+    let c = Cluster::up("pipeline", 2);
+    let dir = scratch("migration", "pipeline");
+    let middle = "import sys,os\n\
+        open(sys.argv[1]+'/pid.tmp','w').write(str(os.getpid()))\n\
+        os.rename(sys.argv[1]+'/pid.tmp', sys.argv[1]+'/pid')\n\
+        for l in sys.stdin:\n\
+        \x20   print(int(l)*2, flush=True)\n";
+    let reader = "import sys\n\
+        n=0\n\
+        for l in sys.stdin:\n\
+        \x20   n+=1\n\
+        \x20   assert int(l)==2*n, (l, n)\n\
+        open(sys.argv[1]+'/lines','w').write(str(n))\n";
+    let script = "set -o pipefail; for i in $(seq 1 300); do echo $i; sleep 0.01; done \
+        | python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\"";
+    let mut sh = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "pipeline"])
+            .arg(&dir)
+            .arg(middle)
+            .arg(reader)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the middle stage")?;
+    std::thread::sleep(Duration::from_millis(500));
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the middle stage did not move: {e}"))?;
+    if common::run::tracer_of(pid) == 0 {
+        return Err("no deputy at home for the middle stage".into());
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let st = loop {
+        if let Some(st) = sh.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the pipeline did not end; the last stage read {:?} lines\n{}",
+                std::fs::read_to_string(dir.join("lines")).ok(),
+                c.log("a") + &c.log("b")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(st.success(), "the pipeline broke: {st:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("lines")).unwrap_or_default(),
+        "300",
+        "the last stage did not read every line"
+    );
+    Ok(())
+}
+
+/// A moved writer feeds a reader at home (`head -n 150`) through the relay; when that reader
+/// has had its lines and goes, the writer gets EPIPE (Python's BrokenPipeError), as at home.
+pub(super) fn relayed_pipe_reader_gone() -> Result<(), Failed> {
+    let c = Cluster::up("pipegone", 2);
+    let dir = scratch("migration", "pipegone");
+    let writer = "import sys,os,time\n\
+        open(sys.argv[1]+'/pid.tmp','w').write(str(os.getpid()))\n\
+        os.rename(sys.argv[1]+'/pid.tmp', sys.argv[1]+'/pid')\n\
+        try:\n\
+        \x20   for i in range(100000):\n\
+        \x20       print(i, flush=True)\n\
+        \x20       time.sleep(0.01)\n\
+        except BrokenPipeError:\n\
+        \x20   open(sys.argv[1]+'/epipe','w').write('yes')\n\
+        \x20   os._exit(3)\n\
+        os._exit(0)\n";
+    let script = "python3 -c \"$2\" \"$1\" | head -n 150 > \"$1/got\"; sleep 5";
+    let mut sh = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "pipegone"])
+            .arg(&dir)
+            .arg(writer)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the writer")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the writer did not move: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dir.join("epipe").exists() {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the moved writer never saw its reader go\n{}",
+                c.log("a") + &c.log("b")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = sh.0.wait();
+    let got = std::fs::read_to_string(dir.join("got")).unwrap_or_default();
+    let want: String = (0..150).map(|i| format!("{i}\n")).collect();
+    assert_eq!(
+        got, want,
+        "the reader at home did not get the moved writer's lines"
+    );
+    Ok(())
+}
+
+/// The moved middle of `feeder | BULK_MOVED | reader`, also a client of `BULK_SERVER` at home
+/// over TCP. Once `go` exists it streams 24 MiB (the same bytes) to its stdout and to the
+/// server, in writes of odd sizes, closes its stdout and shuts its socket down for writing;
+/// then reads its stdin and the server's reply to their ends. It reports the SHA-256 and
+/// length of each stream in `moved.sums`.
+pub(super) const BULK_MOVED: &str = r#"
+import os, sys, socket, hashlib, random, time
+d = sys.argv[1]
+c = socket.create_connection(('127.0.0.1', int(open(d + '/srv.port').read())))
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+while not os.path.exists(d + '/go'):
+    time.sleep(0.02)
+data = random.Random(7).randbytes(1 << 20)
+sizes = [1, 100, 4096, 65536, 131072, 7000, 300000, 5]
+sent, at, i, h = 0, 0, 0, hashlib.sha256()
+while sent < 24 << 20:
+    n = min(sizes[i % len(sizes)], (24 << 20) - sent)
+    i += 1
+    chunk = data[at:at + n] if at + n <= len(data) else data[at:] + data[:at + n - len(data)]
+    at = (at + n) % len(data)
+    v = memoryview(chunk)
+    while v:
+        v = v[os.write(1, v):]
+    c.sendall(chunk)
+    h.update(chunk)
+    sent += n
+os.close(1)
+c.shutdown(socket.SHUT_WR)
+def drain(read):
+    g, n = hashlib.sha256(), 0
+    while True:
+        b = read(1 << 16)
+        if not b:
+            return '%s %d' % (g.hexdigest(), n)
+        g.update(b)
+        n += len(b)
+sums = ['%s %d' % (h.hexdigest(), sent), drain(lambda k: os.read(0, k)), drain(c.recv)]
+open(d + '/moved.tmp', 'w').write('\n'.join(sums))
+os.rename(d + '/moved.tmp', d + '/moved.sums')
+"#;
+
+/// At home: accepts one connection, waits a second before reading (its peer's data backs up
+/// through the relay meanwhile), reads to end of file, then answers 8 MiB and closes.
+/// `srv.sums`: what it got, then what it sent.
+pub(super) const BULK_SERVER: &str = r#"
+import os, sys, socket, hashlib, random, time
+d = sys.argv[1]
+s = socket.socket()
+s.bind(('127.0.0.1', 0))
+s.listen(1)
+open(d + '/srv.port.tmp', 'w').write(str(s.getsockname()[1]))
+os.rename(d + '/srv.port.tmp', d + '/srv.port')
+c, _ = s.accept()
+time.sleep(1)
+g, n = hashlib.sha256(), 0
+while True:
+    b = c.recv(1 << 16)
+    if not b:
+        break
+    g.update(b)
+    n += len(b)
+reply = random.Random(9).randbytes(8 << 20)
+c.sendall(reply)
+c.close()
+open(d + '/srv.tmp', 'w').write('%s %d\n%s %d' % (g.hexdigest(), n,
+    hashlib.sha256(reply).hexdigest(), len(reply)))
+os.rename(d + '/srv.tmp', d + '/srv.sums')
+"#;
+
+/// The pipeline's ends at home: `feed` writes 8 MiB to its stdout; `read` waits a second, then
+/// reads its stdin to end of file. Each writes the SHA-256 and length to `feed.sums` or
+/// `read.sums`.
+pub(super) const BULK_END: &str = r#"
+import os, sys, hashlib, random, time
+d, role = sys.argv[1], sys.argv[2]
+g, n = hashlib.sha256(), 0
+if role == 'feed':
+    data = random.Random(11).randbytes(8 << 20)
+    v = memoryview(data)
+    while v:
+        v = v[os.write(1, v[:1 << 20]):]
+    g.update(data)
+    n = len(data)
+else:
+    time.sleep(1)
+    while True:
+        b = os.read(0, 1 << 16)
+        if not b:
+            break
+        g.update(b)
+        n += len(b)
+open(d + '/' + role + '.tmp', 'w').write('%s %d' % (g.hexdigest(), n))
+os.rename(d + '/' + role + '.tmp', d + '/' + role + '.sums')
+"#;
+
+/// A process in the middle of a pipeline, and a TCP client of a server, all at home but it,
+/// moves, then streams in bulk through its relays: 24 MiB out through the relayed pipe and
+/// the relayed connection (whose readers at home start a second late: the relays are held
+/// back meanwhile), end of file and a half-close behind them; then 8 MiB in through each
+/// (the home's bytes pushed ahead to its node). Every stream arrives whole and in order, and
+/// its end arrives after it.
+pub(super) fn bulk_streams_through_relays() -> Result<(), Failed> {
+    let c = Cluster::up("bulkrelay", 2);
+    let dir = scratch("migration", "bulkrelay");
+    let log = |name: &str| std::fs::File::create(dir.join(name)).unwrap();
+    let _server = UnixServer(
+        Command::new("python3")
+            .args(["-c", BULK_SERVER])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log("srv.err"))
+            .spawn()
+            .unwrap(),
+    );
+    pid_from(&dir.join("srv.port"), "the server")?;
+    let script = "python3 -c \"$2\" \"$1\" feed | python3 -c \"$3\" \"$1\" \
+        | python3 -c \"$2\" \"$1\" read";
+    let mut sh = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "bulkrelay"])
+            .arg(&dir)
+            .arg(BULK_END)
+            .arg(BULK_MOVED)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log("pipeline.err"))
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the moved stage")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the middle stage did not move: {e}"))?;
+    std::fs::write(dir.join("go"), "").unwrap();
+    let errs = || {
+        ["srv.err", "pipeline.err"]
+            .iter()
+            .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_default())
+            .collect::<String>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let st = loop {
+        if let Some(st) = sh.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the streams did not end\n{}\n{}",
+                errs(),
+                c.log("a") + &c.log("b")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(st.success(), "the pipeline failed: {st:?}\n{}", errs());
+    let sums = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let (moved, srv) = (sums("moved.sums"), sums("srv.sums"));
+    let moved: Vec<&str> = moved.lines().collect();
+    let srv: Vec<&str> = srv.lines().collect();
+    assert_eq!(moved.len(), 3, "the moved stage did not finish\n{}", errs());
+    assert_eq!(srv.len(), 2, "the server did not finish\n{}", errs());
+    assert!(moved[0].ends_with(&format!(" {}", 24 << 20)), "{moved:?}");
+    assert_eq!(
+        sums("read.sums"),
+        moved[0],
+        "the reader at home got other bytes"
+    );
+    assert_eq!(srv[0], moved[0], "the server at home got other bytes");
+    assert_eq!(
+        moved[1],
+        sums("feed.sums"),
+        "the moved stage read other bytes"
+    );
+    assert_eq!(moved[2], srv[1], "the moved client got another reply");
+    Ok(())
+}
+
+/// What getsockname(2) and getpeername(2) answer for a connection, called through libc as a C
+/// program calls them, and read whole: with room for any address, with room for 4 bytes
+/// (truncated, the length still the whole name's), with none, through a second descriptor
+/// of the socket (dup), and with a negative length (EINVAL); then fstat's, statx's and
+/// SO_PEERCRED's answers. A moved end of a relayed connection must answer exactly as it did at
+/// home, though its socket is another one.
+/// (Put before `STREAM_SERVER` and `STREAM_CLIENT`.)
+pub(super) const SOCKET_NAMES: &str = r#"
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def raw_name(fd, peer, room=128, length=None):
+    buf = ctypes.create_string_buffer(b'\xaa' * (room + 8), room + 8)
+    n = ctypes.c_int(room if length is None else length)
+    f = libc.getpeername if peer else libc.getsockname
+    if f(fd, buf, ctypes.byref(n)) != 0:
+        return ('error', ctypes.get_errno())
+    return (n.value, buf.raw)
+def bad_name(fd, peer, bad_len):
+    # A buffer at an unmapped address, or no length at all: EFAULT.
+    n = ctypes.c_int(16)
+    f = libc.getpeername if peer else libc.getsockname
+    r = f(fd, None if bad_len else ctypes.c_void_p(8), None if bad_len else ctypes.byref(n))
+    return (r, ctypes.get_errno() if r else None, n.value)
+def stats(fd):
+    # fstat(2) itself, glibc's fstat (newfstatat with AT_EMPTY_PATH), statx(2): inode, mode.
+    st = ctypes.create_string_buffer(144)
+    assert libc.syscall(5, fd, st) == 0
+    sx = ctypes.create_string_buffer(256)
+    assert libc.statx(fd, b'', 0x1000, 0x7ff, sx) == 0
+    f = os.fstat(fd)
+    return [('stat', int.from_bytes(st.raw[8:16], 'little'), int.from_bytes(st.raw[24:28], 'little')),
+            ('fstat', f.st_ino, f.st_mode),
+            ('statx', int.from_bytes(sx.raw[32:40], 'little'), int.from_bytes(sx.raw[28:30], 'little'))]
+def names(s):
+    fd = s.fileno()
+    other = os.dup(fd)
+    try:
+        return [raw_name(fd, p, room, length) for p in (False, True)
+                for (room, length) in ((128, None), (4, None), (0, None), (8, -1))] + \
+            [raw_name(other, False), raw_name(other, True)] + \
+            [bad_name(fd, p, b) for p in (False, True) for b in (False, True)] + \
+            stats(fd) + stats(other) + \
+            [('cred', s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))]
+    finally:
+        os.close(other)
+def same_names(s, before, who):
+    after = names(s)
+    def show(l):
+        out = []
+        for x in l:
+            if isinstance(x[1], bytes):
+                b = x[1]
+                while b.endswith(b'\xaa'):
+                    b = b[:-1]
+                x = (x[0], b.hex())
+            out.append(x)
+        return out
+    assert after == before, '%s: socket names changed (length, bytes written before the 0xaa fill)\nbefore %r\nafter  %r' % (who, show(before), show(after))
+    # From another thread too (the supervisor is told of a thread, not of its process).
+    import threading
+    got = []
+    t = threading.Thread(target=lambda: got.append(names(s)))
+    t.start()
+    t.join()
+    assert got == [after], '%s: another thread sees other names\n%r' % (who, show(got[0]) if got else None)
+    # A socket of its own answers for itself (the filter lets the kernel answer).
+    a, b = socket.socketpair()
+    assert a.getsockname() == '' and raw_name(a.fileno(), True)[0] == 2
+    own = int(os.readlink('/proc/self/fd/%d' % a.fileno())[8:-1])
+    assert [x[1] for x in stats(a.fileno())] == [own] * 3, (stats(a.fileno()), own)
+    # A path is stat'ed by the kernel, relative to a descriptor too.
+    assert os.stat('.', dir_fd=os.open('/', os.O_PATH)).st_ino == os.stat('/').st_ino
+    l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    l.bind(('127.0.0.1', 0))
+    assert l.getsockname()[1] != 0
+    for x in (a, b, l):
+        x.close()
+"#;
+
+/// A server and its client, connected by a UNIX stream socket (`unix`) or over TCP on the
+/// loopback (`tcp`: the port is written to `srv.port`); one of them moves. With `once`, the
+/// server closes its listener once it has accepted (a moved listener would listen on the body's
+/// node). Each checks that its connection's names (`SOCKET_NAMES`) are the same at the end as
+/// at the start (`srv.named`, `client.named`: read before any move).
+pub(super) const STREAM_SERVER: &str = r#"
+import os, sys, socket
+d, kind = sys.argv[1], sys.argv[2]
+if kind == 'unix':
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(d + '/srv.sock')
+else:
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(('127.0.0.1', 0))
+    open(d + '/srv.port', 'w').write(str(srv.getsockname()[1]))
+srv.listen(1)
+open(d + '/pid.srv.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.srv.tmp', d + '/pid.srv')
+open(d + '/srv.ready', 'w').close()
+c, peer = srv.accept()
+before = names(c)
+open(d + '/srv.named', 'w').close()
+if len(sys.argv) > 3:
+    srv.close()
+if kind == 'tcp':
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+f = c.makefile('rwb', buffering=0)
+n = 0
+for line in f:
+    n += 1
+    assert line == b'ping %d\n' % n, (line, n)
+    c.sendall(b'pong %d\n' % n)
+if kind == 'tcp':
+    # Moved or not, a TCP socket with its options (the moved one's addresses are its node's).
+    assert c.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN) == socket.AF_INET
+    assert c.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == socket.IPPROTO_TCP
+    assert c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
+same_names(c, before, 'server')
+c.sendall(b'bye after %d\n' % n)
+c.close()
+open(d + '/srv.done', 'w').write(str(n))
+"#;
+
+pub(super) const STREAM_CLIENT: &str = r#"
+import os, sys, socket, time
+d, kind = sys.argv[1], sys.argv[2]
+if kind == 'unix':
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(d + '/srv.sock')
+else:
+    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    c.connect(('127.0.0.1', int(open(d + '/srv.port').read())))
+before = names(c)
+open(d + '/client.named', 'w').close()
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+f = c.makefile('rb', buffering=0)
+for i in range(1, 61):
+    c.sendall(b'ping %d\n' % i)
+    assert f.readline() == b'pong %d\n' % i
+    time.sleep(0.05)
+same_names(c, before, 'client')
+c.shutdown(socket.SHUT_WR)
+rest = f.read()
+if kind == 'tcp':
+    # Closed both ways (TIME_WAIT): no peer any more, moved or not.
+    assert raw_name(c.fileno(), True) == ('error', 107), raw_name(c.fileno(), True)
+open(d + '/client.done', 'w').write(rest.decode())
+"#;
+
+/// A client moves while it talks to a server that stays home over a UNIX stream socket: the
+/// conversation goes on through the relay, in order; its shutdown reaches the server, and the
+/// server's last words and close reach it.
+pub(super) fn unix_client_of_a_home_server() -> Result<(), Failed> {
+    stream_peer_moves("unix", "client")
+}
+
+/// The same over TCP: the connection's other end stays home (the home daemon keeps the
+/// connection and relays it), and the server sees the same peer address to the end.
+pub(super) fn tcp_client_of_a_home_server() -> Result<(), Failed> {
+    stream_peer_moves("tcp", "client")
+}
+
+/// A UNIX server moves while its client at home talks to it over the connection it accepted:
+/// that socket's own name is the listener's path, which the body's unnamed pair does not have.
+pub(super) fn unix_server_of_a_home_client() -> Result<(), Failed> {
+    stream_peer_moves("unix", "server")
+}
+
+/// A TCP server moves while its client at home talks to it over the connection it accepted.
+pub(super) fn tcp_server_of_a_home_client() -> Result<(), Failed> {
+    stream_peer_moves("tcp", "server")
+}
+
+/// Runs `STREAM_SERVER` and `STREAM_CLIENT` over `kind` (unix or tcp) on node a, moves `who`
+/// (client or server) to node b a moment into their conversation, and checks that it finished
+/// as it would have at home.
+pub(super) fn stream_peer_moves(kind: &str, who: &str) -> Result<(), Failed> {
+    let tag = format!("{kind}{who}relay");
+    // Guests confined, as `ferry cluster up` makes them by default (so the programs run in the
+    // shared tree).
+    let c = Cluster::up_full(
+        &tag,
+        2,
+        &[],
+        Isolation::default_for_tests(),
+        &["--confine-guests"],
+    );
+    let dir = scratch("migration", &tag);
+    let mut srv_cmd = Command::new("python3");
+    srv_cmd
+        .args(["-c", &format!("{SOCKET_NAMES}\n{STREAM_SERVER}")])
+        .arg(&dir)
+        .current_dir(&dir)
+        .arg(kind);
+    if who == "server" {
+        srv_cmd.arg("once");
+    }
+    let mut server = UnixServer(
+        srv_cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("srv.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dir.join("srv.ready").exists() {
+        if Instant::now() > deadline {
+            return Err("the server did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut client = UnixServer(
+        Command::new("python3")
+            .args(["-c", &format!("{SOCKET_NAMES}\n{STREAM_CLIENT}")])
+            .arg(&dir)
+            .current_dir(&dir)
+            .arg(kind)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("client.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the client")?;
+    let pid = if who == "server" {
+        pid_from(&dir.join("pid.srv"), "the server")?
+    } else {
+        pid
+    };
+    // The mover has read its names as they are at home.
+    let named = dir.join(if who == "server" {
+        "srv.named"
+    } else {
+        "client.named"
+    });
+    while !named.exists() {
+        if Instant::now() > deadline + Duration::from_secs(10) {
+            return Err(format!("the {who} did not read its socket's names").into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the {who} did not move: {e}"))?;
+    let err = || {
+        std::fs::read_to_string(dir.join("client.err")).unwrap_or_default()
+            + &std::fs::read_to_string(dir.join("srv.err")).unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (st, srv) = loop {
+        let st = client.0.try_wait().unwrap();
+        let srv = server.0.try_wait().unwrap();
+        if let (Some(st), Some(srv)) = (st, srv) {
+            break (st, srv);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the conversation did not finish\n{}\n{}",
+                err(),
+                c.log("a") + &c.log("b")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        st.success(),
+        "the client failed: {st:?}\n{}\n{}",
+        err(),
+        c.log("a") + &c.log("b")
+    );
+    assert!(
+        srv.success(),
+        "the server failed: {srv:?}\n{}\n{}",
+        err(),
+        c.log("a") + &c.log("b")
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("srv.done")).unwrap_or_default(),
+        "60"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("client.done")).unwrap_or_default(),
+        "bye after 60\n"
+    );
+    Ok(())
+}
