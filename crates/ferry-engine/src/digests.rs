@@ -70,7 +70,16 @@ static RESTORING: Mutex<Option<HashMap<(u64, u64), FileDigest>>> = Mutex::new(No
 /// The SHA-256 of the file at `path` (a magic link, or a path under `/proc/self/fd`), if it is
 /// still a regular file of `size` bytes on (`dev`, `ino`) when `dev` is given.
 fn hash(path: &str, want: Option<(u64, u64)>, size: u64) -> std::io::Result<Option<[u8; 32]>> {
-    let mut f = std::fs::File::open(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Never opened unless a regular file (a mapped device would be opened, with its effects),
+    // and then without blocking or taking a terminal.
+    if !std::fs::metadata(path)?.file_type().is_file() {
+        return Ok(None);
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
     let md = f.metadata()?;
     if !md.file_type().is_file()
         || md.len() != size
