@@ -85,18 +85,7 @@ fn ferry_out(c: &Cluster, node: &str, args: &[&str]) -> Result<Vec<u8>> {
 fn build_workload() -> Result<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/ferry-bench-balance");
     std::fs::create_dir_all(&dir)?;
-    let src = dir.join("dunes.c");
-    std::fs::write(&src, SOURCE)?;
-    let bin = dir.join("dunes");
-    let st = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .context("run cc")?;
-    if !st.success() {
-        bail!("cc failed on {}", src.display());
-    }
+    let bin = crate::common::build_c(&dir, "dunes", SOURCE, "the DUNES workload")?;
     Ok(bin.canonicalize()?)
 }
 

@@ -53,6 +53,24 @@ pub fn ferry_binary(given: Option<&Path>) -> Result<PathBuf> {
     }
 }
 
+/// Writes `source` to `dir/NAME.c` and builds it with `cc -O2` into `dir/NAME`; `what` names
+/// the program in the error.
+pub fn build_c(dir: &Path, name: &str, source: &str, what: &str) -> Result<PathBuf> {
+    let src = dir.join(format!("{name}.c"));
+    let bin = dir.join(name);
+    std::fs::write(&src, source).with_context(|| format!("write {}", src.display()))?;
+    let st = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .context("run cc")?;
+    if !st.success() {
+        bail!("cc could not build {what} ({})", src.display());
+    }
+    Ok(bin)
+}
+
 /// `len` bytes of the xorshift sequence after `seed`: nothing zero, nothing repeated.
 pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut bytes = vec![0u8; len];

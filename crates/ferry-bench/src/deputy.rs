@@ -23,7 +23,9 @@
 //!
 //! The migration itself is not timed here (`ferry-bench migrate` does). See docs/benchmarks.md.
 
-use crate::common::{ferry_binary, markdown, seal_inherited_fds, stats, stats_header, stats_row};
+use crate::common::{
+    build_c, ferry_binary, markdown, seal_inherited_fds, stats, stats_header, stats_row,
+};
 use crate::remote_exec::{cluster_up, ferry_a};
 use anyhow::{bail, Context, Result};
 use std::os::unix::process::ExitStatusExt;
@@ -272,17 +274,7 @@ fn relays_table(a: &Args, moved: &dyn Fn(&Child) -> Result<()>) -> Result<String
     let dir = std::env::temp_dir().join(format!("ferry-bench-relays.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("make {}", dir.display()))?;
-    let (src, bin) = (dir.join("writer.c"), dir.join("writer"));
-    std::fs::write(&src, WRITER_C)?;
-    let st = Command::new("gcc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .context("run gcc")?;
-    if !st.success() {
-        bail!("gcc could not build the writer");
-    }
+    let bin = build_c(&dir, "writer", WRITER_C, "the writer")?;
     let bytes = a.relay_mib << 20;
     eprintln!(
         "ferry-bench: relays: {} runs of {} MiB per kind, at home and moved",
@@ -362,18 +354,7 @@ fn calls_table(a: &Args, moved: &dyn Fn(&Child) -> Result<()>) -> Result<String>
     let dir = std::env::temp_dir().join(format!("ferry-bench-calls.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("make {}", dir.display()))?;
-    let src = dir.join("calls.c");
-    let bin = dir.join("calls");
-    std::fs::write(&src, CALLS_C)?;
-    let st = Command::new("gcc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .context("run gcc")?;
-    if !st.success() {
-        bail!("gcc could not build the calls program");
-    }
+    let bin = build_c(&dir, "calls", CALLS_C, "the calls program")?;
     eprintln!(
         "ferry-bench: calls: {} runs of {} calls each, at home and moved",
         a.call_runs, a.calls

@@ -16,7 +16,7 @@
 //!
 //! The migration itself is not timed (`ferry-bench migrate` does). See docs/benchmarks.md.
 
-use crate::common::{ferry_binary, markdown, seal_inherited_fds, stats};
+use crate::common::{build_c, ferry_binary, markdown, seal_inherited_fds, stats};
 use crate::remote_exec::{cluster_up, ferry_a};
 use anyhow::{bail, Context, Result};
 use std::io::{Read, Write};
@@ -148,18 +148,7 @@ const ROWS: [(&str, &str, bool); 10] = [
 
 /// Builds the program and writes its inputs into `dir`.
 fn prepare(dir: &Path) -> Result<PathBuf> {
-    let src = dir.join("work.c");
-    let bin = dir.join("work");
-    std::fs::write(&src, WORK_C)?;
-    let st = Command::new("gcc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .context("run gcc")?;
-    if !st.success() {
-        bail!("gcc could not build the workload program");
-    }
+    let bin = build_c(dir, "work", WORK_C, "the workload program")?;
     let mut c = String::from("#include <string.h>\n");
     for i in 0..300 {
         c.push_str(&format!(
