@@ -136,11 +136,7 @@ fn run_here_collected(shell: &std::ffi::OsStr, rest: &[OsString]) -> Result<Endi
         .wait()
         .with_context(|| format!("wait for the recipe's shell {pid}"))?;
     out.write_out();
-    Ok(match (status.signal(), status.code()) {
-        (Some(s), _) => Ending::Signal(s),
-        (None, Some(c)) => Ending::Code(c),
-        (None, None) => Ending::Code(run::EXIT_FERRY_FAILED),
-    })
+    Ok(Ending::of(status.signal(), status.code()))
 }
 
 /// The recipe, with the real shell, in this process's place.
@@ -180,6 +176,18 @@ fn recursive() -> bool {
 enum Ending {
     Code(i32),
     Signal(i32),
+}
+
+impl Ending {
+    /// How a shell ended, here or on its node: the signal that killed it, else its exit code
+    /// (as a wait status holds it: the low byte), else Ferry's own failure.
+    fn of(signal: Option<i32>, code: Option<i32>) -> Ending {
+        match (signal, code) {
+            (Some(s), _) => Ending::Signal(s),
+            (None, Some(c)) => Ending::Code(c & 0xff),
+            (None, None) => Ending::Code(run::EXIT_FERRY_FAILED),
+        }
+    }
 }
 
 fn finish(e: Ending) -> ! {
@@ -460,13 +468,7 @@ fn attempt(
                 stream: s @ (1 | 2),
                 data,
             })) => out.add(s, &data),
-            Ok(Frame::Msg(Msg::Exited { code, signal })) => {
-                break Some(match (signal, code) {
-                    (Some(s), _) => Ending::Signal(s),
-                    (None, Some(c)) => Ending::Code(c & 0xff),
-                    (None, None) => Ending::Code(run::EXIT_FERRY_FAILED),
-                })
-            }
+            Ok(Frame::Msg(Msg::Exited { code, signal })) => break Some(Ending::of(signal, code)),
             Ok(Frame::Msg(Msg::Error { message })) => {
                 log::info!("node {node}: {message}");
                 break None;
