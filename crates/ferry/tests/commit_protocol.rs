@@ -729,13 +729,7 @@ fn recovered_on(tag: &str, n: usize, expect_on: &str) -> Result<(), Failed> {
             }
         }
         migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !c.log("a").contains("event=\"checkpoint-taken\"") {
-            if Instant::now() > deadline {
-                return Err(format!("a took no checkpoint\n{}", logs()).into());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        first_checkpoint(&c, 30, &logs)?;
         if !counting() {
             return Err(format!("the body stopped counting on b\n{}", logs()).into());
         }
@@ -834,13 +828,7 @@ fn taken_for_dead_comes_back() -> Result<(), Failed> {
             }
         }
         migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !c.log("a").contains("event=\"checkpoint-taken\"") {
-            if Instant::now() > deadline {
-                return Err(format!("a took no checkpoint\n{}", logs()).into());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        first_checkpoint(&c, 30, &logs)?;
         let _ = Command::new("kill").args(["-STOP", &b]).status();
         let recovered = (|| -> Result<(), Failed> {
             let deadline = Instant::now() + Duration::from_secs(40);
@@ -912,13 +900,7 @@ fn not_sent_back_beside_old_body() -> Result<(), Failed> {
             }
         }
         migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !c.log("a").contains("event=\"checkpoint-taken\"") {
-            if Instant::now() > deadline {
-                return Err(format!("a took no checkpoint\n{}", logs()).into());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        first_checkpoint(&c, 30, &logs)?;
         let _ = Command::new("kill").args(["-STOP", &b]).status();
         let deadline = Instant::now() + Duration::from_secs(40);
         while !c.log("a").contains("event=\"guest-recovered\"") {
@@ -1010,13 +992,7 @@ fn run_program_checkpointed() -> Result<(), Failed> {
             .and_then(|g| g["pid"].as_i64())
             .ok_or("ferry ps on a lists no ferry run program")?;
         migrate(&c, "a", pid as i32, "b").map_err(|e| format!("a -> b: {e}"))?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !c.log("a").contains("event=\"checkpoint-taken\"") {
-            if Instant::now() > deadline {
-                return Err(format!("a took no checkpoint\n{}", logs()).into());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        first_checkpoint(&c, 20, &logs)?;
         let init = c.init_pid("b").ok_or("node b has no init")?;
         let _ = Command::new("kill")
             .args(["-9", &init.to_string()])
@@ -1090,6 +1066,18 @@ fn counter(count: &Path) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap()
+}
+
+/// Waits up to `secs` for node a's first automatic checkpoint of a guest.
+fn first_checkpoint(c: &Cluster, secs: u64, logs: &dyn Fn() -> String) -> Result<(), Failed> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !c.log("a").contains("event=\"checkpoint-taken\"") {
+        if Instant::now() > deadline {
+            return Err(format!("a took no checkpoint\n{}", logs()).into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
 }
 
 /// Whether the number in `count` moves within 3 s (it moves every 100 ms, but a loaded
