@@ -248,6 +248,29 @@ impl Holder {
         Ok((holder, sum))
     }
 
+    /// After a move: waits (up to 30 s each) until the moved child, watched by its PID on the
+    /// destination, has ended, then until `deputy`, the original kept at home as its deputy,
+    /// has ended too and is reaped.
+    pub fn wait_moved_end(&self, deputy: Option<Child>) -> Result<()> {
+        let start = Instant::now();
+        while self.alive() {
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("the moved child did not exit after writing its result");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if let Some(mut c) = deputy {
+            let start = Instant::now();
+            while c.try_wait().context("reap the deputy")?.is_none() {
+                if start.elapsed() > Duration::from_secs(30) {
+                    bail!("the deputy at home did not end after its body");
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `pid` is a live process of our own name (the child runs this very binary:
     /// restored or moved or not, it is still the child).
     pub fn alive(&self) -> bool {

@@ -263,7 +263,7 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
     }
     // The original, our child, stays home as the deputy of the body on b, and ends as the
     // body does: reaped once the body has ended. From now on the process to watch is b's.
-    let mut deputy = holder.child.take();
+    let deputy = holder.child.take();
     holder.pid = num(&report, "dest_pid")? as i32;
 
     File::create(dir.join("go"))?;
@@ -274,22 +274,7 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
             result.trim()
         );
     }
-    let start = Instant::now();
-    while holder.alive() {
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!("the moved child did not exit after writing its result");
-        }
-        sleep(Duration::from_millis(2));
-    }
-    if let Some(c) = deputy.as_mut() {
-        let start = Instant::now();
-        while c.try_wait().context("reap the deputy")?.is_none() {
-            if start.elapsed() > Duration::from_secs(30) {
-                bail!("the deputy at home did not end after its body");
-            }
-            sleep(Duration::from_millis(2));
-        }
-    }
+    holder.wait_moved_end(deputy)?;
     let _ = fs::remove_dir_all(dir);
     Ok(Sample {
         copy_ms,

@@ -132,7 +132,7 @@ fn measure(
     let started = Instant::now();
     let report = migrate_a_to_b(cluster, holder.pid, dir, mode)?;
     let migrate_ms = started.elapsed().as_secs_f64() * 1e3;
-    let mut deputy = holder.child.take();
+    let deputy = holder.child.take();
     holder.pid = num(&report, "dest_pid")? as i32;
     // (Not needed by a touching child; harmless.)
     File::create(dir.join("go"))?;
@@ -153,22 +153,7 @@ fn measure(
         Ok((t - start_ns) / 1e6)
     };
     let (running_ms, touched_ms) = (ms(moved)?, ms(done)?);
-    let start = Instant::now();
-    while holder.alive() {
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!("the moved child did not exit after writing its result");
-        }
-        sleep(Duration::from_millis(2));
-    }
-    if let Some(c) = deputy.as_mut() {
-        let start = Instant::now();
-        while c.try_wait().context("reap the deputy")?.is_none() {
-            if start.elapsed() > Duration::from_secs(30) {
-                bail!("the deputy at home did not end after its body");
-            }
-            sleep(Duration::from_millis(2));
-        }
-    }
+    holder.wait_moved_end(deputy)?;
     let _ = fs::remove_dir_all(dir);
     let lazy_bytes = report["lazy"]["source_bytes"].as_f64().unwrap_or(0.0);
     Ok(Sample {
