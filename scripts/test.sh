@@ -16,6 +16,23 @@ done
 bash scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 
+# Some tests run programs as other users (uid 1000, nobody): ferry's binary, the compiled test
+# programs and their run directories must be reachable by them. A checkout another user cannot
+# enter (a clone into `mktemp -d`, or under /root) builds and tests in a root-owned target
+# directory under /var/tmp instead, one per checkout path, kept for the next run.
+if [ -z "${CARGO_TARGET_DIR:-}" ] && ! setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$PWD"; then
+  CARGO_TARGET_DIR=/var/tmp/ferry-target-$(printf %s "$PWD" | sha256sum | cut -c1-16)
+  mkdir -p -m 0755 "$CARGO_TARGET_DIR"
+  # Anyone may create names in /var/tmp: a directory planted there by another user would let
+  # them swap the binaries the tests run as root.
+  if [ "$(stat -c %u "$CARGO_TARGET_DIR")" != 0 ] || [ $((8#$(stat -c %a "$CARGO_TARGET_DIR") & 8#022)) != 0 ]; then
+    echo "scripts/test.sh: $CARGO_TARGET_DIR is not root's alone; remove it and run again" >&2
+    exit 1
+  fi
+  export CARGO_TARGET_DIR
+  echo "== $PWD cannot be entered by other users: building in $CARGO_TARGET_DIR"
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
