@@ -12,10 +12,12 @@
 //! it may open itself), never the wider rights `reopen` falls back to for the very file
 //! captured.
 //!
-//! Files larger than [`MAX_DIGESTED`] get no digest (hashing them would lengthen the freeze):
-//! they must be the same inode, as before. A file's digest is kept on this machine
-//! ([`CACHE_DIR`]) under its device, inode, size and change time, so that the libraries and
-//! programs of the next tree cost a stat each.
+//! A file's digest is kept on this machine ([`CACHE_DIR`]) under its device, inode, size and
+//! change time, so that the libraries and programs of the next tree cost a stat each. Before a
+//! tree is frozen, [`warm`] hashes what the cache does not know yet, while the tree runs, so
+//! that the freeze only looks digests up. Files larger than [`MAX_DIGESTED`] are hashed only
+//! there (up to [`MAX_WARMED`]): in the freeze they would lengthen it. A file with no digest
+//! must be the same inode, as before.
 
 use ferry_image::{Backing, FileDigest, FileIdentity, FileKind, Tree};
 use sha2::{Digest, Sha256};
@@ -24,8 +26,12 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Mutex;
 
-/// The largest file whose contents are recorded.
+/// The largest file the capture hashes itself, in the freeze (when [`warm`] did not).
 pub const MAX_DIGESTED: u64 = 64 << 20;
+
+/// The largest file whose contents are recorded: hashed by [`warm`], before the freeze (a
+/// JVM's class archive, a database's data file).
+pub const MAX_WARMED: u64 = 256 << 20;
 
 /// Digests known on this machine (root's, on a tmpfs: gone at the next boot, when device and
 /// inode numbers may name other files), one file each, named by what identifies the file's
@@ -146,7 +152,7 @@ pub fn capture(tree: &Tree, hosts: &[i32]) -> Vec<FileDigest> {
                 }
             }
         }
-        wanted.retain(|(dev, ino, size, _)| *size <= MAX_DIGESTED && seen.insert((*dev, *ino)));
+        wanted.retain(|(dev, ino, size, _)| *size <= MAX_WARMED && seen.insert((*dev, *ino)));
         // Known already: taken from the cache (a stat of the very file, and a lookup).
         let mut misses = Vec::new();
         for (dev, ino, size, path) in wanted {
@@ -160,7 +166,11 @@ pub fn capture(tree: &Tree, hosts: &[i32]) -> Vec<FileDigest> {
                     size,
                     sha256,
                 }),
-                None => misses.push((dev, ino, size, path, key)),
+                // Larger files only if hashed before the freeze.
+                None if size <= MAX_DIGESTED => misses.push((dev, ino, size, path, key)),
+                None => log::debug!(
+                    "PID {host}: {path} ({size} bytes) was not hashed before the freeze"
+                ),
             }
         }
         if misses.is_empty() {
@@ -206,6 +216,100 @@ pub fn capture(tree: &Tree, hosts: &[i32]) -> Vec<FileDigest> {
         t0.elapsed().as_secs_f64() * 1e3
     );
     out
+}
+
+/// Hashes, while the tree rooted at `root` still runs, the regular files its processes hold or
+/// map that the cache does not know yet (up to [`MAX_WARMED`] bytes each), each read through
+/// the process's own descriptor or mapping with its file-system rights, as [`capture`] reads
+/// them; the capture in the freeze then finds them in the cache. Best effort: what fails here
+/// is left to the capture.
+pub fn warm(root: i32) {
+    let t0 = std::time::Instant::now();
+    let Ok(pids) = crate::preflight::tree(root) else {
+        return;
+    };
+    let mut seen = std::collections::HashSet::new();
+    let (mut files, mut bytes) = (0usize, 0u64);
+    for pid in pids {
+        let Some(creds) = fs_creds_of(pid) else {
+            continue;
+        };
+        let mut misses: Vec<(String, String, u64)> = Vec::new();
+        for dir in ["map_files", "fd"] {
+            let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/{dir}")) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let path = format!("/proc/{pid}/{dir}/{}", e.file_name().to_string_lossy());
+                // A deleted file's contents travel in the image.
+                let deleted = std::fs::read_link(&path)
+                    .map_or(true, |l| l.to_string_lossy().ends_with(" (deleted)"));
+                let Ok(md) = std::fs::metadata(&path) else {
+                    continue;
+                };
+                if deleted
+                    || !md.file_type().is_file()
+                    || md.len() > MAX_WARMED
+                    || !seen.insert((md.dev(), md.ino()))
+                {
+                    continue;
+                }
+                let key = cache_key(&md);
+                if cache_get(&key).is_none() {
+                    misses.push((path, key, md.len()));
+                }
+            }
+        }
+        if misses.is_empty() {
+            continue;
+        }
+        let hashed = ferry_sys::fsid::with_fs_creds(&creds, || {
+            misses
+                .iter()
+                .map(|(path, _, size)| hash(path, None, *size))
+                .collect::<Vec<_>>()
+        });
+        let Ok(hashed) = hashed else {
+            continue;
+        };
+        for ((path, key, size), got) in misses.iter().zip(hashed) {
+            // Cached under what the file was before it was read: a write since changed its
+            // change time, and the entry will not be found.
+            match got {
+                Ok(Some(sha256)) => {
+                    cache_put(key, &sha256);
+                    files += 1;
+                    bytes += size;
+                }
+                Ok(None) => {}
+                Err(e) => log::debug!("PID {pid}: no digest of {path}: {e}"),
+            }
+        }
+    }
+    log::debug!(
+        "digests of {files} files ({bytes} bytes) computed before the freeze in {:.1} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+}
+
+/// The file-system credentials of running process `pid` (its fsuid, fsgid and groups).
+fn fs_creds_of(pid: i32) -> Option<ferry_sys::fsid::FsCreds> {
+    let status = crate::procfs::status(pid).ok()?;
+    let fourth = |key: &str| -> Option<u32> {
+        crate::procfs::field(&status, key)
+            .split_whitespace()
+            .nth(3)?
+            .parse()
+            .ok()
+    };
+    Some(ferry_sys::fsid::FsCreds {
+        uid: fourth("Uid")?,
+        gid: fourth("Gid")?,
+        groups: crate::procfs::field(&status, "Groups")
+            .split_whitespace()
+            .filter_map(|g| g.parse().ok())
+            .collect(),
+    })
 }
 
 /// Makes `tree`'s digests the ones [`same_contents`] compares with, for this restore.

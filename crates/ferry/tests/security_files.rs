@@ -315,6 +315,44 @@ fn restore_takes_a_file_with_the_captured_contents_under_another_inode() {
     );
 }
 
+/// A file larger than the freeze hashes itself (64 MiB) is hashed before the freeze, and is
+/// taken under another inode as a small one is.
+#[test]
+fn a_large_file_is_known_by_its_contents_too() {
+    let d = scratch("security_files", "large");
+    let home = user_dir(&d.join("home"));
+    let data = home.join("data");
+    let contents: Vec<u8> = (0..(80u32 << 20) / 4)
+        .flat_map(|i| i.to_le_bytes())
+        .collect();
+    let put = || {
+        let aside = home.join("data.new");
+        std::fs::write(&aside, &contents).unwrap();
+        std::os::unix::fs::chown(&aside, Some(NOBODY), Some(NOBODY)).unwrap();
+        std::fs::rename(&aside, &data).unwrap();
+        data.metadata().unwrap().ino()
+    };
+    let first = put();
+    std::fs::hard_link(&data, home.join("captured")).unwrap();
+    let mut child = as_nobody(&home, "exec 3<data; exec sleep 1000");
+    let pid = child.id();
+    let img = d.join("img");
+    checkpoint(&mut child, &img);
+    let second = put();
+    assert_ne!(first, second);
+    let (ok, out, err) = ferry(&["restore", "--dir", img.to_str().unwrap()]);
+    assert!(ok, "restore failed: {err}");
+    assert_eq!(out.trim(), pid.to_string());
+    let held = std::fs::metadata(format!("/proc/{pid}/fd/3")).map(|m| m.ino());
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    assert_eq!(
+        held.ok(),
+        Some(second),
+        "fd 3 is not the file now at {}",
+        data.display()
+    );
+}
+
 /// A restore that is not attacked works for the user's process: the file is opened with its
 /// rights and it carries on with it.
 #[test]

@@ -286,6 +286,8 @@ fn work(a: Args) -> Result<()> {
     super::worker::owned(a.pid, owner)?;
     let creds = owner.map_or_else(ferry_sys::fsid::FsCreds::root, |o| o.fs_creds());
     let dir = ImageDir::open(&a.dir, creds)?;
+    // The contents of its files, hashed while it still runs (not in the freeze).
+    ferry_engine::digests::warm(a.pid);
     let frozen = FrozenTree::freeze(a.pid).with_context(|| format!("freeze PID {}", a.pid))?;
     // Frozen, the tree can no longer change hands: the check that counts (dropping `frozen`
     // lets it go unharmed).

@@ -218,6 +218,8 @@ pub fn capture_worker(
         Ok(x) => x,
         Err(e) => return fail(&mut out, &e),
     };
+    // The contents of its files, hashed while it still runs (not in the freeze).
+    ferry_engine::digests::warm(pid);
     // `auto` moves lazily what an eager move would freeze too long (docs: ARCHITECTURE.md,
     // "Choosing how memory moves").
     let auto_lazy = match auto_lazy {
