@@ -13,25 +13,32 @@ fi
 for fd in $(ls /proc/$$/fd); do
   if [ "$fd" -gt 2 ] && [ "$fd" != 255 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
 done
-bash scripts/install-deps.sh
-export PATH="$HOME/.cargo/bin:$PATH"
-
-# Some tests run programs as other users (uid 1000, nobody): ferry's binary, the compiled test
-# programs and their run directories must be reachable by them. A checkout another user cannot
-# enter (a clone into `mktemp -d`, or under /root) builds and tests in a root-owned target
-# directory under /var/tmp instead, one per checkout path, kept for the next run.
-if [ -z "${CARGO_TARGET_DIR:-}" ] && ! setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$PWD"; then
-  CARGO_TARGET_DIR=/var/tmp/ferry-target-$(printf %s "$PWD" | sha256sum | cut -c1-16)
-  mkdir -p -m 0755 "$CARGO_TARGET_DIR"
+# The tests run programs as other users (uid 1000, nobody) and move processes between emulated
+# nodes that each have a private /tmp, /run and /dev/shm: the checkout must be reachable by every
+# user and on every node. One that is not (a clone into `mktemp -d`, or under /root) is tested
+# from a copy in /var/tmp, root's, one per checkout path, kept with its build for the next run.
+reachable() {
+  case "$PWD/" in /tmp/* | /run/* | /dev/shm/*) return 1 ;; esac
+  setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$PWD"
+}
+if [ -z "${FERRY_TEST_COPY_OF:-}" ] && ! reachable; then
+  copy=/var/tmp/ferry-test-$(printf %s "$PWD" | sha256sum | cut -c1-16)
+  mkdir -p -m 0755 "$copy"
   # Anyone may create names in /var/tmp: a directory planted there by another user would let
-  # them swap the binaries the tests run as root.
-  if [ "$(stat -c %u "$CARGO_TARGET_DIR")" != 0 ] || [ $((8#$(stat -c %a "$CARGO_TARGET_DIR") & 8#022)) != 0 ]; then
-    echo "scripts/test.sh: $CARGO_TARGET_DIR is not root's alone; remove it and run again" >&2
+  # them swap what the tests run as root.
+  if [ "$(stat -c %u "$copy")" != 0 ] || [ $((8#$(stat -c %a "$copy") & 8#022)) != 0 ]; then
+    echo "scripts/test.sh: $copy is not root's alone; remove it and run again" >&2
     exit 1
   fi
-  export CARGO_TARGET_DIR
-  echo "== $PWD cannot be entered by other users: building in $CARGO_TARGET_DIR"
+  echo "== $PWD is not reachable by every user and node: testing a copy in $copy"
+  find "$copy" -mindepth 1 -maxdepth 1 ! -name target -exec rm -rf {} +
+  tar -C "$PWD" --exclude=./target -cf - . | tar -C "$copy" -xf -
+  chmod 0755 "$copy"
+  cd "$copy"
+  FERRY_TEST_COPY_OF="$OLDPWD" exec bash scripts/test.sh
 fi
+bash scripts/install-deps.sh
+export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
