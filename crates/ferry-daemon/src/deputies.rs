@@ -531,6 +531,10 @@ pub struct Bodies {
     /// "pid:[inode]" -> per process of the tree (its PID there): the calls its supervisor
     /// answered and the nanoseconds it spent on them, as the guest init last reported.
     calls: Mutex<HashMap<String, CallCounts>>,
+    /// "pid:[inode]" -> (home node, home PID of the root), kept until the namespace's guest
+    /// init is gone (`map` forgets a tree as its root ends, while processes it forked may run
+    /// on there): what a fence kills ([`Bodies::fence`]).
+    held: Mutex<HashMap<String, (String, i32)>>,
 }
 
 /// Per thread of a body (its TID there): calls answered, and nanoseconds spent on them.
@@ -557,6 +561,10 @@ impl Bodies {
     /// Records the guest tree whose root runs here as `host_pid`, at home on `home` as `home_pid`.
     pub fn add(&self, host_pid: i32, home: &str, home_pid: i32) {
         if let Some(ns) = pid_ns(host_pid) {
+            self.held
+                .lock()
+                .expect("bodies lock")
+                .insert(ns.clone(), (home.to_string(), home_pid));
             self.map
                 .lock()
                 .expect("bodies lock")
@@ -564,11 +572,74 @@ impl Bodies {
         }
     }
 
+    /// The PID namespace ("pid:[inode]") of the body of the tree whose root is `root` from
+    /// `home`, while anything of it may still run here.
+    pub fn namespace_of(&self, home: &str, root: i32) -> Option<String> {
+        let held = self.held.lock().expect("bodies lock");
+        held.iter()
+            .find(|(_, (h, r))| h == home && *r == root)
+            .map(|(ns, _)| ns.clone())
+    }
+
+    /// Kills the whole body of the tree whose root is `root` from `home`, as it is now: the init
+    /// of its guest PID namespace, whose death takes every process of the namespace with it
+    /// (the kernel's rule), those the body forked since it left home (which have no PID at
+    /// home) included. Waits up to 5 s for the namespace to empty. Returns the processes (their
+    /// PIDs here) that were in it. Err if no such body is known here, or it does not run in a
+    /// namespace of its own (this daemon's is never killed whole).
+    pub async fn fence(&self, home: &str, root: i32) -> Result<Vec<i32>> {
+        let ns = self
+            .namespace_of(home, root)
+            .ok_or_else(|| anyhow!("no body of PID {root} from {home} runs here"))?;
+        if pid_ns(std::process::id() as i32).as_deref() == Some(ns.as_str()) {
+            bail!("the body of PID {root} from {home} runs in this node's own PID namespace");
+        }
+        let members = in_namespace(&ns);
+        // Forgotten first: the init's death is this kill, not news for its home.
+        self.map.lock().expect("bodies lock").remove(&ns);
+        self.calls.lock().expect("bodies lock").remove(&ns);
+        self.held.lock().expect("bodies lock").remove(&ns);
+        let Some(init) = init_of(&ns) else {
+            // Its init is gone: so is everything it held.
+            return Ok(members);
+        };
+        // A namespace's name is reused once it is gone: only a guest init of ours is killed.
+        let cmdline = std::fs::read(format!("/proc/{init}/cmdline")).unwrap_or_default();
+        if !cmdline.split(|b| *b == 0).any(|a| a == b"__guest-init") {
+            bail!(
+                "PID {init}, the init of {ns} where the body of PID {root} from {home} ran, is \
+                 no guest init: not killed"
+            );
+        }
+        let fd = ferry_sys::pidfd::pidfd_open(init)
+            .and_then(|fd| ferry_sys::pidfd::pidfd_send_signal(&fd, libc::SIGKILL).map(|()| fd))
+            .map_err(|e| {
+                anyhow!(
+                    "kill the guest init (PID {init}) of the body of PID {root} from {home}: {e}"
+                )
+            })?;
+        use std::os::fd::AsRawFd;
+        // A pidfd reads as ready once its process has exited; a namespace's init exits only
+        // once every other process of it has.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !ferry_sys::ns::poll_in(&[fd.as_raw_fd()], 0).is_ok_and(|r| r[0]) {
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "the guest init (PID {init}) of the body of PID {root} from {home} did not \
+                     die within 5 s of SIGKILL"
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Ok(members)
+    }
+
     /// Forgets the tree whose root runs here as `host_pid` (it leaves, or is gone).
     pub fn forget(&self, host_pid: i32) {
         if let Some(ns) = pid_ns(host_pid) {
             self.map.lock().expect("bodies lock").remove(&ns);
             self.calls.lock().expect("bodies lock").remove(&ns);
+            self.held.lock().expect("bodies lock").remove(&ns);
         }
     }
 
@@ -759,6 +830,10 @@ pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
             }
             None => Err(anyhow!("no body of PID {pid} from {from} runs here")),
         },
+        Msg::FenceBody { pid } => node.bodies.fence(from, pid).await.map(|killed| {
+            tracing::warn!(event = "body-fenced", home = %from, pid, killed = ?killed,
+                "its home took this node for dead and rebuilt the tree elsewhere: killed whole");
+        }),
         Msg::BodyStatus { pid, status } => node.deputies.body_ended(from, pid, status),
         Msg::BodyMoved { pid, node: to } => moved(node, from, pid, &to),
         other => Err(anyhow!("unexpected {}", kind(&other))),
@@ -792,6 +867,17 @@ fn alive(pid: i32) -> bool {
             .and_then(|r| r.trim_start().chars().next())
             .is_some_and(|c| c != 'Z' && c != 'X')
     })
+}
+
+/// The processes (PIDs here) whose PID namespace is `ns` ("pid:[inode]").
+fn in_namespace(ns: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| pid_ns(p).as_deref() == Some(ns))
+        .collect()
 }
 
 /// The init of the PID namespace `ns` ("pid:[inode]"), by its PID here.
@@ -838,6 +924,7 @@ pub fn watch_supervisor(node: Arc<Node>, host_pid: i32) {
         }
         let gone = node.bodies.map.lock().expect("bodies lock").remove(&ns);
         node.bodies.calls.lock().expect("bodies lock").remove(&ns);
+        node.bodies.held.lock().expect("bodies lock").remove(&ns);
         let Some((home, root)) = gone else {
             return;
         };

@@ -745,9 +745,19 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     // A body of the same tree still here is one its home gave up for dead (this node was
     // frozen or cut off meanwhile) and has killed as soon as it hears from us
     // (crate::recovery::fence): the tree must not come back beside it, and be killed for it.
-    if let Some(host) = node.bodies.host_pid(&offer.home_node, offer.home_pid) {
+    let old_body = node
+        .bodies
+        .host_pid(&offer.home_node, offer.home_pid)
+        .map(|host| format!("PID {host}"))
+        .or_else(|| {
+            // Its root may have ended there, the processes it forked running on.
+            node.bodies
+                .namespace_of(&offer.home_node, offer.home_pid)
+                .map(|ns| format!("its PID namespace {ns}"))
+        });
+    if let Some(old) = old_body {
         let reason = format!(
-            "a body of PID {} from {} already runs here (PID {host}): one its home took this \
+            "a body of PID {} from {} already runs here ({old}): one its home took this \
              node for dead and rebuilt elsewhere; it is killed once the home hears from us",
             offer.home_pid, offer.home_node
         );

@@ -642,7 +642,10 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
             write_msg(&mut conn.stream, &Msg::Outcome { id, committed }).await?;
             Ok(())
         }
-        m @ (Msg::SignalBody { .. } | Msg::BodyStatus { .. } | Msg::BodyMoved { .. }) => {
+        m @ (Msg::SignalBody { .. }
+        | Msg::FenceBody { .. }
+        | Msg::BodyStatus { .. }
+        | Msg::BodyMoved { .. }) => {
             let peer = conn.peer.clone();
             let reply = crate::deputies::serve_peer(node, &peer, m).await;
             write_msg(&mut conn.stream, &reply).await?;

@@ -20,8 +20,11 @@
 //! **Exactly one survivor** ([`fence`]): a node taken for dead may only have been cut off or
 //! frozen, its body running on. Before the home acts on the death, it records durably
 //! (`FENCE`) the tree's PIDs and the dead node; the first time that node is live again, the
-//! home has each of those PIDs killed there (`SignalBody` SIGKILL, which that node applies to
-//! the body it holds for this home), and forgets the record once the node has answered.
+//! home has the whole body killed there (`FenceBody`: that node kills the init of the body's
+//! guest PID namespace, which takes every process of it along, those the body forked after it
+//! left home, which have no PID at home, included), and forgets the record once the node has
+//! answered. A node that knows no such body is asked to kill each recorded PID instead
+//! (`SignalBody` SIGKILL).
 
 use crate::node::Node;
 use crate::outcomes::Outcome;
@@ -481,7 +484,7 @@ pub async fn fence(node: Arc<Node>) {
             match fence_one(&node, &f).await {
                 Ok(killed) => {
                     tracing::warn!(event = "stale-body-fenced", node = %f.node, root = f.root,
-                        killed = ?killed, "the node taken for dead is back: its old body is killed");
+                        killed = %killed, "the node taken for dead is back: its old body is killed");
                     node.store.remove_or_log(state::FENCE, &key);
                 }
                 Err(e) => tracing::debug!(event = "stale-body-unreached", node = %f.node,
@@ -491,8 +494,28 @@ pub async fn fence(node: Arc<Node>) {
     }
 }
 
+/// Has the body of `f` killed on its node: the whole of it (`FenceBody`: its guest namespaces
+/// with everything in them, the processes it forked since it left home included), or, should
+/// that node know no such body, each of its PIDs. Returns what that node said it killed.
+async fn fence_one(node: &Node, f: &Fence) -> Result<String> {
+    let mut conn = node.dial(&f.node).await?;
+    write_msg(&mut conn.stream, &Msg::FenceBody { pid: f.root }).await?;
+    match tokio::time::timeout(Duration::from_secs(10), read_msg(&mut conn.stream)).await {
+        Ok(Ok(Msg::Done)) => return Ok("its whole body".to_string()),
+        // No such body there: its PIDs, one by one.
+        Ok(Ok(Msg::Error { message })) => {
+            tracing::info!(event = "fence-by-pids", node = %f.node, root = f.root,
+                reason = %message);
+        }
+        Ok(Ok(other)) => bail!("node {} answered the fence with {}", f.node, kind(&other)),
+        Ok(Err(e)) => bail!("node {}: {e}", f.node),
+        Err(_) => bail!("node {} did not answer within 10 s", f.node),
+    }
+    Ok(format!("PIDs {:?}", fence_pids(node, f).await?))
+}
+
 /// Has every PID of `f` killed on its node. Returns those that were there.
-async fn fence_one(node: &Node, f: &Fence) -> Result<Vec<i32>> {
+async fn fence_pids(node: &Node, f: &Fence) -> Result<Vec<i32>> {
     let mut killed = Vec::new();
     for &pid in &f.pids {
         let mut conn = node.dial(&f.node).await?;

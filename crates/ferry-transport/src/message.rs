@@ -249,6 +249,13 @@ pub enum Msg {
         #[serde(default)]
         queued: Option<SigQueued>,
     },
+    /// Home to a node it took for dead and hears from again: kill the whole body of the tree
+    /// whose root is home PID `pid`, as it is now (every process its guest namespaces hold,
+    /// those it forked since it left home included). Answered `Done` with what was killed
+    /// there, or `Error` (no such body there).
+    FenceBody {
+        pid: i32,
+    },
     /// Body's node to home, and a daemon to its deputies' worker: the body of home PID `pid`
     /// ended, stopped or continued: `status` is the raw wait status its parent there saw.
     BodyStatus {

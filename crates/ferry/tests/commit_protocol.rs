@@ -801,34 +801,64 @@ fn recovered_on(tag: &str, n: usize, expect_on: &str) -> Result<(), Failed> {
     r
 }
 
-/// b, running a process moved there from a, has its daemon frozen (SIGSTOP) after a has
-/// checkpointed the process: the body on b runs on, but b answers nobody, and a takes it for
-/// dead (declared down, no TLS handshake) and rebuilds the process at home. When b's daemon
-/// runs again, its old body must not run on beside the rebuilt one: exactly one copy ticks,
-/// listed at a, and a's log says it had the old one killed. Before, both ran on.
+/// b, running a shell moved there from a, has its daemon frozen (SIGSTOP) after a has
+/// checkpointed it: the body on b runs on, but b answers nobody, and a takes it for dead
+/// (declared down, no TLS handshake) and rebuilds the shell on c, the idlest other node. Once
+/// on b, the shell forked a counter (a subshell writing 1, 2, 3... and starting a `sleep` child
+/// every 100 ms): a process with no PID at home. When b's daemon runs again, nothing of the old
+/// body may run on beside the rebuilt one: no process is left in its PID namespace on b (the
+/// old counter included), the processes left running the shell are the rebuilt ones, all in one
+/// namespace, the counter counts, `ferry ps` on c lists it as a's, and a's log says it had the
+/// old body killed. Before, only the PIDs the tree had at home were killed, and the old counter
+/// counted on beside the rebuilt one.
 fn taken_for_dead_comes_back() -> Result<(), Failed> {
     let c = Cluster::up_full(
         "cp-fence",
-        2,
+        3,
         &[],
         Isolation::Shared,
         &["--dead-after", "2", "--checkpoint-every", "1"],
     );
     let dir = scratch("commit_protocol", "fence");
     let count = dir.join("count");
-    let mut child = counter(&count);
+    let go = dir.join("go");
+    // Waits for GO, then forks the counter and waits for it.
+    let script = "while [ ! -e \"$2\" ]; do sleep 0.2; done\n\
+                  (i=0; while :; do i=$((i+1)); echo $i > \"$1\"; sleep 0.1; done) &\n\
+                  wait\n";
+    let mut child = Command::new("sh")
+        .args(["-c", script, "sh"])
+        .arg(&count)
+        .arg(&go)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let pid = child.id() as i32;
-    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b"]);
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b", "c"]);
     let b = c.daemon_pid("b").to_string();
     let r = (|| -> Result<(), Failed> {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+        std::fs::write(&go, "").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
         while !counts(&count) {
             if Instant::now() > deadline {
-                return Err("the counter did not start".into());
+                return Err(format!("the counter did not start on b\n{}", logs()).into());
             }
         }
-        migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
         first_checkpoint(&c, 30, &logs)?;
+        // The old body's PID namespace on b, its counter in it.
+        let old: Vec<String> = copies_naming(&count)
+            .iter()
+            .filter_map(|(p, _)| pid_ns(*p))
+            .collect();
+        let Some(old_ns) = old.first().cloned() else {
+            return Err(format!("nothing runs the shell on b\n{}", logs()).into());
+        };
+        if old.len() < 2 || old.iter().any(|n| *n != old_ns) {
+            return Err(format!("the body on b: namespaces {old:?}\n{}", logs()).into());
+        }
         let _ = Command::new("kill").args(["-STOP", &b]).status();
         let recovered = (|| -> Result<(), Failed> {
             let deadline = Instant::now() + Duration::from_secs(40);
@@ -844,23 +874,33 @@ fn taken_for_dead_comes_back() -> Result<(), Failed> {
         recovered?;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
+            let left = in_namespace(&old_ns);
             let copies = copies_naming(&count);
-            if copies.len() == 1 {
+            let spaces: Vec<String> = copies.iter().filter_map(|(p, _)| pid_ns(*p)).collect();
+            let one = !spaces.is_empty()
+                && spaces.iter().all(|n| *n == spaces[0] && *n != old_ns)
+                && c.log("a").contains("event=\"stale-body-fenced\"");
+            if left.is_empty() && one {
                 std::thread::sleep(Duration::from_secs(1));
-                if copies_naming(&count).len() == 1 && counts(&count) {
+                if in_namespace(&old_ns).is_empty() && counts(&count) {
                     break;
                 }
             }
             if Instant::now() > deadline {
-                return Err(format!("copies after b came back: {copies:?}\n{}", logs()).into());
+                return Err(format!(
+                    "after b came back: left in the old body's namespace {left:?}, \
+                     copies {copies:?} in {spaces:?}\n{}",
+                    logs()
+                )
+                .into());
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        let listed = ps(&c, "a")
-            .into_iter()
-            .any(|g| g["home_pid"].as_i64() == Some(pid as i64) && g["node"] == "a");
-        if !listed || !c.log("a").contains("event=\"stale-body-fenced\"") {
-            return Err(format!("listed at a: {listed}; a's log\n{}", logs()).into());
+        let listed = ps(&c, "c").into_iter().any(|g| {
+            g["home_pid"].as_i64() == Some(pid as i64) && g["node"] == "c" && g["home_node"] == "a"
+        });
+        if !listed {
+            return Err(format!("ferry ps on c does not list it\n{}", logs()).into());
         }
         Ok(())
     })();
@@ -871,6 +911,31 @@ fn taken_for_dead_comes_back() -> Result<(), Failed> {
     let _ = child.kill();
     let _ = child.wait();
     r
+}
+
+/// The PID namespace ("pid:[inode]") of process `pid`.
+fn pid_ns(pid: i32) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+/// The live processes (not zombies) in PID namespace `ns`.
+fn in_namespace(ns: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| pid_ns(p).as_deref() == Some(ns))
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .and_then(|r| r.trim_start().chars().next())
+                    .is_some_and(|c| c != 'Z' && c != 'X')
+            })
+        })
+        .collect()
 }
 
 /// As above with a third node, and a's kill of the old body held back (fail point
