@@ -83,9 +83,9 @@ fn tcp_orphans(pid: i32) -> HashSet<(String, String)> {
     out
 }
 
-/// The addresses of the TCP listeners among `inodes`, from the network namespace of `pid`
-/// (see `table_addr`).
-fn tcp_listeners(pid: i32, inodes: &HashSet<u64>) -> Vec<String> {
+/// The TCP listeners of the network namespace of `pid`: (address as `table_addr` writes it,
+/// inode).
+fn tcp_listeners(pid: i32) -> Vec<(String, u64)> {
     let mut out = Vec::new();
     for table in ["net/tcp", "net/tcp6"] {
         let Ok(text) = procfs::read(pid, table) else {
@@ -95,11 +95,38 @@ fn tcp_listeners(pid: i32, inodes: &HashSet<u64>) -> Vec<String> {
             let cols: Vec<&str> = line.split_whitespace().collect();
             if cols.len() > 9 && cols[3] == "0A" {
                 if let Ok(ino) = cols[9].parse::<u64>() {
-                    if inodes.contains(&ino) {
-                        out.push(table_addr(cols[1]));
-                    }
+                    out.push((table_addr(cols[1]), ino));
                 }
             }
+        }
+    }
+    out
+}
+
+/// Which of the sockets `inodes` some process of this machine holds in its descriptor table
+/// (one that none holds is in flight in a UNIX socket's queue, SCM_RIGHTS, or being closed).
+fn held_by_some_process(inodes: &HashSet<u64>) -> HashSet<u64> {
+    let mut out = HashSet::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        for fd in procfs::fds(pid).unwrap_or_default() {
+            if let Some(ino) = procfs::readlink(pid, &format!("fd/{fd}"))
+                .ok()
+                .as_deref()
+                .and_then(socket_ino)
+            {
+                if inodes.contains(&ino) {
+                    out.insert(ino);
+                }
+            }
+        }
+        if out.len() == inodes.len() {
+            break;
         }
     }
     out
@@ -345,7 +372,30 @@ pub fn check_with(root: i32, relay_pipes: bool) -> Result<()> {
     };
     let tcp = tcp_connections(first);
     let inodes: HashSet<u64> = tcp_fds.iter().map(|(_, _, _, ino)| *ino).collect();
-    let listeners = tcp_listeners(first, &inodes);
+    let all_listeners = tcp_listeners(first);
+    let listeners: Vec<&str> = all_listeners
+        .iter()
+        .filter(|(_, ino)| inodes.contains(ino))
+        .map(|(a, _)| a.as_str())
+        .collect();
+    // Listeners no process holds: in flight (SCM_RIGHTS), perhaps in the tree's queues, as a
+    // pre-fork server hands its listener to a worker (looked for only if needed).
+    let in_flight_cell = std::cell::OnceCell::new();
+    let in_flight = || {
+        in_flight_cell.get_or_init(|| {
+            let others: HashSet<u64> = all_listeners
+                .iter()
+                .map(|(_, ino)| *ino)
+                .filter(|ino| !inodes.contains(ino))
+                .collect();
+            let held = held_by_some_process(&others);
+            all_listeners
+                .iter()
+                .filter(|(_, ino)| others.contains(ino) && !held.contains(ino))
+                .map(|(a, _)| a.clone())
+                .collect::<Vec<String>>()
+        })
+    };
     let orphans = tcp_orphans(first);
     let mut ends: HashMap<(&str, &str), u32> = HashMap::new();
     for (_, _, _, ino) in &tcp_fds {
@@ -374,7 +424,12 @@ pub fn check_with(root: i32, relay_pipes: bool) -> Result<()> {
         }
         // A connection still waiting to be accepted by a listener of the tree: its other end
         // has no descriptor yet (the capture checks that it carries nothing).
-        let waiting = || listeners.iter().any(|l| listener_reaches(l, &t.remote));
+        // A listener in flight is found by the capture, which refuses the connection if that
+        // listener is not the tree's.
+        let waiting = || {
+            listeners.iter().any(|l| listener_reaches(l, &t.remote))
+                || in_flight().iter().any(|l| listener_reaches(l, &t.remote))
+        };
         // A connection in CLOSE_WAIT whose other end its process closed (the capture makes a
         // stand-in for it).
         let orphaned = || t.state == 8 && orphans.contains(&(t.remote.clone(), t.local.clone()));
