@@ -154,7 +154,9 @@ impl Node {
     /// after the outcome is recorded, or between the kill and `Commit`, for a test to kill the
     /// worker or cut the link there. `stall-image-send` (source) and `stall-image-read`
     /// (destination): after the first frame of the image, the side stops sending (for twice
-    /// `stream_stall_secs`) or reading (five times), its connection open.
+    /// `stream_stall_secs`) or reading (five times), its connection open. `advertise-accepting`:
+    /// the node's published load says it is idle and takes guests whatever its policy (gossip
+    /// that lags behind an `accept no`), while it refuses them.
     pub fn fault_at(&self, point: &str) -> bool {
         fail::fail_point!(&format!("{}:{point}", self.name()), |_| {
             tracing::error!(event = "fault-injected", point);
@@ -363,6 +365,11 @@ async fn publish_load(node: Arc<Node>) {
         match sampler.sample(node.guests.count(), accepting) {
             Ok(mut load) => {
                 node.hosts.annotate(&mut load);
+                if node.fault_at("advertise-accepting") {
+                    // Gossip behind the node's policy: others take it for idle and open.
+                    load.accepting = true;
+                    (load.runnable, load.cpu_idle_pct, load.guests) = (0, 100.0, 0);
+                }
                 (load.demand, load.capacity) = node.balancer.figures();
                 if failing {
                     tracing::info!(event = "load-measured-again");

@@ -8,8 +8,9 @@
 //! refused at the last moment would. The home keeps the last complete image in
 //! `DATA_DIR/checkpoints/ROOT/image` (written to a temporary file, fsynced, renamed). When the
 //! body's node is dead (`Node::is_dead`), the home rebuilds the tree from that image
-//! ([`recover_anywhere`]) where its `recover_on` says ([`pick_node`]: by default the idlest
-//! other live node that accepts guests, else itself). Elsewhere, the image goes there as a
+//! ([`recover_anywhere`]) where its `recover_on` says ([`candidates`]: by default the other
+//! live nodes whose gossiped load admits it, idlest first, each offered the tree as a migrating
+//! guest and free to refuse it, the next tried then; else itself). Elsewhere, the image goes there as a
 //! migration from the home would (`MigrateOffer`, the image, `Rebuilt`, the outcome decided
 //! durably, `Commit`), and the tree runs there as an ordinary body of its home; here, it is
 //! rebuilt in guest namespaces (its PIDs, its home's identity for the forwarded calls), as a
@@ -177,7 +178,8 @@ async fn stream_body(node: &Arc<Node>, conn: &mut Conn, home: &str, pid: i32) ->
 /// Home side: the node running the body of `root` is dead; its tree is rebuilt here from its
 /// last image, in guest namespaces, and runs on as a guest of kind `recovered`. Returns the
 /// new body's PID here. Err if there is no image or it cannot be rebuilt.
-pub async fn recover(node: &Arc<Node>, root: i32, dead: &str) -> Result<i32> {
+/// `skipped`: the other nodes passed over for it, and why (for the log).
+pub async fn recover(node: &Arc<Node>, root: i32, dead: &str, skipped: &str) -> Result<i32> {
     let path = image_path(node, root);
     let image = tokio::fs::read(&path)
         .await
@@ -242,7 +244,8 @@ pub async fn recover(node: &Arc<Node>, root: i32, dead: &str) -> Result<i32> {
     crate::deputies::watch_supervisor(node.clone(), rebuilt.pid);
     node.guests.add(info);
     tracing::warn!(event = "guest-recovered", root, pid = rebuilt.pid, dead = %dead, node = %me,
-        image = %path.display(), "rebuilt from its last checkpoint after its node died");
+        skipped = %skipped, image = %path.display(),
+        "rebuilt from its last checkpoint after its node died");
     Ok(rebuilt.pid)
 }
 
@@ -266,53 +269,110 @@ fn deputy_identity(root: i32) -> (u32, String) {
     (uid, command)
 }
 
-/// Where a tree whose body's node `dead` died is rebuilt (`recover_on` in this home's config):
-/// "idlest" (the default), the idlest other live node that accepts guests, whose owner is away
-/// and whose load is fresh (`ferry_policy::choose_idlest`), else this home; "home", this home;
-/// a node's name, that node if it is live, else this home.
-pub fn pick_node(node: &Node, dead: &str) -> String {
+/// Where a tree whose body's node `dead` died may be rebuilt (`recover_on` in this home's
+/// config), in the order to try them, and the nodes passed over with why. "idlest" (the
+/// default): every other live node whose gossiped load the admission of a guest of `bytes`
+/// would take (`ferry_policy::admit`: it accepts guests, its load is fresh, its memory holds
+/// the image) and whose owner is away, idlest first; "home": none; a node's name: that node if
+/// it is live. This home is the last resort, after all of them (not listed).
+pub fn candidates(node: &Node, dead: &str, bytes: u64) -> (Vec<String>, Vec<(String, String)>) {
     let me = node.name().to_string();
-    let live = |name: &str| name != dead && name != me && !node.membership.is_down(name);
+    let mut skipped = Vec::new();
     match node.config.recover_on.as_deref().unwrap_or("idlest") {
-        "home" => me,
+        "home" => (Vec::new(), skipped),
         "idlest" => {
-            let loads: Vec<(String, ferry_policy::NodeLoad)> = node
-                .membership
-                .members()
-                .into_iter()
-                .filter(|m| live(&m.id.name))
-                .filter_map(|m| Some((m.id.name, m.load?)))
-                .collect();
-            ferry_policy::choose_idlest(loads.iter().map(|(n, l)| (n.as_str(), l)), None)
-                .map_or(me.clone(), str::to_string)
+            let mut open: Vec<(String, ferry_policy::NodeLoad)> = Vec::new();
+            for m in node.membership.members() {
+                let name = m.id.name;
+                if name == dead || name == me {
+                    continue;
+                }
+                let why = if node.membership.is_down(&name) {
+                    Some("declared down".to_string())
+                } else {
+                    match &m.load {
+                        None => Some("no load heard from it yet".to_string()),
+                        Some(l) if l.owner_present() => Some("its owner is at the machine".into()),
+                        Some(l) => ferry_policy::admit(l, bytes).err(),
+                    }
+                };
+                match (why, m.load) {
+                    (None, Some(l)) => open.push((name, l)),
+                    (why, _) => skipped.push((name, why.unwrap_or_default())),
+                }
+            }
+            open.sort_by(|(an, a), (bn, b)| {
+                a.busyness()
+                    .partial_cmp(&b.busyness())
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then_with(|| an.cmp(bn))
+            });
+            (open.into_iter().map(|(n, _)| n).collect(), skipped)
         }
-        name if live(name) && node.membership.find(name).is_some() => name.to_string(),
-        _ => me,
+        name if name != dead && name != me && node.membership.find(name).is_some() => {
+            if node.membership.is_down(name) {
+                skipped.push((name.to_string(), "declared down".to_string()));
+                (Vec::new(), skipped)
+            } else {
+                (vec![name.to_string()], skipped)
+            }
+        }
+        name => {
+            if name != me {
+                skipped.push((name.to_string(), "not a live node".to_string()));
+            }
+            (Vec::new(), skipped)
+        }
     }
 }
 
-/// The node running the body of `root` is dead: its tree is rebuilt from its last image where
-/// [`pick_node`] says, or here should that fail before the other node holds a rebuilt copy;
-/// its deputies then follow it (crate::deputies::moved). Returns the node it runs on now.
+/// The node running the body of `root` is dead: its tree is rebuilt from its last image on the
+/// first of [`candidates`] that takes it as it would take a migrating guest (its own admission
+/// of the `MigrateOffer`: a node that refuses, or fails before it holds a rebuilt copy, is
+/// passed over for the next), else here; its deputies then follow it (crate::deputies::moved).
+/// The log says where it went and why each node before it was passed over
+/// (`recovery-skipped`, and `skipped` in `guest-recovered`). Returns the node it runs on now.
 pub async fn recover_anywhere(node: &Arc<Node>, root: i32, dead: &str) -> Result<String> {
     let me = node.name().to_string();
-    let to = pick_node(node, dead);
-    if to != me {
+    let bytes = std::fs::metadata(image_path(node, root)).map_or(0, |m| m.len());
+    let (to_try, mut skipped) = candidates(node, dead, bytes);
+    for (name, why) in &skipped {
+        tracing::warn!(event = "recovery-skipped", root, node = %name, reason = %why,
+            "not taken for the recovery (its gossiped load)");
+    }
+    for to in to_try {
         match send_image(node, root, dead, &to).await {
             Ok(pid) => {
                 tracing::warn!(event = "guest-recovered", root, pid, dead = %dead, node = %to,
+                    skipped = %said(&skipped),
                     "rebuilt from its last checkpoint after its node died");
                 return Ok(to);
             }
-            Err(e) => tracing::warn!(event = "recovery-elsewhere-failed", root, node = %to,
-                error = %format!("{e:#}"), "rebuilt here instead"),
+            Err(e) => {
+                let why = format!("{e:#}");
+                tracing::warn!(event = "recovery-skipped", root, node = %to, reason = %why,
+                    "it did not take the recovery: trying the next node");
+                skipped.push((to, why));
+            }
         }
     }
-    recover(node, root, dead).await?;
+    recover(node, root, dead, &said(&skipped)).await?;
     if let Err(e) = crate::deputies::moved(node, dead, root, &me) {
         tracing::warn!(event = "recovered-unrecorded", root, error = %format!("{e:#}"));
     }
     Ok(me)
+}
+
+/// "NODE: why; NODE: why" of the nodes a recovery passed over, or "none".
+fn said(skipped: &[(String, String)]) -> String {
+    if skipped.is_empty() {
+        return "none".to_string();
+    }
+    skipped
+        .iter()
+        .map(|(n, w)| format!("{n}: {w}"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Sends the last image of `root` to node `to` as a migration from this home would go, and has

@@ -60,7 +60,7 @@ fn main() {
             recovered_after_node_death,
         ),
         Trial::test(
-            "a_checkpointed_guest_whose_node_is_killed_is_rebuilt_on_another_node",
+            "a_checkpointed_guest_whose_node_is_killed_is_rebuilt_on_the_next_node_that_takes_it",
             recovered_elsewhere_after_node_death,
         ),
         Trial::test(
@@ -697,30 +697,45 @@ fn recovered_after_node_death() -> Result<(), Failed> {
     recovered_on("cp-recover", 2, "a")
 }
 
-/// As above with a third node, c, idle and accepting guests: a rebuilds the process there
-/// (`recover_on` "idlest", the default), not at home. It counts on, `ferry ps` on c lists it as
-/// a's, a's log says where it went, and its deputy at a follows it there: SIGTERM to the home
-/// PID ends it, and its parent sees that. Before, it was always rebuilt at home.
+/// As above with two more nodes, c and d, and `recover_on` "idlest" (the default): c is set
+/// `accept no` while its gossip still says it is idle and open (fail point
+/// `c:advertise-accepting`, gossip lagging behind its policy), so a offers c the tree first and
+/// c refuses it; a passes c over and rebuilds the process on d, not at home. It counts on,
+/// `ferry ps` on d lists it as a's, a's log says it went to d and why c was passed over, and
+/// its deputy at a follows it there: SIGTERM to the home PID ends it, and its parent sees
+/// that. Before, a node that refused the recovery sent it home, and nothing said why.
 fn recovered_elsewhere_after_node_death() -> Result<(), Failed> {
-    recovered_on("cp-recover-c", 3, "c")
+    recovered_on("cp-recover-d", 4, "d")
 }
 
 /// b, running a process moved there from a (of `n` nodes), is killed outright after a has
-/// checkpointed the process; it is rebuilt on `expect_on`.
+/// checkpointed the process; it is rebuilt on `expect_on`. With 4 nodes, c refuses guests
+/// while its gossip says it takes them (see above), and must be passed over.
 fn recovered_on(tag: &str, n: usize, expect_on: &str) -> Result<(), Failed> {
+    let env: &[(&str, &str)] = if n == 4 {
+        &[("FAILPOINTS", "c:advertise-accepting=return")]
+    } else {
+        &[]
+    };
     let c = Cluster::up_full(
         tag,
         n,
-        &[],
+        env,
         Isolation::Separate,
         &["--dead-after", "2", "--checkpoint-every", "2"],
     );
+    if n == 4 {
+        let o = c.run("c", &["accept", "no"]);
+        if !o.status.success() {
+            return Err(format!("accept no on c: {}", text(&o)).into());
+        }
+    }
     let dir = scratch("commit_protocol", tag);
     let count = dir.join("count");
     let mut child = counter(&count);
     let pid = child.id() as i32;
     let counting = || counts(&count);
-    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b", "c"][..n]);
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b", "c", "d"][..n]);
     let r = (|| -> Result<(), Failed> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !counting() {
@@ -755,6 +770,15 @@ fn recovered_on(tag: &str, n: usize, expect_on: &str) -> Result<(), Failed> {
             l.contains("event=\"guest-recovered\"") && l.split_whitespace().any(|w| w == said)
         }) {
             return Err(format!("a's log does not say it went to {expect_on}\n{}", logs()).into());
+        }
+        if n == 4
+            && !c.log("a").lines().any(|l| {
+                l.contains("event=\"recovery-skipped\"")
+                    && l.split_whitespace().any(|w| w == "node=c")
+                    && l.contains("accept")
+            })
+        {
+            return Err(format!("a's log does not say why c was passed over\n{}", logs()).into());
         }
         let listed = ps(&c, expect_on).into_iter().find(|g| {
             g["home_pid"].as_i64() == Some(pid as i64)
