@@ -1,17 +1,19 @@
 /*
  * thr_altstack: per-thread alternate signal stacks.
  *
- * Sets up a SIGUSR1 handler with SA_ONSTACK; the main thread has a 64 KiB
- * altstack, thread 1 a 32 KiB altstack with SS_AUTODISARM, thread 2 has
- * its altstack explicitly disabled.
+ * Sets up a SIGUSR1 handler with SA_ONSTACK; the main thread has its
+ * altstack explicitly disabled (the thread a restore rebuilds a process in
+ * may have one of its own: it must not be left), thread 1 a 32 KiB altstack
+ * with SS_AUTODISARM, thread 2 a 64 KiB altstack.
  * Verifies in each thread: sigaltstack() reads back the same ss_sp,
  * ss_size and ss_flags, and a SIGUSR1 sent to the thread runs the handler
- * on that thread's altstack (or on its normal stack for thread 2).
+ * on that thread's altstack (or on its normal stack for the main thread).
  */
 #include "ferry_test.h"
 
 #define SS_AUTODISARM_FLAG (1u << 31)
 #define NT 3
+#define NONE 0 /* the thread without an altstack */
 
 static unsigned char stacks[NT][65536] __attribute__((aligned(16)));
 static stack_t want[NT];
@@ -31,7 +33,7 @@ static void setup(int i)
 	my_index = i;
 	stack_t ss = { .ss_sp = stacks[i], .ss_size = i == 1 ? 32768 : 65536,
 		       .ss_flags = i == 1 ? (int)SS_AUTODISARM_FLAG : 0 };
-	if (i == 2) {
+	if (i == NONE) {
 		ss.ss_flags = SS_DISABLE;
 		ss.ss_sp = NULL;
 		ss.ss_size = 0;
@@ -59,11 +61,11 @@ static void verify(int i)
 	uintptr_t sp = handler_sp[i];
 	FERRY_CHECK(sp != 0, "thread %d: handler did not run", i);
 	uintptr_t lo = (uintptr_t)stacks[i], hi = lo + (i == 1 ? 32768 : 65536);
-	if (i == 2) {
-		FERRY_CHECK(sp < lo || sp >= (uintptr_t)stacks[NT - 1] + 65536,
-			    "thread 2: handler ran on an altstack (sp %#lx)", (unsigned long)sp);
+	if (i == NONE) {
+		FERRY_CHECK(sp < (uintptr_t)stacks[0] || sp >= (uintptr_t)stacks[NT - 1] + 65536,
+			    "thread %d: handler ran on an altstack (sp %#lx)", i, (unsigned long)sp);
 		FERRY_CHECK(sp < (uintptr_t)&local && (uintptr_t)&local - sp < 65536,
-			    "thread 2: handler sp %#lx not just below the thread stack %p",
+			    "thread %d: handler sp %#lx not just below the thread stack %p", i,
 			    (unsigned long)sp, (void *)&local);
 	} else {
 		FERRY_CHECK(sp >= lo && sp < hi, "thread %d: handler sp %#lx not on altstack %#lx-%#lx", i,

@@ -128,14 +128,24 @@ pub fn restore_inside(h: &Husk, inj: &Injector, t: &Thread) -> Result<()> {
         libc::SYS_prctl,
         &[PR_SET_NAME, a],
     )];
-    if t.altstack.flags & libc::SS_DISABLE == 0 {
-        let mut ss = Vec::new();
-        ss.extend_from_slice(&t.altstack.sp.to_ne_bytes());
-        ss.extend_from_slice(&((t.altstack.flags & !libc::SS_ONSTACK) as i64).to_ne_bytes());
-        ss.extend_from_slice(&t.altstack.size.to_ne_bytes());
-        let a = inj.write_scratch(64, &ss)?;
-        calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
-    }
+    // Set even when the thread had none: the thread it is rebuilt in may have one (inherited
+    // from the restorer, on a stack the image does not map), and a handler with SA_ONSTACK
+    // (every handler Python installs) would then be run there, and the process killed.
+    let (sp, flags, size) = if t.altstack.flags & libc::SS_DISABLE == 0 {
+        (
+            t.altstack.sp,
+            t.altstack.flags & !libc::SS_ONSTACK,
+            t.altstack.size,
+        )
+    } else {
+        (0, libc::SS_DISABLE, 0)
+    };
+    let mut ss = Vec::new();
+    ss.extend_from_slice(&sp.to_ne_bytes());
+    ss.extend_from_slice(&(flags as i64).to_ne_bytes());
+    ss.extend_from_slice(&size.to_ne_bytes());
+    let a = inj.write_scratch(64, &ss)?;
+    calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
     if t.robust_list != 0 {
         calls.push(Call::new(
             "set_robust_list",
