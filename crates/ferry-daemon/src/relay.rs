@@ -367,12 +367,21 @@ async fn pump_duplex(
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let fd = Arc::new(fd);
     let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<TtyOut>(16);
+    // A terminal's window size as this side last saw or set it: a size the far side sent is
+    // set under the lock and is not sent back (a stale size echoed would undo a newer one).
+    let known_size: Arc<std::sync::Mutex<Option<[u16; 4]>>> = Arc::default();
+    // The size of terminal `raw` if it is not `known` (which it becomes).
+    let size_changed = |known: &std::sync::Mutex<Option<[u16; 4]>>, raw| {
+        let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
+        let now = ferry_sys::tty::get_winsize(raw).ok()?;
+        (known.replace(now) != Some(now)).then_some(now)
+    };
     let reader = {
         let (fd, stop, out_tx) = (fd.clone(), stop.clone(), out_tx.clone());
+        let known_size = known_size.clone();
         std::thread::spawn(move || {
             let raw = fd.as_raw_fd();
             let mut buf = vec![0u8; 1 << 16];
-            let mut size = None;
             // The body's side of a terminal: the settings of its pty, as the body sets them
             // (read through a short-lived descriptor of the slave: one kept open would keep
             // the master from seeing the body's last close).
@@ -382,6 +391,10 @@ async fn pump_duplex(
                 ferry_sys::tty::get_termios(s.as_raw_fd()).ok()
             };
             let mut settings = if body_tty { slave_termios(raw) } else { None };
+            if body_tty {
+                // The size it starts with is the home's.
+                let _ = size_changed(&known_size, raw);
+            }
             let mut checked = std::time::Instant::now();
             while !stop.load(Ordering::Relaxed) {
                 if body_tty && checked.elapsed() >= Duration::from_millis(20) {
@@ -394,14 +407,18 @@ async fn pump_duplex(
                             }
                         }
                     }
+                    // A size the body set (TIOCSWINSZ) goes home, as it would have set it
+                    // there.
+                    if let Some(now) = size_changed(&known_size, raw) {
+                        if out_tx.blocking_send(TtyOut::Winsize(now)).is_err() {
+                            return;
+                        }
+                    }
                 }
                 if let Some(root) = gate {
-                    if let Ok(now) = ferry_sys::tty::get_winsize(raw) {
-                        if size != Some(now) {
-                            size = Some(now);
-                            if out_tx.blocking_send(TtyOut::Winsize(now)).is_err() {
-                                return;
-                            }
+                    if let Some(now) = size_changed(&known_size, raw) {
+                        if out_tx.blocking_send(TtyOut::Winsize(now)).is_err() {
+                            return;
                         }
                     }
                     match in_foreground(root) {
@@ -543,7 +560,12 @@ async fn pump_duplex(
                             return Ok(());
                         }
                     }
-                    Ok(Frame::Msg(Msg::RelayWinsize { size })) if gate.is_none() && !socket => {
+                    // The home terminal's size at the body; the size the body set at home
+                    // (whose terminal then signals its foreground group, which the deputy
+                    // forwards, as a TIOCSWINSZ at home would).
+                    Ok(Frame::Msg(Msg::RelayWinsize { size })) if !socket => {
+                        let mut known = known_size.lock().unwrap_or_else(|e| e.into_inner());
+                        *known = Some(size);
                         let _ = ferry_sys::tty::set_winsize(fd.as_raw_fd(), size);
                     }
                     Ok(Frame::Msg(Msg::RelayTermios { iflag, oflag, cflag, lflag, line, cc }))

@@ -695,10 +695,11 @@ pub(super) fn fork_after_move() -> Result<(), Failed> {
 }
 
 /// A full-screen program's terminal, after it moved: its settings read as the home terminal's
-/// (tcgetattr), its window size is the home terminal's, and `stty raw -echo` (tty.setraw)
+/// (tcgetattr), its window size is the home terminal's, a size it sets (TIOCSWINSZ) reaches
+/// the home terminal (which signals SIGWINCH back), and `stty raw -echo` (tty.setraw)
 /// reaches the home terminal, so that keys typed there arrive one by one, unechoed.
 pub(super) const RAW_JOB: &str = r#"
-import os, sys, time, tty, termios, fcntl, struct
+import os, sys, time, tty, termios, fcntl, struct, signal
 d = sys.argv[1]
 def flags():
     a = termios.tcgetattr(0)
@@ -711,6 +712,13 @@ while not os.path.exists(d + '/moved'):
 open(d + '/seen', 'w').write(flags())
 rows, cols = struct.unpack('HHHH', fcntl.ioctl(0, termios.TIOCGWINSZ, b'\0' * 8))[:2]
 open(d + '/size', 'w').write('%d %d' % (rows, cols))
+winch = []
+signal.signal(signal.SIGWINCH, lambda *a: winch.append(1))
+fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack('HHHH', 40, 120, 0, 0))
+end = time.time() + 10
+while not winch and time.time() < end:
+    time.sleep(0.05)
+open(d + '/winch', 'w').write(str(len(winch)))
 saved = termios.tcgetattr(0)
 tty.setraw(0)
 open(d + '/raw', 'w').write('')
@@ -756,6 +764,8 @@ def until(cond, what, t=20):
 pump(0.5)
 os.write(m, b'python3 ' + job.encode() + b' ' + d.encode() + b'\n')
 until(lambda: os.path.exists(d + '/raw'), 'the moved job to set raw mode')
+size = lambda: struct.unpack('HHHH', fcntl.ioctl(m, termios.TIOCGWINSZ, b'\0' * 8))[:2]
+until(lambda: size() == (40, 120), 'the window size the job set to reach home')
 pump(0.5)
 mark = len(screen)
 os.write(m, b'xy')
@@ -784,6 +794,11 @@ pub(super) fn raw_terminal_after_move() -> Result<(), Failed> {
         "tcgetattr after the move (iflag oflag lflag)"
     );
     assert_eq!(read("size"), "33 101", "the window size after the move");
+    assert_eq!(
+        read("winch"),
+        "1",
+        "SIGWINCH after the job set its window size (TIOCSWINSZ): the home terminal's"
+    );
     assert_eq!(read("keys"), "xy", "the keys the job read");
     Ok(())
 }
