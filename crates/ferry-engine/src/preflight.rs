@@ -435,6 +435,15 @@ pub fn check_with(root: i32, relay_pipes: bool) -> Result<()> {
         let orphaned = || t.state == 8 && orphans.contains(&(t.remote.clone(), t.local.clone()));
         // A connection being opened has no other end yet: it is opened again.
         let opening = t.state == TCP_SYN_SENT;
+        // An other end that no process holds is in flight (SCM_RIGHTS), perhaps in the tree's
+        // queues, as a server hands an accepted connection to a worker: the capture checks it.
+        let in_flight_end = || {
+            tcp.iter()
+                .find(|(_, o)| o.local == t.remote && o.remote == t.local)
+                .is_some_and(|(ino, _)| {
+                    *ino != 0 && held_by_some_process(&HashSet::from([*ino])).is_empty()
+                })
+        };
         // A tree leaving its home relays a connection whose other end stays behind: the home
         // keeps the socket (its deputy's), the body gets the other end of a relay.
         if !ends.contains_key(&(t.remote.as_str(), t.local.as_str()))
@@ -442,6 +451,7 @@ pub fn check_with(root: i32, relay_pipes: bool) -> Result<()> {
             && !orphaned()
             && !opening
             && !relay_pipes
+            && !in_flight_end()
         {
             return Err(refuse(
                 *pid,

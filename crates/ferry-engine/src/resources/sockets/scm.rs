@@ -38,7 +38,6 @@ pub(crate) fn may_fly(kind: &FileKind) -> std::result::Result<(), &'static str> 
         | FileKind::Timerfd(_)
         | FileKind::Signalfd(_)
         | FileKind::Inotify(_) => Ok(()),
-        FileKind::Socket(s) if s.tcp.is_some() => Err("a TCP connection"),
         FileKind::Socket(_) => Ok(()),
         FileKind::Tty(_) => Err("a terminal"),
         FileKind::Pidfd { .. } => Err("a pidfd"),

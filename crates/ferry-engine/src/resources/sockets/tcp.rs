@@ -192,6 +192,11 @@ pub(super) fn tcp_peers(
         })
         .collect();
     let root = tree.processes.first().map(|p| p.pid).unwrap_or(0);
+    let held: HashSet<u32> = tree
+        .processes
+        .iter()
+        .flat_map(|p| p.fds.iter().map(|f| f.file))
+        .collect();
     // The tree's TCP listeners with connections waiting to be accepted: (file index, address,
     // how many wait).
     let listeners: Vec<(usize, SockAddr, usize)> = tree
@@ -249,7 +254,9 @@ pub(super) fn tcp_peers(
                         continue;
                     }
                 }
-                if relay {
+                // Relayed only when a process holds it: the home keeps its deputy's socket (one
+                // in flight in a queue has no deputy to keep it).
+                if relay && held.contains(&tree.files[*i].id) {
                     if let FileKind::Socket(s) = &mut tree.files[*i].kind {
                         s.relayed = true;
                         s.tcp = None;
@@ -729,10 +736,16 @@ fn tcp_table_find(
 /// Just before a captured tree is killed: puts every TCP connection its processes hold into
 /// repair mode, so that closing them sends nothing (no FIN, no reset) and leaves nothing
 /// behind (no TIME_WAIT): the other end (in the tree too, and dying with it) hears nothing,
-/// and the connection's addresses are free at once for the restore. Errors are logged: the
-/// tree dies anyway. Connections whose socket inode is in `spare` are left alone (relayed from
+/// and the connection's addresses are free at once for the restore. So are the connections
+/// in flight in the queues of the tree's UNIX sockets (SCM_RIGHTS, several deep): the kill
+/// closes them too, and a FIN of the original could reach the copy's other end, which has
+/// the same addresses and expects the same sequence numbers. Errors are logged: the tree
+/// dies anyway. Connections whose socket inode is in `spare` are left alone (relayed from
 /// home: the home daemon holds them on, for the body).
 pub fn silence_tcp_connections(pids: &[i32], spare: &HashSet<u64>) {
+    // UNIX sockets whose queues may carry descriptors: (where, our copy), read once each.
+    let mut carriers: Vec<(i32, String, OwnedFd)> = Vec::new();
+    let mut seen: HashSet<u64> = HashSet::new();
     for &pid in pids {
         let Ok(fds) = procfs::fds(pid) else {
             continue;
@@ -742,15 +755,10 @@ pub fn silence_tcp_connections(pids: &[i32], spare: &HashSet<u64>) {
             let Ok(link) = procfs::readlink(pid, &format!("fd/{fd}")) else {
                 continue;
             };
-            if !link.starts_with("socket:[") {
+            let Some(ino) = socket_link_ino(&link) else {
                 continue;
-            }
-            let ino = link
-                .trim_start_matches("socket:[")
-                .trim_end_matches(']')
-                .parse::<u64>()
-                .unwrap_or(0);
-            if spare.contains(&ino) {
+            };
+            if spare.contains(&ino) || !seen.insert(ino) {
                 continue;
             }
             if pfd.is_none() {
@@ -763,33 +771,104 @@ pub fn silence_tcp_connections(pids: &[i32], spare: &HashSet<u64>) {
             let Ok(s) = pidfd::pidfd_getfd(p, fd) else {
                 continue;
             };
-            let s = s.as_raw_fd();
-            let tcp = sk::getsockopt_int(s, SOL_SOCKET, libc::SO_PROTOCOL)
-                .is_ok_and(|p| p == libc::IPPROTO_TCP);
-            if !tcp {
-                continue;
+            let what = format!("fd {fd} ({link})");
+            if is_unix(s.as_raw_fd()) {
+                carriers.push((pid, what, s));
+            } else {
+                silence(pid, s.as_raw_fd(), &what);
             }
-            let state = sk::getsockopt(s, IPPROTO_TCP, libc::TCP_INFO, 1)
+        }
+    }
+    let me = std::process::id() as i32;
+    while let Some((pid, what, carrier)) = carriers.pop() {
+        for s in in_flight(carrier.as_raw_fd()) {
+            let Some(ino) = procfs::readlink(me, &format!("fd/{}", s.as_raw_fd()))
                 .ok()
-                .and_then(|i| i.first().copied())
-                .unwrap_or(0);
-            if state == 0 || state == TCP_LISTEN || state == 7 {
+                .as_deref()
+                .and_then(socket_link_ino)
+            else {
+                continue;
+            };
+            if spare.contains(&ino) || !seen.insert(ino) {
                 continue;
             }
-            if let Err(e) = sk::tcp_repair(s, sk::TCP_REPAIR_ON) {
-                log::warn!(
-                    "PID {pid}: fd {fd} ({link}): {e}: the connection may be reset or linger \
-                     when the tree dies"
-                );
-            }
-            if state == TCP_CLOSE_WAIT {
-                destroy_orphaned_peer(pid, s, &link);
+            let inner = format!("socket:[{ino}] in flight in the queue of {what}");
+            if is_unix(s.as_raw_fd()) {
+                carriers.push((pid, inner, s));
+            } else {
+                silence(pid, s.as_raw_fd(), &inner);
             }
         }
     }
 }
 
-/// The other end of socket `s` (CLOSE_WAIT, held by PID `pid` as `link`), if no descriptor
+fn socket_link_ino(link: &str) -> Option<u64> {
+    link.strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+fn is_unix(s: RawFd) -> bool {
+    sk::getsockopt_int(s, SOL_SOCKET, libc::SO_DOMAIN).is_ok_and(|d| d == libc::AF_UNIX)
+}
+
+/// Puts TCP connection `s` (reached through PID `pid`, named `what` in warnings) in repair
+/// mode, if it is one.
+fn silence(pid: i32, s: RawFd, what: &str) {
+    let tcp =
+        sk::getsockopt_int(s, SOL_SOCKET, libc::SO_PROTOCOL).is_ok_and(|p| p == libc::IPPROTO_TCP);
+    if !tcp {
+        return;
+    }
+    let state = sk::getsockopt(s, IPPROTO_TCP, libc::TCP_INFO, 1)
+        .ok()
+        .and_then(|i| i.first().copied())
+        .unwrap_or(0);
+    if state == 0 || state == TCP_LISTEN || state == 7 {
+        return;
+    }
+    if let Err(e) = sk::tcp_repair(s, sk::TCP_REPAIR_ON) {
+        log::warn!(
+            "PID {pid}: {what}: {e}: the connection may be reset or linger when the tree dies"
+        );
+    }
+    if state == TCP_CLOSE_WAIT {
+        destroy_orphaned_peer(pid, s, what);
+    }
+}
+
+/// The descriptors in flight (SCM_RIGHTS) in the queue of UNIX socket `s`, peeked (SO_PEEK_OFF
+/// is put back afterwards): our copies, sockets only.
+fn in_flight(s: RawFd) -> Vec<OwnedFd> {
+    let mut out = Vec::new();
+    let Ok(old) = sk::getsockopt_int(s, SOL_SOCKET, libc::SO_PEEK_OFF) else {
+        return out;
+    };
+    if sk::setsockopt_int(s, SOL_SOCKET, libc::SO_PEEK_OFF, 0).is_err() {
+        return out;
+    }
+    // Each peek moves the offset on, past the message (or the bytes) it read.
+    for _ in 0..1 << 16 {
+        let Ok(m) = sk::recv(s, 1 << 16, libc::MSG_PEEK | libc::MSG_DONTWAIT) else {
+            break;
+        };
+        let empty = m.data.is_empty() && m.rights.is_empty();
+        // Only a socket answers SO_DOMAIN.
+        out.extend(
+            m.rights
+                .into_iter()
+                .filter(|f| sk::getsockopt_int(f.as_raw_fd(), SOL_SOCKET, libc::SO_DOMAIN).is_ok()),
+        );
+        if empty {
+            break;
+        }
+    }
+    let _ = sk::setsockopt_int(s, SOL_SOCKET, libc::SO_PEEK_OFF, old);
+    out
+}
+
+/// The other end of socket `s` (CLOSE_WAIT, reached through PID `pid`, named `link`), if no descriptor
 /// holds it (it lingers in FIN_WAIT2 after its process closed it), is closed at once: a
 /// restore makes a stand-in for it, which needs its four addresses.
 fn destroy_orphaned_peer(pid: i32, s: RawFd, link: &str) {
