@@ -24,6 +24,7 @@ pub mod evict;
 pub mod exec;
 pub mod guests;
 pub mod hosts;
+pub mod links;
 pub mod load;
 pub mod membership;
 pub mod metrics;

@@ -111,7 +111,7 @@ async fn send_counted(
     }
     // `auto` may choose lazy (the capture worker decides, from the tree's size), if the speed
     // memory moves at to `to` is known: the worker then gets a page link too.
-    let link_bps = node.links.lock().expect("not poisoned").get(to).copied();
+    let link_bps = node.links.get(to);
     if let (true, Some(bps)) = (memory == "auto", link_bps) {
         args.push(format!("--link-bps={bps}"));
         args.push(format!(
@@ -452,10 +452,7 @@ fn learn_link(node: &Node, to: &str, r: &MigrateReport) {
         (None, None) => rate(r.image_bytes as f64, r.transfer_ms),
     };
     if let Some(bps) = bps {
-        node.links
-            .lock()
-            .expect("not poisoned")
-            .insert(to.to_string(), bps);
+        node.links.learn(to, bps);
     }
 }
 

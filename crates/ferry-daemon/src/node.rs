@@ -55,8 +55,8 @@ pub struct Node {
     /// Automatic load balancing (crate::balancer).
     pub balancer: crate::balancer::Balancer,
     /// The speed (bytes/s) memory last moved at to each node (crate::migrate::learn_link):
-    /// what `--memory auto` weighs an eager move's freeze by.
-    pub links: std::sync::Mutex<std::collections::HashMap<String, f64>>,
+    /// what `--memory auto` weighs an eager move's freeze by. Kept durably (crate::links).
+    pub links: crate::links::Links,
 }
 
 impl Node {
@@ -252,6 +252,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     let accepting = hosts.accepts().is_ok();
     let store = Arc::new(crate::state::Store::open(&config.data_dir)?);
     let balancer = crate::balancer::Balancer::new(config.balance.clone());
+    let links = crate::links::Links::recover(store.clone());
     // Before the reaper runs: the helper that makes it is waited for here.
     let guest_mounts = crate::confine::GuestMounts::make(&config, &exe);
     let node = Arc::new(Node {
@@ -274,7 +275,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         exec_spares: Default::default(),
         run_notices: Default::default(),
         balancer,
-        links: Default::default(),
+        links,
     });
     tracing::info!(event = "started", node = %node.name(), listen = %node.config.listen,
         control = %sock_path.display(), peers = ?node.config.peers,

@@ -106,7 +106,9 @@ pub struct Stats {
     pub asks: u64,
     pub max_asks_in_flight: u64,
     pub max_fault_window_pages: u64,
-    /// Bytes the source delivered.
+    /// Bytes of memory the source delivered, the pages written before the hand-over included
+    /// (private pages of file mappings, the pages the kernel reads for others): each page once,
+    /// unless an address space forked from another asked for it again.
     pub source_bytes: u64,
     /// From the hand-over until the last page was in and the source let go.
     pub dependency_ms: f64,

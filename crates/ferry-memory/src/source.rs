@@ -16,7 +16,9 @@ pub trait PageSource: Send {
     fn read(&mut self, pid: i32, addr: u64, buf: &mut [u8]) -> Result<(), String>;
     /// What the source is, for messages ("image /path/image.ferry").
     fn describe(&self) -> String;
-    /// Bytes the source has delivered so far (read from a file, or received over a link).
+    /// Bytes of the processes' memory the source has delivered so far (read from a file, or
+    /// received over a link): each page as often as it was asked for, never the records,
+    /// headers or re-reads behind it.
     fn bytes_delivered(&self) -> u64;
     /// Whether the source can still supply pages, asked while the server waits (at least
     /// every 100 ms): a migration's source whose link is gone fails here, so the tree is
@@ -116,7 +118,6 @@ impl ImageSource {
                 r.addr + r.len
             )
         })?;
-        self.delivered += r.len;
         self.cache.push((*r, buf, off));
         Ok(self.cache.len() - 1)
     }
@@ -154,6 +155,9 @@ impl PageSource for ImageSource {
             let dst = (from - addr) as usize;
             let n = (to - from) as usize;
             buf[dst..dst + n].copy_from_slice(&bytes[src..src + n]);
+            // The memory handed out, not the records read for it: a record is read whole for
+            // any piece of it, and again if it left the cache in between.
+            self.delivered += n as u64;
         }
         Ok(())
     }

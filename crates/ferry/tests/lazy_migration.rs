@@ -40,6 +40,10 @@ fn main() {
             sequential_faults_grow_their_window,
         ),
         Trial::test(
+            "a_lazy_restore_counts_each_page_once",
+            lazy_restore_counts_each_page_once,
+        ),
+        Trial::test(
             "auto_moves_a_large_tree_lazily_once_the_link_is_known",
             auto_chooses_lazy,
         ),
@@ -449,6 +453,47 @@ fn sequential_faults_grow_their_window() -> Result<(), Failed> {
     assert!(
         pages > 16 * faults && n("max_fault_window_pages") >= 64,
         "the faults' window did not grow ({faults} faults brought {pages} pages): {l}"
+    );
+    Ok(())
+}
+
+/// `ferry restore --lazy` of the dirtier (16 MiB, nothing rewritten or dropped): the report's
+/// `source_bytes` is exactly the memory the checkpoint stored, each page counted once (not the
+/// image's records, read whole for a piece and again once out of the page server's cache).
+fn lazy_restore_counts_each_page_once() -> Result<(), Failed> {
+    let dir = scratch("lazy_migration", "count");
+    let mut d = Dirtier::start(&dir, 16, 0);
+    let pid = d.pid().to_string();
+    let img = dir.join("img");
+    let img = img.to_str().unwrap();
+    let (ok, out, err) = common::ferry(&["checkpoint", &pid, "--dir", img, "--json"]);
+    assert!(ok, "checkpoint: {out}{err}");
+    let _ = d.child.wait();
+    let stored = serde_json::from_str::<serde_json::Value>(&out)
+        .map_err(|e| format!("bad json: {e}: {out}"))?["memory_bytes"]
+        .as_u64()
+        .ok_or("no memory_bytes")?;
+    let (ok, out, err) = common::ferry(&["restore", "--dir", img, "--lazy", "--json"]);
+    let kill = || {
+        let _ = Command::new("kill").args(["-9", &pid]).status();
+    };
+    if !ok {
+        kill();
+        return Err(format!("restore --lazy: {out}{err}").into());
+    }
+    let intact = std::panic::catch_unwind(|| d.assert_intact_for(1, "after a lazy restore"));
+    kill();
+    intact.map_err(|_| "a page came back wrong after the lazy restore")?;
+    let docs: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&out)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("bad json: {e}: {out}"))?;
+    let l = &docs.last().ok_or("no report")?["lazy"];
+    assert!(l["owed_bytes"].as_u64().unwrap_or(0) >= 16 << 20, "{l}");
+    assert_eq!(
+        l["source_bytes"].as_u64(),
+        Some(stored),
+        "the image holds {stored} bytes of memory: {l}"
     );
     Ok(())
 }
