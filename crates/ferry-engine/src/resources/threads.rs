@@ -115,6 +115,9 @@ pub fn restore_sched(pid: i32, inj: &Injector, t: &Thread) -> Result<()> {
     Ok(())
 }
 
+/// The size of the kernel's `struct robust_list_head`, the only length `set_robust_list` takes.
+const ROBUST_LIST_HEAD_LEN: u64 = 24;
+
 /// Per-thread kernel state that is set from inside the thread: name, alternate stack, robust
 /// list, rseq, clear_child_tid and timer slack, as one batch of calls the thread runs itself
 /// (`h`'s trampoline). The thread must be stopped in `inj`.
@@ -146,13 +149,18 @@ pub fn restore_inside(h: &Husk, inj: &Injector, t: &Thread) -> Result<()> {
     ss.extend_from_slice(&size.to_ne_bytes());
     let a = inj.write_scratch(64, &ss)?;
     calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
-    if t.robust_list != 0 {
-        calls.push(Call::new(
-            "set_robust_list",
-            libc::SYS_set_robust_list,
-            &[t.robust_list, t.robust_list_len],
-        ));
-    }
+    // Likewise: a thread without a robust list (a Go or static program's) must not keep the
+    // restorer's, which the kernel would walk in the image's memory when the thread exits.
+    let robust_len = if t.robust_list != 0 {
+        t.robust_list_len
+    } else {
+        ROBUST_LIST_HEAD_LEN
+    };
+    calls.push(Call::new(
+        "set_robust_list",
+        libc::SYS_set_robust_list,
+        &[t.robust_list, robust_len],
+    ));
     if let Some(r) = &t.rseq {
         calls.push(Call::new(
             "rseq",
