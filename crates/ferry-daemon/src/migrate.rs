@@ -173,6 +173,8 @@ async fn send_counted(
         },
         lazy,
         in_place: in_place && guest.as_ref().is_some_and(|g| g.home_node == to),
+        // A recovered tree moving on keeps saying so.
+        recovered: guest.as_ref().and_then(|g| g.recovered.clone()),
     };
     // Until it is decided, a question from the destination decides it: not committed.
     node.outcomes
@@ -895,6 +897,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         forwarded_calls: 0,
         forwarded_us: 0,
         checkpoint_every_secs: None,
+        recovered: offer.recovered.clone(),
     };
     // The copy is recorded before anyone may act on it: a restarted daemon finds it (its worker
     // resumes it should this daemon die now) and asks the source what became of it.

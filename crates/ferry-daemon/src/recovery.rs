@@ -178,8 +178,13 @@ async fn stream_body(node: &Arc<Node>, conn: &mut Conn, home: &str, pid: i32) ->
 /// Home side: the node running the body of `root` is dead; its tree is rebuilt here from its
 /// last image, in guest namespaces, and runs on as a guest of kind `recovered`. Returns the
 /// new body's PID here. Err if there is no image or it cannot be rebuilt.
-/// `skipped`: the other nodes passed over for it, and why (for the log).
-pub async fn recover(node: &Arc<Node>, root: i32, dead: &str, skipped: &str) -> Result<i32> {
+/// `skipped`: the other nodes passed over for it, and why (for the log and `ferry ps`).
+pub async fn recover(
+    node: &Arc<Node>,
+    root: i32,
+    dead: &str,
+    skipped: &[(String, String)],
+) -> Result<i32> {
     let path = image_path(node, root);
     let image = tokio::fs::read(&path)
         .await
@@ -239,12 +244,13 @@ pub async fn recover(node: &Arc<Node>, root: i32, dead: &str, skipped: &str) -> 
         forwarded_calls: 0,
         forwarded_us: 0,
         checkpoint_every_secs: None,
+        recovered: Some(note(dead, skipped)),
     };
     node.bodies.add(rebuilt.pid, &me, root);
     crate::deputies::watch_supervisor(node.clone(), rebuilt.pid);
     node.guests.add(info);
     tracing::warn!(event = "guest-recovered", root, pid = rebuilt.pid, dead = %dead, node = %me,
-        skipped = %skipped, image = %path.display(),
+        skipped = %said(skipped), image = %path.display(),
         "rebuilt from its last checkpoint after its node died");
     Ok(rebuilt.pid)
 }
@@ -341,7 +347,7 @@ pub async fn recover_anywhere(node: &Arc<Node>, root: i32, dead: &str) -> Result
             "not taken for the recovery (its gossiped load)");
     }
     for to in to_try {
-        match send_image(node, root, dead, &to).await {
+        match send_image(node, root, dead, &to, &skipped).await {
             Ok(pid) => {
                 tracing::warn!(event = "guest-recovered", root, pid, dead = %dead, node = %to,
                     skipped = %said(&skipped),
@@ -356,11 +362,20 @@ pub async fn recover_anywhere(node: &Arc<Node>, root: i32, dead: &str) -> Result
             }
         }
     }
-    recover(node, root, dead, &said(&skipped)).await?;
+    recover(node, root, dead, &skipped).await?;
     if let Err(e) = crate::deputies::moved(node, dead, root, &me) {
         tracing::warn!(event = "recovered-unrecorded", root, error = %format!("{e:#}"));
     }
     Ok(me)
+}
+
+/// What `ferry ps` lists with a recovered tree: "after node DEAD died[; passed over: ...]".
+fn note(dead: &str, skipped: &[(String, String)]) -> String {
+    if skipped.is_empty() {
+        format!("after node {dead} died")
+    } else {
+        format!("after node {dead} died; passed over: {}", said(skipped))
+    }
 }
 
 /// "NODE: why; NODE: why" of the nodes a recovery passed over, or "none".
@@ -380,7 +395,14 @@ fn said(skipped: &[(String, String)]) -> String {
 /// once `to` has rebuilt it, the outcome is decided (durably, crate::outcomes) and the
 /// deputies follow it before `Commit` leaves; a `to` that misses our `Commit` asks for the
 /// outcome, as after any migration. Returns the copy's PID there.
-async fn send_image(node: &Arc<Node>, root: i32, dead: &str, to: &str) -> Result<i32> {
+/// `skipped`: the nodes passed over before `to` (listed with the tree there).
+async fn send_image(
+    node: &Arc<Node>,
+    root: i32,
+    dead: &str,
+    to: &str,
+    skipped: &[(String, String)],
+) -> Result<i32> {
     let path = image_path(node, root);
     let image = tokio::fs::read(&path)
         .await
@@ -406,6 +428,7 @@ async fn send_image(node: &Arc<Node>, root: i32, dead: &str, to: &str) -> Result
         compress: Vec::new(),
         lazy: false,
         in_place: false,
+        recovered: Some(note(dead, skipped)),
     };
     node.outcomes
         .begin(id, to, None)

@@ -417,6 +417,10 @@ pub struct MigrateOffer {
     /// not, it comes home as a body beside its deputies, as it would go to any node.
     #[serde(default)]
     pub in_place: bool,
+    /// A tree its home rebuilds from its last checkpoint after its node died: what the home
+    /// says of it (listed with it, [`ProcInfo::recovered`]). None for a migration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered: Option<String>,
 }
 
 /// What a signal sent with `sigqueue` (or another negative `si_code`, but SI_TKILL) carried, as
@@ -533,6 +537,11 @@ pub struct ProcInfo {
     /// when its tree leaves the node running it (0: never); None: that node's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_secs: Option<f64>,
+    /// A tree rebuilt from its home's last checkpoint after the node running it died: which
+    /// node died, and the nodes passed over for it, with why ("after node b died; passed
+    /// over: c: why"). None otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered: Option<String>,
 }
 
 /// The cluster as one node sees it (`Msg::View`). Every struct here only ever gains fields,

@@ -57,6 +57,7 @@ fn messages() -> Vec<Msg> {
         forwarded_calls: 3,
         forwarded_us: 40,
         checkpoint_every_secs: Some(2.5),
+        recovered: Some("after node c died; passed over: d: full".into()),
     };
     vec![
         Msg::Hello { node: "a".into() },
@@ -81,6 +82,7 @@ fn messages() -> Vec<Msg> {
             compress: vec!["lz4".into()],
             lazy: true,
             in_place: true,
+            recovered: Some("after node b died".into()),
         }),
         Msg::Accept,
         Msg::PageWant {

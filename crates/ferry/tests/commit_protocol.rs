@@ -701,9 +701,9 @@ fn recovered_after_node_death() -> Result<(), Failed> {
 /// `accept no` while its gossip still says it is idle and open (fail point
 /// `c:advertise-accepting`, gossip lagging behind its policy), so a offers c the tree first and
 /// c refuses it; a passes c over and rebuilds the process on d, not at home. It counts on,
-/// `ferry ps` on d lists it as a's, a's log says it went to d and why c was passed over, and
-/// its deputy at a follows it there: SIGTERM to the home PID ends it, and its parent sees
-/// that. Before, a node that refused the recovery sent it home, and nothing said why.
+/// `ferry ps` on d lists it as a's, recovered after b died with c passed over (and why), a's
+/// log says it went to d and why c was passed over, and its deputy at a follows it there:
+/// SIGTERM to the home PID ends it, and its parent sees that. Before, a node that refused the recovery sent it home, and nothing said why.
 fn recovered_elsewhere_after_node_death() -> Result<(), Failed> {
     recovered_on("cp-recover-d", 4, "d")
 }
@@ -790,8 +790,14 @@ fn recovered_on(tag: &str, n: usize, expect_on: &str) -> Result<(), Failed> {
         } else {
             "migrated"
         };
+        // It says where it comes from, and which node was passed over for it.
+        let said = |g: &serde_json::Value| {
+            g["recovered"].as_str().is_some_and(|r| {
+                r.starts_with("after node b died") && (n != 4 || r.contains("passed over: c: "))
+            })
+        };
         match listed {
-            Some(g) if g["kind"] == kind => {}
+            Some(g) if g["kind"] == kind && said(&g) => {}
             other => return Err(format!("ferry ps on {expect_on} lists {other:?}").into()),
         }
         let _ = Command::new("kill")

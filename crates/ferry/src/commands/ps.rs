@@ -3,7 +3,9 @@
 //! machine's /etc/passwd: a cluster shares its users, as Sprite's did.) For a body (a moved
 //! tree whose home is elsewhere), CALLS and CALL-US say what it costs: the system calls of its
 //! tree handed to its supervisor (docs/syscalls.md, "forwarded") and the time spent answering
-//! them (`forwarded_calls`, `forwarded_us` in `--json`).
+//! them (`forwarded_calls`, `forwarded_us` in `--json`). A tree its home rebuilt from its last
+//! checkpoint after its node died has a line of its own below it (`recovered` in `--json`):
+//! which node died, and which nodes were passed over for it, and why.
 
 use super::client;
 use anyhow::{bail, Result};
@@ -58,6 +60,9 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
             p.forwarded_us,
             p.command
         );
+        if let Some(r) = &p.recovered {
+            println!("{:<8} rebuilt from its last checkpoint {r}", "");
+        }
     }
     Ok(())
 }
