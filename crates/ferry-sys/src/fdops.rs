@@ -245,6 +245,15 @@ pub fn shm_remove(shmid: i32) -> SysResult<()> {
     check("shmctl(IPC_RMID)", r as libc::c_long).map(drop)
 }
 
+/// A copy of `fd` (F_DUPFD_CLOEXEC: close-on-exec, at the lowest free number).
+pub fn dup_cloexec(fd: RawFd) -> SysResult<OwnedFd> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    let n = check("fcntl(F_DUPFD_CLOEXEC)", r as libc::c_long)?;
+    // SAFETY: the kernel just made descriptor `n`, which nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(n as i32) })
+}
+
 /// Makes `new` a copy of `old` (dup2).
 pub fn dup2(old: RawFd, new: RawFd) -> SysResult<()> {
     // SAFETY: plain integer arguments.

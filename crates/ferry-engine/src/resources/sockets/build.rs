@@ -125,6 +125,12 @@ pub(super) struct Builder<'a> {
     pub(super) late_names: HashSet<usize>,
     /// The tree's other descriptions, open: sent again where they were in flight.
     pub(super) others: &'a HashMap<u32, OwnedFd>,
+    /// The pidfds of the tree (file id -> the PID it names, non-blocking), which exist only
+    /// once the processes do.
+    pidfds: HashMap<u32, (i32, bool)>,
+    /// Sockets whose queue is refilled, from its first message carrying a pidfd on, only when
+    /// the tree is about to run.
+    late_queues: HashSet<usize>,
 }
 
 impl<'a> Builder<'a> {
@@ -150,6 +156,14 @@ impl<'a> Builder<'a> {
             .map(|(i, (_, s))| (s.ino, i))
             .collect();
         let n = socks.len();
+        let pidfds = tree
+            .files
+            .iter()
+            .filter_map(|f| match f.kind {
+                FileKind::Pidfd { pid } => Some((f.id, (pid, f.flags & libc::O_NONBLOCK != 0))),
+                _ => None,
+            })
+            .collect();
         // A socket's files are the business of the process holding it: made, changed and
         // removed with its rights, never root's (see crate::reopen).
         let mut creds = HashMap::new();
@@ -181,6 +195,8 @@ impl<'a> Builder<'a> {
             holders,
             late_names: HashSet::new(),
             others,
+            pidfds,
+            late_queues: HashSet::new(),
         }
     }
 
@@ -508,17 +524,20 @@ impl<'a> Builder<'a> {
     }
 
     /// Sends message `m` of socket `r`'s queue again from `from`, with the descriptors that
-    /// were in flight with it.
+    /// were in flight with it; or, from the first message that carries a pidfd on, keeps it
+    /// to be sent when the tree is about to run (see `scm`).
     fn send_one(
-        &self,
+        &mut self,
         r: usize,
         from: RawFd,
         m: &SockMsg,
         to: Option<&[u8]>,
         record: bool,
     ) -> Result<()> {
-        let rights = self.rights_of(r, m)?;
-        if !record && !rights.is_empty() && m.data.len() > 1 {
+        if m.rights.iter().any(|id| self.pidfds.contains_key(id)) {
+            self.late_queues.insert(r);
+        }
+        if !record && !m.rights.is_empty() && m.data.len() > 1 {
             // A stream: the descriptors go with the last byte of the bytes recorded with them
             // (see `Cap::peek_stream`), so that a read ending before it does not take them.
             let (head, last) = m.data.split_at(m.data.len() - 1);
@@ -534,6 +553,10 @@ impl<'a> Builder<'a> {
             };
             return self.send_one(r, from, &last, to, true);
         }
+        if self.late_queues.contains(&r) {
+            return self.defer_send(r, from, m, to, record);
+        }
+        let rights = self.rights_of(r, m)?;
         let data = &m.data;
         let mut at = 0;
         loop {
@@ -555,6 +578,49 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// Keeps message `m` of socket `r`'s queue, and copies of its sender and descriptors, for
+    /// [`Deferred::complete`].
+    fn defer_send(
+        &mut self,
+        r: usize,
+        from: RawFd,
+        m: &SockMsg,
+        to: Option<&[u8]>,
+        record: bool,
+    ) -> Result<()> {
+        let dup = |fd: RawFd| {
+            fdops::dup_cloexec(fd)
+                .map_err(|e| self.err(r, format!("keep a message for later: {e}")))
+        };
+        let mut rights = Vec::with_capacity(m.rights.len());
+        for id in &m.rights {
+            rights.push(match self.pidfds.get(id) {
+                Some(&(pid, nonblock)) => scm::LateRight::Pidfd { pid, nonblock },
+                None => {
+                    let one = SockMsg {
+                        rights: vec![*id],
+                        ..Default::default()
+                    };
+                    scm::LateRight::Fd(dup(self.rights_of(r, &one)?[0])?)
+                }
+            });
+        }
+        let (id, s) = self.socks[r];
+        let send = scm::DeferredSend {
+            what: format!(
+                "socket of file {id} (socket:[{}]): a message that carries a pidfd, or follows one",
+                s.ino
+            ),
+            from: dup(from)?,
+            data: m.data.clone(),
+            to: to.map(<[u8]>::to_vec),
+            rights,
+            stream: !record,
+        };
+        self.deferred.sends.push(send);
+        Ok(())
+    }
+
     /// Stand-ins for closed peers go; then shutdowns, options and peek offsets.
     fn finish(&mut self) -> Result<()> {
         for (owner, p) in std::mem::take(&mut self.phantoms) {
@@ -574,7 +640,13 @@ impl<'a> Builder<'a> {
             let s = self.sock(i);
             let fd = self.fd(i);
             if s.family == SockFamily::Unix {
-                apply_shutdown(fd, &s.shutdown);
+                if self.late_queues.is_empty() || !(s.shutdown.read || s.shutdown.write) {
+                    apply_shutdown(fd, &s.shutdown);
+                } else {
+                    // Once the messages left for later are sent.
+                    let fd = self.dup(i)?;
+                    self.deferred.shutdowns.push((fd, s.shutdown));
+                }
                 // Buffers may have been raised to refill queues: always set them.
                 apply_opts(fd, &s.opts, true);
             } else if matches!(s.sock_type, SockType::Dgram | SockType::Raw)

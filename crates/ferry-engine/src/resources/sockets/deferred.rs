@@ -42,6 +42,9 @@ pub struct Deferred {
     pub(super) shutdowns: Vec<(OwnedFd, Shutdown)>,
     /// Echo replies for ping sockets, once they have their identifiers.
     pub(super) pings: Vec<ping::DeferredPings>,
+    /// Messages for UNIX sockets' queues that carry pidfds, or follow one, once the processes
+    /// exist (see `scm`).
+    pub(super) sends: Vec<scm::DeferredSend>,
 }
 
 impl Deferred {
@@ -59,6 +62,7 @@ impl Deferred {
             && self.handshakes.is_empty()
             && self.shutdowns.is_empty()
             && self.pings.is_empty()
+            && self.sends.is_empty()
     }
 
     /// Binds and connects the UDP sockets, makes the TCP listeners listen, makes the TCP
@@ -75,6 +79,12 @@ impl Deferred {
         let deadline = std::time::Instant::now() + wait;
         for n in &self.names {
             n.make(hosts, deadline, wait)?;
+        }
+        for s in &self.sends {
+            s.send(hosts).map_err(|e| Error::Restore {
+                pid,
+                what: format!("{}: {e}", s.what),
+            })?;
         }
         let retry = move |op: &dyn Fn() -> ferry_sys::SysResult<()>| loop {
             match op() {

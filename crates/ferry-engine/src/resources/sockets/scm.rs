@@ -16,12 +16,16 @@
 //! Restore: the descriptions are opened like every other (sockets last, so that a queue can be
 //! refilled with all of them), and each message is sent again with its descriptors attached
 //! (`Builder::fill_queues`). A description held by no process is opened with the rights of
-//! the process holding the socket that carries it ([`carriers`]).
+//! the process holding the socket that carries it ([`carriers`]). A pidfd names a process,
+//! which does not exist yet when the queues are refilled: a message carrying one, and every
+//! message after it in its queue, is sent only when the tree is about to run
+//! ([`DeferredSend`], from `Deferred::complete`), with a pidfd ferry opens then for the
+//! rebuilt process; the shutdowns of the UNIX sockets wait for it too.
 
 use super::*;
 
-/// The kinds of description that may be in flight (what a restore can open before the
-/// processes are made: pidfds are made inside their process, once its target exists). An epoll
+/// The kinds of description that may be in flight: what a restore can open before the
+/// processes are made, and pidfds (sent once their process exists: [`DeferredSend`]). An epoll
 /// instance may: its items are registered again by the process of the tree that holds it (one
 /// that no process holds may fly only with an empty interest list: `FdCapture`).
 pub(crate) fn may_fly(kind: &FileKind) -> std::result::Result<(), &'static str> {
@@ -37,10 +41,10 @@ pub(crate) fn may_fly(kind: &FileKind) -> std::result::Result<(), &'static str> 
         | FileKind::Epoll(_)
         | FileKind::Timerfd(_)
         | FileKind::Signalfd(_)
-        | FileKind::Inotify(_) => Ok(()),
+        | FileKind::Inotify(_)
+        | FileKind::Pidfd { .. } => Ok(()),
         FileKind::Socket(_) => Ok(()),
         FileKind::Tty(_) => Err("a terminal"),
-        FileKind::Pidfd { .. } => Err("a pidfd"),
         FileKind::Unknown => Err("an unknown kind of file"),
     }
 }
@@ -227,5 +231,79 @@ impl Builder<'_> {
                 })
             })
             .collect()
+    }
+}
+
+/// A descriptor a deferred message carries: one of the tree's descriptions (ours), or a pidfd
+/// of a process of the tree (its PID as the tree sees it), made when the message is sent.
+pub(super) enum LateRight {
+    Fd(OwnedFd),
+    Pidfd { pid: i32, nonblock: bool },
+}
+
+/// A message for a UNIX socket's queue that is sent only when the tree is about to run,
+/// because it (or a message before it in that queue) carries a pidfd.
+pub(super) struct DeferredSend {
+    /// The socket and message, for errors.
+    pub what: String,
+    /// Who sends it (a copy).
+    pub from: OwnedFd,
+    pub data: Vec<u8>,
+    /// Where to (a raw address), for an unconnected sender.
+    pub to: Option<Vec<u8>>,
+    pub rights: Vec<LateRight>,
+    /// A stream's bytes, sent until all are (a datagram or record is sent once).
+    pub stream: bool,
+}
+
+impl DeferredSend {
+    /// Sends it; `hosts`: the tree's PIDs -> ours.
+    pub(super) fn send(&self, hosts: &HashMap<i32, i32>) -> std::result::Result<(), String> {
+        let mut made = Vec::new();
+        for r in &self.rights {
+            if let LateRight::Pidfd { pid, nonblock } = r {
+                let host = hosts
+                    .get(pid)
+                    .ok_or_else(|| format!("a pidfd of PID {pid}, which was not rebuilt"))?;
+                let p = pidfd::pidfd_open(*host)
+                    .map_err(|e| format!("a pidfd of PID {pid} (here {host}): {e}"))?;
+                if *nonblock {
+                    fdops::set_fl(p.as_raw_fd(), libc::O_NONBLOCK)
+                        .map_err(|e| format!("make the pidfd of PID {pid} non-blocking: {e}"))?;
+                }
+                made.push(p);
+            }
+        }
+        let mut made = made.iter();
+        let fds: Vec<RawFd> = self
+            .rights
+            .iter()
+            .map(|r| match r {
+                LateRight::Fd(f) => f.as_raw_fd(),
+                LateRight::Pidfd { .. } => made.next().map(|p| p.as_raw_fd()).unwrap_or(-1),
+            })
+            .collect();
+        let mut at = 0;
+        loop {
+            let with = if at == 0 { &fds[..] } else { &[] };
+            let n = sk::send(
+                self.from.as_raw_fd(),
+                &self.data[at..],
+                self.to.as_deref(),
+                with,
+                libc::MSG_DONTWAIT,
+            )
+            .map_err(|e| {
+                format!(
+                    "queue {} bytes again (with {} descriptors in flight): {e}",
+                    self.data.len(),
+                    with.len()
+                )
+            })?;
+            at += n;
+            if !self.stream || at >= self.data.len() {
+                return Ok(());
+            }
+        }
     }
 }
