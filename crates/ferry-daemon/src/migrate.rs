@@ -105,6 +105,21 @@ async fn send_counted(
                 .into_owned(),
         );
     }
+    // A body moving on: its pipes' relays to its home stop moving bytes while it is captured
+    // (what is buffered in their stand-ins moves with the image), and follow it to `to` once
+    // it is committed there; a failed move lets them go on (dropping `paused`).
+    let mut paused = match &guest {
+        Some(g) => Some(
+            node.body_relays
+                .pause(&g.home_node, g.home_pid)
+                .await
+                .with_context(|| format!("cannot move PID {pid}"))?,
+        ),
+        None => None,
+    };
+    if let Some(p) = &paused {
+        args.extend(p.worker_args());
+    }
     // For a user: only a tree of theirs moves (checked before and again once it is frozen).
     if let Some(o) = owner {
         args.push(format!("--owner={o}"));
@@ -299,6 +314,10 @@ async fn send_counted(
     node.fault("exit-after-outcome");
     // Before the destination hears `Commit` and connects for them.
     node.relays.expect(pid, to, relay_ends);
+    if let Some(p) = paused.take() {
+        // The body is frozen here: its relays at home switch to `to`.
+        p.handoff(to, pid).await;
+    }
     if node.fault_at("pause-after-outcome") {
         // Time for a test to kill the capture worker here.
         tokio::time::sleep(Duration::from_secs(3)).await;

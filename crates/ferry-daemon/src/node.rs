@@ -37,6 +37,9 @@ pub struct Node {
     pub bodies: crate::deputies::Bodies,
     /// The home's ends of pipes relayed to bodies (crate::relay).
     pub relays: Arc<crate::relay::HomeRelays>,
+    /// The relays of the bodies this node runs, which follow a body moving on
+    /// (crate::relay_pipe).
+    pub body_relays: crate::relay_pipe::BodyRelays,
     /// Whether this node takes guests now: the owner's policy (crate::hosts) keeps it.
     pub accepting: AtomicBool,
     /// The owner's policy and this host's grants (crate::hosts).
@@ -266,6 +269,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
         deputies: Default::default(),
         bodies: Default::default(),
         relays: Default::default(),
+        body_relays: Default::default(),
         accepting: AtomicBool::new(accepting),
         hosts,
         exe,

@@ -24,58 +24,87 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::unix::pipe;
 
-/// How often an idle write end is asked whether its readers are all gone.
-const READERS_POLL: Duration = Duration::from_millis(200);
 /// How long a home end waits for its body's node to connect before it is closed.
 const OPEN_GRACE: Duration = Duration::from_secs(60);
+/// How long a body's node asks again for a relay its home does not have for it yet.
+const OPEN_RETRY: Duration = Duration::from_secs(20);
 
 /// The home's ends of relayed pipes, waiting for their body's node to connect, and the bytes
 /// relayed so far per home PID.
 #[derive(Default)]
 pub struct HomeRelays {
-    /// (home PID of the tree's root, pipe) -> (the body's node, the home's end).
-    waiting: Mutex<HashMap<(i32, u32), (String, OwnedFd)>>,
+    /// (home PID of the tree's root, pipe) -> the body's node, the home's end, what goes to
+    /// that node first (returned by the node the body left), and which parking this is.
+    waiting: Mutex<HashMap<(i32, u32), Waiting>>,
     relayed: Mutex<HashMap<i32, Arc<AtomicU64>>>,
+    serial: AtomicU64,
+}
+
+struct Waiting {
+    node: String,
+    fd: OwnedFd,
+    prefix: Vec<u8>,
+    serial: u64,
 }
 
 impl HomeRelays {
     /// Keeps `ends` for the tree rooted at home PID `pid`, whose body runs on `body_node`;
     /// an end its body's node has not asked for within a minute is closed.
     pub fn expect(self: &Arc<Self>, pid: i32, body_node: &str, ends: Vec<(u32, OwnedFd)>) {
-        if ends.is_empty() {
-            return;
+        for (pipe, fd) in ends {
+            self.park(pid, pipe, body_node, fd, Vec::new());
         }
-        let pipes: Vec<u32> = ends.iter().map(|(p, _)| *p).collect();
-        {
-            let mut w = self.waiting.lock().expect("relays lock");
-            for (pipe, fd) in ends {
-                w.insert((pid, pipe), (body_node.to_string(), fd));
-            }
-        }
+    }
+
+    /// Keeps the home's end `fd` of relay `pipe` of home PID `pid` for node `body_node`, which
+    /// gets `prefix` first (a body moving on: what its last node returned); closed if that node
+    /// has not asked for it within a minute.
+    pub fn park(
+        self: &Arc<Self>,
+        pid: i32,
+        pipe: u32,
+        body_node: &str,
+        fd: OwnedFd,
+        prefix: Vec<u8>,
+    ) {
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        self.waiting.lock().expect("relays lock").insert(
+            (pid, pipe),
+            Waiting {
+                node: body_node.to_string(),
+                fd,
+                prefix,
+                serial,
+            },
+        );
         let me = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(OPEN_GRACE).await;
             let mut w = me.waiting.lock().expect("relays lock");
-            for pipe in pipes {
-                if w.remove(&(pid, pipe)).is_some() {
-                    tracing::warn!(event = "relay-never-opened", pid, pipe);
-                }
+            if w.get(&(pid, pipe)).is_some_and(|x| x.serial == serial) {
+                w.remove(&(pid, pipe));
+                tracing::warn!(event = "relay-never-opened", pid, pipe);
             }
         });
     }
 
     /// The end of pipe `pipe` of home PID `pid`, for node `from`, which must be where its body
     /// runs (a node speaks only for itself).
-    fn take(&self, from: &str, pid: i32, pipe: u32) -> Result<OwnedFd> {
+    fn take(&self, from: &str, pid: i32, pipe: u32) -> Result<(OwnedFd, Vec<u8>)> {
         let mut w = self.waiting.lock().expect("relays lock");
         match w.get(&(pid, pipe)) {
             None => bail!("no pipe {pipe} of PID {pid} waits for a relay here"),
-            Some((body, _)) if body != from => {
-                bail!("pipe {pipe} of PID {pid} is relayed to node {body}, not to {from}")
+            Some(x) if x.node != from => {
+                bail!(
+                    "pipe {pipe} of PID {pid} is relayed to node {}, not to {from}",
+                    x.node
+                )
             }
-            Some(_) => Ok(w.remove(&(pid, pipe)).expect("just seen").1),
+            Some(_) => {
+                let x = w.remove(&(pid, pipe)).expect("just seen");
+                Ok((x.fd, x.prefix))
+            }
         }
     }
 
@@ -164,27 +193,47 @@ pub fn take_from_worker(worker: i32, ends: &[(u32, i32)]) -> Result<Vec<(u32, Ow
         .collect()
 }
 
-/// At the body's node, after the commit: connects each relay end to the tree's home.
+/// At the body's node, after the commit: connects each relay end to the tree's home. A relay
+/// that follows a body moving on may not be ready at home yet (its last node hands it over
+/// meanwhile): asked again for a while.
 pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedFd)>) {
     for (pipe, fd) in ends {
         let node = node.clone();
         let home = home.clone();
+        let mut reg = node.body_relays.register(&home, pid, pipe, &fd);
         tokio::spawn(async move {
             let r = async {
-                let mut conn = node.dial(&home).await?;
-                write_msg(&mut conn.stream, &Msg::RelayOpen { pid, pipe }).await?;
-                match ferry_transport::frame::read_msg(&mut conn.stream).await {
-                    Ok(Msg::Done) => {}
-                    Ok(Msg::Error { message }) => bail!("node {home}: {message}"),
-                    Ok(other) => bail!("node {home} answered {}", kind(&other)),
-                    Err(e) => bail!("node {home} did not answer: {e}"),
+                if home == node.name() && duplex_of(pipe).is_none() {
+                    let ctl = reg
+                        .ctl
+                        .take()
+                        .ok_or_else(|| anyhow!("relay {pipe} has no control"))?;
+                    return attach_at_home(&node, pid, pipe, fd, ctl).await;
                 }
-                match duplex_of(pipe) {
-                    Some(mode) => pump_duplex(conn, fd, mode, None).await,
-                    None => pump(conn, fd, None).await,
+                let deadline = tokio::time::Instant::now() + OPEN_RETRY;
+                let conn = loop {
+                    let mut conn = node.dial(&home).await?;
+                    write_msg(&mut conn.stream, &Msg::RelayOpen { pid, pipe }).await?;
+                    match ferry_transport::frame::read_msg(&mut conn.stream).await {
+                        Ok(Msg::Done) => break conn,
+                        Ok(Msg::Error { message }) => {
+                            if tokio::time::Instant::now() > deadline {
+                                bail!("node {home}: {message}");
+                            }
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        Ok(other) => bail!("node {home} answered {}", kind(&other)),
+                        Err(e) => bail!("node {home} did not answer: {e}"),
+                    }
+                };
+                match (duplex_of(pipe), reg.ctl.take()) {
+                    (Some(mode), _) => pump_duplex(conn, fd, mode, None).await,
+                    (None, Some(ctl)) => crate::relay_pipe::body_pump(conn.stream, fd, ctl).await,
+                    (None, None) => bail!("relay {pipe} has no control"),
                 }
             }
             .await;
+            node.body_relays.forget(&home, pid, &reg);
             match r {
                 Ok(bytes) => tracing::info!(event = "relay-closed", home = %home, pid, pipe, bytes),
                 // The body sees end of file, or EPIPE, as it would had its peer gone.
@@ -197,8 +246,8 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
 
 /// At home: node `conn.peer` asks for pipe `pipe` of home PID `pid`.
 pub async fn serve_open(node: &Arc<Node>, mut conn: Conn, pid: i32, pipe: u32) -> Result<()> {
-    let fd = match node.relays.take(&conn.peer, pid, pipe) {
-        Ok(fd) => fd,
+    let (fd, prefix) = match node.relays.take(&conn.peer, pid, pipe) {
+        Ok(x) => x,
         Err(e) => {
             let message = format!("{e:#}");
             write_msg(&mut conn.stream, &Msg::Error { message }).await?;
@@ -213,92 +262,71 @@ pub async fn serve_open(node: &Arc<Node>, mut conn: Conn, pid: i32, pipe: u32) -
             pump_duplex(conn, fd, Duplex::Tty { gate: Some(pid) }, Some(counter)).await?
         }
         Some(mode) => pump_duplex(conn, fd, mode, Some(counter)).await?,
-        None => pump(conn, fd, Some(counter)).await?,
+        None => return home_side(node, &peer, conn.stream, pid, pipe, fd, prefix).await,
     };
     tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
     Ok(())
 }
 
-fn io_err(e: ferry_sys::SysError) -> std::io::Error {
-    std::io::Error::from_raw_os_error(e.errno)
-}
-
-/// Moves the data of one relayed pipe between `fd` and the connection until either side ends:
-/// a read end is sent, a write end is written with what arrives. Returns the bytes moved.
-async fn pump(conn: Conn, fd: OwnedFd, counter: Option<Arc<AtomicU64>>) -> Result<u64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let acc = ferry_sys::fdops::get_fl(fd.as_raw_fd()).map_err(io_err)? & libc::O_ACCMODE;
-    let (mut rx, mut tx) = tokio::io::split(conn.stream);
-    let count = |n: usize| {
-        if let Some(c) = &counter {
-            c.fetch_add(n as u64, Ordering::Relaxed);
+/// At home: pumps a relayed pipe between the home's end `fd` and the body on `peer` (`prefix`
+/// first); if the body moves on, the end waits for its next node.
+async fn home_side<S>(
+    node: &Arc<Node>,
+    peer: &str,
+    stream: S,
+    pid: i32,
+    pipe: u32,
+    fd: OwnedFd,
+    prefix: Vec<u8>,
+) -> Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use crate::relay_pipe::{home_pump, HomeEnd};
+    let counter = node.relays.counter(pid);
+    let ours = fd
+        .try_clone()
+        .with_context(|| format!("keep the home's end of pipe {pipe} of PID {pid}"))?;
+    match home_pump(stream, ours, prefix, Some(counter)).await? {
+        HomeEnd::Closed(bytes) => {
+            tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
         }
-    };
-    let mut total = 0u64;
-    if acc == libc::O_RDONLY {
-        let mut pipe = pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?;
-        // Ours to read and send; the other side says nothing until it closes (its readers are
-        // gone), and then what we read has nowhere to go.
-        let send = async {
-            let mut buf = vec![0u8; 1 << 16];
-            loop {
-                let n = pipe.read(&mut buf).await.context("read the relayed pipe")?;
-                if n == 0 {
-                    write_end(&mut tx).await?;
-                    return Ok::<_, anyhow::Error>(());
-                }
-                write_data(&mut tx, &buf[..n]).await?;
-                // A relay is interactive: what was read goes now, not with the next read.
-                tx.flush().await?;
-                total += n as u64;
-                count(n);
-            }
-        };
-        let closed = async {
-            let _ = read_frame(&mut rx).await;
-        };
-        tokio::select! {
-            r = send => r?,
-            _ = closed => {}
-        }
-    } else {
-        let mut pipe = pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?;
-        let raw = pipe.as_raw_fd();
-        let recv = async {
-            loop {
-                match read_frame(&mut rx).await {
-                    Ok(Frame::Data(d)) => {
-                        match pipe.write_all(&d).await {
-                            Ok(()) => {}
-                            // Its readers are gone: so must the writer's data be.
-                            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => return Ok(()),
-                            Err(e) => return Err(e).context("write the relayed pipe"),
-                        }
-                        total += d.len() as u64;
-                        count(d.len());
-                    }
-                    Ok(Frame::End) | Err(FrameError::Closed) => return Ok::<_, anyhow::Error>(()),
-                    Ok(Frame::Msg(m)) => bail!("{} message inside a relay", kind(&m)),
-                    Err(e) => return Err(anyhow!("relay stream: {e}")),
-                }
-            }
-        };
-        let readers_gone = async {
-            loop {
-                tokio::time::sleep(READERS_POLL).await;
-                match ferry_sys::sockets::poll_now(raw, libc::POLLOUT) {
-                    Ok(ev) if ev & libc::POLLERR != 0 => return,
-                    Ok(_) => {}
-                    Err(_) => return,
-                }
-            }
-        };
-        tokio::select! {
-            r = recv => r?,
-            _ = readers_gone => {}
+        HomeEnd::Handoff { bytes, to, prefix } => {
+            // The body moved on: its new node asks for this end next.
+            tracing::info!(event = "relay-moves-on", from = %peer, to = %to, pid, pipe,
+                bytes, returned = prefix.len());
+            node.relays.park(pid, pipe, &to, fd, prefix);
         }
     }
-    Ok(total)
+    Ok(())
+}
+
+/// A body at its own home (come home beside its deputies): its relay `pipe` is attached to
+/// the home's end here, through an in-process stream instead of a connection.
+async fn attach_at_home(
+    node: &Arc<Node>,
+    pid: i32,
+    pipe: u32,
+    fd: OwnedFd,
+    ctl: tokio::sync::mpsc::UnboundedReceiver<crate::relay_pipe::Ctl>,
+) -> Result<u64> {
+    let me = node.name().to_string();
+    let deadline = tokio::time::Instant::now() + OPEN_RETRY;
+    let (home_fd, prefix) = loop {
+        match node.relays.take(&me, pid, pipe) {
+            Ok(x) => break x,
+            Err(e) if tokio::time::Instant::now() > deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let (home_end, body_end) = tokio::io::duplex(1 << 16);
+    let node2 = node.clone();
+    tokio::spawn(async move {
+        if let Err(e) = home_side(&node2, &me, home_end, pid, pipe, home_fd, prefix).await {
+            tracing::warn!(event = "relay-failed", pid, pipe, error = %format!("{e:#}"));
+        }
+    });
+    crate::relay_pipe::body_pump(body_end, fd, ctl).await
 }
 
 /// Whether home PID `pid` is in the foreground process group of its controlling terminal

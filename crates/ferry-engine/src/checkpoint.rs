@@ -113,6 +113,7 @@ pub fn capture_with<W: Write>(
         fdcap.relay = crate::preflight::pipes_shared_outside(&pids);
         fdcap.relay_ttys = true;
     }
+    fdcap.relay_standins = frozen.relay_standins.clone();
     let mut report = CaptureReport::default();
     // Stopped children whose parent has already collected their stop (by our PIDs).
     let mut stops_collected = std::collections::HashSet::new();
@@ -297,6 +298,14 @@ fn relayed_pipes(tree: &Tree) -> Result<Vec<RelayedPipe>> {
             }
         }
     }
+    // A body's stand-ins for relays at its home (a body moving on) have their home ends there
+    // already.
+    out.retain(|r| {
+        !tree
+            .pipes
+            .iter()
+            .any(|p| p.id == r.pipe && p.relay.is_some())
+    });
     // UNIX sockets connected to a process at home: one relay per socket description.
     for p in &tree.processes {
         for f in &p.fds {

@@ -98,6 +98,10 @@ pub struct FrozenTree {
     /// Capture pipes shared with processes outside the tree as relayed (a migration that
     /// leaves a deputy at home relays them) instead of refusing them.
     pub relay_pipes: bool,
+    /// A body moving on from a node that is not its home: its node's stand-ins for relays to
+    /// the home (pipe inode -> the relay's id at home), captured as relayed with what is
+    /// buffered in them (`Pipe::relay`) instead of refused as shared with the daemon.
+    pub relay_standins: std::collections::HashMap<u64, u32>,
     /// Set by a migration, which may capture the tree again after letting it go (pre-copy's
     /// brief stop, then the freeze; a move that failed, then another): a thread let go from a
     /// sleep with a deadline ([`in_restart_block_call`]) issues its call again, with its own

@@ -290,11 +290,19 @@ fn pipe_ino(link: &str) -> Option<u64> {
 /// would see the other gone (end of file on one side, EPIPE on the other): a wrong result with
 /// no error. A migration that leaves a deputy at home relays such pipes (`relay_pipes`); a
 /// checkpoint, or a guest moving on from a node that is not its home, refuses them.
-fn check_pipes(pids: &[i32], pipes: &HashMap<String, (i32, i32)>) -> Result<()> {
+fn check_pipes(
+    pids: &[i32],
+    pipes: &HashMap<String, (i32, i32)>,
+    standins: &HashMap<u64, u32>,
+) -> Result<()> {
     if pipes.is_empty() {
         return Ok(());
     }
     for (ino, other) in pipes_shared_outside(pids) {
+        if standins.contains_key(&ino) {
+            // A stand-in for a relay to the tree's home: the relay follows the body.
+            continue;
+        }
         let link = format!("pipe:[{ino}]");
         let Some(&(pid, tfd)) = pipes.get(&link) else {
             continue;
@@ -315,13 +323,14 @@ fn check_pipes(pids: &[i32], pipes: &HashMap<String, (i32, i32)>) -> Result<()> 
 
 /// Checks the tree rooted at `root` for state the engine refuses, without stopping it.
 pub fn check(root: i32) -> Result<()> {
-    check_with(root, false)
+    check_with(root, false, &HashMap::new())
 }
 
 /// [`check`]; with `relay_pipes`, pipes shared with processes outside the tree, and TCP
 /// connections whose other end is outside it, are accepted (the migration relays them:
-/// `FrozenTree::relay_pipes`).
-pub fn check_with(root: i32, relay_pipes: bool) -> Result<()> {
+/// `FrozenTree::relay_pipes`). `standins`: a body's stand-ins for relays to its home, by pipe
+/// inode (`FrozenTree::relay_standins`), accepted too.
+pub fn check_with(root: i32, relay_pipes: bool, standins: &HashMap<u64, u32>) -> Result<()> {
     let pids = tree(root)?;
     let root_sid = procfs::stat(root)?.sid;
     let mut tcp_fds: Vec<(i32, i32, String, u64)> = Vec::new();
@@ -362,7 +371,7 @@ pub fn check_with(root: i32, relay_pipes: bool) -> Result<()> {
         }
     }
     if !relay_pipes {
-        check_pipes(&pids, &pipes)?;
+        check_pipes(&pids, &pipes, standins)?;
     }
     // A connection (established, half-closed or closing) moves when both its ends are in the
     // tree (the copy makes it again, silently, once the original is gone, and sends its FINs

@@ -542,6 +542,13 @@ pub struct Pipe {
     /// is still in the home's pipe), and only by a migration, which takes the other end.
     #[serde(default)]
     pub relayed: bool,
+    /// A relayed pipe of a body moving on (B to C): the pipe is the body node's stand-in for
+    /// relay `relay` of the tree's home (`RelayOpen::pipe`), captured with what is buffered in
+    /// it (bytes the body has not read yet, or has written and the relay not taken yet); the
+    /// restore refills it and gives the relay's end to the new node, which attaches it to the
+    /// same relay at home (docs/wire-format.md, "Moving on with relays").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

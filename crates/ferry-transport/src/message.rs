@@ -274,11 +274,21 @@ pub enum Msg {
         pid: i32,
     },
     /// A body's node to its home, after the commit, on a connection of its own: relay pipe
-    /// `pipe` (`Pipe::id` of the image) of the tree whose root is home PID `pid`. Answered
+    /// `pipe` (`Pipe::id` of the image, or `Pipe::relay` for a body moving on) of the tree whose
+    /// root is home PID `pid`. Answered
     /// `Done` (or `Error`); then data frames flow on it one way, and `End` is end of file.
     RelayOpen {
         pid: i32,
         pipe: u32,
+    },
+    /// Inside a pipe's relay, the body's node to home, after a commit that moved the body on
+    /// to node `to`: the relay switches to `to` (which asks for it with `RelayOpen`). On a
+    /// relay the body reads, home stops reading its pipe and answers `RelayHandoff` (its last
+    /// data frame is before it); the body's node then sends back what it had taken from home
+    /// and the body had not read, and `End`: home sends that to `to` first. On a relay the
+    /// body writes, it is the body's node's last frame. See docs/wire-format.md.
+    RelayHandoff {
+        to: String,
     },
 
     // ---- Who may use which machine: owner policy, host grants, eviction ---------------

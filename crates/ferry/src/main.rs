@@ -90,6 +90,10 @@ enum Command {
         link_bps: Option<f64>,
         #[arg(long, requires = "link_bps")]
         lazy_above_ms: Option<f64>,
+        /// A body moving on: its node's stand-in for a relay to its home, as INO:ID (the
+        /// pipe's inode, the relay's id at home); repeated.
+        #[arg(long = "relay-standin", value_parser = parse_standin)]
+        relay_standins: Vec<(u64, u32)>,
     },
     /// Engine worker of a daemon: receive and rebuild a tree (internal).
     #[command(name = "__restore-worker", hide = true)]
@@ -236,6 +240,7 @@ fn main() {
             pages_fd,
             link_bps,
             lazy_above_ms,
+            relay_standins,
         } => commands::worker::capture_worker(
             pid,
             relay_pipes,
@@ -244,6 +249,7 @@ fn main() {
             deputies_dir,
             pages_fd,
             link_bps.zip(lazy_above_ms),
+            relay_standins.into_iter().collect(),
         ),
         Command::LazyGuard { server_pid } => commands::restore::lazy_guard(server_pid),
     };
@@ -251,4 +257,15 @@ fn main() {
         eprintln!("ferry: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// `INO:ID`, a relay stand-in of `__capture-worker --relay-standin`.
+fn parse_standin(s: &str) -> Result<(u64, u32), String> {
+    let (ino, id) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?} is not INO:ID"))?;
+    Ok((
+        ino.parse().map_err(|e| format!("inode {ino:?}: {e}"))?,
+        id.parse().map_err(|e| format!("relay id {id:?}: {e}"))?,
+    ))
 }

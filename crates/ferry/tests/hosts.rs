@@ -556,3 +556,49 @@ fn drain_kills_a_ferry_run_program_that_cannot_move_and_its_caller_is_told() {
     let log = c.log("b");
     assert!(log.contains("run-killed-on-eviction"), "{log}");
 }
+
+/// A `ferry run` program (its stdio relayed to its caller by the node it started on, its
+/// home) moves b -> c, then c -> a: its relays follow it each time, and its caller gets every
+/// line once, in order, and the program's exit code.
+#[test]
+fn a_ferry_run_program_moved_twice_keeps_its_callers_output_whole() {
+    let c = Cluster::up_isolated("hosts-run-twice", 3, Isolation::Shared);
+    let dir = scratch("run-twice");
+    let mut run = run_counter(&c, "b", &dir, false);
+    let caller = run.id() as i32;
+    wait_until("the program to run on b", Duration::from_secs(10), || {
+        run_on(&c, "b", caller)
+    });
+    counts_on(&dir, "the program to count on b");
+    // Its PID on b, its home: what names it on the nodes it moves to.
+    let o = c.run("b", &["ps", "--json"]);
+    let ps: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    let home_pid = ps
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["home_pid"] == caller && p["kind"] == "remote-exec")
+        .and_then(|p| p["pid"].as_i64())
+        .unwrap_or_else(|| panic!("the program is not in b's ps: {ps}"));
+    let o = c.run("b", &["migrate", &caller.to_string(), "--to", "c"]);
+    assert!(o.status.success(), "b -> c: {}", text(&o));
+    counts_on(&dir, "the program to count on c");
+    let o = c.run("c", &["migrate", &home_pid.to_string(), "--to", "a"]);
+    assert!(
+        o.status.success(),
+        "c -> a: {}\n{}",
+        text(&o),
+        c.log("c") + &c.log("b")
+    );
+    counts_on(&dir, "the program to count on a");
+    assert!(run.try_wait().unwrap().is_none(), "ferry run ended");
+    std::fs::write(dir.join("stop"), b"").unwrap();
+    let st = wait_exit(&mut run, Duration::from_secs(20));
+    assert_eq!(st.code(), Some(7), "{st:?}");
+    let n = lines(&dir).len();
+    for (i, l) in lines(&dir).iter().enumerate() {
+        assert_eq!(l, &(i + 1).to_string(), "lost or doubled lines (of {n})");
+    }
+    let err = std::fs::read_to_string(dir.join("stderr")).unwrap();
+    assert!(err.is_empty(), "its caller was told something: {err}");
+}

@@ -32,6 +32,9 @@ pub struct FdCapture {
     /// Anonymous pipes (by inode) held outside the tree too, captured as relayed
     /// (`FrozenTree::relay_pipes`).
     pub relay: HashMap<u64, i32>,
+    /// Stand-ins for relays to the tree's home (pipe inode -> relay id at home), captured as
+    /// relayed with their buffered bytes (`FrozenTree::relay_standins`).
+    pub relay_standins: HashMap<u64, u32>,
     /// Capture slaves of terminals outside the tree as relayed (`TtyDesc::relayed`).
     pub relay_ttys: bool,
     /// Descriptors in flight found in the sockets' queues (see `sockets::InFlight`).
@@ -386,6 +389,11 @@ impl FdCapture {
         let (buffered, packets) = peek_pipe(&reader, queued, capacity)
             .ctx(pid, || format!("copy the bytes queued in pipe fd {fd}"))?;
         let id = tree.pipes.len() as u32;
+        // A stand-in for a relay to the tree's home (a body moving on): what is buffered in it
+        // moves with the image, and the relay at home follows the body.
+        let relay = (fifo_path.is_none())
+            .then(|| self.relay_standins.get(&ino).copied())
+            .flatten();
         tree.pipes.push(Pipe {
             id,
             ino,
@@ -394,7 +402,8 @@ impl FdCapture {
             packets,
             fifo_path,
             fifo_removed: false,
-            relayed: false,
+            relayed: relay.is_some(),
+            relay,
         });
         self.pipes_by_ino.insert(ino, id);
         Ok(id)
@@ -710,7 +719,8 @@ pub fn open_descriptions(
     for p in tree.pipes.iter().filter(|p| p.relayed) {
         let ends = pipe_ends.get_mut(&p.id).expect("every pipe was made above");
         match (ends.0.take(), ends.1.take()) {
-            (Some(end), None) | (None, Some(end)) => relays.push((p.id, end)),
+            // A stand-in for a relay at home keeps that relay's id (`Pipe::relay`).
+            (Some(end), None) | (None, Some(end)) => relays.push((p.relay.unwrap_or(p.id), end)),
             _ => {
                 return Err(Error::BadImage(format!(
                     "relayed pipe {} is held by the tree at neither or both ends",

@@ -175,7 +175,10 @@ pub(crate) fn tracer_of(pid: i32) -> Option<i32> {
 /// `deputies_dir`: where the tree's deputies, should it leave its home, wait for a restarted
 /// daemon (`DIR/PID.sock`; see `serve_deputies`). A lazy migration's private anonymous memory
 /// stays out of the image and is served over the page link (`pages_fd`, see
-/// [`super::pages`]) until the destination has it all.
+/// [`super::pages`]) until the destination has it all. `relay_standins` (a body moving on,
+/// `--relay-standin INO:ID`): its node's stand-in pipes for relays to its home, captured as
+/// relayed with their buffered bytes (`FrozenTree::relay_standins`).
+#[allow(clippy::too_many_arguments)]
 pub fn capture_worker(
     pid: i32,
     relay_pipes: bool,
@@ -184,6 +187,7 @@ pub fn capture_worker(
     deputies_dir: Option<std::path::PathBuf>,
     pages_fd: Option<i32>,
     auto_lazy: Option<(f64, f64)>,
+    relay_standins: std::collections::HashMap<u64, u32>,
 ) -> Result<()> {
     ferry_sys::process::set_parent_death_signal(libc::SIGTERM).context("watch the daemon")?;
     let cancel = ferry_engine::cancel::flag();
@@ -206,7 +210,7 @@ pub fn capture_worker(
     let checked = owned(pid, owner)
         .and_then(|()| describe_tree(pid))
         .and_then(|d| {
-            ferry_engine::preflight::check_with(pid, relay_pipes)
+            ferry_engine::preflight::check_with(pid, relay_pipes, &relay_standins)
                 .with_context(|| format!("cannot move PID {pid}"))?;
             if asked_lazy {
                 ferry_engine::lazy::preflight(pid)
@@ -235,7 +239,9 @@ pub fn capture_worker(
             memory_bytes,
             uid,
             command,
-            in_place: !relay_pipes && rebuilt_in_place(pid),
+            // A body holding relays comes home as a body beside its deputies, its relays
+            // attached again there (not rebuilt in their place: docs/limitations.md).
+            in_place: !relay_pipes && relay_standins.is_empty() && rebuilt_in_place(pid),
             lazy,
         },
     )?;
@@ -274,6 +280,7 @@ pub fn capture_worker(
         Err(e) => return fail(&mut out, &e),
     };
     frozen.relay_pipes = relay_pipes;
+    frozen.relay_standins = relay_standins;
     // A move that fails from here lets the tree go where it was; the next one must still see
     // each sleeping thread's own call (`FrozenTree::reissue_on_thaw`).
     frozen.reissue_on_thaw = true;

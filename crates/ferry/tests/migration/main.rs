@@ -82,6 +82,10 @@ fn main() {
             pipeline_stage_moves_with_relayed_pipes,
         ),
         Trial::test(
+            "a_pipeline_stage_moves_on_from_b_to_c_with_its_relays",
+            pipeline_stage_moves_on_with_its_relays,
+        ),
+        Trial::test(
             "a_moved_writer_sees_epipe_when_its_reader_at_home_goes",
             relayed_pipe_reader_gone,
         ),

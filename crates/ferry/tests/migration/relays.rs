@@ -583,3 +583,89 @@ pub(super) fn stream_peer_moves(kind: &str, who: &str) -> Result<(), Failed> {
     );
     Ok(())
 }
+
+/// The middle stage of a shell pipeline moves home -> b -> c while lines flow through it from
+/// a writer at home to a reader at home: its relays follow it from b to c (the bytes b had
+/// taken from home but the stage had not read, and those the stage wrote at b, reach their
+/// reader before any later ones). The reader gets every line once, in order, and the shell's
+/// `wait` (pipefail) gets the moved stage's own exit status.
+pub(super) fn pipeline_stage_moves_on_with_its_relays() -> Result<(), Failed> {
+    let c = Cluster::up("onward", 3);
+    let dir = scratch("migration", "onward");
+    // The writer outruns the stage (its pipe from home stays full: bytes in every place a
+    // relay holds them), and the stage writes each line as it goes.
+    let middle = "import sys,os,time\n\
+        open(sys.argv[1]+'/pid.tmp','w').write(str(os.getpid()))\n\
+        os.rename(sys.argv[1]+'/pid.tmp', sys.argv[1]+'/pid')\n\
+        for l in sys.stdin:\n\
+        \x20   print(int(l)*2, flush=True)\n\
+        \x20   time.sleep(0.0002)\n\
+        sys.exit(3)\n";
+    let reader = "import sys\n\
+        n=0\n\
+        for l in sys.stdin:\n\
+        \x20   n+=1\n\
+        \x20   assert int(l)==2*n, (l, n)\n\
+        open(sys.argv[1]+'/lines','w').write(str(n))\n";
+    let script = "set -o pipefail; seq 1 20000 \
+        | python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\"";
+    let mut sh = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "onward"])
+            .arg(&dir)
+            .arg(middle)
+            .arg(reader)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("sh.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the middle stage")?;
+    std::thread::sleep(Duration::from_millis(300));
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the middle stage did not move: {e}"))?;
+    std::thread::sleep(Duration::from_millis(300));
+    migrate(&c, "b", pid, "c").map_err(|e| {
+        format!(
+            "the middle stage did not move on from b to c: {e}\n{}",
+            c.log("b")
+        )
+    })?;
+    if common::run::tracer_of(pid) == 0 {
+        return Err("no deputy at home for the middle stage".into());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    migrate(&c, "c", pid, "a").map_err(|e| {
+        format!(
+            "the middle stage did not come home from c: {e}\n{}",
+            c.log("c")
+        )
+    })?;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let st = loop {
+        if let Some(st) = sh.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the pipeline did not end; the last stage read {:?} lines\n{}",
+                std::fs::read_to_string(dir.join("lines")).ok(),
+                c.log("a") + &c.log("b") + &c.log("c")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = std::fs::read_to_string(dir.join("sh.err")).unwrap_or_default();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("lines")).unwrap_or_default(),
+        "20000",
+        "the last stage did not read every line once, in order: {err}"
+    );
+    assert_eq!(
+        st.code(),
+        Some(3),
+        "the shell did not get the moved stage's exit status: {st:?} {err}"
+    );
+    Ok(())
+}
