@@ -86,6 +86,10 @@ fn main() {
             pipeline_stage_moves_on_with_its_relays,
         ),
         Trial::test(
+            "a_body_with_a_relayed_terminal_is_refused_moving_on",
+            a_body_with_a_relayed_terminal_is_refused_moving_on,
+        ),
+        Trial::test(
             "a_moved_writer_sees_epipe_when_its_reader_at_home_goes",
             relayed_pipe_reader_gone,
         ),

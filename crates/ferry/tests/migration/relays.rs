@@ -584,10 +584,10 @@ pub(super) fn stream_peer_moves(kind: &str, who: &str) -> Result<(), Failed> {
     Ok(())
 }
 
-/// The middle stage of a shell pipeline moves home -> b -> c while lines flow through it from
-/// a writer at home to a reader at home: its relays follow it from b to c (the bytes b had
-/// taken from home but the stage had not read, and those the stage wrote at b, reach their
-/// reader before any later ones). The reader gets every line once, in order, and the shell's
+/// The middle stage of a shell pipeline moves home -> b -> c -> home while lines flow through
+/// it from a writer at home to a reader at home (a failed move from b in between): its relays
+/// follow it from b to c and home (the bytes b had taken from home but the stage had not read,
+/// and those the stage wrote at b, reach their reader before any later ones). The reader gets every line once, in order, and the shell's
 /// `wait` (pipefail) gets the moved stage's own exit status.
 pub(super) fn pipeline_stage_moves_on_with_its_relays() -> Result<(), Failed> {
     let c = Cluster::up("onward", 3);
@@ -624,6 +624,10 @@ pub(super) fn pipeline_stage_moves_on_with_its_relays() -> Result<(), Failed> {
     let pid = pid_from(&dir.join("pid"), "the middle stage")?;
     std::thread::sleep(Duration::from_millis(300));
     migrate(&c, "a", pid, "b").map_err(|e| format!("the middle stage did not move: {e}"))?;
+    // A move that fails after the relays were paused (no node zz) lets them go on.
+    if migrate(&c, "b", pid, "zz").is_ok() {
+        return Err("a move to a node that does not exist succeeded".into());
+    }
     std::thread::sleep(Duration::from_millis(300));
     migrate(&c, "b", pid, "c").map_err(|e| {
         format!(
@@ -667,5 +671,68 @@ pub(super) fn pipeline_stage_moves_on_with_its_relays() -> Result<(), Failed> {
         Some(3),
         "the shell did not get the moved stage's exit status: {st:?} {err}"
     );
+    Ok(())
+}
+
+/// A process writing to a terminal whose master stays at home moves to b (its terminal
+/// relayed); moving it on to c is refused before anything is frozen, naming the terminal (a
+/// terminal's relay cannot follow a body yet), and it runs on at b, its output still reaching
+/// the terminal at home.
+pub(super) fn a_body_with_a_relayed_terminal_is_refused_moving_on() -> Result<(), Failed> {
+    let c = Cluster::up("ttyonward", 3);
+    let dir = scratch("migration", "ttyonward");
+    let child = "import os,sys,time\n\
+        d=sys.argv[1]\n\
+        open(d+'/pid.tmp','w').write(str(os.getpid()))\n\
+        os.rename(d+'/pid.tmp', d+'/pid')\n\
+        i=0\n\
+        while not os.path.exists(d+'/stop'):\n\
+        \x20   i+=1\n\
+        \x20   print(i, flush=True)\n\
+        \x20   time.sleep(0.05)\n";
+    let driver = "import os,sys,subprocess\n\
+        d=sys.argv[1]\n\
+        m,s=os.openpty()\n\
+        p=subprocess.Popen(['python3','-c',sys.argv[2],d],stdin=s,stdout=s,stderr=s)\n\
+        os.close(s)\n\
+        out=open(d+'/screen','ab')\n\
+        while True:\n\
+        \x20   try: b=os.read(m,4096)\n\
+        \x20   except OSError: break\n\
+        \x20   if not b: break\n\
+        \x20   out.write(b); out.flush()\n\
+        sys.exit(p.wait())\n";
+    let mut drv = UnixServer(
+        Command::new("python3")
+            .args(["-c", driver])
+            .arg(&dir)
+            .arg(child)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the writer")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let e = match migrate(&c, "b", pid, "c") {
+        Ok(r) => return Err(format!("b -> c was not refused: {r}").into()),
+        Err(e) => e,
+    };
+    if !(e.contains("terminal") && e.contains("cannot move on")) {
+        return Err(format!("b -> c refused without naming the terminal: {e}").into());
+    }
+    let screen = || std::fs::read_to_string(dir.join("screen")).unwrap_or_default();
+    let before = screen().lines().count();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while screen().lines().count() < before + 5 {
+        if Instant::now() > deadline {
+            return Err(format!("the writer stopped after the refusal\n{}", c.log("b")).into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(dir.join("stop"), "").unwrap();
+    let st = drv.0.wait().unwrap();
+    assert!(st.success(), "the writer ended badly: {st:?}");
     Ok(())
 }
