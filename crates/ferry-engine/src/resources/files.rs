@@ -223,7 +223,8 @@ impl FdCapture {
     /// Once every process is captured: the messages of the sockets' queues name the
     /// descriptions in flight with them by file id.
     pub fn finish(&self, tree: &mut Tree) -> Result<()> {
-        self.inflight.borrow().resolve(tree)
+        self.inflight.borrow().resolve(tree)?;
+        super::tty::check_masters(tree)
     }
 
     #[allow(clippy::too_many_arguments)]

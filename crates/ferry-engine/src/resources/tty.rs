@@ -7,8 +7,10 @@
 //!   slave is read out through a slave of our own and written straight back to the master, in
 //!   order, so the live tree loses nothing; that is only exact without any input or echo
 //!   processing (raw mode), so queued input is refused otherwise. Output not yet read from the
-//!   master is refused. A slave whose master is not held in the checkpointed tree, and a pty
-//!   controlling a session whose leader is not in the tree, are refused.
+//!   master is refused. A slave whose master is neither held in the checkpointed tree nor in
+//!   flight in its sockets' queues (SCM_RIGHTS: checked once the whole tree is captured,
+//!   [`check_masters`]), and a pty controlling a session whose leader is not in the tree, are
+//!   refused.
 //! - **restore**: /dev/ptmx is opened until the same pts number comes back (lower ones are held
 //!   meanwhile, then closed), unlocked, given its termios, window size, packet mode and queued
 //!   input. A session leader takes it as its controlling terminal (TIOCSCTTY, injected) as soon
@@ -74,20 +76,10 @@ pub fn classify(
                 "a pty slave not reached through /dev/pts (another devpts mount?)".into(),
             ));
         };
+        // A master that no process of the tree holds may still be in flight in a queue not
+        // read yet: [`check_masters`] looks again once the whole tree is captured.
         if !master_in_tree(index)? && relay {
             return relayed_slave(pid, fd, index).map(Some);
-        }
-        if !master_in_tree(index)? {
-            return Err(unsupported(
-                pid,
-                fd,
-                path,
-                format!(
-                    "the master side of /dev/pts/{index} is not held by any process of the \
-                     checkpointed tree (a terminal provided from outside, e.g. by sshd or a \
-                     terminal emulator), so the pty cannot be recreated"
-                ),
-            ));
         }
         return Ok(Some(FileKind::Tty(TtyDesc {
             index,
@@ -253,7 +245,63 @@ fn frozen_pids() -> Result<Vec<i32>> {
     Ok(out)
 }
 
-/// Whether a frozen process holds the master of pty `index`.
+/// Once the whole tree is captured: refuses a pty slave whose master is neither held by a
+/// process of the tree nor in flight (SCM_RIGHTS) in the queue of one of its sockets; a slave
+/// taken for relayed (its master was not met yet) whose master was met in flight is not.
+pub fn check_masters(tree: &mut Tree) -> Result<()> {
+    let masters: HashSet<u32> = tree
+        .files
+        .iter()
+        .filter_map(tty_of)
+        .filter(|t| t.master)
+        .map(|t| t.index)
+        .collect();
+    for f in tree.files.iter_mut() {
+        if let FileKind::Tty(t) = &mut f.kind {
+            if !t.master && masters.contains(&t.index) {
+                t.relayed = None;
+            }
+        }
+    }
+    for f in &tree.files {
+        let Some(t) = tty_of(f).filter(|t| !t.master) else {
+            continue;
+        };
+        let holder = tree
+            .processes
+            .iter()
+            .find_map(|p| p.fds.iter().find(|d| d.file == f.id).map(|d| (p.pid, d.fd)));
+        let (pid, fd) = holder.unwrap_or((tree.root_pid, -1));
+        if t.relayed.is_some() && holder.is_none() {
+            return Err(unsupported(
+                pid,
+                fd,
+                &format!("/dev/pts/{}", t.index),
+                "a slave of a terminal outside the tree, in flight (SCM_RIGHTS): only a \
+                 terminal that a process of the tree holds is relayed from home"
+                    .into(),
+            ));
+        }
+        if t.relayed.is_some() || masters.contains(&t.index) {
+            continue;
+        }
+        return Err(unsupported(
+            pid,
+            fd,
+            &format!("/dev/pts/{}", t.index),
+            format!(
+                "the master side of /dev/pts/{} is not held by any process of the checkpointed \
+                 tree (a terminal provided from outside, e.g. by sshd or a terminal emulator), \
+                 so the pty cannot be recreated",
+                t.index
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a frozen process holds the master of pty `index` (one in flight is found only by
+/// [`check_masters`]: our own copies are not the tree's, a daemon holds relays' masters).
 fn master_in_tree(index: u32) -> Result<bool> {
     for q in frozen_pids()? {
         let Ok(fds) = procfs::fds(q) else { continue };

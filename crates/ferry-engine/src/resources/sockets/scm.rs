@@ -42,9 +42,9 @@ pub(crate) fn may_fly(kind: &FileKind) -> std::result::Result<(), &'static str> 
         | FileKind::Timerfd(_)
         | FileKind::Signalfd(_)
         | FileKind::Inotify(_)
-        | FileKind::Pidfd { .. } => Ok(()),
+        | FileKind::Pidfd { .. }
+        | FileKind::Tty(_) => Ok(()),
         FileKind::Socket(_) => Ok(()),
-        FileKind::Tty(_) => Err("a terminal"),
         FileKind::Unknown => Err("an unknown kind of file"),
     }
 }
