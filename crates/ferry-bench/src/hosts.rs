@@ -297,7 +297,7 @@ fn eviction_table(ferry: &Path, port: u16, evictions: usize) -> Result<String> {
         std::thread::sleep(Duration::from_millis(500));
     }
     // A `ferry run --on b` program: b becomes its home (a deputy stays there, its stdio are
-    // relayed), so it cannot move again: a fresh one each run.
+    // relayed); once evicted it no longer runs on b: a fresh one each run.
     let (mut total, mut each) = (vec![], vec![]);
     for _ in 0..evictions {
         let mut run = Killed(
