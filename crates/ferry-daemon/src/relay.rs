@@ -1,5 +1,6 @@
-//! Relays: a moved tree's pipes, terminal and UNIX stream sockets to processes that stayed at
-//! home (the two-way kinds, terminals and sockets, are in `pump_duplex`).
+//! Relays: a moved tree's pipes, terminal and UNIX sockets (stream, datagram, seqpacket) to
+//! processes that stayed at home (the two-way kinds, terminals and sockets, are in
+//! `pump_duplex`).
 //!
 //! A pipe the tree shares with a process outside it (one stage of a shell pipeline moved, the
 //! others stayed) is captured as relayed (`ferry_image::Pipe::relayed`). At home, before the
@@ -15,7 +16,9 @@
 
 use crate::node::Node;
 use anyhow::{anyhow, bail, Context, Result};
-use ferry_transport::frame::{read_frame, write_data, write_end, write_msg, FrameError};
+use ferry_transport::frame::{
+    read_frame, write_data, write_end, write_msg, write_record, FrameError,
+};
 use ferry_transport::message::{kind, RelayedPipe};
 use ferry_transport::tls::Conn;
 use ferry_transport::{Frame, Msg};
@@ -25,35 +28,50 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// How often an idle datagram relay asks whether its socket's peer is gone.
+const PEER_POLL: Duration = Duration::from_millis(200);
 /// How long a home end waits for its body's node to connect before it is closed.
 const OPEN_GRACE: Duration = Duration::from_secs(60);
 /// How long a body's node asks again for a relay its home does not have for it yet.
 const OPEN_RETRY: Duration = Duration::from_secs(20);
+
+/// Who a relay at home sends as (SCM_CREDENTIALS: PID, user and group), on a socket: the
+/// process at home that holds it (its deputy), never the daemon.
+pub type Sender = (i32, u32, u32);
+
+/// The home's end of one relay: its id (`RelayedPipe::pipe`), the descriptor, and, for a
+/// socket, whom its messages come from.
+pub type HomeOpen = (u32, OwnedFd, Option<Sender>);
 
 /// The home's ends of relayed pipes, waiting for their body's node to connect, and the bytes
 /// relayed so far per home PID.
 #[derive(Default)]
 pub struct HomeRelays {
     /// (home PID of the tree's root, pipe) -> the body's node, the home's end, what goes to
-    /// that node first (returned by the node the body left), and which parking this is.
+    /// that node first (returned by the node the body left), which parking this is, and whom
+    /// a socket's end sends as.
     waiting: Mutex<HashMap<(i32, u32), Waiting>>,
     relayed: Mutex<HashMap<i32, Arc<AtomicU64>>>,
     serial: AtomicU64,
 }
+
+/// A home end taken by its body's node: the end, what goes first, whom it sends as.
+type Taken = (OwnedFd, Vec<u8>, Option<Sender>);
 
 struct Waiting {
     node: String,
     fd: OwnedFd,
     prefix: Vec<u8>,
     serial: u64,
+    sender: Option<Sender>,
 }
 
 impl HomeRelays {
     /// Keeps `ends` for the tree rooted at home PID `pid`, whose body runs on `body_node`;
     /// an end its body's node has not asked for within a minute is closed.
-    pub fn expect(self: &Arc<Self>, pid: i32, body_node: &str, ends: Vec<(u32, OwnedFd)>) {
-        for (pipe, fd) in ends {
-            self.park(pid, pipe, body_node, fd, Vec::new());
+    pub fn expect(self: &Arc<Self>, pid: i32, body_node: &str, ends: Vec<HomeOpen>) {
+        for (pipe, fd, sender) in ends {
+            self.park_as(pid, pipe, body_node, fd, Vec::new(), sender);
         }
     }
 
@@ -68,6 +86,19 @@ impl HomeRelays {
         fd: OwnedFd,
         prefix: Vec<u8>,
     ) {
+        self.park_as(pid, pipe, body_node, fd, prefix, None);
+    }
+
+    /// Like [`HomeRelays::park`], for an end that sends as `sender` (a socket's).
+    fn park_as(
+        self: &Arc<Self>,
+        pid: i32,
+        pipe: u32,
+        body_node: &str,
+        fd: OwnedFd,
+        prefix: Vec<u8>,
+        sender: Option<Sender>,
+    ) {
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         self.waiting.lock().expect("relays lock").insert(
             (pid, pipe),
@@ -76,6 +107,7 @@ impl HomeRelays {
                 fd,
                 prefix,
                 serial,
+                sender,
             },
         );
         let me = self.clone();
@@ -91,7 +123,7 @@ impl HomeRelays {
 
     /// The end of pipe `pipe` of home PID `pid`, for node `from`, which must be where its body
     /// runs (a node speaks only for itself).
-    fn take(&self, from: &str, pid: i32, pipe: u32) -> Result<(OwnedFd, Vec<u8>)> {
+    fn take(&self, from: &str, pid: i32, pipe: u32) -> Result<Taken> {
         let mut w = self.waiting.lock().expect("relays lock");
         match w.get(&(pid, pipe)) {
             None => bail!("no pipe {pipe} of PID {pid} waits for a relay here"),
@@ -103,7 +135,7 @@ impl HomeRelays {
             }
             Some(_) => {
                 let x = w.remove(&(pid, pipe)).expect("just seen");
-                Ok((x.fd, x.prefix))
+                Ok((x.fd, x.prefix, x.sender))
             }
         }
     }
@@ -127,9 +159,25 @@ impl HomeRelays {
     }
 }
 
+/// The real user and group of process `pid` (what the kernel puts in SCM_CREDENTIALS for it).
+fn real_ids(pid: i32) -> Result<(u32, u32)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("read /proc/{pid}/status"))?;
+    let real = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u32>().ok())
+            .ok_or_else(|| anyhow!("no {key} in /proc/{pid}/status"))
+    };
+    Ok((real("Uid:")?, real("Gid:")?))
+}
+
 /// Opens, at home, a description of its own of each pipe the tree shares with processes
-/// outside it, through the (frozen) process's descriptor: the end the tree holds.
-pub fn open_home_ends(relays: &[RelayedPipe]) -> Result<Vec<(u32, OwnedFd)>> {
+/// outside it, through the (frozen) process's descriptor: the end the tree holds. A socket's
+/// end sends as the process that holds it (its PID and real ids).
+pub fn open_home_ends(relays: &[RelayedPipe]) -> Result<Vec<HomeOpen>> {
     relays
         .iter()
         .map(|r| {
@@ -145,7 +193,20 @@ pub fn open_home_ends(relays: &[RelayedPipe]) -> Result<Vec<(u32, OwnedFd)>> {
                             r.fd
                         )
                     })?;
-                return Ok((r.pipe, fd));
+                // A UNIX socket's messages carry their sender (SCM_CREDENTIALS).
+                let domain = ferry_sys::sockets::getsockopt_int(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_DOMAIN,
+                );
+                let sender = match domain {
+                    Ok(libc::AF_UNIX) => {
+                        let (uid, gid) = real_ids(r.pid)?;
+                        Some((r.pid, uid, gid))
+                    }
+                    _ => None,
+                };
+                return Ok((r.pipe, fd, sender));
             }
             let acc = if r.tty {
                 libc::O_RDWR | libc::O_NOCTTY
@@ -166,7 +227,7 @@ pub fn open_home_ends(relays: &[RelayedPipe]) -> Result<Vec<(u32, OwnedFd)>> {
                     r.fd
                 )
             })?;
-            Ok((r.pipe, fd))
+            Ok((r.pipe, fd, None))
         })
         .collect()
 }
@@ -227,7 +288,7 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
                     }
                 };
                 match (duplex_of(pipe), reg.ctl.take()) {
-                    (Some(mode), _) => pump_duplex(conn, fd, mode, None).await,
+                    (Some(mode), _) => pump_duplex(conn, fd, mode, None, None).await,
                     (None, Some(ctl)) => crate::relay_pipe::body_pump(conn.stream, fd, ctl).await,
                     (None, None) => bail!("relay {pipe} has no control"),
                 }
@@ -246,7 +307,7 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
 
 /// At home: node `conn.peer` asks for pipe `pipe` of home PID `pid`.
 pub async fn serve_open(node: &Arc<Node>, mut conn: Conn, pid: i32, pipe: u32) -> Result<()> {
-    let (fd, prefix) = match node.relays.take(&conn.peer, pid, pipe) {
+    let (fd, prefix, sender) = match node.relays.take(&conn.peer, pid, pipe) {
         Ok(x) => x,
         Err(e) => {
             let message = format!("{e:#}");
@@ -259,9 +320,16 @@ pub async fn serve_open(node: &Arc<Node>, mut conn: Conn, pid: i32, pipe: u32) -
     let counter = node.relays.counter(pid);
     let bytes = match duplex_of(pipe) {
         Some(Duplex::Tty { .. }) => {
-            pump_duplex(conn, fd, Duplex::Tty { gate: Some(pid) }, Some(counter)).await?
+            pump_duplex(
+                conn,
+                fd,
+                Duplex::Tty { gate: Some(pid) },
+                None,
+                Some(counter),
+            )
+            .await?
         }
-        Some(mode) => pump_duplex(conn, fd, mode, Some(counter)).await?,
+        Some(mode) => pump_duplex(conn, fd, mode, sender, Some(counter)).await?,
         None => return home_side(node, &peer, conn.stream, pid, pipe, fd, prefix).await,
     };
     tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
@@ -314,7 +382,7 @@ async fn attach_at_home(
     let deadline = tokio::time::Instant::now() + OPEN_RETRY;
     let (home_fd, prefix) = loop {
         match node.relays.take(&me, pid, pipe) {
-            Ok(x) => break x,
+            Ok((fd, prefix, _)) => break (fd, prefix),
             Err(e) if tokio::time::Instant::now() > deadline => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
@@ -379,11 +447,16 @@ fn duplex_of(id: u32) -> Option<Duplex> {
 /// at home reads it) and whose window size is sent on when it changes; at the body's node `fd`
 /// is the master of the body's pty; the relay ends when either side does. A socket: end of file
 /// read on one side is a shutdown(SHUT_WR) on the other, and the relay ends when both ways
-/// have, or a write fails. Returns the bytes moved.
+/// have, or a write fails. A socket of messages (datagrams, seqpacket) keeps them whole: one
+/// read is one message, one `Data` frame, one send on the other side (a datagram may be empty);
+/// a datagram relay ends when either side's socket finds its peer gone. On a socket, `sender`
+/// is whom the messages sent here come from (SCM_CREDENTIALS: the home's process, not us).
+/// Returns the bytes moved.
 async fn pump_duplex(
     conn: Conn,
     fd: OwnedFd,
     mode: Duplex,
+    sender: Option<Sender>,
     counter: Option<Arc<AtomicU64>>,
 ) -> Result<u64> {
     let gate = match mode {
@@ -391,6 +464,14 @@ async fn pump_duplex(
         Duplex::Socket => None,
     };
     let socket = matches!(mode, Duplex::Socket);
+    let sock_type = if socket {
+        ferry_sys::sockets::getsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TYPE)
+            .map_err(|e| anyhow!("the type of the relayed socket: {e}"))?
+    } else {
+        0
+    };
+    let records = socket && sock_type != libc::SOCK_STREAM;
+    let dgram = socket && sock_type == libc::SOCK_DGRAM;
     let (mut rx, mut tx) = tokio::io::split(conn.stream);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let fd = Arc::new(fd);
@@ -424,6 +505,7 @@ async fn pump_duplex(
                 let _ = size_changed(&known_size, raw);
             }
             let mut checked = std::time::Instant::now();
+            let mut peer_checked = std::time::Instant::now();
             while !stop.load(Ordering::Relaxed) {
                 if body_tty && checked.elapsed() >= Duration::from_millis(20) {
                     checked = std::time::Instant::now();
@@ -461,14 +543,26 @@ async fn pump_duplex(
                 let wait = if body_tty { 20 } else { 100 };
                 match ferry_sys::ns::poll_in(&[raw], wait) {
                     Ok(r) if r[0] => {}
-                    Ok(_) => continue,
+                    Ok(_) => {
+                        // A datagram socket hears nothing of its peer's close: ask.
+                        if dgram && peer_checked.elapsed() >= PEER_POLL {
+                            peer_checked = std::time::Instant::now();
+                            if dgram_peer_gone(raw) {
+                                let _ = out_tx.blocking_send(TtyOut::Broken);
+                                return;
+                            }
+                        }
+                        continue;
+                    }
                     Err(_) => break,
                 }
                 // The shell may have taken the terminal back while we waited.
                 if gate.is_some_and(|root| in_foreground(root) == Some(false)) {
                     continue;
                 }
-                let got = if socket {
+                let got = if records {
+                    recv_record(raw)
+                } else if socket {
                     // Read straight into the bytes to send: nothing zeroed first, no room
                     // for control messages (which a relay drops).
                     let mut d = Vec::with_capacity(buf.len());
@@ -478,7 +572,9 @@ async fn pump_duplex(
                     ferry_sys::fdops::read_fd(raw, &mut buf).map(|n| buf[..n].to_vec())
                 };
                 match got {
-                    Ok(d) if d.is_empty() => break,
+                    // An empty datagram is a message; no more of them is a shutdown for
+                    // reading (which polls POLLRDHUP).
+                    Ok(d) if d.is_empty() && (!dgram || read_shut(raw)) => break,
                     Ok(d) => {
                         if out_tx.blocking_send(TtyOut::Data(d)).is_err() {
                             return;
@@ -497,24 +593,42 @@ async fn pump_duplex(
     // was given even after the relay ends (the far side's last words, then its end of file),
     // unless the relay failed.
     let abort = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (in_tx, in_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let (in_tx, in_rx) = std::sync::mpsc::channel::<Option<Vec<u8>>>();
     let writer = {
         let (fd, stop) = (fd.clone(), abort.clone());
+        let mut sender = sender;
         std::thread::spawn(move || {
             let raw = fd.as_raw_fd();
             for data in in_rx {
-                if data.is_empty() {
+                let Some(data) = data else {
                     let _ = ferry_sys::sockets::shutdown(raw, libc::SHUT_WR);
                     continue;
-                }
+                };
                 let mut at = 0;
-                while at < data.len() {
+                loop {
                     if stop.load(Ordering::Relaxed) {
                         return;
                     }
-                    match ferry_sys::fdops::write_fd(raw, &data[at..]) {
-                        Ok(n) => at += n,
+                    let put = if socket {
+                        send_on(raw, &data[at..], &mut sender)
+                    } else {
+                        ferry_sys::fdops::write_fd(raw, &data[at..])
+                    };
+                    match put {
+                        // A message goes whole or not at all.
+                        Ok(n) => {
+                            at += n;
+                            if records || at >= data.len() {
+                                break;
+                            }
+                        }
                         Err(e) if e.errno == libc::EINTR => {}
+                        // Larger than this socket may send: that one is lost, as it would
+                        // be had the sender met the limit itself.
+                        Err(e) if records && e.errno == libc::EMSGSIZE => {
+                            tracing::warn!(event = "relay-message-too-long", bytes = data.len());
+                            break;
+                        }
                         // A description that is non-blocking (the home's own socket, as its
                         // process set it): wait until it takes more (not a 5 ms sleep per
                         // full buffer), and look at `stop` now and then.
@@ -545,7 +659,11 @@ async fn pump_duplex(
             tokio::select! {
                 out = out_rx.recv() => match out {
                     Some(TtyOut::Data(d)) => {
-                        write_data(&mut tx, &d).await?;
+                        if records {
+                            write_record(&mut tx, &d).await?;
+                        } else {
+                            write_data(&mut tx, &d).await?;
+                        }
                         tokio::io::AsyncWriteExt::flush(&mut tx).await?;
                         total += d.len() as u64;
                         count(d.len());
@@ -579,12 +697,12 @@ async fn pump_duplex(
                 },
                 frame = read_frame(&mut rx), if !got_end => match frame {
                     // (An empty one would read as the far side's shutdown.)
-                    Ok(Frame::Data(d)) if d.is_empty() => {}
+                    Ok(Frame::Data(d)) if d.is_empty() && !dgram => {}
                     Ok(Frame::Data(d)) => {
                         total += d.len() as u64;
                         count(d.len());
                         // The frame's own buffer: no copy of it.
-                        if in_tx.send(d).is_err() {
+                        if in_tx.send(Some(d)).is_err() {
                             return Ok(());
                         }
                     }
@@ -615,7 +733,7 @@ async fn pump_duplex(
                     }
                     Ok(Frame::Msg(m)) => bail!("{} message inside a two-way relay", kind(&m)),
                     Ok(Frame::End) if socket => {
-                        let _ = in_tx.send(Vec::new());
+                        let _ = in_tx.send(None);
                         got_end = true;
                     }
                     Ok(Frame::End) | Err(FrameError::Closed) => return Ok(()),
@@ -637,4 +755,68 @@ async fn pump_duplex(
     })
     .await;
     r.map(|()| total)
+}
+
+/// The longest message a relay carries whole (a longer one is cut there, as a reader with a
+/// buffer that size would have it).
+const RECORD_MAX: usize = ferry_transport::frame::MAX_FRAME - 4096;
+
+/// The next message of a socket of messages, whole (its length asked first: MSG_TRUNC).
+fn recv_record(raw: std::os::fd::RawFd) -> Result<Vec<u8>, ferry_sys::SysError> {
+    let len = ferry_sys::sockets::next_message_len(raw)?;
+    let mut d = Vec::new();
+    ferry_sys::sockets::recv_append(raw, &mut d, len.min(RECORD_MAX), libc::MSG_DONTWAIT)?;
+    Ok(d)
+}
+
+/// Whether socket `raw` is shut down for reading.
+fn read_shut(raw: std::os::fd::RawFd) -> bool {
+    ferry_sys::sockets::poll_now(raw, libc::POLLRDHUP).is_ok_and(|ev| ev & libc::POLLRDHUP != 0)
+}
+
+/// Sends `data` on socket `raw`, as `sender` when there is one (at home: the process whose
+/// socket it is). Never blocks, never raises SIGPIPE.
+fn send_on(
+    raw: std::os::fd::RawFd,
+    data: &[u8],
+    sender: &mut Option<Sender>,
+) -> Result<usize, ferry_sys::SysError> {
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    if let Some(who) = *sender {
+        match ferry_sys::sockets::send_as(raw, data, who, flags) {
+            // That process is gone (its body ended): what is left goes as the daemon.
+            Err(e) if e.errno == libc::ESRCH => *sender = None,
+            r => return r,
+        }
+    }
+    ferry_sys::sockets::send(raw, data, None, &[], flags)
+}
+
+/// Whether the peer of connected UNIX datagram socket `raw` is gone (closed: it is no longer
+/// among the sockets sock_diag knows). A socket sock_diag cannot see (another network
+/// namespace's) is taken as alive.
+fn dgram_peer_gone(raw: std::os::fd::RawFd) -> bool {
+    use ferry_sys::sockets::{unix_diag, UDIAG_SHOW_PEER};
+    let Some(ino) = std::fs::read_link(format!("/proc/self/fd/{raw}"))
+        .ok()
+        .and_then(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse::<u32>()
+                .ok()
+        })
+    else {
+        return false;
+    };
+    let Ok(me) = unix_diag(Some(ino), UDIAG_SHOW_PEER) else {
+        return false;
+    };
+    let Some(me) = me.first() else {
+        return false;
+    };
+    match me.peer {
+        None | Some(0) => true,
+        Some(peer) => unix_diag(Some(peer), 0).is_ok_and(|p| p.is_empty()),
+    }
 }

@@ -264,9 +264,20 @@ pub fn recv_append(fd: RawFd, v: &mut Vec<u8>, max: usize, flags: i32) -> SysRes
     // SAFETY: spare points at at least `max` bytes of v's allocation, which recv only writes.
     let r = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), max, flags) };
     let n = check("recv", r as libc::c_long)? as usize;
+    // (With MSG_TRUNC the kernel answers the message's whole length, which may be more.)
+    let n = n.min(max);
     // SAFETY: recv initialised the first n (<= max) bytes of the spare capacity.
     unsafe { v.set_len(v.len() + n) };
     Ok(n)
+}
+
+/// The length of the next message waiting in datagram or seqpacket socket `fd` (which stays
+/// there): recv(MSG_PEEK | MSG_TRUNC) of nothing. EAGAIN when none waits.
+pub fn next_message_len(fd: RawFd) -> SysResult<usize> {
+    let flags = libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_DONTWAIT;
+    // SAFETY: a zero-length buffer: recv writes nothing.
+    let r = unsafe { libc::recv(fd, std::ptr::null_mut(), 0, flags) };
+    check("recv", r as libc::c_long).map(|n| n as usize)
 }
 
 /// ioctl(SIOCINQ/SIOCOUTQ/...) returning an int.
@@ -320,6 +331,42 @@ pub fn send(
         }
     }
     // SAFETY: msg points at iov, ss and control, which all outlive the call.
+    let r = unsafe { libc::sendmsg(fd, &msg, flags) };
+    check("sendmsg", r as libc::c_long).map(|n| n as usize)
+}
+
+/// Sends `data` on a connected socket with SCM_CREDENTIALS `creds` (pid, uid, gid): what a
+/// receiver with SO_PASSCRED reads as its sender instead of us (we need CAP_SYS_ADMIN for
+/// another PID, CAP_SETUID and CAP_SETGID for other ids; the PID must exist: ESRCH).
+pub fn send_as(fd: RawFd, data: &[u8], creds: (i32, u32, u32), flags: i32) -> SysResult<usize> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let ucred = libc::ucred {
+        pid: creds.0,
+        uid: creds.1,
+        gid: creds.2,
+    };
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::ucred>() as u32) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain old data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: the control buffer is CMSG_SPACE(ucred) bytes, aligned, so the first header and
+    // its data fit in it.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_CREDENTIALS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::ucred>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::ucred>(), ucred);
+    }
+    // SAFETY: msg points at iov and control, which both outlive the call.
     let r = unsafe { libc::sendmsg(fd, &msg, flags) };
     check("sendmsg", r as libc::c_long).map(|n| n as usize)
 }
@@ -1172,4 +1219,38 @@ pub fn tcp_peek_send_queue(fd: RawFd, len: usize) -> SysResult<Vec<u8>> {
     let n = check("recv(MSG_PEEK, send queue)", r as libc::c_long)? as usize;
     buf.truncate(n.min(len));
     Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A message sent with `send_as` reads, for a receiver with SO_PASSCRED, as sent by whom
+    /// it names (here our parent, which exists and is not us), and `next_message_len` sees
+    /// its length (an empty one too) before it is read.
+    #[test]
+    fn send_as_names_its_sender() {
+        let (a, b) = socketpair(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC).unwrap();
+        setsockopt_int(b.as_raw_fd(), SOL_SOCKET, libc::SO_PASSCRED, 1).unwrap();
+        // SAFETY: getppid, getuid, getgid have no preconditions.
+        let (ppid, uid, gid) = unsafe { (libc::getppid(), libc::getuid(), libc::getgid()) };
+        let who = (ppid, uid, gid);
+        match send_as(a.as_raw_fd(), b"hello", who, libc::MSG_DONTWAIT) {
+            // Not root (CAP_SYS_ADMIN): only our own PID may be named.
+            Err(e) if e.errno == libc::EPERM => return,
+            r => assert_eq!(r.unwrap(), 5),
+        }
+        send(a.as_raw_fd(), b"", None, &[], 0).unwrap();
+        assert_eq!(next_message_len(b.as_raw_fd()).unwrap(), 5);
+        let got = recv(b.as_raw_fd(), 64, 0).unwrap();
+        assert_eq!(got.data, b"hello");
+        assert_eq!(got.creds, Some(who));
+        assert_eq!(next_message_len(b.as_raw_fd()).unwrap(), 0);
+        let mut v = Vec::new();
+        assert_eq!(recv_append(b.as_raw_fd(), &mut v, 16, 0).unwrap(), 0);
+        assert_eq!(
+            next_message_len(b.as_raw_fd()).unwrap_err().errno,
+            libc::EAGAIN
+        );
+    }
 }

@@ -158,6 +158,12 @@ pub async fn write_data<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8]) -> Result
     Ok(())
 }
 
+/// Writes one message of a relay that keeps them whole (a datagram): one `Data` frame of
+/// exactly `data`, however short (empty too) or long (up to [`MAX_FRAME`]). Not flushed.
+pub async fn write_record<W: AsyncWrite + Unpin>(w: &mut W, data: &[u8]) -> Result<(), FrameError> {
+    write_raw(w, KIND_DATA, data).await
+}
+
 /// Like [`write_data`], each frame compressed by `c` where that pays (only to a peer that said
 /// it reads compressed frames).
 pub async fn write_data_with<W: AsyncWrite + Unpin>(

@@ -102,6 +102,14 @@ fn main() {
             unix_client_of_a_home_server,
         ),
         Trial::test(
+            "datagrams_to_home_are_relayed_whole_and_in_order",
+            datagrams_to_home_are_relayed_whole,
+        ),
+        Trial::test(
+            "seqpacket_records_to_home_are_relayed_whole",
+            seqpacket_records_to_home_are_relayed_whole,
+        ),
+        Trial::test(
             "a_client_talks_on_to_its_server_at_home_over_tcp",
             tcp_client_of_a_home_server,
         ),

@@ -736,3 +736,199 @@ pub(super) fn a_body_with_a_relayed_terminal_is_refused_moving_on() -> Result<()
     assert!(st.success(), "the writer ended badly: {st:?}");
     Ok(())
 }
+
+/// The messages of `DGRAM_HOME` and `DGRAM_CLIENT`: numbered, of many lengths (every 25th
+/// longer than a relay's 64 KiB stream buffer), so that a message cut, merged or reordered
+/// shows.
+const DGRAM_MESSAGES: &str = r#"
+def body(n):
+    size = 100000 if n % 25 == 0 else (n * 997) % 3000
+    return b'msg %d:' % n + bytes([48 + n % 10]) * size
+def early(k):
+    return b'early %d ' % k + b'e' * (k * 5000)
+"#;
+
+/// At home: a log daemon's datagram socket bound in this machine's /tmp (which the body's node
+/// does not see), and one end of a datagram socketpair whose other end the client it starts
+/// holds (three datagrams wait in the client's queue, unread). Each message must arrive whole,
+/// in order, from the client's PID and user (SCM_CREDENTIALS); each ping is answered by a pong
+/// and an empty datagram.
+const DGRAM_HOME: &str = r#"
+import os, sys, socket, subprocess, select, struct
+d, tmp, client, kind = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+# A zero-length record would read as the end of a seqpacket connection.
+empty = kind == 'dgram'
+log = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+log.bind(tmp + '/log.sock')
+log.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+ty = socket.SOCK_DGRAM if kind == 'dgram' else socket.SOCK_SEQPACKET
+mine, theirs = socket.socketpair(socket.AF_UNIX, ty)
+for k in range(3):
+    mine.send(early(k))
+child = subprocess.Popen([sys.executable, '-c', client, d, tmp + '/log.sock',
+                          str(theirs.fileno()), str(empty)], pass_fds=[theirs.fileno()])
+theirs.close()
+CRED = struct.Struct('iII')
+n = pings = 0
+ended = byes = False
+while not (ended and byes):
+    r, _, _ = select.select([log, mine], [], [], 60)
+    assert r, 'nothing for 60 s after message %d, ping %d' % (n, pings)
+    if log in r:
+        m, anc, fl, _ = log.recvmsg(1 << 20, socket.CMSG_SPACE(CRED.size))
+        assert fl & socket.MSG_TRUNC == 0
+        creds = [CRED.unpack(a[2]) for a in anc if a[1] == socket.SCM_CREDENTIALS]
+        assert creds and creds[0][:2] == (child.pid, os.getuid()), (creds, child.pid, n)
+        if m == b'end':
+            ended = True
+        else:
+            n += 1
+            assert m == body(n), (m[:40], len(m), n)
+    if mine in r:
+        m = mine.recv(1 << 20)
+        if m == b'bye':
+            byes = True
+        else:
+            pings += 1
+            assert m == b'ping %d' % pings, (m, pings)
+            mine.send(b'pong %d' % pings)
+            if empty:
+                mine.send(b'')
+st = child.wait()
+open(d + '/home.done', 'w').write('%d %d %d' % (n, pings, st))
+"#;
+
+/// The client, moved: it keeps logging numbered messages through its socket connected to the
+/// home's log socket; once told it has moved (`moved`), it reads what waited in its pair's
+/// queue, plays 20 pings with its parent, and logs 40 more messages.
+const DGRAM_CLIENT: &str = r#"
+import os, sys, socket, time
+d, path, fd, empty = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == 'True'
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.connect(path)
+p = socket.socket(fileno=fd)
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+i, moved_at, deadline = 0, None, time.time() + 60
+while moved_at is None or i < moved_at + 40:
+    i += 1
+    s.send(body(i))
+    if moved_at is None and os.path.exists(d + '/moved'):
+        moved_at = i
+        open(d + '/reach', 'w').write(str(os.path.exists(path)))
+        for k in range(3):
+            m = p.recv(1 << 20)
+            assert m == early(k), (m[:20], len(m), k)
+        for k in range(1, 21):
+            p.send(b'ping %d' % k)
+            assert p.recv(100) == b'pong %d' % k
+            if empty:
+                assert p.recv(100) == b''
+    assert time.time() < deadline, 'never told it moved'
+    time.sleep(0.02)
+s.send(b'end')
+p.send(b'bye')
+open(d + '/moved_at', 'w').write(str(moved_at))
+"#;
+
+/// A process moves while it holds UNIX datagram sockets to home: one connected to a log
+/// daemon's socket in the home's private /tmp (syslog's /dev/log), one end of a socketpair
+/// whose other end its parent at home holds. Both are relayed: every message arrives whole and
+/// in order, before and after the move, from the process's PID (not the daemon's); what waited
+/// in its queue comes first; replies, an empty datagram among them, come back; the relays end
+/// with the client.
+pub(super) fn datagrams_to_home_are_relayed_whole() -> Result<(), Failed> {
+    messages_to_home_are_relayed_whole("dgram")
+}
+
+/// The same with the socketpair of kind SOCK_SEQPACKET: its records are relayed whole too.
+pub(super) fn seqpacket_records_to_home_are_relayed_whole() -> Result<(), Failed> {
+    messages_to_home_are_relayed_whole("seqpacket")
+}
+
+/// Runs `DGRAM_HOME` (its pair of kind `kind`) and moves its client to node b.
+fn messages_to_home_are_relayed_whole(kind: &str) -> Result<(), Failed> {
+    let tag = &format!("{kind}relay");
+    let c = Cluster::up_full(
+        tag,
+        2,
+        &[],
+        Isolation::default_for_tests(),
+        &["--confine-guests"],
+    );
+    let dir = scratch("migration", tag);
+    // This machine's /tmp is node a's own: node b has a private one.
+    let tmp = PathBuf::from(format!("/tmp/ferry-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _tmp = Gone(tmp.clone());
+    let mut home = UnixServer(
+        Command::new("python3")
+            .args(["-c", &format!("{DGRAM_MESSAGES}\n{DGRAM_HOME}")])
+            .arg(&dir)
+            .arg(&tmp)
+            .arg(format!("{DGRAM_MESSAGES}\n{DGRAM_CLIENT}"))
+            .arg(kind)
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("home.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the client")?;
+    std::thread::sleep(Duration::from_millis(400));
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the client did not move: {e}"))?;
+    std::fs::write(dir.join("moved"), "").unwrap();
+    let err = || std::fs::read_to_string(dir.join("home.err")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let st = loop {
+        if let Some(st) = home.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the conversation did not finish\n{}\n{}",
+                err(),
+                c.log("a") + &c.log("b")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let logs = || c.log("a") + &c.log("b");
+    assert!(st.success(), "home failed: {st:?}\n{}\n{}", err(), logs());
+    let moved_at: u32 = std::fs::read_to_string(dir.join("moved_at"))
+        .unwrap_or_default()
+        .parse()
+        .unwrap_or(0);
+    assert!(moved_at > 1, "the client logged nothing before it moved");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("home.done")).unwrap_or_default(),
+        format!("{} 20 0", moved_at + 40),
+        "home's count of messages and pings, and the client's status"
+    );
+    // Nothing tells a datagram socket its peer closed: the relays find it out (the body's
+    // sockets went with it) and end, at home too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.log("a").matches("event=\"relay-closed\"").count() < 2 {
+        if Instant::now() > deadline {
+            return Err(format!("the relays outlived the client\n{}", logs()).into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if c.isolation == Isolation::Separate {
+        assert_eq!(
+            std::fs::read_to_string(dir.join("reach")).unwrap_or_default(),
+            "False",
+            "the body saw the home's /tmp: it could have reached the log socket by itself"
+        );
+    }
+    Ok(())
+}

@@ -1101,7 +1101,9 @@ impl<'a> Builder<'a> {
 
     pub(super) fn bind_own(&mut self, i: usize) -> Result<()> {
         let s = self.sock(i);
-        if let Some(a) = &s.local {
+        // A relayed socket's name stays at home with the original (the relay's socket there);
+        // the supervisor answers getsockname with it.
+        if let (Some(a), false) = (&s.local, s.relayed) {
             let fd = self.fd(i);
             self.bind_unix(i, fd, a, s.path_file.as_ref())?;
         }
