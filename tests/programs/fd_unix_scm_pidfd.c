@@ -2,15 +2,18 @@
  * fd_unix_scm_pidfd: pidfds of processes of the tree in flight (SCM_RIGHTS),
  * as a supervisor hands a worker's pidfd to a reaper.
  *
- * Forks a child K that waits for go and exits with code 7.  Sets up a UNIX
- * stream pair (s0 -> s1) whose queue holds "ab" (no descriptors), "P" with a
+ * Forks a child K that waits for go and exits with code 7, and a child Z that
+ * exits at once with code 9 and is left a zombie.  Sets up a UNIX stream pair
+ * (s0 -> s1) whose queue holds "ab" (no descriptors), "P" with a
  * non-blocking pidfd of K attached, then "cd"; and a datagram pair
- * (d0 -> d1) whose queue holds "Q" with a pidfd of the process itself.  The
- * pidfds are closed here: they live only in the queues.
+ * (d0 -> d1) whose queue holds "Q" with a pidfd of the process itself, then
+ * "Z" with a pidfd of Z.  The pidfds are closed here: they live only in the
+ * queues.
  * Verifies: "ab" is read first and alone, "P" then comes with one
  * descriptor, a pidfd (fdinfo Pid) of K, non-blocking; "cd" follows; "Q"
  * comes with a pidfd of the process itself; once K is told to go, polling
- * the pidfd reports its end and waitid(P_PIDFD) reaps it with code 7.
+ * the pidfd reports its end and waitid(P_PIDFD) reaps it with code 7; "Z"
+ * comes with a pidfd of Z, through which waitid reaps it with code 9.
  * The fd table is unchanged.
  */
 #include "ferry_test.h"
@@ -89,17 +92,25 @@ int main(void)
 		ferry_wait_go();
 		_exit(7);
 	}
+	pid_t z = FERRY_SYS(fork());
+	if (z == 0)
+		_exit(9);
+	siginfo_t zi;
+	FERRY_SYS(waitid(P_PID, z, &zi, WEXITED | WNOWAIT));
 	int s[2], d[2];
 	FERRY_SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, s));
 	FERRY_SYS(socketpair(AF_UNIX, SOCK_DGRAM, 0, d));
 	int pk = FERRY_SYS(pidfd_open(k, O_NONBLOCK));
 	int pm = FERRY_SYS(pidfd_open(getpid(), 0));
+	int pz = FERRY_SYS(pidfd_open(z, 0));
 	send_with(s[0], "ab", -1);
 	send_with(s[0], "P", pk);
 	send_with(s[0], "cd", -1);
 	send_with(d[0], "Q", pm);
+	send_with(d[0], "Z", pz);
 	close(pk);
 	close(pm);
+	close(pz);
 
 	int fds[64];
 	int nfds = ferry_list_fds(fds, 64);
@@ -113,6 +124,16 @@ int main(void)
 	int more = recv_with(s[1], "third", "cd");
 	FERRY_CHECK(more < 0, "\"cd\" came with a descriptor");
 	int got_m = recv_with(d[1], "datagram", "Q");
+	int got_z = recv_with(d[1], "zombie's", "Z");
+	FERRY_CHECK(got_z >= 0, "\"Z\" came without its pidfd");
+	if (got_z >= 0) {
+		FERRY_CHECK_EQ("Z's pidfd Pid", (long)z, pidfd_pid(got_z));
+		siginfo_t si;
+		memset(&si, 0, sizeof si);
+		FERRY_CHECK_EQ("waitid(P_PIDFD) on Z", 0, waitid(P_PIDFD, got_z, &si, WEXITED | WNOHANG));
+		FERRY_CHECK_EQ("Z's pid", (long)z, (long)si.si_pid);
+		FERRY_CHECK_EQ("Z's exit code", 9, si.si_status);
+	}
 	FERRY_CHECK(got_k >= 0, "\"P\" came without its pidfd");
 	FERRY_CHECK(got_m >= 0, "\"Q\" came without its pidfd");
 	if (got_k < 0 || got_m < 0) {

@@ -461,11 +461,15 @@ impl RestoredTree {
     pub fn resume(mut self) -> Result<RestoreReport> {
         let deferred = std::mem::take(&mut self.deferred);
         let deferred_locks = std::mem::take(&mut self.deferred_locks);
-        let hosts: HashMap<i32, i32> = self
+        let mut hosts: HashMap<i32, i32> = self
             .live
             .iter()
             .filter_map(|(pid, tids)| Some((*pid, *tids.first()?)))
             .collect();
+        // Zombies too: a pidfd in flight may name one (see `sockets::scm`).
+        for h in &self.husks {
+            hosts.entry(h.pid).or_insert(h.host);
+        }
         if let Err(e) = deferred
             .complete(self.report.root_pid, DEFERRED_WAIT, &hosts)
             .and_then(|()| deferred_locks.complete(self.report.root_pid, DEFERRED_WAIT))

@@ -179,20 +179,6 @@ impl FdCapture {
                 let (desc_locks, _) =
                     super::locks::capture(pid, &format!("fd {fd} ({link})"), &info)?;
                 let id = self.description(pid, fd, &link, &md, &info, desc_locks, tree, objects)?;
-                if let FileKind::Pidfd { pid: target } = tree.files[id as usize].kind {
-                    // Sent again once the processes are rebuilt and let go (`sockets::scm`):
-                    // a zombie is not let go.
-                    if procfs::stat(target).is_ok_and(|s| s.state == 'Z') {
-                        return Err(Error::Unsupported {
-                            pid: me,
-                            what: format!("fd {fd} ({link})"),
-                            why: format!(
-                                "a pidfd in flight of PID {target}, a zombie, cannot be \
-                                 checkpointed yet"
-                            ),
-                        });
-                    }
-                }
                 if let Err(kind) = super::sockets::may_fly(&tree.files[id as usize].kind) {
                     return Err(Error::Unsupported {
                         pid: me,
