@@ -472,7 +472,7 @@ async fn pump_duplex(
     };
     let records = socket && sock_type != libc::SOCK_STREAM;
     let dgram = socket && sock_type == libc::SOCK_DGRAM;
-    let (mut rx, mut tx) = tokio::io::split(conn.stream);
+    let (rx, mut tx) = tokio::io::split(conn.stream);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let fd = Arc::new(fd);
     let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<TtyOut>(16);
@@ -589,18 +589,19 @@ async fn pump_duplex(
             let _ = out_tx.blocking_send(TtyOut::Eof);
         })
     };
-    // Bytes to write; an empty one is end of file from the far side. The writer drains what it
-    // was given even after the relay ends (the far side's last words, then its end of file),
-    // unless the relay failed.
+    // Bytes to write, each holding its room in the queue (`queued`: released once written);
+    // `None` is end of file from the far side. The writer drains what it was given even after
+    // the relay ends (the far side's last words, then its end of file), unless the relay failed.
     let abort = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (in_tx, in_rx) = std::sync::mpsc::channel::<Option<Vec<u8>>>();
+    let queued = Arc::new(tokio::sync::Semaphore::new(IN_QUEUE_BYTES));
+    let (in_tx, mut in_rx) = tokio::sync::mpsc::unbounded_channel::<Option<Queued>>();
     let writer = {
         let (fd, stop) = (fd.clone(), abort.clone());
         let mut sender = sender;
         std::thread::spawn(move || {
             let raw = fd.as_raw_fd();
-            for data in in_rx {
-                let Some(data) = data else {
+            while let Some(item) = in_rx.blocking_recv() {
+                let Some((data, _room)) = item else {
                     let _ = ferry_sys::sockets::shutdown(raw, libc::SHUT_WR);
                     continue;
                 };
@@ -644,66 +645,35 @@ async fn pump_duplex(
             }
         })
     };
-    let mut total = 0u64;
+    let total_in = AtomicU64::new(0);
     let count = |n: usize| {
         if let Some(c) = &counter {
             c.fetch_add(n as u64, Ordering::Relaxed);
         }
     };
-    let (mut sent_end, mut got_end) = (false, false);
-    let r: Result<()> = async {
-        loop {
-            if sent_end && got_end {
-                return Ok(());
-            }
-            tokio::select! {
-                out = out_rx.recv() => match out {
-                    Some(TtyOut::Data(d)) => {
-                        if records {
-                            write_record(&mut tx, &d).await?;
-                        } else {
-                            write_data(&mut tx, &d).await?;
-                        }
-                        tokio::io::AsyncWriteExt::flush(&mut tx).await?;
-                        total += d.len() as u64;
-                        count(d.len());
-                    }
-                    Some(TtyOut::Winsize(size)) => {
-                        write_msg(&mut tx, &Msg::RelayWinsize { size }).await?;
-                    }
-                    Some(TtyOut::Termios(t)) => {
-                        let msg = Msg::RelayTermios {
-                            iflag: t.iflag,
-                            oflag: t.oflag,
-                            cflag: t.cflag,
-                            lflag: t.lflag & !libc::EXTPROC,
-                            line: t.line,
-                            cc: t.cc,
-                        };
-                        write_msg(&mut tx, &msg).await?;
-                    }
-                    Some(TtyOut::Eof) => {
-                        if !sent_end {
-                            let _ = write_end(&mut tx).await;
-                            if !socket {
-                                return Ok(());
-                            }
-                            sent_end = true;
-                        }
-                    }
-                    // Our writer found the far side's data can no longer be delivered, or
-                    // both threads are gone.
-                    Some(TtyOut::Broken) | None => return Ok(()),
-                },
-                frame = read_frame(&mut rx), if !got_end => match frame {
+    let r: Result<u64> = {
+        // The far side's frames, read by one future for the relay's life (a read cut short by
+        // the other branch of the select below would lose what it had read). A frame waits
+        // for room in the writer's queue before the next is read: when our side does not take
+        // what is written to it, the connection is not read either, and the far side waits
+        // (its reader stops reading, and so does the sender behind it).
+        let frames = async {
+            let mut rx = rx;
+            loop {
+                match read_frame(&mut rx).await {
                     // (An empty one would read as the far side's shutdown.)
                     Ok(Frame::Data(d)) if d.is_empty() && !dgram => {}
                     Ok(Frame::Data(d)) => {
-                        total += d.len() as u64;
+                        let room = queued
+                            .clone()
+                            .acquire_many_owned(d.len().min(IN_QUEUE_BYTES) as u32)
+                            .await
+                            .map_err(|_| anyhow!("the relay's queue is closed"))?;
+                        total_in.fetch_add(d.len() as u64, Ordering::Relaxed);
                         count(d.len());
                         // The frame's own buffer: no copy of it.
-                        if in_tx.send(Some(d)).is_err() {
-                            return Ok(());
+                        if in_tx.send(Some((d, room))).is_err() {
+                            return Ok(false);
                         }
                     }
                     // The home terminal's size at the body; the size the body set at home
@@ -714,9 +684,14 @@ async fn pump_duplex(
                         *known = Some(size);
                         let _ = ferry_sys::tty::set_winsize(fd.as_raw_fd(), size);
                     }
-                    Ok(Frame::Msg(Msg::RelayTermios { iflag, oflag, cflag, lflag, line, cc }))
-                        if gate.is_some() =>
-                    {
+                    Ok(Frame::Msg(Msg::RelayTermios {
+                        iflag,
+                        oflag,
+                        cflag,
+                        lflag,
+                        line,
+                        cc,
+                    })) if gate.is_some() => {
                         // The body set its terminal: the home terminal takes it (its speeds
                         // kept), as a tcsetattr at home would have set it.
                         let raw = fd.as_raw_fd();
@@ -732,21 +707,80 @@ async fn pump_duplex(
                         }
                     }
                     Ok(Frame::Msg(m)) => bail!("{} message inside a two-way relay", kind(&m)),
+                    // A socket's shutdown one way: the other way goes on.
                     Ok(Frame::End) if socket => {
                         let _ = in_tx.send(None);
+                        return Ok::<bool, anyhow::Error>(true);
+                    }
+                    Ok(Frame::End) | Err(FrameError::Closed) => return Ok(false),
+                    Err(e) => bail!("relay stream: {e}"),
+                }
+            }
+        };
+        tokio::pin!(frames);
+        let mut total_out = 0u64;
+        let (mut sent_end, mut got_end) = (false, false);
+        async {
+            loop {
+                if sent_end && got_end {
+                    return Ok(total_out);
+                }
+                tokio::select! {
+                    out = out_rx.recv() => match out {
+                        Some(TtyOut::Data(d)) => {
+                            if records {
+                                write_record(&mut tx, &d).await?;
+                            } else {
+                                write_data(&mut tx, &d).await?;
+                            }
+                            tokio::io::AsyncWriteExt::flush(&mut tx).await?;
+                            total_out += d.len() as u64;
+                            count(d.len());
+                        }
+                        Some(TtyOut::Winsize(size)) => {
+                            write_msg(&mut tx, &Msg::RelayWinsize { size }).await?;
+                        }
+                        Some(TtyOut::Termios(t)) => {
+                            let msg = Msg::RelayTermios {
+                                iflag: t.iflag,
+                                oflag: t.oflag,
+                                cflag: t.cflag,
+                                lflag: t.lflag & !libc::EXTPROC,
+                                line: t.line,
+                                cc: t.cc,
+                            };
+                            write_msg(&mut tx, &msg).await?;
+                        }
+                        Some(TtyOut::Eof) => {
+                            if !sent_end {
+                                let _ = write_end(&mut tx).await;
+                                if !socket {
+                                    return Ok(total_out);
+                                }
+                                sent_end = true;
+                            }
+                        }
+                        // Our writer found the far side's data can no longer be delivered, or
+                        // both threads are gone.
+                        Some(TtyOut::Broken) | None => return Ok(total_out),
+                    },
+                    more = &mut frames, if !got_end => {
+                        if !more? {
+                            return Ok(total_out);
+                        }
                         got_end = true;
                     }
-                    Ok(Frame::End) | Err(FrameError::Closed) => return Ok(()),
-                    Err(e) => bail!("relay stream: {e}"),
-                },
+                }
             }
         }
-    }
-    .await;
+        .await
+    };
     stop.store(true, Ordering::Relaxed);
     if r.is_err() {
         abort.store(true, Ordering::Relaxed);
     }
+    // What is still queued is written, or dropped if the relay failed.
+    queued.close();
     drop(in_tx);
     drop(out_rx);
     let _ = tokio::task::spawn_blocking(move || {
@@ -754,8 +788,15 @@ async fn pump_duplex(
         let _ = writer.join();
     })
     .await;
-    r.map(|()| total)
+    r.map(|out| out + total_in.load(Ordering::Relaxed))
 }
+
+/// How many bytes from the far side a two-way relay holds for its writer at most (a longer
+/// message alone): past that it stops reading the connection.
+const IN_QUEUE_BYTES: usize = 1 << 20;
+
+/// Bytes for a two-way relay's writer, with their room in its queue.
+type Queued = (Vec<u8>, tokio::sync::OwnedSemaphorePermit);
 
 /// The longest message a relay carries whole (a longer one is cut there, as a reader with a
 /// buffer that size would have it).

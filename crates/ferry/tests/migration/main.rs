@@ -110,6 +110,10 @@ fn main() {
             seqpacket_records_to_home_are_relayed_whole,
         ),
         Trial::test(
+            "a_peer_that_never_reads_does_not_grow_the_home_daemon",
+            a_peer_that_never_reads_does_not_grow_the_home_daemon,
+        ),
+        Trial::test(
             "a_client_talks_on_to_its_server_at_home_over_tcp",
             tcp_client_of_a_home_server,
         ),

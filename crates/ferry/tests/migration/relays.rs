@@ -932,3 +932,151 @@ fn messages_to_home_are_relayed_whole(kind: &str) -> Result<(), Failed> {
     }
     Ok(())
 }
+
+/// At home: a server that accepts a UNIX stream connection and reads nothing until told
+/// (`drain`), then everything, and writes how much (`got`).
+const SILENT_SERVER: &str = r#"
+import os, sys, socket, time
+d, path = sys.argv[1], sys.argv[2]
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(path)
+srv.listen(1)
+open(d + '/ready', 'w').close()
+c, _ = srv.accept()
+while not os.path.exists(d + '/drain'):
+    time.sleep(0.05)
+got = 0
+while True:
+    b = c.recv(1 << 20)
+    if not b:
+        break
+    got += len(b)
+open(d + '/got', 'w').write(str(got))
+"#;
+
+/// The client, moved: once told it has moved, it writes to the silent server as much as its
+/// socket takes for 5 s (at most 768 MiB), says how much (`sent`), and closes once the server
+/// drains.
+const FLOODING_CLIENT: &str = r#"
+import os, sys, socket, time, select
+d, path = sys.argv[1], sys.argv[2]
+c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+c.connect(path)
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+while not os.path.exists(d + '/moved'):
+    time.sleep(0.05)
+c.setblocking(False)
+chunk = b'x' * 65536
+sent, end = 0, time.time() + 5
+while time.time() < end and sent < 768 << 20:
+    try:
+        sent += c.send(chunk)
+    except BlockingIOError:
+        select.select([], [c], [], 0.1)
+open(d + '/sent.tmp', 'w').write(str(sent))
+os.rename(d + '/sent.tmp', d + '/sent')
+c.setblocking(True)
+while not os.path.exists(d + '/drain'):
+    time.sleep(0.05)
+c.close()
+"#;
+
+/// VmRSS of process `pid`, in bytes.
+fn rss_of(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |kb| kb << 10)
+}
+
+/// A moved client floods a UNIX stream socket whose server at home reads nothing: the home
+/// daemon holds at most a bounded queue for it (it stops reading the relay's connection, the
+/// body's node stops reading the body's socket, and the client's writes block), so its memory
+/// does not grow with what the client tries to send; once the server reads, every byte the
+/// client's socket took arrives.
+pub(super) fn a_peer_that_never_reads_does_not_grow_the_home_daemon() -> Result<(), Failed> {
+    let tag = "silentpeer";
+    let c = Cluster::up_full(
+        tag,
+        2,
+        &[],
+        Isolation::default_for_tests(),
+        &["--confine-guests"],
+    );
+    let dir = scratch("migration", tag);
+    let sock = dir.join("srv.sock");
+    let spawn = |src: &str, err: &str| {
+        UnixServer(
+            Command::new("python3")
+                .args(["-c", src])
+                .arg(&dir)
+                .arg(&sock)
+                .current_dir(&dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.join(err)).unwrap())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut server = spawn(SILENT_SERVER, "srv.err");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dir.join("ready").exists() {
+        if Instant::now() > deadline {
+            return Err("the server did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _client = spawn(FLOODING_CLIENT, "client.err");
+    let pid = pid_from(&dir.join("pid"), "the client")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the client did not move: {e}"))?;
+    let home = c.daemon_pid("a");
+    let before = rss_of(home);
+    std::fs::write(dir.join("moved"), "").unwrap();
+    let sent_file = dir.join("sent");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sent_file.exists() {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the client did not finish writing\n{}",
+                std::fs::read_to_string(dir.join("client.err")).unwrap_or_default()
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sent: u64 = std::fs::read_to_string(&sent_file)
+        .unwrap_or_default()
+        .parse()
+        .unwrap_or(0);
+    let grown = rss_of(home).saturating_sub(before);
+    assert!(
+        grown < 48 << 20,
+        "the home daemon grew by {} MiB while the client wrote {} MiB to a peer that reads \
+         nothing",
+        grown >> 20,
+        sent >> 20
+    );
+    std::fs::write(dir.join("drain"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let st = loop {
+        if let Some(st) = server.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the server did not drain\n{}", c.log("a") + &c.log("b")).into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(st.success(), "the server failed: {st:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("got")).unwrap_or_default(),
+        sent.to_string(),
+        "the server did not get every byte the client's socket took"
+    );
+    Ok(())
+}
