@@ -99,6 +99,9 @@ struct Sample {
     /// Over all runs of this size: the shortest and longest freeze.
     freeze_min: f64,
     freeze_max: f64,
+    /// The report's timeline from the freeze on: each step, and when it ended (ms after the
+    /// freeze began).
+    steps: Vec<(String, f64)>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -152,6 +155,7 @@ pub fn run(a: Args) -> Result<()> {
     print!("{}", machine(&ferry));
     print!("{}", table(&rows, &null, a.runs));
     print!("{}", resume_table(&rows, &a.memory));
+    print!("{}", steps_table(&rows));
     Ok(())
 }
 
@@ -299,8 +303,29 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
         released: report["lazy"]["source_released_after_resume_ms"]
             .as_f64()
             .unwrap_or(0.0),
+        steps: steps(&report),
         ..Default::default()
     })
+}
+
+/// The steps of the report's timeline from the freeze on, each with when it ended (ms after
+/// the freeze began; both nodes share this machine's clock).
+fn steps(report: &serde_json::Value) -> Vec<(String, f64)> {
+    let stamps: Vec<(String, f64)> = report["timeline"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| Some((s["what"].as_str()?.to_string(), s["unix_us"].as_f64()?)))
+        .skip_while(|(what, _)| what != "source: freeze begins")
+        .collect();
+    let Some(&(_, t0)) = stamps.first() else {
+        return Vec::new();
+    };
+    stamps
+        .into_iter()
+        .skip(1)
+        .map(|(what, t)| (what, (t - t0) / 1e3))
+        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -475,6 +500,36 @@ fn resume_table(rows: &[(usize, Sample)], memory: &str) -> String {
             format!("{:.0}", x.pushed_pages),
             format!("{:.0}", x.released),
         ]);
+    }
+    s.push_str(&markdown(&lines));
+    s
+}
+
+/// Where the freeze went: when each step of the median run's timeline ended (ms after the
+/// freeze began), one column per size, and in brackets the ms since the step before it (steps
+/// in the order of the first size's run).
+fn steps_table(rows: &[(usize, Sample)]) -> String {
+    let Some((_, first)) = rows.iter().find(|(_, x)| !x.steps.is_empty()) else {
+        return String::new();
+    };
+    let mut s = "\nWhere the freeze went (the median run's timeline: when each step ended, ms \
+                 after the freeze began; in brackets, ms since the step before it)\n\n"
+        .to_string();
+    let mut header = vec!["step".to_string()];
+    header.extend(rows.iter().map(|(mib, _)| format!("{mib} MiB")));
+    let mut lines = vec![header];
+    for (what, _) in &first.steps {
+        let mut line = vec![what.clone()];
+        for (_, x) in rows {
+            line.push(match x.steps.iter().position(|(w, _)| w == what) {
+                Some(i) => {
+                    let before = if i == 0 { 0.0 } else { x.steps[i - 1].1 };
+                    format!("{:.1} ({:.1})", x.steps[i].1, x.steps[i].1 - before)
+                }
+                None => "-".into(),
+            });
+        }
+        lines.push(line);
     }
     s.push_str(&markdown(&lines));
     s

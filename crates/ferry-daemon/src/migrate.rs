@@ -14,7 +14,7 @@ use crate::state;
 use crate::workers::Worker;
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_transport::frame::LZ4;
-use ferry_transport::message::{kind, MigrateOffer, MigrateReport, ProcInfo, Rebuilt};
+use ferry_transport::message::{kind, MigrateOffer, MigrateReport, ProcInfo, Rebuilt, Stamp};
 use ferry_transport::{
     read_frame, read_msg, tls, write_data, write_data_with, write_end, write_msg, Compressor, Conn,
     Frame, FrameError, Msg,
@@ -289,6 +289,7 @@ async fn send_counted(
             root,
         },
     );
+    report.timeline.push(Stamp::now("source: commit recorded"));
     let refusal = match decided {
         Ok(o) if o.committed => None,
         Ok(_) => Some(anyhow!("node {to} gave up waiting for the commit")),
@@ -438,6 +439,7 @@ async fn send_counted(
     } else {
         let t = confirm(&mut conn, to, &node).await;
         report.resumed_ms = ms(t0);
+        report.timeline.push(Stamp::now("source: heard resumed"));
         t
     };
     match confirmed {
@@ -454,6 +456,8 @@ async fn send_counted(
     };
     report.dest_pid = rebuilt.pid;
     report.total_ms = ms(t0);
+    // Steps of the two nodes in the order they happened (on one clock, a local cluster's).
+    report.timeline.sort_by_key(|s| s.unix_us);
     tracing::info!(event = "migrated", id, pid, to = %to, dest_pid = rebuilt.pid,
         freeze_ms = report.freeze_ms, wire_bytes = report.wire_bytes);
     learn_link(&node, to, &report);
@@ -617,9 +621,12 @@ async fn transfer(
             Frame::Msg(Msg::Captured {
                 image_bytes,
                 relays: r,
+                timeline,
             }) => {
                 report.image_bytes = image_bytes;
                 *relays = r;
+                report.timeline.extend(timeline);
+                report.timeline.push(Stamp::now("source: image sent"));
                 break;
             }
             Frame::Msg(Msg::CapturedMemory {
@@ -657,7 +664,11 @@ async fn transfer(
             .map_err(|_| anyhow!("node {to} did not rebuild the tree within 10 minutes"))?,
     };
     let rebuilt = match reply {
-        Ok(Msg::Rebuilt(r)) => r,
+        Ok(Msg::Rebuilt(mut r)) => {
+            report.timeline.append(&mut r.timeline);
+            report.timeline.push(Stamp::now("source: heard rebuilt"));
+            r
+        }
         Ok(Msg::Abort { reason }) | Ok(Msg::Refused { reason }) => {
             bail!("node {to} could not rebuild the tree: {reason}")
         }

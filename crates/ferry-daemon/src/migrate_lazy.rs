@@ -13,7 +13,7 @@
 
 use crate::workers::{PageLink, Worker};
 use anyhow::{anyhow, bail, Result};
-use ferry_transport::message::kind;
+use ferry_transport::message::{kind, Stamp};
 use ferry_transport::{read_frame, write_data, write_msg, Conn, Frame, FrameError, Msg};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -191,10 +191,13 @@ pub async fn source_phase(
     write_msg(&mut conn.stream, &Msg::Commit)
         .await
         .map_err(|e| anyhow!("tell node {to} to resume the tree: {e}"))?;
+    report.timeline.push(Stamp::now("source: commit sent"));
     let mut resumed = None;
+    let mut resumed_stamp = Stamp::default();
     let r = relay(conn, pages, None, idle, |h| match h {
         Heard::Peer(Msg::Resumed) => {
             resumed = Some(std::time::Instant::now());
+            resumed_stamp = Stamp::now("source: heard resumed");
             Ok(Step::Go)
         }
         Heard::Peer(Msg::LazyDone(r)) => Ok(Step::Done(Ok(r))),
@@ -206,6 +209,7 @@ pub async fn source_phase(
     .await;
     if let Some(at) = resumed {
         report.resumed_ms = at.duration_since(t0).as_secs_f64() * 1e3;
+        report.timeline.push(resumed_stamp);
     }
     match r {
         Ok(Ok(mut lazy)) => {

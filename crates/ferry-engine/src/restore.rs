@@ -197,6 +197,18 @@ pub struct RestoreReport {
     /// Whether private anonymous memory was left to a page server ([`RestoreOptions::lazy`]).
     pub memory_lazy: bool,
     pub finish_ms: f64,
+    /// When each step of the rebuild ended (µs since the epoch): a migration's report puts
+    /// them on its timeline.
+    pub timeline: Vec<(&'static str, u64)>,
+}
+
+impl RestoreReport {
+    fn stamp(&mut self, what: &'static str) {
+        let us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        self.timeline.push((what, us));
+    }
 }
 
 /// Where the pages a process inherits (`Process::inherited`: pre-copy rounds, a parent
@@ -741,6 +753,7 @@ fn build<R: Read>(
         root_pid: tree.root_pid,
         ..Default::default()
     };
+    report.stamp("dest: objects and descriptors opened");
     // 1. The processes, parents first, with their sessions and process groups.
     let mut stand_in_groups = HashSet::new();
     for p in &tree.processes {
@@ -799,6 +812,7 @@ fn build<R: Read>(
         }
     }
     report.build_ms = t0.elapsed().as_secs_f64() * 1e3;
+    report.stamp("dest: processes made");
     // 3. Address spaces, descriptors, environment, signals, threads.
     let t1 = Instant::now();
     let live: Vec<(&Process, &Husk)> = tree
@@ -811,6 +825,7 @@ fn build<R: Read>(
     for (p, h) in &live {
         memory::restore_mappings(h, p, cx.objects)?;
     }
+    report.stamp("dest: mappings made");
     if let Some(lazy) = cx.lazy.filter(|l| l.serves_inherited()) {
         // A lazy migration: the image carries what is not left at the source (private pages
         // of file mappings, huge-page mappings); those go in first, the server then supplies
@@ -825,14 +840,17 @@ fn build<R: Read>(
             true,
             &mut report,
         )?;
+        report.stamp("dest: the image's memory in");
         let processes = live
             .iter()
             .map(|(p, h)| crate::lazy::prepare(h, p))
             .collect::<Result<Vec<_>>>()?;
+        report.stamp("dest: userfaultfds registered");
         lazy.start(processes).map_err(|what| Error::Restore {
             pid: tree.root_pid,
             what: format!("start serving its memory lazily: {what}"),
         })?;
+        report.stamp("dest: page server started");
         report.memory_lazy = true;
     } else if let Some(lazy) = cx.lazy {
         if let Some(p) = live.iter().find(|(p, _)| !p.inherited.is_empty()) {
@@ -956,6 +974,7 @@ fn build<R: Read>(
     cx.objects.finish();
     // 5. Only the commit is left (RestoredTree::resume): letting every thread run.
     report.finish_ms = t2.elapsed().as_secs_f64() * 1e3;
+    report.stamp("dest: descriptors, threads and registers restored");
     Ok((report, Instant::now()))
 }
 

@@ -165,6 +165,9 @@ pub enum Msg {
         /// Pipes shared with processes outside the tree, to relay (a migration from home).
         #[serde(default)]
         relays: Vec<RelayedPipe>,
+        /// When the capture's steps ended ([`Stamp`]).
+        #[serde(default)]
+        timeline: Vec<Stamp>,
     },
     /// Capture worker, before `Captured`: memory the image carried, and memory it left to
     /// the pre-copy rounds.
@@ -464,6 +467,30 @@ pub struct Rebuilt {
     /// `Pipe::id`: the daemon takes them (pidfd_getfd) before the tree is let go.
     #[serde(default)]
     pub relays: Vec<(u32, i32)>,
+    /// When the rebuild's steps ended ([`Stamp`]).
+    #[serde(default)]
+    pub timeline: Vec<Stamp>,
+}
+
+/// A moment of a migration, for its report's timeline: the step that just ended, and when
+/// (µs since the epoch on the clock of the machine where it ended: steps of two nodes compare
+/// exactly only where they share a clock, as the nodes of a local cluster do).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Stamp {
+    pub what: String,
+    pub unix_us: u64,
+}
+
+impl Stamp {
+    /// `what` ended now.
+    pub fn now(what: &str) -> Stamp {
+        Stamp {
+            what: what.to_string(),
+            unix_us: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -650,6 +677,10 @@ pub struct MigrateReport {
     /// was released.
     #[serde(default)]
     pub lazy: Option<Box<LazyReport>>,
+    /// When each step of the migration ended, the source's, its capture worker's and the
+    /// destination's restore worker's, in order ([`Stamp`]): where the freeze goes.
+    #[serde(default)]
+    pub timeline: Vec<Stamp>,
 }
 
 /// The lazy phase of a migration (`--memory lazy`), as the destination's page server saw it,

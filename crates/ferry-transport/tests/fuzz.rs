@@ -107,6 +107,7 @@ fn messages() -> Vec<Msg> {
             load_ms: 1.5,
             restore_ms: 2.5,
             relays: vec![(1, 40)],
+            timeline: vec![ferry_transport::message::Stamp::now("rebuilt")],
         }),
         Msg::RelayOpen { pid: 7, pipe: 1 },
         Msg::Commit,
@@ -243,6 +244,7 @@ fn messages() -> Vec<Msg> {
         Msg::Captured {
             image_bytes: 100,
             relays: vec![],
+            timeline: vec![],
         },
         Msg::Kill,
         Msg::Killed,

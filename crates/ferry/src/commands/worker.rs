@@ -275,6 +275,8 @@ pub fn capture_worker(
         Err(e) => return fail(&mut out, &e.context(format!("pre-copy PID {pid}"))),
     };
     write_msg(&mut out, &Msg::MemoryPlan(Box::new(plan)))?;
+    let stamp = ferry_transport::message::Stamp::now;
+    let freezing = stamp("source: freeze begins");
     let mut frozen = match FrozenTree::freeze(pid).with_context(|| format!("freeze PID {pid}")) {
         Ok(f) => f,
         Err(e) => return fail(&mut out, &e),
@@ -290,6 +292,7 @@ pub fn capture_worker(
         frozen.thaw();
         return fail(&mut out, &e);
     }
+    let mut timeline = vec![freezing, stamp("source: tree frozen")];
     write_msg(&mut out, &Msg::Frozen)?;
     // The pages the destination has and the tree has not written since; in a lazy
     // migration, the private anonymous memory the destination will ask for.
@@ -309,6 +312,7 @@ pub fn capture_worker(
                 }
             }
         }
+        timeline.push(stamp("source: lazy memory found"));
         m
     } else {
         precopy.map(|p| p.finish()).unwrap_or_default()
@@ -319,6 +323,7 @@ pub fn capture_worker(
     // destination rebuilds as the image streams in, binding them as soon as it has the tree.
     let mut aside = None;
     let captured = capture_with(&frozen, framed, &inherited, None, || {
+        timeline.push(stamp("source: non-memory state captured"));
         aside = Some(SocketFilesAside::set_aside(&frozen)?);
         Ok(())
     })
@@ -333,6 +338,7 @@ pub fn capture_worker(
         write_end(&mut out)?;
         Ok(report)
     });
+    timeline.push(stamp("source: image written"));
     let (report, aside) = match (captured, aside) {
         (Ok(r), Some(aside)) => (r, aside),
         (r, aside) => {
@@ -379,6 +385,7 @@ pub fn capture_worker(
                     tty: r.tty,
                 })
                 .collect(),
+            timeline,
         },
     )?;
     let mut order = next_command(&mut input);
@@ -811,6 +818,8 @@ pub fn restore_worker(
         Err(e) => return fail(&mut out, &e),
     };
     let open_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let stamp = ferry_transport::message::Stamp::now;
+    let mut timeline = vec![stamp("dest: tree received")];
     let home = match home.map(|(h, ids)| hold::parse_home(h, &ids)).transpose() {
         Ok(h) => h.map(|h| ferry_engine::guest_ns::Home { confine, ..h }),
         Err(e) => return fail(&mut out, &e),
@@ -868,6 +877,16 @@ pub fn restore_worker(
     // Time spent receiving the image (the tree, then waiting for and checking memory as it
     // arrived), and the rest of the rebuild.
     let load_ms = open_ms + held.report().image_read_ms;
+    if let Some(g) = held.guest.as_ref() {
+        timeline.push(g.made.clone());
+    }
+    timeline.extend(held.report().timeline.iter().map(|&(what, unix_us)| {
+        ferry_transport::message::Stamp {
+            what: what.into(),
+            unix_us,
+        }
+    }));
+    timeline.push(stamp("dest: image ended"));
     write_msg(
         &mut out,
         &Msg::Rebuilt(ferry_transport::message::Rebuilt {
@@ -875,6 +894,7 @@ pub fn restore_worker(
             load_ms,
             restore_ms: t0.elapsed().as_secs_f64() * 1e3 - load_ms,
             relays: held.relay_ends(),
+            timeline,
         }),
     )?;
     // After `Rebuilt` the source may already have destroyed the original; only an explicit
@@ -924,8 +944,14 @@ mod hold {
 
     pub struct Held {
         /// None for a tree coming home, rebuilt in the home's own namespaces.
-        guest: Option<GuestNamespaces>,
+        pub guest: Option<Guest>,
         tree: RestoredTree,
+    }
+
+    /// The namespaces a tree is rebuilt in, and when they were ready.
+    pub struct Guest {
+        ns: GuestNamespaces,
+        pub made: ferry_transport::message::Stamp,
     }
 
     /// A body's home: its host name and "ROOT PPID PGID SID".
@@ -1010,6 +1036,7 @@ mod hold {
         let exe = std::env::current_exe().context("find the ferry binary")?;
         let guest = GuestNamespaces::create_for(&exe, img.tree.clocks, reports, home)
             .context("make namespaces for the guest")?;
+        let made = ferry_transport::message::Stamp::now("dest: guest namespaces made");
         let tree = restore_with(
             img,
             &RestoreOptions {
@@ -1034,7 +1061,7 @@ mod hold {
         });
         match tree {
             Ok(tree) => Ok(Held {
-                guest: Some(guest),
+                guest: Some(Guest { ns: guest, made }),
                 tree,
             }),
             Err(e) => {
@@ -1060,14 +1087,14 @@ mod hold {
         /// Lets the tree run; the namespaces' init stays as long as the tree does.
         pub fn resume(self) -> Result<()> {
             self.tree.resume().context("let the rebuilt tree run")?;
-            drop(self.guest);
+            drop(self.guest.map(|g| g.ns));
             Ok(())
         }
 
         pub fn kill(self) {
             self.tree.kill();
             if let Some(g) = self.guest {
-                let _ = g.kill();
+                let _ = g.ns.kill();
             }
         }
     }
