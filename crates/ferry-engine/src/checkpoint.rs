@@ -80,6 +80,29 @@ pub fn capture_with<W: Write>(
     parent: Option<ferry_image::ParentImage>,
     before_image: impl FnOnce() -> Result<()>,
 ) -> Result<(W, CaptureReport)> {
+    capture_keeping(
+        frozen,
+        out,
+        &|host, _| inherited.get(&host).cloned(),
+        parent,
+        before_image,
+    )
+}
+
+/// Which ranges of a process (by our PID, with the mappings the capture found) to leave out
+/// of the image: sorted, disjoint; `None`, none.
+pub type KeepRanges<'a> = &'a dyn Fn(i32, &[ferry_image::Vma]) -> Option<Vec<(u64, u64)>>;
+
+/// [`capture_with`], the ranges to leave out chosen per process (by our PID) from the
+/// mappings the capture found: a lazy migration leaves out every private anonymous mapping
+/// ([`crate::lazy::source_ranges_of`]) without reading the mappings once more in the freeze.
+pub fn capture_keeping<W: Write>(
+    frozen: &FrozenTree,
+    out: W,
+    keep: KeepRanges<'_>,
+    parent: Option<ferry_image::ParentImage>,
+    before_image: impl FnOnce() -> Result<()>,
+) -> Result<(W, CaptureReport)> {
     let t0 = Instant::now();
     let root = frozen.procs.first().map(|p| p.pid).unwrap_or(0);
     let mut tree = Tree {
@@ -222,8 +245,12 @@ pub fn capture_with<W: Write>(
         source: e,
     };
     for (p, host) in tree.processes.iter_mut().zip(&hosts) {
-        if let (Some(keep), None) = (inherited.get(host), p.zombie_status) {
-            p.inherited = memory::inherited_pages(*host, &p.vmas, keep)?;
+        let kept = match p.zombie_status {
+            None => keep(*host, &p.vmas),
+            Some(_) => None,
+        };
+        if let Some(keep) = kept {
+            p.inherited = memory::inherited_pages(*host, &p.vmas, &keep)?;
             report.inherited_bytes += p.inherited.iter().map(|(s, e)| e - s).sum::<u64>();
         }
     }

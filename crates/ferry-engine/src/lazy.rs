@@ -191,6 +191,16 @@ pub fn source_ranges(pid: i32) -> Result<Vec<(u64, u64)>> {
         .collect())
 }
 
+/// [`source_ranges`] from the mappings a capture found (`Vma`s, read from the same smaps):
+/// the private anonymous mappings without transparent huge pages.
+pub fn source_ranges_of(vmas: &[ferry_image::Vma]) -> Vec<(u64, u64)> {
+    vmas.iter()
+        .filter(|v| matches!(v.backing, ferry_image::Backing::Anonymous))
+        .filter(|v| !v.shared && !v.huge_pages)
+        .map(|v| (v.start, v.end))
+        .collect()
+}
+
 /// What `--memory lazy` refuses, before anything is frozen: memory a page server cannot
 /// supply lazily. Shared memory (System V segments, shared anonymous mappings, memfds, files
 /// of /dev/shm) would have to be sent whole before the tree runs, so the resume would grow

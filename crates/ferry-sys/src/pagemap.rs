@@ -51,13 +51,39 @@ const REGIONS: usize = 512;
 /// write after this call is seen by the next. `pagemap` is the process's /proc/PID/pagemap;
 /// the range must lie in mappings registered with a `FEATURE_WP_ASYNC` userfaultfd.
 pub fn scan_written(pagemap: &std::fs::File, start: u64, end: u64) -> SysResult<Vec<(u64, u64)>> {
+    scan(
+        pagemap,
+        start,
+        end,
+        PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+        PAGE_IS_WRITTEN,
+        0,
+    )
+}
+
+/// The ranges of `[start, end)` whose pages are present in memory or swapped out (as the
+/// pagemap's PM_PRESENT and PM_SWAPPED bits say, page by page), in one walk of the page
+/// tables that returns ranges, not a word per page: for a mapping of gigabytes, a few
+/// milliseconds less in every freeze. `pagemap` is the process's /proc/PID/pagemap.
+pub fn scan_present(pagemap: &std::fs::File, start: u64, end: u64) -> SysResult<Vec<(u64, u64)>> {
+    scan(pagemap, start, end, 0, 0, PAGE_IS_PRESENT | PAGE_IS_SWAPPED)
+}
+
+fn scan(
+    pagemap: &std::fs::File,
+    start: u64,
+    end: u64,
+    flags: u64,
+    all_of: u64,
+    any_of: u64,
+) -> SysResult<Vec<(u64, u64)>> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     let mut regions = [PageRegion::default(); REGIONS];
     let mut at = start;
     while at < end {
         let mut arg = ScanArg {
             size: std::mem::size_of::<ScanArg>() as u64,
-            flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+            flags,
             start: at,
             end,
             walk_end: 0,
@@ -65,9 +91,9 @@ pub fn scan_written(pagemap: &std::fs::File, start: u64, end: u64) -> SysResult<
             vec_len: REGIONS as u64,
             max_pages: 0,
             category_inverted: 0,
-            category_mask: PAGE_IS_WRITTEN,
-            category_anyof_mask: 0,
-            return_mask: PAGE_IS_WRITTEN,
+            category_mask: all_of,
+            category_anyof_mask: any_of,
+            return_mask: all_of | any_of,
         };
         // SAFETY: `arg` is the kernel's struct pm_scan_arg (its size given in `size`), alive
         // and mutably borrowed for the call; `vec` points to `regions`, an array of REGIONS

@@ -120,6 +120,76 @@ fn dumpable_pages(pid: i32, pagemap: &std::fs::File, v: &Vma) -> Result<Vec<bool
         .collect())
 }
 
+/// The ranges of mapping `v` (private) whose pages hold data of their own, sorted: for an
+/// anonymous mapping, its present or swapped pages, found in one PAGEMAP_SCAN walk that
+/// returns ranges (a freeze no longer reads and loops over a word per page of gigabytes);
+/// for any other, or where that ioctl is not there, from the pagemap page by page.
+fn owned_ranges(pid: i32, pagemap: &std::fs::File, v: &Vma) -> Result<Vec<(u64, u64)>> {
+    if matches!(v.backing, Backing::Anonymous) {
+        if let Ok(r) = ferry_sys::pagemap::scan_present(pagemap, v.start, v.end) {
+            return Ok(r);
+        }
+    }
+    let present = dumpable_pages(pid, pagemap, v)?;
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (i, p) in present.iter().enumerate() {
+        if *p {
+            let a = v.start + i as u64 * PAGE_SIZE;
+            match out.last_mut() {
+                Some((_, e)) if *e == a => *e = a + PAGE_SIZE,
+                _ => out.push((a, a + PAGE_SIZE)),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `a` and `b` (each sorted and disjoint) intersected.
+fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        let (s, e) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
+        if s < e {
+            out.push((s, e));
+        }
+        if a[i].1 < b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
+/// `a` without `b` (each sorted and disjoint).
+fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for &(s, e) in a {
+        let mut at = s;
+        while j < b.len() && b[j].1 <= at {
+            j += 1;
+        }
+        let mut k = j;
+        while at < e {
+            match b.get(k) {
+                Some(&(bs, be)) if bs < e => {
+                    if bs > at {
+                        out.push((at, bs));
+                    }
+                    at = at.max(be);
+                    k += 1;
+                }
+                _ => {
+                    out.push((at, e));
+                    at = e;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The pages of `keep` that hold data of their own in `vmas` (private mappings of `pid`, a
 /// frozen process), per mapping: what the image leaves to the restorer's earlier copy.
 pub fn inherited_pages(pid: i32, vmas: &[Vma], keep: &[(u64, u64)]) -> Result<Vec<(u64, u64)>> {
@@ -136,25 +206,18 @@ pub fn inherited_pages(pid: i32, vmas: &[Vma], keep: &[(u64, u64)]) -> Result<Ve
         {
             continue;
         }
-        let present = dumpable_pages(pid, &pagemap, v)?;
-        for (i, p) in present.iter().enumerate() {
-            let a = v.start + i as u64 * PAGE_SIZE;
-            if *p && covers(keep, a) {
-                // Ranges never span two mappings (a restore checks each lies in one).
-                match out.last_mut() {
-                    Some((_, e)) if *e == a && a != v.start => *e = a + PAGE_SIZE,
-                    _ => out.push((a, a + PAGE_SIZE)),
-                }
+        // Ranges never span two mappings (a restore checks each lies in one).
+        let mine = intersect(&owned_ranges(pid, &pagemap, v)?, keep);
+        let first = out.len();
+        for (s, e) in mine {
+            let n = out.len();
+            match out.last_mut() {
+                Some((_, last)) if n > first && *last == s => *last = e,
+                _ => out.push((s, e)),
             }
         }
     }
     Ok(out)
-}
-
-/// Whether the page at `addr` lies in `ranges` (sorted and disjoint).
-fn covers(ranges: &[(u64, u64)], addr: u64) -> bool {
-    let i = ranges.partition_point(|&(_, e)| e <= addr);
-    matches!(ranges.get(i), Some(&(s, e)) if s <= addr && addr + PAGE_SIZE <= e)
 }
 
 pub(crate) fn is_zero(bytes: &[u8]) -> bool {
@@ -207,30 +270,18 @@ pub fn write_pages<W: Write>(
         {
             continue;
         }
-        let mut present = dumpable_pages(pid, &pagemap, v)?;
-        stats.pages_scanned += present.len() as u64;
+        stats.pages_scanned += (v.end - v.start) / PAGE_SIZE;
+        let mut owned = owned_ranges(pid, &pagemap, v)?;
         if !inherited.is_empty() {
-            for (i, p) in present.iter_mut().enumerate() {
-                let a = v.start + i as u64 * PAGE_SIZE;
-                *p = *p && !covers(inherited, a);
-            }
+            owned = subtract(&owned, inherited);
         }
-        let mut i = 0;
-        while i < present.len() {
-            if !present[i] {
-                i += 1;
-                continue;
+        for (s, e) in owned {
+            let mut at = s;
+            while at < e {
+                let len = (e - at).min(READ_RUN as u64);
+                runs.push((at, len as usize, v));
+                at += len;
             }
-            let mut j = i;
-            while j < present.len() && present[j] && (j - i) * (PAGE_SIZE as usize) < READ_RUN {
-                j += 1;
-            }
-            runs.push((
-                v.start + i as u64 * PAGE_SIZE,
-                (j - i) * PAGE_SIZE as usize,
-                v,
-            ));
-            i = j;
         }
     }
     std::thread::scope(|scope| {
@@ -694,4 +745,27 @@ pub fn restore_pages(
 pub fn restore_object_data(file: &std::fs::File, offset: u64, data: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     file.write_all_at(data, offset)
+}
+
+#[cfg(test)]
+mod range_tests {
+    use super::{intersect, subtract};
+
+    #[test]
+    fn ranges_intersect_and_subtract() {
+        let a = [(0, 10), (20, 30), (40, 50)];
+        let b = [(5, 25), (28, 29), (45, 60)];
+        assert_eq!(
+            intersect(&a, &b),
+            vec![(5, 10), (20, 25), (28, 29), (45, 50)]
+        );
+        assert_eq!(subtract(&a, &b), vec![(0, 5), (25, 28), (29, 30), (40, 45)]);
+        assert_eq!(subtract(&a, &[]), a.to_vec());
+        assert_eq!(subtract(&a, &[(0, 100)]), vec![]);
+        assert_eq!(intersect(&a, &[]), vec![]);
+        assert_eq!(
+            subtract(&[(0, 10)], &[(2, 3), (3, 4), (8, 12)]),
+            vec![(0, 2), (4, 8)]
+        );
+    }
 }

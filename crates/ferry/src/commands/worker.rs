@@ -4,7 +4,7 @@
 //! the tree, a restore worker kills what it built.
 
 use anyhow::{Context, Result};
-use ferry_engine::checkpoint::capture_with;
+use ferry_engine::checkpoint::capture_keeping;
 use ferry_engine::freeze::FrozenTree;
 use ferry_engine::names::SocketFilesAside;
 use ferry_transport::frame::blocking::{read_frame, write_end, write_msg, DataReader, DataWriter};
@@ -295,34 +295,26 @@ pub fn capture_worker(
     let mut timeline = vec![freezing, stamp("source: tree frozen")];
     write_msg(&mut out, &Msg::Frozen)?;
     // The pages the destination has and the tree has not written since; in a lazy
-    // migration, the private anonymous memory the destination will ask for.
+    // migration, the private anonymous memory the destination will ask for (chosen from the
+    // mappings the capture reads anyway).
     let inherited = if lazy {
-        let mut m = std::collections::HashMap::new();
-        for fp in frozen.procs.iter().filter(|p| !p.zombie) {
-            match ferry_engine::lazy::source_ranges(fp.host()) {
-                Ok(r) => {
-                    m.insert(fp.host(), r);
-                }
-                Err(e) => {
-                    frozen.thaw();
-                    return fail(
-                        &mut out,
-                        &anyhow::Error::from(e).context(format!("capture PID {pid}")),
-                    );
-                }
-            }
-        }
-        timeline.push(stamp("source: lazy memory found"));
-        m
+        Default::default()
     } else {
         precopy.map(|p| p.finish()).unwrap_or_default()
+    };
+    let keep = |host: i32, vmas: &[ferry_image::Vma]| {
+        if lazy {
+            Some(ferry_engine::lazy::source_ranges_of(vmas))
+        } else {
+            inherited.get(&host).cloned()
+        }
     };
     // Frames of up to 1 MiB however small the engine's writes.
     let framed = BufWriter::with_capacity(1 << 20, DataWriter(&mut out));
     // The socket files go aside once the tree is captured and before its image leaves: the
     // destination rebuilds as the image streams in, binding them as soon as it has the tree.
     let mut aside = None;
-    let captured = capture_with(&frozen, framed, &inherited, None, || {
+    let captured = capture_keeping(&frozen, framed, &keep, None, || {
         timeline.push(stamp("source: non-memory state captured"));
         aside = Some(SocketFilesAside::set_aside(&frozen)?);
         Ok(())
@@ -904,9 +896,11 @@ pub fn restore_worker(
         Some(Msg::Abort { .. }) => held.kill(),
         _ => match held.resume() {
             Ok(()) => {
-                // The copy runs: the rest of its memory is pushed from now on.
-                gate.store(true, std::sync::atomic::Ordering::Release);
+                // The copy runs: the rest of its memory is pushed from now on, once the
+                // source has heard so (the push's first requests would otherwise be on the
+                // way before the news, on the same links and the same two CPUs).
                 let _ = write_msg(&mut out, &Msg::Resumed);
+                gate.store(true, std::sync::atomic::Ordering::Release);
                 if let Some(server) = server {
                     let _ = out.flush();
                     let _ = match server.wait() {
