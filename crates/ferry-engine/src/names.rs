@@ -90,8 +90,11 @@ impl SocketFilesAside {
         if holder.is_empty() {
             return Ok(out);
         }
-        let all = sk::unix_diag(None, sk::UDIAG_SHOW_NAME | sk::UDIAG_SHOW_VFS)
-            .ctx(root, || "ask sock_diag about UNIX sockets".into())?;
+        let all = sk::unix_diag(
+            None,
+            sk::UDIAG_SHOW_NAME | sk::UDIAG_SHOW_VFS | sk::UDIAG_SHOW_PEER,
+        )
+        .ctx(root, || "ask sock_diag about UNIX sockets".into())?;
         let mut seen = HashSet::new();
         for d in all {
             let Some(&pid) = holder.get(&d.ino) else {
@@ -99,6 +102,15 @@ impl SocketFilesAside {
             };
             // Accepted connections share their listener's name and file without owning them.
             if d.sock_type != libc::SOCK_DGRAM as u8 && d.state == ESTABLISHED {
+                continue;
+            }
+            // A datagram socket connected to one outside the tree, of a tree leaving its home,
+            // is relayed: the original stays at home with its name, which the body never binds.
+            let outside = |p: u32| p != 0 && !holder.contains_key(&p);
+            if frozen.relay_pipes
+                && d.sock_type == libc::SOCK_DGRAM as u8
+                && d.peer.is_some_and(outside)
+            {
                 continue;
             }
             let (Some(mut name), Some((ino, dev))) = (d.name, d.vfs) else {

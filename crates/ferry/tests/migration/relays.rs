@@ -749,7 +749,7 @@ def early(k):
 "#;
 
 /// At home: a log daemon's datagram socket bound in this machine's /tmp (which the body's node
-/// does not see), and one end of a datagram socketpair whose other end the client it starts
+/// does not see; it acknowledges every 10th message to the client's own name there), and one end of a datagram socketpair whose other end the client it starts
 /// holds (three datagrams wait in the client's queue, unread). Each message must arrive whole,
 /// in order, from the client's PID and user (SCM_CREDENTIALS); each ping is answered by a pong
 /// and an empty datagram.
@@ -775,7 +775,7 @@ while not (ended and byes):
     r, _, _ = select.select([log, mine], [], [], 60)
     assert r, 'nothing for 60 s after message %d, ping %d' % (n, pings)
     if log in r:
-        m, anc, fl, _ = log.recvmsg(1 << 20, socket.CMSG_SPACE(CRED.size))
+        m, anc, fl, addr = log.recvmsg(1 << 20, socket.CMSG_SPACE(CRED.size))
         assert fl & socket.MSG_TRUNC == 0
         creds = [CRED.unpack(a[2]) for a in anc if a[1] == socket.SCM_CREDENTIALS]
         assert creds and creds[0][:2] == (child.pid, os.getuid()), (creds, child.pid, n)
@@ -784,6 +784,9 @@ while not (ended and byes):
         else:
             n += 1
             assert m == body(n), (m[:40], len(m), n)
+            assert addr == tmp + '/client.sock', addr
+            if n % 10 == 0:
+                log.sendto(b'ack %d' % n, addr)
     if mine in r:
         m = mine.recv(1 << 20)
         if m == b'bye':
@@ -805,7 +808,10 @@ const DGRAM_CLIENT: &str = r#"
 import os, sys, socket, time
 d, path, fd, empty = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == 'True'
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+# Bound in the home's /tmp too: the log daemon answers it there.
+s.bind(os.path.dirname(path) + '/client.sock')
 s.connect(path)
+named = s.getsockname()
 p = socket.socket(fileno=fd)
 open(d + '/pid.tmp', 'w').write(str(os.getpid()))
 os.rename(d + '/pid.tmp', d + '/pid')
@@ -813,6 +819,8 @@ i, moved_at, deadline = 0, None, time.time() + 60
 while moved_at is None or i < moved_at + 40:
     i += 1
     s.send(body(i))
+    if i % 10 == 0:
+        assert s.recv(100) == b'ack %d' % i
     if moved_at is None and os.path.exists(d + '/moved'):
         moved_at = i
         open(d + '/reach', 'w').write(str(os.path.exists(path)))
@@ -826,6 +834,7 @@ while moved_at is None or i < moved_at + 40:
                 assert p.recv(100) == b''
     assert time.time() < deadline, 'never told it moved'
     time.sleep(0.02)
+assert s.getsockname() == named, (s.getsockname(), named)
 s.send(b'end')
 p.send(b'bye')
 open(d + '/moved_at', 'w').write(str(moved_at))

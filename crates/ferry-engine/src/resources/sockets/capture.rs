@@ -327,24 +327,6 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
             continue;
         };
         if peer_ino != 0 {
-            if !by_ino.contains_key(&peer_ino)
-                && frozen.relay_pipes
-                && s.sock_type == SockType::Dgram
-                && matches!(s.local, Some(SockAddr::UnixPath(_)))
-            {
-                // Its name would have to stay at home with the relay's socket, while the
-                // tree's bound sockets have their files moved with them.
-                return Err(refuse(
-                    id,
-                    s.ino,
-                    format!(
-                        "it is a datagram socket bound to {} and connected to {}, outside the \
-                         tree: a relayed socket bound to a path is not written yet",
-                        s.local.as_ref().map(describe).unwrap_or_default(),
-                        describe_unix_ino(peer_ino, &tree_pids)
-                    ),
-                ));
-            }
             if !by_ino.contains_key(&peer_ino) && frozen.relay_pipes && holders.contains_key(&id) {
                 // Relayed from home (a stream, or messages kept whole: datagrams, seqpacket):
                 // what waits in it stays there, read by the relay.
