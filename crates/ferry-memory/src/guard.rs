@@ -114,6 +114,11 @@ pub fn guard_main(server_pid: i32) -> Result<bool, String> {
             _ => eprintln!("ferry: lazy guardian: {line:?} is not understood"),
         }
     }
+    if pids.is_empty() && held.is_empty() {
+        // Started ahead of a hand-over that never came (the restore failed or was given up
+        // before it): nothing to guard.
+        return Ok(false);
+    }
     let n = crate::server::kill_tree(&pids);
     eprintln!(
         "ferry: the page server of a lazy restore (PID {server_pid}) died with pages still \

@@ -156,6 +156,9 @@ impl Space {
 pub struct LazyServer {
     source: Mutex<Option<Box<dyn PageSource>>>,
     opts: Options,
+    /// The guardian, started with the server (before a migration's freeze: its start, an
+    /// exec of the ferry binary, is then no part of it).
+    guardian: Mutex<Option<Guardian>>,
     thread: Mutex<Option<JoinHandle<Result<Stats, String>>>>,
     handed_over: Mutex<Option<Instant>>,
 }
@@ -170,8 +173,14 @@ impl std::fmt::Debug for LazyServer {
 
 impl LazyServer {
     pub fn new(source: Box<dyn PageSource>, opts: Options) -> LazyServer {
+        // One that fails to start now is tried again (and its error told) at the hand-over.
+        let guardian = opts
+            .guardian
+            .as_ref()
+            .and_then(|exe| Guardian::start(exe).ok());
         LazyServer {
             source: Mutex::new(Some(source)),
+            guardian: Mutex::new(guardian),
             opts,
             thread: Mutex::new(None),
             handed_over: Mutex::new(None),
@@ -205,9 +214,11 @@ impl LazyMemory for LazyServer {
             .expect("not poisoned")
             .take()
             .ok_or("this page server was already started")?;
-        let mut guardian = match &self.opts.guardian {
-            Some(exe) => Some(Guardian::start(exe)?),
-            None => None,
+        let early = self.guardian.lock().expect("not poisoned").take();
+        let mut guardian = match (early, &self.opts.guardian) {
+            (Some(g), _) => Some(g),
+            (None, Some(exe)) => Some(Guardian::start(exe)?),
+            (None, None) => None,
         };
         let mut spaces = Vec::new();
         let mut pidfds = Vec::new();
