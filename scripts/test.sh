@@ -15,14 +15,15 @@ for fd in $(ls /proc/$$/fd); do
 done
 # The tests run programs as other users (uid 1000, nobody) and move processes between emulated
 # nodes that each have a private /tmp, /run and /dev/shm: the checkout must be reachable by every
-# user and on every node. One that is not (a clone into `mktemp -d`, or under /root) is tested
+# user and on every node, and the UNIX socket paths the test programs bind under it must fit in
+# 108 bytes. One that is not (a clone into `mktemp -d`, under /root, or at a long path) is tested
 # from a copy in /var/tmp, root's, one per checkout path, kept with its build for the next run.
 reachable() {
   case "$PWD/" in /tmp/* | /run/* | /dev/shm/*) return 1 ;; esac
-  setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$PWD"
+  [ "${#PWD}" -le 25 ] && setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$PWD"
 }
 if [ -z "${FERRY_TEST_COPY_OF:-}" ] && ! reachable; then
-  copy=/var/tmp/ferry-test-$(printf %s "$PWD" | sha256sum | cut -c1-16)
+  copy=/var/tmp/ferry-$(printf %s "$PWD" | sha256sum | cut -c1-10)
   mkdir -p -m 0755 "$copy"
   # Anyone may create names in /var/tmp: a directory planted there by another user would let
   # them swap what the tests run as root.
@@ -30,7 +31,7 @@ if [ -z "${FERRY_TEST_COPY_OF:-}" ] && ! reachable; then
     echo "scripts/test.sh: $copy is not root's alone; remove it and run again" >&2
     exit 1
   fi
-  echo "== $PWD is not reachable by every user and node: testing a copy in $copy"
+  echo "== $PWD is not reachable by every user and node, or too long a path: testing a copy in $copy"
   find "$copy" -mindepth 1 -maxdepth 1 ! -name target -exec rm -rf {} +
   tar -C "$PWD" --exclude=./target -cf - . | tar -C "$copy" -xf -
   chmod 0755 "$copy"
