@@ -1,4 +1,4 @@
-//! The speed memory last moved at to each node (crate::migrate::learn_link), which
+//! The speed memory last moved at to each node (crate::migrate::send::learn_link), which
 //! `--memory auto` weighs an eager move's freeze by: kept durably, one state record per node
 //! (`DATA_DIR/state/link-NODE.json`, written whole and renamed into place by
 //! crate::state::Store), read back when the daemon starts, so that a restart does not forget

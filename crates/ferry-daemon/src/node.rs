@@ -57,7 +57,7 @@ pub struct Node {
     pub run_notices: crate::exec::Notices,
     /// Automatic load balancing (crate::balancer).
     pub balancer: crate::balancer::Balancer,
-    /// The speed (bytes/s) memory last moved at to each node (crate::migrate::learn_link):
+    /// The speed (bytes/s) memory last moved at to each node (crate::migrate::send::learn_link):
     /// what `--memory auto` weighs an eager move's freeze by. Kept durably (crate::links).
     pub links: crate::links::Links,
 }
