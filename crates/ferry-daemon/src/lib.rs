@@ -15,6 +15,8 @@
 //! - [`view`], [`web`], [`metrics`]: the cluster's picture (`ferry top`), the read-only page,
 //!   the Prometheus metrics.
 
+#![forbid(unsafe_code)]
+
 pub mod balancer;
 pub mod config;
 pub mod confine;

@@ -2,6 +2,8 @@
 //! idlest (Sprite's idle-host selection), and whether a node takes a guest. The daemon measures;
 //! this crate decides, so the rules can be read, and tested, in one place.
 
+#![forbid(unsafe_code)]
+
 use serde::{Deserialize, Serialize};
 
 pub mod hosts;

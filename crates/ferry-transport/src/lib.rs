@@ -3,6 +3,8 @@
 //! and its daemon, is a sequence of [`frame`]s carrying [`message`]s or raw stream bytes. The
 //! engine's image stream crosses as data frames: no temporary files anywhere.
 
+#![forbid(unsafe_code)]
+
 pub mod credentials;
 pub mod frame;
 pub mod message;
