@@ -15,22 +15,7 @@ use common::{ferry, scratch};
 
 /// Builds the busy victim once per test binary.
 fn busy_binary() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let out =
-                Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("busy-{}", std::process::id()));
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/victims/busy.c");
-            let st = Command::new("gcc")
-                .args(["-O1", "-pthread", "-o"])
-                .arg(&out)
-                .arg(&src)
-                .status()
-                .expect("run gcc");
-            assert!(st.success(), "gcc failed on {}", src.display());
-            out
-        })
-        .clone()
+    common::victim("busy", &["-O1", "-pthread"])
 }
 
 struct Victim {

@@ -80,22 +80,7 @@ fn main() {
 }
 
 fn ticker_binary() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-                .join(format!("ticker-commit-{}", std::process::id()));
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/victims/ticker.c");
-            let st = Command::new("gcc")
-                .args(["-O2", "-o"])
-                .arg(&out)
-                .arg(&src)
-                .status()
-                .unwrap();
-            assert!(st.success(), "build ticker");
-            out
-        })
-        .clone()
+    common::victim("ticker", &["-O2"])
 }
 
 /// The ticking victim: its status line counts on as long as one copy of it runs.

@@ -53,19 +53,7 @@ fn main() {
 
 /// `tests/victims/NAME.c`, built once per test process.
 fn victim_binary(name: &str) -> PathBuf {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
-    if !out.exists() {
-        let src =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/victims/{name}.c"));
-        let st = Command::new("gcc")
-            .args(["-O2", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .unwrap();
-        assert!(st.success(), "build {name}");
-    }
-    out
+    common::victim(name, &["-O2"])
 }
 
 fn text(o: &std::process::Output) -> String {

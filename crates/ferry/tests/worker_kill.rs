@@ -41,22 +41,7 @@ const DELAYS_US: &[u64] = &[
 ];
 
 fn victim_binary() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-                .join(format!("selfcheck-{}", std::process::id()));
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/victims/selfcheck.c");
-            let st = Command::new("gcc")
-                .args(["-O2", "-pthread", "-o"])
-                .arg(&out)
-                .arg(&src)
-                .status()
-                .unwrap();
-            assert!(st.success(), "build selfcheck");
-            out
-        })
-        .clone()
+    common::victim("selfcheck", &["-O2", "-pthread"])
 }
 
 #[derive(Debug)]

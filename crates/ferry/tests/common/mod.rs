@@ -14,6 +14,32 @@ use std::path::{Path, PathBuf};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+/// `tests/victims/NAME.c` built with `gcc FLAGS`, once per test process: the first caller
+/// builds while the others (tests run in parallel) wait, and the binary is renamed into place
+/// whole (a test that ran a half-written one failed with EACCES).
+pub fn victim(name: &str, flags: &[&str]) -> PathBuf {
+    static BUILT: std::sync::Mutex<std::collections::BTreeMap<String, PathBuf>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(out) = built.get(name) {
+        return out.clone();
+    }
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/victims/{name}.c"));
+    let tmp = out.with_extension("building");
+    let st = std::process::Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(&src)
+        .status()
+        .expect("run gcc");
+    assert!(st.success(), "gcc failed on {}", src.display());
+    fs::rename(&tmp, &out).unwrap();
+    built.insert(name.to_string(), out.clone());
+    out
+}
+
 /// A fresh, empty directory `name` of test binary `binary` under the target's temporary
 /// directory (per test process, so that parallel runs never meet).
 pub fn scratch(binary: &str, name: &str) -> PathBuf {

@@ -153,27 +153,9 @@ fn main() {
     libtest_mimic::run(&args, tests).exit();
 }
 
-/// `tests/victims/NAME.c`, built once per test process. Tests run in parallel: one builds while
-/// the others wait, and the binary appears whole (renamed into place), never half written (a
-/// test that ran a half-written one failed with EACCES).
+/// `tests/victims/NAME.c`, built once per test process.
 fn victim_binary(name: &str) -> PathBuf {
-    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
-    if !out.exists() {
-        let src =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/victims/{name}.c"));
-        let tmp = out.with_extension("building");
-        let st = Command::new("gcc")
-            .args(["-O2", "-o"])
-            .arg(&tmp)
-            .arg(&src)
-            .status()
-            .unwrap();
-        assert!(st.success(), "build {name}");
-        std::fs::rename(&tmp, &out).unwrap();
-    }
-    out
+    common::victim(name, &["-O2"])
 }
 
 fn ticker_binary() -> PathBuf {
