@@ -107,6 +107,54 @@ fn hash(path: &str, want: Option<(u64, u64)>, size: u64) -> std::io::Result<Opti
     Ok((total == size).then(|| h.finalize().into()))
 }
 
+/// A file to hash: where to read it (a magic link), the device and inode it must still be when
+/// they are known, its size, and the key it is cached under.
+struct Unhashed {
+    path: String,
+    want: Option<(u64, u64)>,
+    size: u64,
+    key: Option<String>,
+}
+
+/// Hashes `files` on one thread with `creds` (process `pid`'s rights), keeps each digest in the
+/// cache under its key, and returns them in order (`None`: not hashed, said in the log).
+fn hash_as(
+    pid: i32,
+    creds: &ferry_sys::fsid::FsCreds,
+    files: &[Unhashed],
+) -> Vec<Option<[u8; 32]>> {
+    let hashed = ferry_sys::fsid::with_fs_creds(creds, || {
+        files
+            .iter()
+            .map(|f| hash(&f.path, f.want, f.size))
+            .collect::<Vec<_>>()
+    });
+    let hashed = match hashed {
+        Ok(h) => h,
+        Err(e) => {
+            log::debug!("PID {pid}: no digests (rights of {creds}: {e})");
+            return vec![None; files.len()];
+        }
+    };
+    files
+        .iter()
+        .zip(hashed)
+        .map(|(f, got)| match got {
+            Ok(Some(sha256)) => {
+                if let Some(k) = &f.key {
+                    cache_put(k, &sha256);
+                }
+                Some(sha256)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                log::debug!("PID {pid}: no digest of {}: {e}", f.path);
+                None
+            }
+        })
+        .collect()
+}
+
 /// The digests of the regular files `tree`'s processes hold or map by path (each process read
 /// as `hosts[i]`, its PID here, with its own file-system rights). Called while the tree is
 /// frozen, before its PIDs are translated.
@@ -167,7 +215,12 @@ pub fn capture(tree: &Tree, hosts: &[i32]) -> Vec<FileDigest> {
                     sha256,
                 }),
                 // Larger files only if hashed before the freeze.
-                None if size <= MAX_DIGESTED => misses.push((dev, ino, size, path, key)),
+                None if size <= MAX_DIGESTED => misses.push(Unhashed {
+                    path,
+                    want: Some((dev, ino)),
+                    size,
+                    key,
+                }),
                 None => log::debug!(
                     "PID {host}: {path} ({size} bytes) was not hashed before the freeze"
                 ),
@@ -177,35 +230,15 @@ pub fn capture(tree: &Tree, hosts: &[i32]) -> Vec<FileDigest> {
             continue;
         }
         // The rest read by one thread with the process's rights.
-        let creds = crate::reopen::creds_of(p);
-        let hashed = ferry_sys::fsid::with_fs_creds(&creds, || {
-            misses
-                .iter()
-                .map(|(dev, ino, size, path, _)| hash(path, Some((*dev, *ino)), *size))
-                .collect::<Vec<_>>()
-        });
-        let hashed = match hashed {
-            Ok(h) => h,
-            Err(e) => {
-                log::debug!("PID {host}: no digests (rights of {creds}: {e})");
-                continue;
-            }
-        };
-        for ((dev, ino, size, path, key), got) in misses.into_iter().zip(hashed) {
-            match got {
-                Ok(Some(sha256)) => {
-                    if let Some(k) = key {
-                        cache_put(&k, &sha256);
-                    }
-                    out.push(FileDigest {
-                        dev,
-                        ino,
-                        size,
-                        sha256,
-                    })
-                }
-                Ok(None) => {}
-                Err(e) => log::debug!("PID {host}: no digest of {path}: {e}"),
+        let hashed = hash_as(*host, &crate::reopen::creds_of(p), &misses);
+        for (f, got) in misses.iter().zip(hashed) {
+            if let (Some(sha256), Some((dev, ino))) = (got, f.want) {
+                out.push(FileDigest {
+                    dev,
+                    ino,
+                    size: f.size,
+                    sha256,
+                })
             }
         }
     }
@@ -231,10 +264,10 @@ pub fn warm(root: i32) {
     let mut seen = std::collections::HashSet::new();
     let (mut files, mut bytes) = (0usize, 0u64);
     for pid in pids {
-        let Some(creds) = fs_creds_of(pid) else {
+        let Ok(creds) = crate::procfs::fs_creds(pid) else {
             continue;
         };
-        let mut misses: Vec<(String, String, u64)> = Vec::new();
+        let mut misses: Vec<Unhashed> = Vec::new();
         for dir in ["map_files", "fd"] {
             let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/{dir}")) else {
                 continue;
@@ -254,35 +287,26 @@ pub fn warm(root: i32) {
                 {
                     continue;
                 }
+                // Cached under what the file was before it was read: a write since changed
+                // its change time, and the entry will not be found.
                 let key = cache_key(&md);
                 if cache_get(&key).is_none() {
-                    misses.push((path, key, md.len()));
+                    misses.push(Unhashed {
+                        path,
+                        want: None,
+                        size: md.len(),
+                        key: Some(key),
+                    });
                 }
             }
         }
         if misses.is_empty() {
             continue;
         }
-        let hashed = ferry_sys::fsid::with_fs_creds(&creds, || {
-            misses
-                .iter()
-                .map(|(path, _, size)| hash(path, None, *size))
-                .collect::<Vec<_>>()
-        });
-        let Ok(hashed) = hashed else {
-            continue;
-        };
-        for ((path, key, size), got) in misses.iter().zip(hashed) {
-            // Cached under what the file was before it was read: a write since changed its
-            // change time, and the entry will not be found.
-            match got {
-                Ok(Some(sha256)) => {
-                    cache_put(key, &sha256);
-                    files += 1;
-                    bytes += size;
-                }
-                Ok(None) => {}
-                Err(e) => log::debug!("PID {pid}: no digest of {path}: {e}"),
+        for (f, got) in misses.iter().zip(hash_as(pid, &creds, &misses)) {
+            if got.is_some() {
+                files += 1;
+                bytes += f.size;
             }
         }
     }
@@ -290,26 +314,6 @@ pub fn warm(root: i32) {
         "digests of {files} files ({bytes} bytes) computed before the freeze in {:.1} ms",
         t0.elapsed().as_secs_f64() * 1e3
     );
-}
-
-/// The file-system credentials of running process `pid` (its fsuid, fsgid and groups).
-fn fs_creds_of(pid: i32) -> Option<ferry_sys::fsid::FsCreds> {
-    let status = crate::procfs::status(pid).ok()?;
-    let fourth = |key: &str| -> Option<u32> {
-        crate::procfs::field(&status, key)
-            .split_whitespace()
-            .nth(3)?
-            .parse()
-            .ok()
-    };
-    Some(ferry_sys::fsid::FsCreds {
-        uid: fourth("Uid")?,
-        gid: fourth("Gid")?,
-        groups: crate::procfs::field(&status, "Groups")
-            .split_whitespace()
-            .filter_map(|g| g.parse().ok())
-            .collect(),
-    })
 }
 
 /// Makes `tree`'s digests the ones [`same_contents`] compares with, for this restore.

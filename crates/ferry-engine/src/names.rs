@@ -45,26 +45,6 @@ struct Moved {
     creds: FsCreds,
 }
 
-/// The file-system credentials process `pid` acts with now (it is frozen).
-fn holder_creds(pid: i32) -> Result<FsCreds> {
-    let status = procfs::status(pid)?;
-    let fs = |key: &str| {
-        procfs::field(&status, key)
-            .split_whitespace()
-            .nth(3)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    Ok(FsCreds {
-        uid: fs("Uid"),
-        gid: fs("Gid"),
-        groups: procfs::field(&status, "Groups")
-            .split_whitespace()
-            .filter_map(|g| g.parse().ok())
-            .collect(),
-    })
-}
-
 impl SocketFilesAside {
     /// Renames aside the file of every UNIX socket of the frozen tree that is bound to a path
     /// whose file is still there. On failure, what was already moved is put back.
@@ -160,7 +140,7 @@ impl SocketFilesAside {
         .ctx(pid, || {
             format!("open the directory of socket file {}", path.display())
         })?;
-        let creds = holder_creds(pid)?;
+        let creds = procfs::fs_creds(pid)?;
         let mut aside = b".".to_vec();
         aside.extend_from_slice(file.as_bytes());
         aside.extend_from_slice(format!(".ferry-moving-{pid}").as_bytes());

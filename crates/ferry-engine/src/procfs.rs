@@ -110,6 +110,34 @@ pub fn field<'a>(status: &'a [(String, String)], key: &str) -> &'a str {
         .unwrap_or("")
 }
 
+/// The file-system credentials process `pid` acts with now: its fsuid, fsgid and groups.
+pub fn fs_creds(pid: i32) -> Result<ferry_sys::fsid::FsCreds> {
+    let status = status(pid)?;
+    // The fourth of the real, effective, saved and file-system ids.
+    let fs = |key: &str| {
+        field(&status, key)
+            .split_whitespace()
+            .nth(3)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Error::Io {
+                pid,
+                what: format!("read the file-system id of {key} in /proc/{pid}/status"),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{key}: {:?}", field(&status, key)),
+                ),
+            })
+    };
+    Ok(ferry_sys::fsid::FsCreds {
+        uid: fs("Uid")?,
+        gid: fs("Gid")?,
+        groups: field(&status, "Groups")
+            .split_whitespace()
+            .filter_map(|g| g.parse().ok())
+            .collect(),
+    })
+}
+
 pub fn hex_field(status: &[(String, String)], key: &str) -> u64 {
     u64::from_str_radix(field(status, key), 16).unwrap_or(0)
 }
