@@ -440,6 +440,22 @@ fn run_on(c: &Cluster, node: &str, home_pid: i32) -> bool {
         .any(|p| p["home_pid"] == home_pid && p["kind"] == "remote-exec" && p["node"] == node)
 }
 
+/// The counting program, still running under its caller's `ferry run` (`run`), is told to
+/// stop (`dir/stop`): `ferry run` ends with its exit code 7, every line came once and in
+/// order, and nothing was said on its stderr.
+fn stops_with_its_output_whole(dir: &Path, run: &mut Child) {
+    assert!(run.try_wait().unwrap().is_none(), "ferry run ended");
+    std::fs::write(dir.join("stop"), b"").unwrap();
+    let st = wait_exit(run, Duration::from_secs(20));
+    assert_eq!(st.code(), Some(7), "{st:?}");
+    let n = lines(dir).len();
+    for (i, l) in lines(dir).iter().enumerate() {
+        assert_eq!(l, &(i + 1).to_string(), "lost or doubled lines (of {n})");
+    }
+    let err = std::fs::read_to_string(dir.join("stderr")).unwrap();
+    assert!(err.is_empty(), "its caller was told something: {err}");
+}
+
 fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let t = Instant::now();
     loop {
@@ -508,16 +524,7 @@ fn owner_input_moves_a_ferry_run_program_whose_caller_sees_nothing() {
     assert!(!run_on(&c, "b", home_pid), "{log}");
     // Its caller is none the wiser: the count goes on, no line lost or doubled.
     counts_on(&dir, "the program to count where it went");
-    assert!(run.try_wait().unwrap().is_none(), "ferry run ended");
-    std::fs::write(dir.join("stop"), b"").unwrap();
-    let st = wait_exit(&mut run, Duration::from_secs(20));
-    assert_eq!(st.code(), Some(7), "{st:?}");
-    let n = lines(&dir).len();
-    for (i, l) in lines(&dir).iter().enumerate() {
-        assert_eq!(l, &(i + 1).to_string(), "lost or doubled lines (of {n})");
-    }
-    let err = std::fs::read_to_string(dir.join("stderr")).unwrap();
-    assert!(err.is_empty(), "its caller was told something: {err}");
+    stops_with_its_output_whole(&dir, &mut run);
     drop(master);
 }
 
@@ -591,14 +598,5 @@ fn a_ferry_run_program_moved_twice_keeps_its_callers_output_whole() {
         c.log("c") + &c.log("b")
     );
     counts_on(&dir, "the program to count on a");
-    assert!(run.try_wait().unwrap().is_none(), "ferry run ended");
-    std::fs::write(dir.join("stop"), b"").unwrap();
-    let st = wait_exit(&mut run, Duration::from_secs(20));
-    assert_eq!(st.code(), Some(7), "{st:?}");
-    let n = lines(&dir).len();
-    for (i, l) in lines(&dir).iter().enumerate() {
-        assert_eq!(l, &(i + 1).to_string(), "lost or doubled lines (of {n})");
-    }
-    let err = std::fs::read_to_string(dir.join("stderr")).unwrap();
-    assert!(err.is_empty(), "its caller was told something: {err}");
+    stops_with_its_output_whole(&dir, &mut run);
 }

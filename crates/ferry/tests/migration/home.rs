@@ -11,45 +11,9 @@ use super::*;
 pub(super) fn shell_waits_for_moved_child() -> Result<(), Failed> {
     let c = Cluster::up("shell", 2);
     let dir = scratch("migration", "shell");
-    // Each job writes its PID, then counts in a file; on `go` it exits with 7.
-    let job = "import os,sys,time\n\
-        d=sys.argv[1]\n\
-        open(d+'/pid.tmp','w').write(str(os.getpid())); os.rename(d+'/pid.tmp', d+'/pid')\n\
-        n=0\n\
-        while not os.path.exists(d+'/go'):\n\
-        \x20   n+=1; open(d+'/count','w').write(str(n)); time.sleep(0.02)\n\
-        sys.exit(7)\n";
-    let script = "for k in exit signal; do mkdir -p \"$1/$k\"; python3 -c \"$2\" \"$1/$k\" & \
-         wait $!; echo \"$k $?\" >> \"$1/statuses\"; done";
-    let mut shell = UnixServer(
-        Command::new("bash")
-            .args(["-c", script, "shell"])
-            .arg(&dir)
-            .arg(job)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let job_pid = |k: &str| pid_from(&dir.join(k).join("pid"), &format!("job {k}"));
-    let counting = |k: &str, what: &str| -> Result<(), Failed> {
-        let count = || -> u64 {
-            std::fs::read_to_string(dir.join(k).join("count"))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(0)
-        };
-        let start = count();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while count() < start + 5 {
-            if Instant::now() > deadline {
-                return Err(format!("{what}: job {k} stopped counting").into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
-    };
+    let mut shell = JobShell::start(&dir);
+    let job_pid = |k: &str| shell.job_pid(k);
+    let counting = |k: &str, what: &str| shell.counting(k, what);
 
     // 1. Moved, then told to finish: the shell sees its exit code, 7.
     let pid = job_pid("exit")?;
@@ -74,7 +38,7 @@ pub(super) fn shell_waits_for_moved_child() -> Result<(), Failed> {
         .unwrap();
     assert_eq!(
         ppid,
-        shell.0.id(),
+        shell.pid(),
         "the deputy is no longer the shell's child"
     );
     std::fs::write(dir.join("exit").join("go"), "").unwrap();
@@ -92,28 +56,99 @@ pub(super) fn shell_waits_for_moved_child() -> Result<(), Failed> {
         .unwrap();
     assert!(st.success());
 
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(st) = shell.0.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the shell never saw its jobs end: {:?}",
-                std::fs::read_to_string(dir.join("statuses"))
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "{status:?}");
-    let statuses = std::fs::read_to_string(dir.join("statuses")).unwrap();
-    assert_eq!(statuses, "exit 7\nsignal 143\n", "what the shell saw");
+    shell.saw_exit_7_then_sigterm()?;
     assert!(
         !pid_alive(body) && !pid_alive(body2),
         "a body outlived its job"
     );
     Ok(())
+}
+
+/// A non-interactive bash running two Python jobs in turn, `exit` then `signal`, each in a
+/// directory of its own under `dir`: a job writes its PID, then counts in a file; on `go` it
+/// exits with 7. The shell appends each job's status (`wait`) to `dir/statuses`.
+struct JobShell {
+    dir: PathBuf,
+    shell: UnixServer,
+}
+
+impl JobShell {
+    fn start(dir: &Path) -> JobShell {
+        let job = "import os,sys,time\n\
+            d=sys.argv[1]\n\
+            open(d+'/pid.tmp','w').write(str(os.getpid())); os.rename(d+'/pid.tmp', d+'/pid')\n\
+            n=0\n\
+            while not os.path.exists(d+'/go'):\n\
+            \x20   n+=1; open(d+'/count','w').write(str(n)); time.sleep(0.02)\n\
+            sys.exit(7)\n";
+        let script = "for k in exit signal; do mkdir -p \"$1/$k\"; python3 -c \"$2\" \"$1/$k\" & \
+             wait $!; echo \"$k $?\" >> \"$1/statuses\"; done";
+        let shell = UnixServer(
+            Command::new("bash")
+                .args(["-c", script, "shell"])
+                .arg(dir)
+                .arg(job)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        JobShell {
+            dir: dir.to_owned(),
+            shell,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.shell.0.id()
+    }
+
+    fn job_pid(&self, k: &str) -> Result<i32, Failed> {
+        pid_from(&self.dir.join(k).join("pid"), &format!("job {k}"))
+    }
+
+    /// Fails unless job `k` counts on (5 more) within 10 s.
+    fn counting(&self, k: &str, what: &str) -> Result<(), Failed> {
+        let count = || -> u64 {
+            std::fs::read_to_string(self.dir.join(k).join("count"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let start = count();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count() < start + 5 {
+            if Instant::now() > deadline {
+                return Err(format!("{what}: job {k} stopped counting").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Waits (15 s) for the shell to end, and checks that its `wait` saw the first job exit
+    /// with 7 and the second killed by SIGTERM (143).
+    fn saw_exit_7_then_sigterm(&mut self) -> Result<(), Failed> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let status = loop {
+            if let Some(st) = self.shell.0.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the shell never saw its jobs end: {:?}",
+                    std::fs::read_to_string(self.dir.join("statuses"))
+                )
+                .into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "{status:?}");
+        let statuses = std::fs::read_to_string(self.dir.join("statuses")).unwrap();
+        assert_eq!(statuses, "exit 7\nsignal 143\n", "what the shell saw");
+        Ok(())
+    }
 }
 
 /// The terminal the job runs in: an interactive bash under a pty that a Python driver holds
@@ -532,43 +567,8 @@ pub(super) fn pid_from(path: &Path, what: &str) -> Result<i32, Failed> {
 pub(super) fn job_brought_home() -> Result<(), Failed> {
     let c = Cluster::up("home", 2);
     let dir = scratch("migration", "home");
-    let job = "import os,sys,time\n\
-        d=sys.argv[1]\n\
-        open(d+'/pid.tmp','w').write(str(os.getpid())); os.rename(d+'/pid.tmp', d+'/pid')\n\
-        n=0\n\
-        while not os.path.exists(d+'/go'):\n\
-        \x20   n+=1; open(d+'/count','w').write(str(n)); time.sleep(0.02)\n\
-        sys.exit(7)\n";
-    let script = "for k in exit signal; do mkdir -p \"$1/$k\"; python3 -c \"$2\" \"$1/$k\" & \
-         wait $!; echo \"$k $?\" >> \"$1/statuses\"; done";
-    let mut shell = UnixServer(
-        Command::new("bash")
-            .args(["-c", script, "shell"])
-            .arg(&dir)
-            .arg(job)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let count = |k: &str| -> u64 {
-        std::fs::read_to_string(dir.join(k).join("count"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    let counting = |k: &str, what: &str| -> Result<(), Failed> {
-        let start = count(k);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while count(k) < start + 5 {
-            if Instant::now() > deadline {
-                return Err(format!("{what}: job {k} stopped counting").into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
-    };
+    let mut shell = JobShell::start(&dir);
+    let counting = |k: &str, what: &str| shell.counting(k, what);
     let status_field = |pid: i32, key: &str| -> String {
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_default()
@@ -578,7 +578,7 @@ pub(super) fn job_brought_home() -> Result<(), Failed> {
     };
     let ppid_of = |pid: i32| -> i32 { status_field(pid, "PPid:").parse().unwrap_or(0) };
     for k in ["exit", "signal"] {
-        let pid = pid_from(&dir.join(k).join("pid"), &format!("job {k}"))?;
+        let pid = shell.job_pid(k)?;
         migrate(&c, "a", pid, "b").map_err(|e| format!("{k}: a -> b: {e}"))?;
         assert_ne!(common::run::tracer_of(pid), 0, "{k}: no deputy at home");
         counting(k, "on b")?;
@@ -599,7 +599,7 @@ pub(super) fn job_brought_home() -> Result<(), Failed> {
         assert_eq!(status_field(pid, "Seccomp:"), "0", "{k}: a filter is left");
         assert_eq!(
             ppid_of(pid),
-            shell.0.id() as i32,
+            shell.pid() as i32,
             "{k}: not the shell's child"
         );
         assert!(
@@ -618,23 +618,7 @@ pub(super) fn job_brought_home() -> Result<(), Failed> {
             assert!(st.success());
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(st) = shell.0.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the shell never saw its jobs end: {:?}",
-                std::fs::read_to_string(dir.join("statuses"))
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "{status:?}");
-    let statuses = std::fs::read_to_string(dir.join("statuses")).unwrap();
-    assert_eq!(statuses, "exit 7\nsignal 143\n", "what the shell saw");
+    shell.saw_exit_7_then_sigterm()?;
     Ok(())
 }
 
