@@ -4,7 +4,7 @@
  * Sets up MAP_PRIVATE|MAP_ANONYMOUS regions: a RW region filled with a
  * pattern, a read-only one (filled, then mprotect'ed), a region split by
  * mprotect into rw-/r--/rw-, a sparse 64 MiB region with a few touched pages,
- * a region moved by mremap, a MAP_FIXED region at a chosen address and an
+ * a region moved by mremap (right below the sparse one), a MAP_FIXED region at a chosen address and an
  * executable page holding code.
  *
  * Verifies: /proc/self/maps is unchanged, every byte is intact, untouched
@@ -34,9 +34,18 @@ int main(void)
 	ferry_fill(split, 12 * PG, 3);
 	FERRY_SYS(mprotect(split + 4 * PG, 4 * PG, PROT_READ));
 
+	/*
+	 * The sparse region has room for the mremap'ed one right below it: the two are
+	 * adjacent, alike in maps, and kept apart only by MAP_NORESERVE (and by their page
+	 * offsets), which a restore must keep.
+	 */
 	size_t sparse_len = 64UL << 20;
-	unsigned char *sparse = FERRY_PTR(mmap(NULL, sparse_len, PROT_READ | PROT_WRITE,
-					       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+	unsigned char *below_sparse = FERRY_PTR(mmap(NULL, 16 * PG + sparse_len, PROT_NONE,
+						     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+	unsigned char *sparse = FERRY_PTR(mmap(below_sparse + 16 * PG, sparse_len,
+					       PROT_READ | PROT_WRITE,
+					       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+					       -1, 0));
 	static const size_t touched[] = { 0, 1, 1000, 8191, 16383 };
 	for (size_t i = 0; i < sizeof touched / sizeof touched[0]; i++)
 		ferry_fill(sparse + touched[i] * PG, PG, 100 + i);
@@ -44,7 +53,7 @@ int main(void)
 	unsigned char *moved = FERRY_PTR(mmap(NULL, 8 * PG, PROT_READ | PROT_WRITE,
 					      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
 	ferry_fill(moved, 8 * PG, 4);
-	moved = FERRY_PTR(mremap(moved, 8 * PG, 16 * PG, MREMAP_MAYMOVE));
+	moved = FERRY_PTR(mremap(moved, 8 * PG, 16 * PG, MREMAP_MAYMOVE | MREMAP_FIXED, below_sparse));
 	ferry_fill(moved + 8 * PG, 8 * PG, 5);
 
 	unsigned char *fixed = FERRY_PTR(mmap(FIXED_ADDR, 3 * PG, PROT_READ | PROT_WRITE,

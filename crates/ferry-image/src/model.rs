@@ -287,6 +287,11 @@ pub struct Vma {
     /// Locked on fault (`mlock2(MLOCK_ONFAULT)`, `mlockall(MCL_ONFAULT)`: VmFlags `lf`).
     #[serde(default)]
     pub lock_onfault: bool,
+    /// Mapped with `MAP_NORESERVE` (VmFlags `nr`): no swap is reserved for it. Made so again,
+    /// which also keeps it apart from a neighbour alike in all else (the kernel merges two
+    /// adjacent mappings only when their flags are the same).
+    #[serde(default)]
+    pub noreserve: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

@@ -97,6 +97,7 @@ pub fn capture(pid: i32, maps: &[MapEntry], objects: &mut CaptureObjects) -> Res
             sequential: m.has_flag("sr"),
             random: m.has_flag("rr"),
             lock_onfault: m.has_flag("lf"),
+            noreserve: m.has_flag("nr"),
         });
     }
     Ok(out)
@@ -445,6 +446,9 @@ pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Resu
             } else {
                 libc::MAP_PRIVATE
             }) as u64;
+        if v.noreserve {
+            flags |= libc::MAP_NORESERVE as u64;
+        }
         let fd = match &v.backing {
             Backing::Vdso | Backing::Vvar | Backing::VvarVclock | Backing::Vsyscall => continue,
             Backing::Anonymous => {
@@ -596,7 +600,10 @@ fn madvise_flags(calls: &mut Vec<Call>, v: &Vma, lock: bool) {
 fn map_apart(calls: &mut Vec<Call>, v: &Vma, hint: u64) {
     let len = v.end - v.start;
     let page = ferry_sys::PAGE_SIZE;
-    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let mut flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    if v.noreserve {
+        flags |= libc::MAP_NORESERVE as u64;
+    }
     calls.push(
         Call::new(
             "mmap (to map apart)",
