@@ -25,7 +25,6 @@ use ferry_transport::message::kind;
 use ferry_transport::{Frame, Msg};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -93,11 +92,7 @@ impl BodyRelays {
             let (tx, rx) = mpsc::unbounded_channel();
             (Some(tx), Some(rx))
         };
-        let ino = fd
-            .try_clone()
-            .map(std::fs::File::from)
-            .and_then(|f| f.metadata())
-            .map_or(0, |m| m.ino());
+        let ino = crate::relay::inode_of(fd);
         self.live
             .lock()
             .expect("body relays lock")
