@@ -6,7 +6,9 @@
  * read as zeros, version 0). Every 20 ms it checks a slice of the pages against the table (all
  * of them each second) and rewrites one line in STATUS (argv[3]), as ticker does:
  *     count=N pid=P ok=1 mono=1
- * A page sent stale, or kept when it was dropped, makes ok=0.
+ * A page sent stale, or kept when it was dropped, makes ok=0. An optional SWEEP (argv[4], a
+ * percentage) rewrites, with the same bytes, one word of each of the first SWEEP % of the
+ * pages every 20 ms: a pre-copy's rounds find all of them written every time.
  */
 #include <fcntl.h>
 #include <stdint.h>
@@ -48,14 +50,15 @@ static double now_s(void)
 
 int main(int argc, char **argv)
 {
-	if (argc != 4) {
-		fprintf(stderr, "usage: dirtier MIB RATE STATUS\n");
+	if (argc != 4 && argc != 5) {
+		fprintf(stderr, "usage: dirtier MIB RATE STATUS [SWEEP]\n");
 		return 2;
 	}
 	uint64_t pages = ((uint64_t)atol(argv[1]) << 20) / PAGE;
 	double rate = atof(argv[2]);
 	if (pages == 0)
 		pages = 1;
+	uint64_t sweep = argc == 5 ? pages * (uint64_t)atol(argv[4]) / 100 : 0;
 	uint64_t *mem = mmap(NULL, pages * PAGE, PROT_READ | PROT_WRITE,
 			     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	uint32_t *version = calloc(pages, sizeof *version);
@@ -95,6 +98,10 @@ int main(int argc, char **argv)
 			}
 		}
 		if (t - last_status >= 0.02) {
+			for (uint64_t i = 0; i < sweep && i < pages; i++) {
+				volatile uint64_t *q = (volatile uint64_t *)(mem + i * WORDS);
+				*q = *q;
+			}
 			for (uint64_t n = 0; n < slice; n++, cursor = (cursor + 1) % pages)
 				if (!check(mem + cursor * WORDS, cursor, version[cursor]))
 					ok = 0;

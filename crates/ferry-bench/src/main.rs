@@ -12,6 +12,7 @@ mod balance;
 mod common;
 mod criu;
 mod deputy;
+mod dirty;
 mod engine;
 mod floor;
 mod hold;
@@ -63,6 +64,10 @@ enum Command {
     /// its memory, moved eagerly, with pre-copy and lazily: when it runs on b, when every
     /// touched page is there, and the bytes moved, against memcpy of N MiB.
     Touch(touch::Args),
+    /// Pre-copy, lazy and hybrid migration of a process that keeps rewriting its memory (512
+    /// MiB at 10 % per second by default), in one run: freeze, resume, when the source was
+    /// released, total time and bytes on the wire.
+    Dirty(dirty::Args),
     /// Host selection over 10 to 10,000 nodes (the policy), a request through a daemon holding
     /// 1,000 simulated gossip entries, and the time eviction takes to free a node.
     Hosts(hosts::Args),
@@ -141,6 +146,7 @@ fn main() {
         ),
         Command::Lazy(a) => lazy::run(a),
         Command::Touch(a) => touch::run(a),
+        Command::Dirty(a) => dirty::run(a),
     };
     if let Err(e) = result {
         eprintln!("ferry-bench: {e:#}");

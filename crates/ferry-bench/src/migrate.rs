@@ -310,7 +310,7 @@ fn measure(a: &Args, cluster: &Cluster, dir: &Path, mib: usize) -> Result<Sample
 
 /// The steps of the report's timeline from the freeze on, each with when it ended (ms after
 /// the freeze began; both nodes share this machine's clock).
-fn steps(report: &serde_json::Value) -> Vec<(String, f64)> {
+pub(crate) fn steps(report: &serde_json::Value) -> Vec<(String, f64)> {
     let stamps: Vec<(String, f64)> = report["timeline"]
         .as_array()
         .into_iter()

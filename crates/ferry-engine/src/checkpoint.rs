@@ -84,6 +84,7 @@ pub fn capture_with<W: Write>(
         frozen,
         out,
         &|host, _| inherited.get(&host).cloned(),
+        None,
         parent,
         before_image,
     )
@@ -96,10 +97,13 @@ pub type KeepRanges<'a> = &'a dyn Fn(i32, &[ferry_image::Vma]) -> Option<Vec<(u6
 /// [`capture_with`], the ranges to leave out chosen per process (by our PID) from the
 /// mappings the capture found: a lazy migration leaves out every private anonymous mapping
 /// ([`crate::lazy::source_ranges_of`]) without reading the mappings once more in the freeze.
+/// `lazily` (a hybrid migration): of the pages left out, those inside these ranges stay at the
+/// source for a page server (`Process::inherited_lazily`); the rest came ahead of the image.
 pub fn capture_keeping<W: Write>(
     frozen: &FrozenTree,
     out: W,
     keep: KeepRanges<'_>,
+    lazily: Option<KeepRanges<'_>>,
     parent: Option<ferry_image::ParentImage>,
     before_image: impl FnOnce() -> Result<()>,
 ) -> Result<(W, CaptureReport)> {
@@ -252,6 +256,10 @@ pub fn capture_keeping<W: Write>(
         if let Some(keep) = kept {
             p.inherited = memory::inherited_pages(*host, &p.vmas, &keep)?;
             report.inherited_bytes += p.inherited.iter().map(|(s, e)| e - s).sum::<u64>();
+        }
+        if let (Some(lazily), None) = (lazily, p.zombie_status) {
+            let ranges = lazily(*host, &p.vmas).unwrap_or_default();
+            p.inherited_lazily = Some(memory::intersect(&p.inherited, &ranges));
         }
     }
     tree.parent = parent;

@@ -829,14 +829,15 @@ fn build<R: Read>(
     if let Some(lazy) = cx.lazy.filter(|l| l.serves_inherited()) {
         // A lazy migration: the image carries what is not left at the source (private pages
         // of file mappings, huge-page mappings); those go in first, the server then supplies
-        // what the image names as inherited.
+        // what the image names as inherited. A hybrid one: the inherited pages that came in
+        // the pre-copy rounds go in first too; the server supplies `inherited_lazily`.
         stream_memory(
             &mut cx.img.records,
             tree,
             cx.objects,
             cx.buf,
             &live,
-            None,
+            cx.pages,
             true,
             &mut report,
         )?;
@@ -994,7 +995,8 @@ struct Piece<'a> {
 /// arrives. Two buffers take turns: while a helper thread writes one piece into its process
 /// (`process_vm_writev`, which faults in and clears each page of the target first), this
 /// thread reads and checksums the next. With `inherited_elsewhere`, the pages the image names
-/// as inherited are left alone (a lazy page server supplies them). (A version 1 image has its shared objects' contents
+/// as inherited are left alone (a lazy page server supplies them), but for those of a hybrid
+/// migration's that came in its pre-copy rounds (inherited, not `inherited_lazily`). (A version 1 image has its shared objects' contents
 /// here, after memory: they are filled as they come, except into System V segments, which are
 /// filled when they are first attached and so must come first.)
 #[allow(clippy::too_many_arguments)]
@@ -1018,9 +1020,12 @@ fn stream_memory<R: Read>(
     // come after and may overwrite them.
     // (Unless a lazy page server supplies them once the records are in.)
     for ((p, h), f) in live.iter().zip(&fillers) {
-        if !inherited_elsewhere {
-            report.inherited_bytes += fill_inherited(p, h, f.as_ref(), pages, buf)?;
-        }
+        let ranges = match (inherited_elsewhere, &p.inherited_lazily) {
+            (false, _) => p.inherited.clone(),
+            (true, Some(lazily)) => memory::subtract(&p.inherited, lazily),
+            (true, None) => continue,
+        };
+        report.inherited_bytes += fill_inherited(p, &ranges, h, f.as_ref(), pages, buf)?;
     }
     let by_pid: HashMap<i32, (&Process, i32, &ProcMem, Option<&AnonFiller>)> = live
         .iter()
@@ -1157,16 +1162,17 @@ fn stream_memory<R: Read>(
     })
 }
 
-/// Writes the pages `p` inherits (`Process::inherited`) from `pages` into its husk, in runs
-/// of up to `buf`'s size. Returns the bytes written.
+/// Writes the pages `ranges` of `p` inherits (`Process::inherited`) from `pages` into its
+/// husk, in runs of up to `buf`'s size. Returns the bytes written.
 fn fill_inherited(
     p: &Process,
+    ranges: &[(u64, u64)],
     h: &Husk,
     filler: Option<&AnonFiller>,
     pages: Option<&dyn InheritedPages>,
     buf: &mut [u8],
 ) -> Result<u64> {
-    if p.inherited.is_empty() {
+    if ranges.is_empty() {
         return Ok(0);
     }
     let Some(pages) = pages else {
@@ -1174,15 +1180,12 @@ fn fill_inherited(
             "PID {}: the image takes {} pages from an earlier transfer (pre-copy, or a parent \
              image), and none was given",
             p.pid,
-            p.inherited
-                .iter()
-                .map(|(s, e)| (e - s) / PAGE_SIZE)
-                .sum::<u64>()
+            ranges.iter().map(|(s, e)| (e - s) / PAGE_SIZE).sum::<u64>()
         )));
     };
     let page = PAGE_SIZE as usize;
     let mut total = 0;
-    for &(s, e) in &p.inherited {
+    for &(s, e) in ranges {
         let mut at = s;
         while at < e {
             let n = (((e - at) as usize).min(buf.len()) / page).max(1);

@@ -152,6 +152,13 @@ pub struct Process {
     /// supplied, or the restore fails.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inherited: Vec<(u64, u64)>,
+    /// A hybrid migration (pre-copy rounds, then the rest lazily): the pages of `inherited`
+    /// that the source still holds and a page server fetches once the process runs (as it
+    /// touches them, the rest pushed); the other inherited pages came ahead of the image, in
+    /// the rounds, and are written before it runs. `None`: every inherited page comes from one
+    /// place (pre-copy rounds, a parent image, or a lazy migration's source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inherited_lazily: Option<Vec<(u64, u64)>>,
     /// membarrier(2) registrations of the address space: the MEMBARRIER_CMD_REGISTER_*
     /// commands it issued (MEMBARRIER_CMD_GET_REGISTRATIONS).
     #[serde(default, skip_serializing_if = "is_zero")]

@@ -75,6 +75,15 @@ pub fn validate(t: &Tree) -> Result<(), String> {
                 ));
             }
         }
+        for &(s, e) in p.inherited_lazily.iter().flatten() {
+            let within = p.inherited.iter().any(|&(is, ie)| is <= s && e <= ie);
+            if s % PAGE_SIZE != 0 || e % PAGE_SIZE != 0 || s >= e || !within {
+                return Err(format!(
+                    "PID {}: lazily inherited pages {s:x}-{e:x} are not whole pages of one inherited range",
+                    p.pid
+                ));
+            }
+        }
         if p.leader_exited {
             if p.threads.is_empty() || p.threads.iter().any(|t| t.tid == p.pid) {
                 return Err(format!(

@@ -44,7 +44,16 @@ impl PageCache {
                         .last()
                         .is_none_or(|s| s.len() + PAGE as usize > SLAB);
                     if need_slab {
-                        self.slabs.push(Vec::with_capacity(SLAB));
+                        let slab = Vec::<u8>::with_capacity(SLAB);
+                        // The restore forks its launchers (clone3 with a PID) while the cache
+                        // holds the pre-copied memory: not copying the slabs' page tables
+                        // into each (and into each husk, which unmaps them again) takes
+                        // hundreds of ms out of the freeze at 512 MiB.
+                        if let Err(e) = ferry_sys::proc_mem::dont_fork(slab.as_ptr() as usize, SLAB)
+                        {
+                            log::debug!("page cache: {e}");
+                        }
+                        self.slabs.push(slab);
                     }
                     let n = self.slabs.len() - 1;
                     let slab = &mut self.slabs[n];

@@ -506,6 +506,13 @@ struct Serving {
 
 const PAGE: u64 = PAGE_SIZE;
 
+/// The most push requests on their way at once, whatever their size. Owed memory in scattered
+/// pages (a hybrid migration's: what was written after the last pre-copy round) makes one
+/// small request per page; unbounded, thousands of them would fill the page link's socket
+/// while its daemon, its own buffer full of their answers, waits for this server to read:
+/// neither would ever move again.
+const MAX_PUSH_ASKS: usize = 64;
+
 impl Serving {
     fn run(&mut self) -> Result<(), String> {
         let mut next_push = 0usize;
@@ -1009,7 +1016,8 @@ impl Serving {
     /// from where its push stands) until [`Options::push_window`] bytes are on their way.
     fn push_more(&mut self, mut next: usize) -> Result<usize, String> {
         let window = (self.opts.push_window.max(self.opts.push_piece)) as u64;
-        while self.push_in_flight < window {
+        let mut asks = self.asks.values().filter(|a| a.push).count();
+        while self.push_in_flight < window && asks < MAX_PUSH_ASKS {
             let n = self.spaces.len();
             let mut asked = false;
             for k in 0..n {
@@ -1028,7 +1036,9 @@ impl Serving {
                     s
                 };
                 let to = e.min(from + self.opts.push_piece.max(PAGE as usize) as u64);
+                let before = self.asks.len();
                 let pages = self.ask_range(i, from, to, None, true)?;
+                asks += self.asks.len() - before;
                 self.stats.pushed_pages += pages;
                 self.spaces[i].cursor = to;
                 next = i + 1;

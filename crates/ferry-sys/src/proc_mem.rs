@@ -69,3 +69,21 @@ impl ProcMem {
         Ok(u64::from_ne_bytes(b))
     }
 }
+
+/// Marks the whole pages inside `[addr, addr + len)` of this process's own memory
+/// `MADV_DONTFORK`: a child forked from now on neither gets them nor costs the copy of their
+/// page tables. For large buffers that no forked child touches (the restore's launchers make
+/// only raw system calls; a child that read them would fault). Parts of a page at either end
+/// are left as they are.
+pub fn dont_fork(addr: usize, len: usize) -> SysResult<()> {
+    let page = crate::PAGE_SIZE as usize;
+    let start = addr.div_ceil(page) * page;
+    let end = (addr + len) / page * page;
+    if end <= start {
+        return Ok(());
+    }
+    // SAFETY: MADV_DONTFORK changes only the flags of our own mappings over whole pages of
+    // `[addr, addr + len)`, memory the caller owns; no byte of it is read, written or freed.
+    let r = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTFORK) };
+    check("madvise(MADV_DONTFORK)", r as libc::c_long).map(|_| ())
+}

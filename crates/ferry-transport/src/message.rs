@@ -92,8 +92,8 @@ pub enum Msg {
     Migrate {
         pid: i32,
         to: String,
-        /// How memory moves: "eager", "precopy", "lazy" or "auto" (empty, from an older CLI:
-        /// auto).
+        /// How memory moves: "eager", "precopy", "lazy", "hybrid" or "auto" (empty, from an
+        /// older CLI: auto).
         #[serde(default)]
         memory: String,
     },
@@ -731,7 +731,8 @@ pub struct LazyReport {
 /// How a migration moved memory: the mode used, why, and its pre-copy rounds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct MemoryPlan {
-    /// "eager" (all memory during the freeze), "precopy" or "lazy".
+    /// "eager" (all memory during the freeze), "precopy", "lazy" or "hybrid" (pre-copy rounds,
+    /// then what was dirtied since the last one lazily).
     pub mode: String,
     /// Why this mode (for `auto`: the size, dirty rate and link speed it was chosen from).
     pub reason: String,

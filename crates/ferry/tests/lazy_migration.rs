@@ -4,7 +4,8 @@
 //! lazy phase too) runs on the destination before its memory is there and finds every page
 //! right, there and back; the source's capture worker killed during the lazy phase kills the
 //! copy (never left running with pages missing) and the migration reports it; shared memory
-//! is refused before anything is frozen, the process left running at home.
+//! is refused before anything is frozen, the process left running at home. The same for
+//! `--memory hybrid` (pre-copy rounds, then what was written since the last one lazily).
 
 mod common;
 
@@ -25,12 +26,11 @@ fn main() {
         ),
         Trial::test(
             "forks_mremaps_munmaps_madvises_and_threads_during_the_lazy_phase",
-            mapping_changes_while_owed,
+            || mapping_changes_in("lazy"),
         ),
-        Trial::test(
-            "the_source_lost_in_the_lazy_phase_kills_the_copy",
-            source_lost_kills_the_copy,
-        ),
+        Trial::test("the_source_lost_in_the_lazy_phase_kills_the_copy", || {
+            source_lost_in("lazy")
+        }),
         Trial::test(
             "shared_memory_is_refused_and_left_running",
             shared_memory_refused,
@@ -46,6 +46,22 @@ fn main() {
         Trial::test(
             "auto_moves_a_large_tree_lazily_once_the_link_is_known",
             auto_chooses_lazy,
+        ),
+        Trial::test(
+            "a_process_moved_hybrid_finds_every_page",
+            hybrid_there_and_back,
+        ),
+        Trial::test(
+            "forks_mremaps_munmaps_madvises_and_threads_during_a_hybrid_lazy_phase",
+            || mapping_changes_in("hybrid"),
+        ),
+        Trial::test(
+            "the_source_lost_in_a_hybrid_lazy_phase_kills_the_copy",
+            || source_lost_in("hybrid"),
+        ),
+        Trial::test(
+            "auto_moves_a_mid_sized_tree_hybrid_once_the_link_is_known",
+            auto_chooses_hybrid,
         ),
     ];
     libtest_mimic::run(&args, tests).exit();
@@ -85,6 +101,12 @@ struct Dirtier {
 
 impl Dirtier {
     fn start(dir: &Path, mib: u32, rate: u32) -> Dirtier {
+        Dirtier::sweeping(dir, mib, rate, 0)
+    }
+
+    /// [`Dirtier::start`], and one word of each of the first `sweep` % of its pages rewritten
+    /// every 20 ms (same bytes): pre-copy rounds find them all written every time.
+    fn sweeping(dir: &Path, mib: u32, rate: u32, sweep: u32) -> Dirtier {
         let status = dir.join("dirtier.status");
         let file = |ext: &str| {
             Stdio::from(std::fs::File::create(dir.join(format!("dirtier.{ext}"))).unwrap())
@@ -92,6 +114,7 @@ impl Dirtier {
         let child = Command::new(victim_binary("dirtier"))
             .args([&mib.to_string(), &rate.to_string()])
             .arg(&status)
+            .args((sweep > 0).then(|| sweep.to_string()))
             .stdin(Stdio::null())
             .stdout(file("out"))
             .stderr(file("err"))
@@ -237,14 +260,18 @@ fn moves_there_and_back() -> Result<(), Failed> {
 /// its pages are still owed, eight threads read the same pages at once, it forks a child that
 /// checks everything, moves a piece with mremap, unmaps, drops (madvise) and write-protects
 /// others, and checks every page it still has: all must be right (the dropped ones zero).
-fn mapping_changes_while_owed() -> Result<(), Failed> {
-    let c = Cluster::up("lazychg", 2);
-    let dir = scratch("lazy_migration", "changes");
+/// Moved `hybrid`, it rewrites three quarters of its pages until it moves: those are owed
+/// after the freeze, the last quarter came in the pre-copy rounds.
+fn mapping_changes_in(mode: &str) -> Result<(), Failed> {
+    let hybrid = mode == "hybrid";
+    let c = Cluster::up(if hybrid { "hychg" } else { "lazychg" }, 2);
+    let dir = scratch("lazy_migration", &format!("changes-{mode}"));
     let status = dir.join("changer.status");
     let _ = std::fs::remove_file(&status);
     let mut child = Command::new(victim_binary("lazychanger"))
         .arg("96")
         .arg(&status)
+        .args(hybrid.then_some("dirty"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -257,7 +284,7 @@ fn mapping_changes_while_owed() -> Result<(), Failed> {
         assert!(Instant::now() < deadline, "the victim did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let r = migrate_lazy(&c, "a", pid, "b");
+    let r = migrate_with(&c, "a", pid, "b", mode);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !read().starts_with("result=") && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -267,7 +294,15 @@ fn mapping_changes_while_owed() -> Result<(), Failed> {
     let _ = child.wait();
     let r = r?;
     assert_eq!(result.trim(), "result=ok", "{r}");
+    assert_eq!(r["memory"]["mode"], mode, "{r}");
     let l = &r["lazy"];
+    if hybrid {
+        let owed = l["owed_bytes"].as_u64().unwrap_or(0);
+        assert!(
+            (48 << 20..90 << 20).contains(&owed),
+            "the rewritten pages (72 MiB) were not left to the lazy phase, or the rest was: {r}"
+        );
+    }
     for k in ["forked", "remaps", "unmaps", "removes"] {
         assert!(
             l[k].as_u64().unwrap() >= 1,
@@ -281,13 +316,16 @@ fn mapping_changes_while_owed() -> Result<(), Failed> {
 /// the copy still lacks pages: the copy is killed at once rather than left running with
 /// memory missing, the destination logs why, the migration fails saying so, and the original
 /// (which died with its tracer: the commit had passed) is seen dead by its parent.
-fn source_lost_kills_the_copy() -> Result<(), Failed> {
-    let c = Cluster::up("lazylost", 2);
-    let dir = scratch("lazy_migration", "source_lost");
-    let mut d = Dirtier::start(&dir, 160, 200);
+/// Moved `hybrid`, it rewrites nine tenths of its pages until it moves (so that they are owed
+/// after the freeze, and the lazy phase lasts).
+fn source_lost_in(mode: &str) -> Result<(), Failed> {
+    let hybrid = mode == "hybrid";
+    let c = Cluster::up(if hybrid { "hylost" } else { "lazylost" }, 2);
+    let dir = scratch("lazy_migration", &format!("source_lost-{mode}"));
+    let mut d = Dirtier::sweeping(&dir, 160, 200, if hybrid { 90 } else { 0 });
     let pid = d.pid();
     let mut cmd = c.ferry("a");
-    cmd.args(["migrate", &pid.to_string(), "--to", "b", "--memory", "lazy"]);
+    cmd.args(["migrate", &pid.to_string(), "--to", "b", "--memory", mode]);
     let mig = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -321,7 +359,9 @@ fn source_lost_kills_the_copy() -> Result<(), Failed> {
     let said = text(&out);
     assert!(!out.status.success(), "the migration succeeded: {said}");
     assert!(
-        said.contains("lazy phase failed") && said.contains("killed"),
+        said.contains("lazy phase failed")
+            && said.contains("killed")
+            && said.contains(&format!("--memory {mode}")),
         "the failure is not reported: {said}"
     );
     let host_copy = c.host_pid("b", copy);
@@ -515,6 +555,103 @@ fn auto_chooses_lazy() -> Result<(), Failed> {
             );
         } else {
             assert_ne!(plan["mode"], "lazy", "{from} -> {to}, no link known: {r}");
+        }
+        d.assert_intact_for(1, &format!("after an auto move {from} -> {to}"));
+    }
+    Ok(())
+}
+
+/// `--memory hybrid`: a process of 96 MiB that rewrites random pages all the time (8 MiB/s,
+/// some dropped) and a quarter of its pages every 20 ms moves a -> b -> a. Each time, the
+/// pre-copy rounds send its memory while it runs, the pages it wrote after the last round
+/// (the quarter at least) are owed after the freeze and come by fault and push, the pages the
+/// rounds sent are in before it runs (never asked of the source again), the report says when
+/// the source was released, and every page checks out.
+fn hybrid_there_and_back() -> Result<(), Failed> {
+    let c = Cluster::up("hybrid", 2);
+    let dir = scratch("lazy_migration", "hybrid");
+    let d = Dirtier::sweeping(&dir, 96, 2000, 25);
+    let pid = d.pid();
+    for (from, to) in [("a", "b"), ("b", "a")] {
+        let r = migrate_with(&c, from, pid, to, "hybrid")
+            .map_err(|e| format!("{from} -> {to}: {e}"))?;
+        let m = &r["memory"];
+        assert_eq!(m["mode"], "hybrid", "{r}");
+        assert_eq!(m["reason"], "asked (--memory hybrid)", "{r}");
+        let rounds = m["rounds"].as_array().map_or(0, Vec::len);
+        assert!(rounds >= 2, "no pre-copy rounds: {r}");
+        let sent: u64 = m["rounds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["sent_bytes"].as_u64().unwrap_or(0))
+            .sum();
+        assert!(sent > 90 << 20, "the rounds did not send the memory: {r}");
+        let l = &r["lazy"];
+        let owed = l["owed_bytes"].as_u64().unwrap_or(0);
+        // The swept quarter (24 MiB) at least, and far less than all of it.
+        assert!(
+            (20 << 20..64 << 20).contains(&owed),
+            "the pages written since the last round were not (alone) left to the lazy phase: {r}"
+        );
+        assert!(
+            m["inherited_bytes"].as_u64().unwrap_or(0) > owed + (24 << 20),
+            "the rounds' pages were not taken from them: {r}"
+        );
+        assert!(
+            l["source_bytes"].as_u64().unwrap_or(u64::MAX) <= owed,
+            "pages the rounds had sent were asked of the source again: {r}"
+        );
+        let pages = l["fault_pages"].as_u64().unwrap() + l["pushed_pages"].as_u64().unwrap();
+        assert!(
+            pages * 4096 >= owed - (1 << 20),
+            "the owed pages did not come by fault and push: {r}"
+        );
+        assert!(r["resumed_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(
+            l["source_released_after_resume_ms"].as_f64().unwrap_or(0.0) > 0.0,
+            "the report does not say when the source was released: {r}"
+        );
+        d.assert_intact_for(2, &format!("after a hybrid move {from} -> {to}"));
+    }
+    Ok(())
+}
+
+/// `--memory auto` (each node's `lazy_above_ms` 100 s, so that no speed of a loaded machine
+/// makes it lazy): 96 MiB go a -> b, b -> a by pre-copy (neither node has moved memory to the
+/// other yet), then a -> b again, now hybrid (the link is known, and an eager move would stand
+/// still less than `lazy_above_ms`), the report saying why, and every page checks out.
+fn auto_chooses_hybrid() -> Result<(), Failed> {
+    let c = Cluster::up_full(
+        "hyauto",
+        2,
+        &[],
+        common::cluster::Isolation::default_for_tests(),
+        &["--lazy-above-ms", "100000"],
+    );
+    let dir = scratch("lazy_migration", "hybrid-auto");
+    let d = Dirtier::sweeping(&dir, 96, 2000, 25);
+    let pid = d.pid();
+    for (from, to, hybrid) in [("a", "b", false), ("b", "a", false), ("a", "b", true)] {
+        let r =
+            migrate_with(&c, from, pid, to, "auto").map_err(|e| format!("{from} -> {to}: {e}"))?;
+        let plan = &r["memory"];
+        if hybrid {
+            assert_eq!(
+                plan["mode"], "hybrid",
+                "{from} -> {to}, the link known: {r}"
+            );
+            let why = plan["reason"].as_str().unwrap_or("");
+            assert!(
+                why.starts_with("auto:") && why.contains("measured") && why.contains("lazily"),
+                "{r}"
+            );
+            assert!(r["lazy"]["owed_bytes"].as_u64().unwrap_or(0) > 0, "{r}");
+        } else {
+            assert_eq!(
+                plan["mode"], "precopy",
+                "{from} -> {to}, no link known: {r}"
+            );
         }
         d.assert_intact_for(1, &format!("after an auto move {from} -> {to}"));
     }

@@ -3,7 +3,8 @@
 //! through the brief stop that starts dirty tracking, through a move that fails after its
 //! capture and through the move that follows, never seeing EINTR; `auto` moves a small tree
 //! eagerly and a large idle one by pre-copy, saying why; and memory that compresses crosses
-//! between the daemons compressed.
+//! between the daemons compressed. Hybrid moves (pre-copy rounds, then the rest lazily) keep
+//! the sleeps too, an aborted one leaving the tree running where it was.
 
 mod common;
 
@@ -20,7 +21,11 @@ fn main() {
     let tests = vec![
         Trial::test(
             "timed_sleeps_go_on_through_precopy_and_an_aborted_move",
-            timed_sleeps_go_on,
+            || timed_sleeps_go_on("precopy"),
+        ),
+        Trial::test(
+            "timed_sleeps_go_on_through_hybrid_and_an_aborted_move",
+            || timed_sleeps_go_on("hybrid"),
         ),
         Trial::test(
             "auto_moves_a_small_tree_eagerly_and_a_large_idle_one_by_precopy",
@@ -144,25 +149,27 @@ fn migrate(
 /// captured, go on at a), then to c. Every sleep must end at its deadline, never with EINTR:
 /// pre-copy's first stop and the failed move's thaw each let them go on, and what they go on
 /// in must still be their own call when they are captured again (a captured
-/// `restart_syscall` fails with EINTR once restored).
-fn timed_sleeps_go_on() -> Result<(), Failed> {
+/// `restart_syscall` fails with EINTR once restored). `hybrid` (pre-copy rounds, then the rest
+/// lazily) the same: the move that fails after its rounds and its capture leaves the tree
+/// running at a, whole.
+fn timed_sleeps_go_on(mode: &str) -> Result<(), Failed> {
     let c = Cluster::up_with(
-        "precopy-sleeps",
+        &format!("{mode}-sleeps"),
         3,
         &[("FAILPOINTS", "b:abort-after-rebuilt=return")],
     );
-    let dir = scratch("precopy", "sleeps");
+    let dir = scratch("precopy", &format!("sleeps-{mode}"));
     let s = Sleepers::start(&dir, 8);
     let pid = s.pid();
-    let e = migrate(&c, "a", pid, "b", Some("precopy")).expect_err("b aborts after rebuilding");
+    let e = migrate(&c, "a", pid, "b", Some(mode)).expect_err("b aborts after rebuilding");
     assert!(e.contains("abort-after-rebuilt"), "{e}");
     assert!(
         !dir.join("result").exists(),
         "the sleepers ended during an aborted move"
     );
-    let r = migrate(&c, "a", pid, "c", Some("precopy")).map_err(|e| format!("a -> c: {e}"))?;
-    assert_eq!(r["memory"]["mode"], "precopy", "{r}");
-    s.finish("moved by pre-copy after an aborted move")
+    let r = migrate(&c, "a", pid, "c", Some(mode)).map_err(|e| format!("a -> c: {e}"))?;
+    assert_eq!(r["memory"]["mode"], mode, "{r}");
+    s.finish(&format!("moved by {mode} after an aborted move"))
 }
 
 /// `auto` (no `--memory`): a tree of a few MiB moves eagerly (its freeze is short already); a

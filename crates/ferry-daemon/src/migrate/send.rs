@@ -32,8 +32,8 @@ pub(super) async fn send_counted(
     let t0 = Instant::now();
     let memory = match memory {
         "" => "auto",
-        m @ ("eager" | "precopy" | "lazy" | "auto") => m,
-        other => bail!("unknown memory mode {other:?} (eager, precopy, lazy or auto)"),
+        m @ ("eager" | "precopy" | "lazy" | "hybrid" | "auto") => m,
+        other => bail!("unknown memory mode {other:?} (eager, precopy, lazy, hybrid or auto)"),
     };
     if to == node.name() {
         bail!("PID {pid} is already on node {to}");
@@ -91,8 +91,8 @@ pub(super) async fn send_counted(
     if let Some(o) = owner {
         args.push(format!("--owner={o}"));
     }
-    // `auto` may choose lazy (the capture worker decides, from the tree's size), if the speed
-    // memory moves at to `to` is known: the worker then gets a page link too.
+    // `auto` may choose lazy or hybrid (the capture worker decides, from the tree's size), if
+    // the speed memory moves at to `to` is known: the worker then gets a page link too.
     let link_bps = node.links.get(to);
     if let (true, Some(bps)) = (memory == "auto", link_bps) {
         args.push(format!("--link-bps={bps}"));
@@ -101,13 +101,14 @@ pub(super) async fn send_counted(
             node.config.lazy_above_ms.unwrap_or(1000.0)
         ));
     }
-    let (mut worker, mut pages) =
-        if memory == "lazy" || args.iter().any(|a| a.starts_with("--link-bps")) {
-            let (w, p) = Worker::spawn_paged(&node.exe, &args).await?;
-            (w, Some(p))
-        } else {
-            (Worker::spawn(&node.exe, &args)?, None)
-        };
+    let (mut worker, mut pages) = if matches!(memory, "lazy" | "hybrid")
+        || args.iter().any(|a| a.starts_with("--link-bps"))
+    {
+        let (w, p) = Worker::spawn_paged(&node.exe, &args).await?;
+        (w, Some(p))
+    } else {
+        (Worker::spawn(&node.exe, &args)?, None)
+    };
     let (memory_bytes, uid, command, in_place, lazy) = match worker_msg(&mut worker).await? {
         Msg::Movable {
             memory_bytes,
@@ -120,7 +121,7 @@ pub(super) async fn send_counted(
             uid,
             command,
             in_place,
-            lazy || memory == "lazy",
+            lazy || matches!(memory, "lazy" | "hybrid"),
         ),
         Msg::Error { message } => bail!("{message}"),
         other => bail!("capture worker said {}", kind(&other)),
@@ -395,9 +396,10 @@ pub(super) async fn send_counted(
                 String::new()
             };
             return Err(anyhow!(
-                "PID {pid} moved to {to} with --memory lazy{ran}, but its lazy phase failed \
+                "PID {pid} moved to {to} with --memory {}{ran}, but its lazy phase failed \
                  and the copy cannot run without the source's memory: it was killed, and the \
-                 original with it (the risk of post-copy, docs/limitations.md): {e:#}"
+                 original with it (the risk of post-copy, docs/limitations.md): {e:#}",
+                report.memory.mode
             ));
         }
         Ok(())
@@ -432,15 +434,17 @@ pub(super) async fn send_counted(
 }
 
 /// Remembers how fast memory moved to `to` in a migration that moved at least 8 MiB of it:
-/// the image's stream (eager), the first pre-copy round (all memory, the tree running), or
+/// the image's stream (eager), the first pre-copy round (all memory, the tree running: pre-copy
+/// and hybrid), or
 /// the lazy phase (the destination's page server received its bytes from the resume until the
 /// source was released).
 fn learn_link(node: &Node, to: &str, r: &MigrateReport) {
     const ENOUGH: f64 = 8.0 * 1048576.0;
     let rate = |bytes: f64, ms: f64| (bytes >= ENOUGH && ms > 0.0).then(|| bytes / (ms / 1e3));
+    // (A hybrid move's first round: its lazy phase moves only what the last round left.)
     let bps = match (&r.lazy, r.memory.rounds.first()) {
-        (Some(l), _) => rate(l.source_bytes as f64, l.source_released_after_resume_ms),
-        (None, Some(round)) => rate(round.sent_bytes as f64, round.ms),
+        (_, Some(round)) => rate(round.sent_bytes as f64, round.ms),
+        (Some(l), None) => rate(l.source_bytes as f64, l.source_released_after_resume_ms),
         (None, None) => rate(r.image_bytes as f64, r.transfer_ms),
     };
     if let Some(bps) = bps {

@@ -146,7 +146,7 @@ fn owned_ranges(pid: i32, pagemap: &std::fs::File, v: &Vma) -> Result<Vec<(u64, 
 }
 
 /// `a` and `b` (each sorted and disjoint) intersected.
-fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+pub fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let (mut i, mut j, mut out) = (0, 0, Vec::new());
     while i < a.len() && j < b.len() {
         let (s, e) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
@@ -163,7 +163,7 @@ fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 }
 
 /// `a` without `b` (each sorted and disjoint).
-fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+pub fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut j = 0;
     for &(s, e) in a {

@@ -17,9 +17,11 @@ pub struct Args {
     /// while it runs, then what it dirtied, in rounds; a short freeze sends the rest), `lazy`
     /// (copy-on-reference: the tree runs on the destination as soon as its other state is
     /// there, its private memory fetched from here as it touches it while the rest is pushed;
-    /// the command returns once the source is no longer needed), or `auto` (chosen from the
-    /// tree's size, its dirty rate and the link's speed; the report says which and why).
-    #[arg(long, default_value = "auto", value_parser = ["eager", "precopy", "lazy", "auto"])]
+    /// the command returns once the source is no longer needed), `hybrid` (pre-copy rounds,
+    /// then a short freeze after which what was dirtied since the last round follows lazily),
+    /// or `auto` (chosen from the tree's size, its dirty rate and the link's speed; the report
+    /// says which and why).
+    #[arg(long, default_value = "auto", value_parser = ["eager", "precopy", "lazy", "hybrid", "auto"])]
     pub memory: String,
     /// Print a machine-readable report.
     #[arg(long)]

@@ -1,8 +1,8 @@
-//! The page link of a lazy migration (`ferry migrate --memory lazy`): a UNIX socket between an
-//! engine worker and its daemon, apart from the worker's control pipes, carrying the
-//! destination's page server's requests (`Msg::PageWant`) to the source and its pages back
-//! (one `Data` frame each, or `Msg::PageError`). The daemons relay it over the migration's
-//! mutual-TLS connection (ferry_daemon::migrate_lazy).
+//! The page link of a lazy or hybrid migration (`ferry migrate --memory lazy|hybrid`): a UNIX
+//! socket between an engine worker and its daemon, apart from the worker's control pipes,
+//! carrying the destination's page server's requests (`Msg::PageWant`) to the source and its
+//! pages back (one `Data` frame each, or `Msg::PageError`). The daemons relay it over the
+//! migration's mutual-TLS connection (ferry_daemon::migrate_lazy).
 //!
 //! - Source: the capture worker, after the image is sent, keeps the tree frozen and answers
 //!   every request from the frozen original's memory ([`serve`]), until the daemon tells it
@@ -99,7 +99,8 @@ pub fn serve(mut link: UnixStream, hosts: HashMap<i32, i32>) {
 /// answers as they come ([`PageSource::answers`]); the source answers them in order.
 pub struct RemoteSource {
     link: UnixStream,
-    /// The pages each process (the tree's PID) is owed: what the image names as inherited.
+    /// The pages each process (the tree's PID) is owed: what the image names as inherited
+    /// (in a hybrid migration, as inherited lazily: the rest came in the pre-copy rounds).
     extents: HashMap<i32, Vec<(u64, u64)>>,
     from: String,
     delivered: u64,
@@ -136,7 +137,10 @@ impl RemoteSource {
             .context("set the page link's timeout")?;
         let mut extents: HashMap<i32, Vec<(u64, u64)>> = HashMap::new();
         for p in tree.processes.iter().filter(|p| p.zombie_status.is_none()) {
-            let mut v = p.inherited.clone();
+            let mut v = p
+                .inherited_lazily
+                .clone()
+                .unwrap_or_else(|| p.inherited.clone());
             v.sort_unstable();
             let mut merged: Vec<(u64, u64)> = Vec::new();
             for (s, e) in v {

@@ -1,7 +1,8 @@
 //! The capture worker's pre-copy (V's): before the tree is frozen, its memory is copied while
 //! it runs, then what it dirtied meanwhile, round after round (`ferry_memory::precopy`), as a
 //! page stream ahead of the image. `auto` chooses between this and eager from the tree's size,
-//! its dirty rate and the link's speed, both measured by the rounds themselves.
+//! its dirty rate and the link's speed, both measured by the rounds themselves. Hybrid makes
+//! the same rounds; what the tree dirtied after the last one then follows the freeze lazily.
 
 use super::worker::next_command;
 use anyhow::{Context, Result};
@@ -42,6 +43,27 @@ pub fn auto_lazy(pid: i32, memory_bytes: u64, link_bps: f64, above_ms: f64) -> O
     ))
 }
 
+/// `auto`'s rule for hybrid, where [`auto_lazy`] did not choose lazy (with the link known, so
+/// the worker has a page link): a tree of at least [`AUTO_MIN_BYTES`] that holds no shared
+/// memory is pre-copied as pre-copy would, but what it dirtied since the last round follows
+/// lazily after a short freeze instead of being sent in it (docs: ARCHITECTURE.md, "Choosing
+/// how memory moves"). The reason is returned.
+pub fn auto_hybrid(pid: i32, memory_bytes: u64, link_bps: f64) -> Option<String> {
+    if memory_bytes < AUTO_MIN_BYTES {
+        return None;
+    }
+    if let Err(e) = ferry_engine::lazy::preflight(pid) {
+        log::info!("auto: not hybrid: {e}");
+        return None;
+    }
+    Some(format!(
+        "auto: {:.0} MiB over the {:.0} MiB/s measured to this node: pre-copy rounds, then \
+         what was dirtied since the last round lazily",
+        mib(memory_bytes as f64),
+        mib(link_bps)
+    ))
+}
+
 pub enum Outcome {
     /// Freeze now and send the rest; with the pre-copy, if rounds were made.
     Freeze(Option<Precopy>, MemoryPlan),
@@ -54,17 +76,20 @@ fn mib(b: f64) -> f64 {
     b / (1 << 20) as f64
 }
 
-/// Runs the rounds `mode` asks for ("eager", "precopy" or "auto"), streaming their pages to
-/// `out` as data frames. An error leaves the tree running (tracking stops as the trackers
-/// close).
+/// Runs the rounds `mode` asks for ("eager", "precopy", "hybrid" or "auto"), streaming their
+/// pages to `out` as data frames. `auto_hybrid`: `auto` chose hybrid for this reason (the
+/// rounds are then cut short as `auto`'s are). An error leaves the tree running (tracking
+/// stops as the trackers close).
 pub fn run(
     pid: i32,
     mode: &str,
+    auto_hybrid: Option<&str>,
     memory_bytes: u64,
     input: &mut impl Read,
     out: &mut impl Write,
 ) -> Result<Outcome> {
-    let auto = mode == "auto";
+    let auto = mode == "auto" || auto_hybrid.is_some();
+    let hybrid = mode == "hybrid" || auto_hybrid.is_some();
     if mode == "eager" {
         return Ok(Outcome::Freeze(
             None,
@@ -75,7 +100,7 @@ pub fn run(
             },
         ));
     }
-    if auto && memory_bytes < AUTO_MIN_BYTES {
+    if auto && !hybrid && memory_bytes < AUTO_MIN_BYTES {
         return Ok(Outcome::Freeze(
             None,
             MemoryPlan {
@@ -98,10 +123,11 @@ pub fn run(
     frozen.thaw();
     let setup_stop_ms = t.elapsed().as_secs_f64() * 1e3;
     if trackers.is_empty() {
+        // Hybrid without rounds is lazy: its private anonymous memory all follows the freeze.
         return Ok(Outcome::Freeze(
             None,
             MemoryPlan {
-                mode: "eager".into(),
+                mode: if hybrid { "lazy" } else { "eager" }.into(),
                 reason: "no process of the tree could have its writes tracked (userfaultfd)".into(),
                 setup_stop_ms,
                 ..Default::default()
@@ -109,10 +135,10 @@ pub fn run(
         ));
     }
     let mut pre = Precopy::new(trackers);
-    let mut reason = if auto {
-        String::new()
-    } else {
-        "asked (--memory precopy)".to_string()
+    let mut reason = match (auto, hybrid) {
+        (true, _) => String::new(),
+        (false, true) => "asked (--memory hybrid)".to_string(),
+        (false, false) => "asked (--memory precopy)".to_string(),
     };
     let cancel = ferry_engine::cancel::flag();
     let mut w = ImageWriter::new_pages(BufWriter::with_capacity(1 << 20, DataWriter(&mut *out)))
@@ -148,13 +174,23 @@ pub fn run(
             let dirty_rate = last.dirty_bytes as f64 / (r[r.len() - 2].ms / 1e3).max(1e-3);
             let share = dirty_rate / link.max(1.0);
             reason = format!(
-                "auto: {:.0} MiB, dirtied at {:.1} MiB/s against a link of {:.0} MiB/s",
+                "{}{}: {:.0} MiB, dirtied at {:.1} MiB/s against a link of {:.0} MiB/s",
+                auto_hybrid.unwrap_or("auto"),
+                if auto_hybrid.is_some() {
+                    "; measured"
+                } else {
+                    ""
+                },
                 mib(memory_bytes as f64),
                 mib(dirty_rate),
                 mib(link)
             );
             if share > AUTO_MAX_DIRTY_SHARE {
-                reason += ": pre-copy would not converge, the rest froze";
+                reason += if hybrid {
+                    ": pre-copy would not converge, the rest follows lazily"
+                } else {
+                    ": pre-copy would not converge, the rest froze"
+                };
                 break;
             }
         }
@@ -168,13 +204,19 @@ pub fn run(
     if auto && pre.rounds.len() < 2 {
         let r = pre.rounds[0];
         reason = format!(
-            "auto: {:.0} MiB, all sent in one round over a link of {:.0} MiB/s",
+            "{}{}: {:.0} MiB, all sent in one round over a link of {:.0} MiB/s",
+            auto_hybrid.unwrap_or("auto"),
+            if auto_hybrid.is_some() {
+                "; measured"
+            } else {
+                ""
+            },
             mib(memory_bytes as f64),
             mib(r.sent_bytes as f64 / (r.ms / 1e3).max(1e-3))
         );
     }
     let plan = MemoryPlan {
-        mode: "precopy".into(),
+        mode: if hybrid { "hybrid" } else { "precopy" }.into(),
         reason,
         rounds: pre
             .rounds

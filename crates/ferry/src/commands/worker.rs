@@ -197,14 +197,15 @@ pub fn capture_worker(
     let mut input = std::io::stdin().lock();
     let mut out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
     let asked_lazy = memory == "lazy";
+    let asked_hybrid = memory == "hybrid";
     let link = match pages_fd.map(super::pages::take_link).transpose() {
         Ok(l) => l,
         Err(e) => return fail(&mut out, &e),
     };
-    if asked_lazy && link.is_none() {
+    if (asked_lazy || asked_hybrid) && link.is_none() {
         return fail(
             &mut out,
-            &anyhow::anyhow!("--memory lazy needs a page link"),
+            &anyhow::anyhow!("--memory {memory} needs a page link"),
         );
     }
     let checked = owned(pid, owner)
@@ -212,7 +213,7 @@ pub fn capture_worker(
         .and_then(|d| {
             ferry_engine::preflight::check_with(pid, relay_pipes, &relay_standins)
                 .with_context(|| format!("cannot move PID {pid}"))?;
-            if asked_lazy {
+            if asked_lazy || asked_hybrid {
                 ferry_engine::lazy::preflight(pid)
                     .map_err(|e| anyhow::anyhow!("cannot move PID {pid} lazily: {e}"))?;
             }
@@ -226,13 +227,23 @@ pub fn capture_worker(
     ferry_engine::digests::warm(pid);
     // `auto` moves lazily what an eager move would freeze too long (docs: ARCHITECTURE.md,
     // "Choosing how memory moves").
-    let auto_lazy = match auto_lazy {
+    let (auto_lazy, auto_hybrid) = match auto_lazy {
         Some((link_bps, above_ms)) if memory == "auto" && link.is_some() => {
-            super::precopy::auto_lazy(pid, memory_bytes, link_bps, above_ms)
+            match super::precopy::auto_lazy(pid, memory_bytes, link_bps, above_ms) {
+                Some(why) => (Some(why), None),
+                None => (
+                    None,
+                    super::precopy::auto_hybrid(pid, memory_bytes, link_bps),
+                ),
+            }
         }
-        _ => None,
+        _ => (None, None),
     };
-    let lazy = asked_lazy || auto_lazy.is_some();
+    // Pre-copy rounds, then the rest lazily.
+    let hybrid = asked_hybrid || auto_hybrid.is_some();
+    // Some private anonymous memory stays at the source after the commit, served over the
+    // page link.
+    let lazy = asked_lazy || auto_lazy.is_some() || hybrid;
     write_msg(
         &mut out,
         &Msg::Movable {
@@ -248,7 +259,7 @@ pub fn capture_worker(
     if !matches!(next_command(&mut input), Some(Msg::Go)) {
         return Ok(());
     }
-    let planned = if lazy {
+    let planned = if lazy && !hybrid {
         Ok(super::precopy::Outcome::Freeze(
             None,
             ferry_transport::message::MemoryPlan {
@@ -262,7 +273,14 @@ pub fn capture_worker(
             },
         ))
     } else {
-        super::precopy::run(pid, memory, memory_bytes, &mut input, &mut out)
+        super::precopy::run(
+            pid,
+            memory,
+            auto_hybrid.as_deref(),
+            memory_bytes,
+            &mut input,
+            &mut out,
+        )
     };
     let (precopy, plan) = match planned {
         Ok(super::precopy::Outcome::Freeze(p, plan)) => (p, plan),
@@ -296,25 +314,37 @@ pub fn capture_worker(
     write_msg(&mut out, &Msg::Frozen)?;
     // The pages the destination has and the tree has not written since; in a lazy
     // migration, the private anonymous memory the destination will ask for (chosen from the
-    // mappings the capture reads anyway).
-    let inherited = if lazy {
-        Default::default()
-    } else {
-        precopy.map(|p| p.finish()).unwrap_or_default()
+    // mappings the capture reads anyway); in a hybrid one, both: the destination asks for the
+    // private anonymous memory it does not have from the rounds (`lazily`).
+    let inherited = precopy.map(|p| p.finish()).unwrap_or_default();
+    let clean = |host: i32| {
+        ferry_memory::RangeSet::from_ranges(inherited.get(&host).cloned().unwrap_or_default())
     };
-    let keep = |host: i32, vmas: &[ferry_image::Vma]| {
-        if lazy {
-            Some(ferry_engine::lazy::source_ranges_of(vmas))
-        } else {
-            inherited.get(&host).cloned()
-        }
+    let keep = |host: i32, vmas: &[ferry_image::Vma]| match (lazy, hybrid) {
+        (true, true) => Some(
+            ferry_memory::RangeSet::from_ranges(ferry_engine::lazy::source_ranges_of(vmas))
+                .union(&clean(host))
+                .ranges()
+                .to_vec(),
+        ),
+        (true, false) => Some(ferry_engine::lazy::source_ranges_of(vmas)),
+        (false, _) => inherited.get(&host).cloned(),
+    };
+    let lazily = |host: i32, vmas: &[ferry_image::Vma]| {
+        Some(
+            ferry_memory::RangeSet::from_ranges(ferry_engine::lazy::source_ranges_of(vmas))
+                .minus(&clean(host))
+                .ranges()
+                .to_vec(),
+        )
     };
     // Frames of up to 1 MiB however small the engine's writes.
     let framed = BufWriter::with_capacity(1 << 20, DataWriter(&mut out));
     // The socket files go aside once the tree is captured and before its image leaves: the
     // destination rebuilds as the image streams in, binding them as soon as it has the tree.
     let mut aside = None;
-    let captured = capture_keeping(&frozen, framed, &keep, None, || {
+    let lazily: Option<ferry_engine::checkpoint::KeepRanges<'_>> = hybrid.then_some(&lazily);
+    let captured = capture_keeping(&frozen, framed, &keep, lazily, None, || {
         timeline.push(stamp("source: non-memory state captured"));
         aside = Some(SocketFilesAside::set_aside(&frozen)?);
         Ok(())
