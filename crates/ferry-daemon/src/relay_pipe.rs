@@ -17,7 +17,9 @@
 //! end meanwhile for C ([`crate::relay::HomeRelays`]), which asks for it with `RelayOpen` as it
 //! would for a first move. Nothing is lost, duplicated or reordered: the body at C reads its
 //! refilled stand-in, then what B returned, then home's pipe; what it writes at C reaches home
-//! after all B sent, since home takes C's connection only once B's has ended.
+//! after all B sent, since home takes C's connection only once B's has ended. A terminal's
+//! relay follows a body too (its handoff is in `crate::relay`'s `pump_duplex`); a socket's
+//! does not yet.
 
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_transport::frame::{read_frame, write_data, write_end, write_msg, FrameError};
@@ -56,9 +58,10 @@ pub enum Ctl {
 struct Live {
     /// The relay's id at home (`RelayOpen::pipe`).
     pipe: u32,
-    /// The stand-in pipe's inode (0 for a terminal's or a socket's relay).
+    /// The stand-in pipe's inode (for a terminal's relay, `u64::MAX` less its pts number,
+    /// which no pipe has; 0 for a socket's).
     ino: u64,
-    /// None for a terminal's or a socket's relay, which cannot follow a body yet.
+    /// None for a socket's relay, which cannot follow a body yet.
     ctl: Option<mpsc::UnboundedSender<Ctl>>,
     serial: u64,
 }
@@ -86,18 +89,20 @@ impl BodyRelays {
     /// Registers relay `pipe` of home PID `pid` from `home`, whose stand-in is `fd` here.
     pub fn register(&self, home: &str, pid: i32, pipe: u32, fd: &OwnedFd) -> Registered {
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let two_way = pipe & (ferry_image::RELAY_TTY | ferry_image::RELAY_SOCKET) != 0;
-        let (ctl, rx) = if two_way {
+        let (ctl, rx) = if pipe & ferry_image::RELAY_SOCKET != 0 {
             (None, None)
         } else {
             let (tx, rx) = mpsc::unbounded_channel();
             (Some(tx), Some(rx))
         };
-        let ino = fd
-            .try_clone()
-            .map(std::fs::File::from)
-            .and_then(|f| f.metadata())
-            .map_or(0, |m| m.ino());
+        let ino = if pipe & ferry_image::RELAY_TTY != 0 {
+            u64::MAX - u64::from(pipe & !ferry_image::RELAY_TTY)
+        } else {
+            fd.try_clone()
+                .map(std::fs::File::from)
+                .and_then(|f| f.metadata())
+                .map_or(0, |m| m.ino())
+        };
         self.live
             .lock()
             .expect("body relays lock")
@@ -126,7 +131,7 @@ impl BodyRelays {
 
     /// Pauses every relay of the body of home PID `pid` from `home` before it is captured to
     /// move on; the stand-ins' inodes and relay ids (for the capture) are in the answer. A
-    /// terminal's or a socket's relay cannot follow a body yet: refused, naming it.
+    /// socket's relay cannot follow a body yet: refused, naming it.
     pub async fn pause(&self, home: &str, pid: i32) -> Result<Paused> {
         let list: Vec<(u32, u64, Option<mpsc::UnboundedSender<Ctl>>)> = self
             .live
@@ -141,21 +146,12 @@ impl BodyRelays {
         };
         for (pipe, ino, ctl) in list {
             let Some(ctl) = ctl else {
-                let what = if pipe & ferry_image::RELAY_TTY != 0 {
-                    format!(
-                        "its terminal at home (/dev/pts/{})",
-                        pipe & !ferry_image::RELAY_TTY
-                    )
-                } else {
-                    format!(
-                        "a socket whose other end is at home (file {})",
-                        pipe & !ferry_image::RELAY_SOCKET
-                    )
-                };
                 bail!(
-                    "PID {pid} (home {home}) holds {what}, relayed from its home: a body whose \
-                     terminal or sockets are relayed cannot move on yet (only its pipes' relays \
-                     follow it; docs/limitations.md)"
+                    "PID {pid} (home {home}) holds a socket whose other end is at home (file \
+                     {}), relayed from its home: a body whose sockets are relayed cannot move on \
+                     yet (only its pipes' and terminal's relays follow it; \
+                     docs/limitations.md)",
+                    pipe & !ferry_image::RELAY_SOCKET
                 );
             };
             let (tx, rx) = oneshot::channel();

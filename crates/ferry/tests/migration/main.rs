@@ -86,8 +86,12 @@ fn main() {
             pipeline_stage_moves_on_with_its_relays,
         ),
         Trial::test(
-            "a_body_with_a_relayed_terminal_is_refused_moving_on",
-            a_body_with_a_relayed_terminal_is_refused_moving_on,
+            "a_job_under_a_terminal_moves_on_from_b_to_c",
+            a_job_under_a_terminal_moves_on_from_b_to_c,
+        ),
+        Trial::test(
+            "a_job_under_a_terminal_comes_home_from_c",
+            a_job_under_a_terminal_comes_home_from_c,
         ),
         Trial::test(
             "a_moved_writer_sees_epipe_when_its_reader_at_home_goes",

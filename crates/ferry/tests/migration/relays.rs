@@ -674,66 +674,83 @@ pub(super) fn pipeline_stage_moves_on_with_its_relays() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A process writing to a terminal whose master stays at home moves to b (its terminal
-/// relayed); moving it on to c is refused before anything is frozen, naming the terminal (a
-/// terminal's relay cannot follow a body yet), and it runs on at b, its output still reaching
-/// the terminal at home.
-pub(super) fn a_body_with_a_relayed_terminal_is_refused_moving_on() -> Result<(), Failed> {
-    let c = Cluster::up("ttyonward", 3);
-    let dir = scratch("migration", "ttyonward");
-    let child = "import os,sys,time\n\
-        d=sys.argv[1]\n\
-        open(d+'/pid.tmp','w').write(str(os.getpid()))\n\
-        os.rename(d+'/pid.tmp', d+'/pid')\n\
-        i=0\n\
-        while not os.path.exists(d+'/stop'):\n\
-        \x20   i+=1\n\
-        \x20   print(i, flush=True)\n\
-        \x20   time.sleep(0.05)\n";
-    let driver = "import os,sys,subprocess\n\
-        d=sys.argv[1]\n\
-        m,s=os.openpty()\n\
-        p=subprocess.Popen(['python3','-c',sys.argv[2],d],stdin=s,stdout=s,stderr=s)\n\
-        os.close(s)\n\
-        out=open(d+'/screen','ab')\n\
-        while True:\n\
-        \x20   try: b=os.read(m,4096)\n\
-        \x20   except OSError: break\n\
-        \x20   if not b: break\n\
-        \x20   out.write(b); out.flush()\n\
-        sys.exit(p.wait())\n";
-    let mut drv = UnixServer(
-        Command::new("python3")
-            .args(["-c", driver])
-            .arg(&dir)
-            .arg(child)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+/// A job started from an interactive shell under a terminal Ferry did not make moves a -> b,
+/// then on b -> c while it prints and while a line is typed: its terminal's relay follows it.
+/// Every tick it printed reaches the terminal once, in order (what it wrote on b before the
+/// freeze is sent home before the relay moves); the line typed during the move and the one
+/// typed after reach it once each, in order; ^Z, `fg` and ^C from the terminal act on it on c,
+/// and the shell sees the right statuses (148, 130). A first try to move it on, which c
+/// refuses, leaves its relay going on at b.
+pub(super) fn a_job_under_a_terminal_moves_on_from_b_to_c() -> Result<(), Failed> {
+    terminal_job_moved_along("ttyonward", &[("a", "b"), ("b", "!c")])
+}
+
+/// As [`a_job_under_a_terminal_moves_on_from_b_to_c`], and then home from c: it comes home as
+/// a body beside its deputies (not rebuilt in their place), its terminal's relay attached to
+/// the home terminal there.
+pub(super) fn a_job_under_a_terminal_comes_home_from_c() -> Result<(), Failed> {
+    terminal_job_moved_along("ttyhome", &[("a", "b"), ("b", "c"), ("c", "a")])
+}
+
+/// The job of `TERMINAL_JOB` under `TERMINAL_DRIVER` moved along `hops`, a line typed before
+/// the last: see [`a_job_under_a_terminal_moves_on_from_b_to_c`].
+fn terminal_job_moved_along(name: &str, hops: &[(&str, &str)]) -> Result<(), Failed> {
+    let c = Cluster::up(name, 3);
+    let dir = scratch("migration", name);
+    let typing = "while not os.path.exists(d + '/moved'):\n    pump(0.1)\n";
+    assert!(TERMINAL_DRIVER.contains(typing));
+    let driver = TERMINAL_DRIVER.replace(
+        typing,
+        "typed_moving = False\n\
+         while not os.path.exists(d + '/moved'):\n\
+         \x20   pump(0.1)\n\
+         \x20   if not typed_moving and os.path.exists(d + '/moving'):\n\
+         \x20       typ(b'typed while moving\\n')\n\
+         \x20       typed_moving = True\n",
     );
-    let pid = pid_from(&dir.join("pid"), "the writer")?;
-    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
-    let e = match migrate(&c, "b", pid, "c") {
-        Ok(r) => return Err(format!("b -> c was not refused: {r}").into()),
-        Err(e) => e,
+    let st = drive_terminal_job_via(
+        &c,
+        &dir,
+        &driver,
+        TERMINAL_JOB,
+        hops,
+        Duration::from_secs(120),
+    )?;
+    let screen = String::from_utf8_lossy(&std::fs::read(dir.join("screen")).unwrap_or_default())
+        .into_owned();
+    let failed = |what: String| -> Failed {
+        format!(
+            "{what}\n{}\nthe terminal showed:\n{screen}\n{}",
+            std::fs::read_to_string(dir.join("driver.err")).unwrap_or_default(),
+            c.log("a") + &c.log("b") + &c.log("c")
+        )
+        .into()
     };
-    if !(e.contains("terminal") && e.contains("cannot move on")) {
-        return Err(format!("b -> c refused without naming the terminal: {e}").into());
+    if !st.success() {
+        return Err(failed(format!("the driver ended with {st:?}")));
     }
-    let screen = || std::fs::read_to_string(dir.join("screen")).unwrap_or_default();
-    let before = screen().lines().count();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while screen().lines().count() < before + 5 {
-        if Instant::now() > deadline {
-            return Err(format!("the writer stopped after the refusal\n{}", c.log("b")).into());
+    let ticks: Vec<u64> = screen
+        .split("tick ")
+        .skip(1)
+        .filter_map(|t| {
+            let n: String = t.chars().take_while(|c| c.is_ascii_digit()).collect();
+            n.parse().ok()
+        })
+        .collect();
+    for w in ticks.windows(2) {
+        if w[1] != w[0] + 1 {
+            return Err(failed(format!(
+                "tick {} followed tick {}: output lost or repeated across the moves",
+                w[1], w[0]
+            )));
         }
-        std::thread::sleep(Duration::from_millis(50));
     }
-    std::fs::write(dir.join("stop"), "").unwrap();
-    let st = drv.0.wait().unwrap();
-    assert!(st.success(), "the writer ended badly: {st:?}");
+    let input = std::fs::read_to_string(dir.join("input")).unwrap_or_default();
+    if input != "typed while moving\nhello from home\n" {
+        return Err(failed(format!(
+            "the job read {input:?}, not each typed line once, in order"
+        )));
+    }
     Ok(())
 }
 
