@@ -534,6 +534,10 @@ where
     };
     let records = socket && sock_type != libc::SOCK_STREAM;
     let dgram = socket && sock_type == libc::SOCK_DGRAM;
+    // The body's node's side (which its node controls), or home's.
+    let body_side = ctl.is_some();
+    // A socket's far side shut its way down (`End`).
+    let far_shut = Arc::new(tokio::sync::Notify::new());
     let (rx, mut tx) = tokio::io::split(stream);
     if !prefix.is_empty() {
         write_data(&mut tx, &prefix).await?;
@@ -580,16 +584,25 @@ where
                 if drain.load(Ordering::Relaxed) {
                     // At the body's node (the body frozen): all it wrote that we have not
                     // read yet goes first. At home nothing more is read: what is typed waits
-                    // in the terminal for the body's next node.
-                    let mut more = body_tty;
+                    // in the terminal, what is sent in the socket, for the body's next node.
+                    let mut more = body_tty || (socket && !records && body_side);
                     while more {
-                        match ferry_sys::fdops::read_fd(raw, &mut buf) {
-                            Ok(0) => more = false,
-                            Ok(n) => {
-                                if out_tx
-                                    .blocking_send(TtyOut::Data(buf[..n].to_vec()))
-                                    .is_err()
-                                {
+                        let got = if socket {
+                            let mut d = Vec::with_capacity(buf.len());
+                            ferry_sys::sockets::recv_append(
+                                raw,
+                                &mut d,
+                                buf.len(),
+                                libc::MSG_DONTWAIT,
+                            )
+                            .map(|_| d)
+                        } else {
+                            ferry_sys::fdops::read_fd(raw, &mut buf).map(|n| buf[..n].to_vec())
+                        };
+                        match got {
+                            Ok(d) if d.is_empty() => more = false,
+                            Ok(d) => {
+                                if out_tx.blocking_send(TtyOut::Data(d)).is_err() {
                                     return;
                                 }
                             }
@@ -818,14 +831,15 @@ where
                     }
                     // A terminal's relay moving on: the body's node hands it over (at home), or
                     // home answers (at the body's node); what follows is read after.
-                    Ok(Frame::Msg(Msg::RelayHandoff { to })) if !socket => {
-                        return Ok(FramesEnd::Handoff(to, rx));
+                    Ok(Frame::Msg(Msg::RelayHandoff { to })) if !records => {
+                        return Ok::<_, anyhow::Error>(FramesEnd::Handoff(to, rx));
                     }
                     Ok(Frame::Msg(m)) => bail!("{} message inside a two-way relay", kind(&m)),
-                    // A socket's shutdown one way: the other way goes on.
+                    // A socket's shutdown one way: the other way goes on (and the far side may
+                    // still hand the relay over).
                     Ok(Frame::End) if socket => {
                         let _ = in_tx.send(In::Shut);
-                        return Ok::<_, anyhow::Error>(FramesEnd::Shut);
+                        far_shut.notify_one();
                     }
                     Ok(Frame::End) | Err(FrameError::Closed) => return Ok(FramesEnd::Closed),
                     Err(e) => bail!("relay stream: {e}"),
@@ -835,6 +849,7 @@ where
         tokio::pin!(frames);
         let (mut sent_end, mut got_end) = (false, false);
         let mut handing: Option<(String, HandoffDone)> = None;
+        let (mut reader_ended, mut peer_ino) = (false, 0u64);
         let step = async {
             loop {
                 if sent_end && got_end {
@@ -845,15 +860,29 @@ where
                         // Nothing to stop while the body is captured: what it reads or writes
                         // meanwhile stays in its pty, which the handoff empties.
                         Some(Ctl::Pause(ack)) => {
-                            let _ = ack.send(());
+                            let _ = ack.send(if records {
+                                Err("a datagram or seqpacket socket's relay cannot follow a \
+                                     body yet (what it holds would go back as bytes, not \
+                                     messages)"
+                                    .into())
+                            } else {
+                                Ok(())
+                            });
                         }
                         Some(Ctl::Resume) => {}
-                        Some(Ctl::Handoff { to, done }) if gate.is_none() && !socket => {
+                        Some(Ctl::Handoff { to, peer, done }) if !records => {
+                            peer_ino = peer;
+                            if reader_ended {
+                                // Nothing more to read (the body shut its way down).
+                                return Ok(Step::HandOver(to, done));
+                            }
                             drain.store(true, Ordering::Relaxed);
                             handing = Some((to, done));
                         }
                         Some(Ctl::Handoff { done, .. }) => {
-                            let _ = done.send(Err(anyhow!("a socket's relay cannot follow a body yet")));
+                            let _ = done.send(Err(anyhow!(
+                                "a datagram or seqpacket socket's relay cannot follow a body yet"
+                            )));
                         }
                         None => ctl = None,
                     },
@@ -883,6 +912,7 @@ where
                             write_msg(&mut tx, &msg).await?;
                         }
                         Some(TtyOut::Eof) => {
+                            reader_ended = true;
                             if !sent_end {
                                 let _ = write_end(&mut tx).await;
                                 if !socket {
@@ -902,10 +932,10 @@ where
                         // both threads are gone.
                         Some(TtyOut::Broken) | None => return Ok(Step::Done),
                     },
-                    more = &mut frames, if !got_end => match more? {
+                    _ = far_shut.notified(), if !got_end => got_end = true,
+                    more = &mut frames => match more? {
                         FramesEnd::Closed => return Ok(Step::Done),
-                        FramesEnd::Shut => got_end = true,
-                        FramesEnd::Handoff(to, rx) if gate.is_some() => {
+                        FramesEnd::Handoff(to, rx) if !body_side => {
                             return Ok(Step::Moved(to, rx));
                         }
                         FramesEnd::Handoff(..) => bail!("home sent RelayHandoff unasked"),
@@ -933,7 +963,11 @@ where
                         .map_err(|_| anyhow!("the relay's writer panicked"))?;
                     // Oldest first: what the body had not read, what the writer held, what
                     // home sent before its answer.
-                    let mut back = unread_input(fd.as_raw_fd());
+                    let mut back = if socket {
+                        unread_socket(peer_ino)?
+                    } else {
+                        unread_input(fd.as_raw_fd())
+                    };
                     back.extend_from_slice(&left);
                     loop {
                         tokio::select! {
@@ -961,7 +995,7 @@ where
                 .await;
                 match r {
                     Ok(returned) => {
-                        tracing::info!(event = "relay-tty-returned", bytes = returned);
+                        tracing::info!(event = "relay-returned", bytes = returned);
                         let _ = done.send(Ok(()));
                         Ok(Ended::HandedOff)
                     }
@@ -976,8 +1010,9 @@ where
             Ok(Step::Moved(to, mut rx)) => {
                 async {
                     drain.store(true, Ordering::Relaxed);
-                    // What we read from the terminal goes before our answer.
-                    loop {
+                    // What we read from the terminal (or socket) goes before our answer.
+                    let mut reading = !reader_ended;
+                    while reading {
                         match out_rx.recv().await {
                             Some(TtyOut::Data(d)) => {
                                 write_data(&mut tx, &d).await?;
@@ -988,7 +1023,9 @@ where
                                 write_msg(&mut tx, &Msg::RelayWinsize { size }).await?;
                             }
                             Some(TtyOut::Termios(_)) => {}
-                            Some(TtyOut::Drained | TtyOut::Eof | TtyOut::Broken) | None => break,
+                            Some(TtyOut::Drained | TtyOut::Eof | TtyOut::Broken) | None => {
+                                reading = false
+                            }
                         }
                     }
                     write_msg(&mut tx, &Msg::RelayHandoff { to: to.clone() }).await?;
@@ -1085,8 +1122,6 @@ enum Ended {
 enum FramesEnd<R> {
     /// End of file, or the connection closed.
     Closed,
-    /// A socket's shutdown one way.
-    Shut,
     /// `RelayHandoff { to }`: what follows is read from `rx` after.
     Handoff(String, R),
 }
@@ -1105,6 +1140,49 @@ async fn next_ctl(ctl: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Ctl>>) -
         Some(c) => c.recv().await,
         None => std::future::pending().await,
     }
+}
+
+/// What waits unread in the body's socket `ino` (frozen, moving on; the other end of a relay
+/// here), read through a copy of a descriptor of it: it goes to the body's next node.
+fn unread_socket(ino: u64) -> Result<Vec<u8>> {
+    let link = format!("socket:[{ino}]");
+    let holder = std::fs::read_dir("/proc")
+        .context("list /proc")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find_map(|pid| {
+            let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+            fds.flatten().find_map(|f| {
+                let l = std::fs::read_link(f.path()).ok()?;
+                (l.to_str()? == link)
+                    .then(|| f.file_name().to_str()?.parse::<i32>().ok())
+                    .flatten()
+                    .map(|fd| (pid, fd))
+            })
+        });
+    let Some((pid, fd)) = holder else {
+        bail!("no process holds the body's {link} to read what it has not read")
+    };
+    let sock = ferry_sys::pidfd::pidfd_open(pid)
+        .and_then(|p| ferry_sys::pidfd::pidfd_getfd(&p, fd))
+        .map_err(|e| anyhow!("PID {pid} fd {fd} ({link}): take it to read what waits: {e}"))?;
+    let mut out = Vec::new();
+    loop {
+        let before = out.len();
+        match ferry_sys::sockets::recv_append(
+            sock.as_raw_fd(),
+            &mut out,
+            1 << 16,
+            libc::MSG_DONTWAIT,
+        ) {
+            Ok(_) if out.len() == before => break,
+            Ok(_) => {}
+            Err(e) if e.errno == libc::EINTR => {}
+            Err(e) if e.errno == libc::EAGAIN => break,
+            Err(e) => bail!("PID {pid} fd {fd} ({link}): read what waits: {e}"),
+        }
+    }
+    Ok(out)
 }
 
 /// The input the body has not read from its pty (master `master`), read back through its

@@ -343,7 +343,8 @@ fn relayed_pipes(tree: &Tree, standins: &HashMap<u64, u32>) -> Result<Vec<Relaye
                 continue;
             };
             let id = ferry_image::RELAY_SOCKET | d.id;
-            if s.relayed && !out.iter().any(|r| r.pipe == id) {
+            // (A body's stand-in for a socket at home: its relay's home end is there.)
+            if s.relayed && s.relay.is_none() && !out.iter().any(|r| r.pipe == id) {
                 out.push(RelayedPipe {
                     pipe: id,
                     pid: p.pid,

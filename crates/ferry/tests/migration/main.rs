@@ -90,6 +90,18 @@ fn main() {
             a_job_under_a_terminal_moves_on_from_b_to_c,
         ),
         Trial::test(
+            "a_unix_client_moves_on_from_b_to_c_talking_to_home",
+            a_unix_client_moves_on_talking_to_home,
+        ),
+        Trial::test(
+            "a_tcp_client_moves_on_from_b_to_c_talking_to_home",
+            a_tcp_client_moves_on_talking_to_home,
+        ),
+        Trial::test(
+            "a_tcp_client_moved_on_comes_home_talking_to_home",
+            a_tcp_client_comes_home_talking_to_home,
+        ),
+        Trial::test(
             "a_job_under_a_terminal_comes_home_from_c",
             a_job_under_a_terminal_comes_home_from_c,
         ),

@@ -377,8 +377,10 @@ impl<'a> Builder<'a> {
                 let (mine, relay) = loopback_pair(s.family)
                     .map_err(|e| self.err(i, format!("a connection for its relay: {e}")))?;
                 apply_opts(mine.as_raw_fd(), &s.opts, false);
+                let id = s
+                    .relay
+                    .unwrap_or(ferry_image::RELAY_SOCKET | self.socks[i].0);
                 self.fds[i] = Some(mine);
-                let id = ferry_image::RELAY_SOCKET | self.socks[i].0;
                 RELAYED.with(|r| r.borrow_mut().push((id, relay)));
                 continue;
             }
@@ -626,7 +628,9 @@ impl<'a> Builder<'a> {
         for (owner, p) in std::mem::take(&mut self.phantoms) {
             let s = self.sock(owner);
             if s.relayed {
-                let id = ferry_image::RELAY_SOCKET | self.socks[owner].0;
+                let id = s
+                    .relay
+                    .unwrap_or(ferry_image::RELAY_SOCKET | self.socks[owner].0);
                 RELAYED.with(|r| r.borrow_mut().push((id, p)));
                 continue;
             }
