@@ -57,12 +57,16 @@ pub struct HomeRelays {
 }
 
 /// A home end taken by its body's node: the end, what goes first, whom it sends as.
-type Taken = (OwnedFd, Vec<u8>, Option<Sender>);
+type Taken = (OwnedFd, Prefix, Option<Sender>);
+
+/// What goes to a relay's new node first (returned by the node its body left), as it came: for
+/// a relay of messages (datagrams, seqpacket), one message each.
+type Prefix = Vec<Vec<u8>>;
 
 struct Waiting {
     node: String,
     fd: OwnedFd,
-    prefix: Vec<u8>,
+    prefix: Prefix,
     serial: u64,
     sender: Option<Sender>,
 }
@@ -87,7 +91,7 @@ impl HomeRelays {
         fd: OwnedFd,
         prefix: Vec<u8>,
     ) {
-        self.park_as(pid, pipe, body_node, fd, prefix, None);
+        self.park_as(pid, pipe, body_node, fd, vec![prefix], None);
     }
 
     /// Like [`HomeRelays::park`], for an end that sends as `sender` (a socket's).
@@ -97,7 +101,7 @@ impl HomeRelays {
         pipe: u32,
         body_node: &str,
         fd: OwnedFd,
-        prefix: Vec<u8>,
+        prefix: Prefix,
         sender: Option<Sender>,
     ) {
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
@@ -334,7 +338,7 @@ async fn home_duplex<S>(
     pid: i32,
     pipe: u32,
     fd: OwnedFd,
-    prefix: Vec<u8>,
+    prefix: Prefix,
     sender: Option<Sender>,
 ) -> Result<()>
 where
@@ -358,7 +362,7 @@ where
         } => {
             // The body moved on: its new node asks for this end next.
             tracing::info!(event = "relay-moves-on", from = %peer, to = %to, pid, pipe,
-                bytes, returned = prefix.len());
+                bytes, returned = prefix.iter().map(Vec::len).sum::<usize>());
             node.relays.park_as(pid, pipe, &to, fd, prefix, sender);
         }
     }
@@ -375,7 +379,7 @@ async fn home_side<S>(
     pid: i32,
     pipe: u32,
     fd: OwnedFd,
-    prefix: Vec<u8>,
+    prefix: Prefix,
     sender: Option<Sender>,
 ) -> Result<()>
 where
@@ -389,7 +393,7 @@ where
     let ours = fd
         .try_clone()
         .with_context(|| format!("keep the home's end of pipe {pipe} of PID {pid}"))?;
-    match home_pump(stream, ours, prefix, Some(counter)).await? {
+    match home_pump(stream, ours, prefix.concat(), Some(counter)).await? {
         HomeEnd::Closed(bytes) => {
             tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
         }
@@ -515,7 +519,7 @@ async fn pump_duplex<S>(
     mode: Duplex,
     sender: Option<Sender>,
     counter: Option<Arc<AtomicU64>>,
-    prefix: Vec<u8>,
+    prefix: Prefix,
     mut ctl: Option<tokio::sync::mpsc::UnboundedReceiver<Ctl>>,
 ) -> Result<DuplexEnd>
 where
@@ -539,8 +543,14 @@ where
     // A socket's far side shut its way down (`End`).
     let far_shut = Arc::new(tokio::sync::Notify::new());
     let (rx, mut tx) = tokio::io::split(stream);
+    for m in &prefix {
+        if records {
+            write_record(&mut tx, m).await?;
+        } else {
+            write_data(&mut tx, m).await?;
+        }
+    }
     if !prefix.is_empty() {
-        write_data(&mut tx, &prefix).await?;
         tokio::io::AsyncWriteExt::flush(&mut tx).await?;
     }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -585,9 +595,11 @@ where
                     // At the body's node (the body frozen): all it wrote that we have not
                     // read yet goes first. At home nothing more is read: what is typed waits
                     // in the terminal, what is sent in the socket, for the body's next node.
-                    let mut more = body_tty || (socket && !records && body_side);
+                    let mut more = body_tty || (socket && body_side);
                     while more {
-                        let got = if socket {
+                        let got = if records {
+                            recv_record(raw)
+                        } else if socket {
                             let mut d = Vec::with_capacity(buf.len());
                             ferry_sys::sockets::recv_append(
                                 raw,
@@ -600,7 +612,8 @@ where
                             ferry_sys::fdops::read_fd(raw, &mut buf).map(|n| buf[..n].to_vec())
                         };
                         match got {
-                            Ok(d) if d.is_empty() => more = false,
+                            // (An empty datagram is a message: EAGAIN ends those.)
+                            Ok(d) if d.is_empty() && !dgram => more = false,
                             Ok(d) => {
                                 if out_tx.blocking_send(TtyOut::Data(d)).is_err() {
                                     return;
@@ -711,7 +724,7 @@ where
         let mut sender = sender;
         std::thread::spawn(move || {
             let raw = fd.as_raw_fd();
-            let mut left = Vec::new();
+            let mut left = None;
             'items: while let Some(item) = in_rx.blocking_recv() {
                 let data = match item {
                     In::Data((data, _room)) => data,
@@ -727,7 +740,7 @@ where
                         break 'items;
                     }
                     if hold.load(Ordering::Relaxed) {
-                        left = data[at..].to_vec();
+                        left = Some(data[at..].to_vec());
                         break 'items;
                     }
                     let put = if socket {
@@ -831,7 +844,7 @@ where
                     }
                     // A terminal's relay moving on: the body's node hands it over (at home), or
                     // home answers (at the body's node); what follows is read after.
-                    Ok(Frame::Msg(Msg::RelayHandoff { to })) if !records => {
+                    Ok(Frame::Msg(Msg::RelayHandoff { to })) => {
                         return Ok::<_, anyhow::Error>(FramesEnd::Handoff(to, rx));
                     }
                     Ok(Frame::Msg(m)) => bail!("{} message inside a two-way relay", kind(&m)),
@@ -860,17 +873,10 @@ where
                         // Nothing to stop while the body is captured: what it reads or writes
                         // meanwhile stays in its pty, which the handoff empties.
                         Some(Ctl::Pause(ack)) => {
-                            let _ = ack.send(if records {
-                                Err("a datagram or seqpacket socket's relay cannot follow a \
-                                     body yet (what it holds would go back as bytes, not \
-                                     messages)"
-                                    .into())
-                            } else {
-                                Ok(())
-                            });
+                            let _ = ack.send(Ok(()));
                         }
                         Some(Ctl::Resume) => {}
-                        Some(Ctl::Handoff { to, peer, done }) if !records => {
+                        Some(Ctl::Handoff { to, peer, done }) => {
                             peer_ino = peer;
                             if reader_ended {
                                 // Nothing more to read (the body shut its way down).
@@ -878,11 +884,6 @@ where
                             }
                             drain.store(true, Ordering::Relaxed);
                             handing = Some((to, done));
-                        }
-                        Some(Ctl::Handoff { done, .. }) => {
-                            let _ = done.send(Err(anyhow!(
-                                "a datagram or seqpacket socket's relay cannot follow a body yet"
-                            )));
                         }
                         None => ctl = None,
                     },
@@ -963,18 +964,18 @@ where
                         .map_err(|_| anyhow!("the relay's writer panicked"))?;
                     // Oldest first: what the body had not read, what the writer held, what
                     // home sent before its answer.
-                    let mut back = if socket {
-                        unread_socket(peer_ino)?
+                    let mut back: Prefix = if socket {
+                        unread_socket(peer_ino, records, dgram)?
                     } else {
-                        unread_input(fd.as_raw_fd())
+                        vec![unread_input(fd.as_raw_fd())]
                     };
-                    back.extend_from_slice(&left);
+                    back.extend(left);
                     loop {
                         tokio::select! {
                             biased;
                             item = held.recv() => {
                                 if let Some(In::Data((d, _room))) = item {
-                                    back.extend_from_slice(&d);
+                                    back.push(d);
                                 }
                             }
                             more = &mut frames => match more? {
@@ -985,12 +986,18 @@ where
                     }
                     while let Ok(item) = held.try_recv() {
                         if let In::Data((d, _room)) = item {
-                            back.extend_from_slice(&d);
+                            back.push(d);
                         }
                     }
-                    write_data(&mut tx, &back).await?;
+                    for m in &back {
+                        if records {
+                            write_record(&mut tx, m).await?;
+                        } else {
+                            write_data(&mut tx, m).await?;
+                        }
+                    }
                     write_end(&mut tx).await?;
-                    Ok::<_, anyhow::Error>(back.len())
+                    Ok::<_, anyhow::Error>(back.iter().map(Vec::len).sum::<usize>())
                 }
                 .await;
                 match r {
@@ -1034,7 +1041,7 @@ where
                     let mut prefix = Vec::new();
                     loop {
                         match read_frame(&mut rx).await {
-                            Ok(Frame::Data(d)) => prefix.extend_from_slice(&d),
+                            Ok(Frame::Data(d)) => prefix.push(d),
                             Ok(Frame::End) => break,
                             Ok(Frame::Msg(Msg::RelayWinsize { .. } | Msg::RelayTermios { .. })) => {
                             }
@@ -1092,7 +1099,7 @@ enum DuplexEnd {
     Handoff {
         bytes: u64,
         to: String,
-        prefix: Vec<u8>,
+        prefix: Prefix,
         fd: OwnedFd,
     },
     /// At the body's node: the relay was handed over to the body's next node.
@@ -1115,7 +1122,7 @@ enum Step<R> {
 enum Ended {
     Closed,
     HandedOff,
-    Moved(String, Vec<u8>),
+    Moved(String, Prefix),
 }
 
 /// What the far side's frames came to.
@@ -1143,8 +1150,9 @@ async fn next_ctl(ctl: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Ctl>>) -
 }
 
 /// What waits unread in the body's socket `ino` (frozen, moving on; the other end of a relay
-/// here), read through a copy of a descriptor of it: it goes to the body's next node.
-fn unread_socket(ino: u64) -> Result<Vec<u8>> {
+/// here), read through a copy of a descriptor of it: it goes to the body's next node. A socket
+/// of messages (`records`; datagrams: `dgram`) gives them one by one, whole.
+fn unread_socket(ino: u64, records: bool, dgram: bool) -> Result<Prefix> {
     let link = format!("socket:[{ino}]");
     let holder = std::fs::read_dir("/proc")
         .context("list /proc")?
@@ -1167,20 +1175,27 @@ fn unread_socket(ino: u64) -> Result<Vec<u8>> {
         .and_then(|p| ferry_sys::pidfd::pidfd_getfd(&p, fd))
         .map_err(|e| anyhow!("PID {pid} fd {fd} ({link}): take it to read what waits: {e}"))?;
     let mut out = Vec::new();
+    let mut bytes = Vec::new();
     loop {
-        let before = out.len();
-        match ferry_sys::sockets::recv_append(
-            sock.as_raw_fd(),
-            &mut out,
-            1 << 16,
-            libc::MSG_DONTWAIT,
-        ) {
-            Ok(_) if out.len() == before => break,
-            Ok(_) => {}
+        let got = if records {
+            recv_record(sock.as_raw_fd())
+        } else {
+            let mut d = Vec::new();
+            ferry_sys::sockets::recv_append(sock.as_raw_fd(), &mut d, 1 << 16, libc::MSG_DONTWAIT)
+                .map(|_| d)
+        };
+        match got {
+            // The end (a stream's or seqpacket's shutdown); an empty datagram is a message.
+            Ok(d) if d.is_empty() && !dgram => break,
+            Ok(d) if records => out.push(d),
+            Ok(d) => bytes.extend_from_slice(&d),
             Err(e) if e.errno == libc::EINTR => {}
             Err(e) if e.errno == libc::EAGAIN => break,
             Err(e) => bail!("PID {pid} fd {fd} ({link}): read what waits: {e}"),
         }
+    }
+    if !records {
+        out.push(bytes);
     }
     Ok(out)
 }

@@ -18,8 +18,7 @@
 //! would for a first move. Nothing is lost, duplicated or reordered: the body at C reads its
 //! refilled stand-in, then what B returned, then home's pipe; what it writes at C reaches home
 //! after all B sent, since home takes C's connection only once B's has ended. A terminal's
-//! relay follows a body too (its handoff is in `crate::relay`'s `pump_duplex`); a socket's
-//! does not yet.
+//! or a socket's relay follows a body too (its handoff is in `crate::relay`'s `pump_duplex`).
 
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_transport::frame::{read_frame, write_data, write_end, write_msg, FrameError};

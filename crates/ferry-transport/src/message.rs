@@ -289,9 +289,9 @@ pub enum Msg {
     /// relay the body reads, home stops reading its pipe and answers `RelayHandoff` (its last
     /// data frame is before it); the body's node then sends back what it had taken from home
     /// and the body had not read, and `End`: home sends that to `to` first. On a relay the
-    /// body writes, it is the body's node's last frame. On a terminal's relay (both ways), the
-    /// body's node sends it after the last of the body's output, home answers it, and the
-    /// body's node sends back the input the body had not read, and `End`. See
+    /// body writes, it is the body's node's last frame. On a terminal's or a socket's relay
+    /// (both ways), the body's node sends it after the last of what the body wrote, home
+    /// answers it, and the body's node sends back what the body had not read, and `End`. See
     /// docs/wire-format.md.
     RelayHandoff {
         to: String,

@@ -102,6 +102,14 @@ fn main() {
             a_tcp_client_comes_home_talking_to_home,
         ),
         Trial::test(
+            "datagrams_to_home_follow_a_body_moving_on",
+            datagrams_to_home_follow_a_body_moving_on,
+        ),
+        Trial::test(
+            "seqpacket_records_to_home_follow_a_body_moving_on",
+            seqpacket_records_to_home_follow_a_body_moving_on,
+        ),
+        Trial::test(
             "a_job_under_a_terminal_comes_home_from_c",
             a_job_under_a_terminal_comes_home_from_c,
         ),

@@ -864,20 +864,32 @@ open(d + '/moved_at', 'w').write(str(moved_at))
 /// in its queue comes first; replies, an empty datagram among them, come back; the relays end
 /// with the client.
 pub(super) fn datagrams_to_home_are_relayed_whole() -> Result<(), Failed> {
-    messages_to_home_are_relayed_whole("dgram")
+    messages_to_home_are_relayed_whole("dgram", false)
+}
+
+/// As [`datagrams_to_home_are_relayed_whole`], the client moved a -> b -> c: its relays follow
+/// it, the datagrams waiting unread in its queue at b (read only once it is told it moved) go
+/// on to c whole and in order, the rest as before.
+pub(super) fn datagrams_to_home_follow_a_body_moving_on() -> Result<(), Failed> {
+    messages_to_home_are_relayed_whole("dgram", true)
+}
+
+/// The same with seqpacket records.
+pub(super) fn seqpacket_records_to_home_follow_a_body_moving_on() -> Result<(), Failed> {
+    messages_to_home_are_relayed_whole("seqpacket", true)
 }
 
 /// The same with the socketpair of kind SOCK_SEQPACKET: its records are relayed whole too.
 pub(super) fn seqpacket_records_to_home_are_relayed_whole() -> Result<(), Failed> {
-    messages_to_home_are_relayed_whole("seqpacket")
+    messages_to_home_are_relayed_whole("seqpacket", false)
 }
 
 /// Runs `DGRAM_HOME` (its pair of kind `kind`) and moves its client to node b.
-fn messages_to_home_are_relayed_whole(kind: &str) -> Result<(), Failed> {
-    let tag = &format!("{kind}relay");
+fn messages_to_home_are_relayed_whole(kind: &str, onward: bool) -> Result<(), Failed> {
+    let tag = &format!("{kind}relay{}", if onward { "on" } else { "" });
     let c = Cluster::up_full(
         tag,
-        2,
+        if onward { 3 } else { 2 },
         &[],
         Isolation::default_for_tests(),
         &["--confine-guests"],
@@ -911,6 +923,15 @@ fn messages_to_home_are_relayed_whole(kind: &str) -> Result<(), Failed> {
     let pid = pid_from(&dir.join("pid"), "the client")?;
     std::thread::sleep(Duration::from_millis(400));
     migrate(&c, "a", pid, "b").map_err(|e| format!("the client did not move: {e}"))?;
+    if onward {
+        std::thread::sleep(Duration::from_millis(400));
+        migrate(&c, "b", pid, "c").map_err(|e| {
+            format!(
+                "the client did not move on: {e}\n{}",
+                c.log("a") + &c.log("b") + &c.log("c")
+            )
+        })?;
+    }
     std::fs::write(dir.join("moved"), "").unwrap();
     let err = || std::fs::read_to_string(dir.join("home.err")).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(40);
@@ -928,7 +949,7 @@ fn messages_to_home_are_relayed_whole(kind: &str) -> Result<(), Failed> {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let logs = || c.log("a") + &c.log("b");
+    let logs = || c.log("a") + &c.log("b") + &c.log("c");
     assert!(st.success(), "home failed: {st:?}\n{}\n{}", err(), logs());
     let moved_at: u32 = std::fs::read_to_string(dir.join("moved_at"))
         .unwrap_or_default()
