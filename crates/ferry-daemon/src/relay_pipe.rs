@@ -163,7 +163,7 @@ impl BodyRelays {
 
     /// Pauses every relay of the body of home PID `pid` from `home` before it is captured to
     /// move on; the stand-ins' inodes and relay ids (for the capture) are in the answer. A
-    /// socket's relay cannot follow a body yet: refused, naming it.
+    /// socket whose names at home this node does not know cannot follow: refused, naming it.
     pub async fn pause(&self, home: &str, pid: i32) -> Result<Paused> {
         type Listed = (u32, u64, Option<mpsc::UnboundedSender<Ctl>>, Option<String>);
         let list: Vec<Listed> = self
