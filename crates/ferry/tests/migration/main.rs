@@ -110,6 +110,14 @@ fn main() {
             seqpacket_records_to_home_follow_a_body_moving_on,
         ),
         Trial::test(
+            "a_half_closed_unix_stream_moves_on_from_b_to_c",
+            a_half_closed_unix_stream_moves_on,
+        ),
+        Trial::test(
+            "a_half_closed_tcp_stream_moves_on_from_b_to_c",
+            a_half_closed_tcp_stream_moves_on,
+        ),
+        Trial::test(
             "a_job_under_a_terminal_comes_home_from_c",
             a_job_under_a_terminal_comes_home_from_c,
         ),

@@ -1331,3 +1331,161 @@ fn stream_moves_on_whole(kind: &str, home: bool) -> Result<(), Failed> {
     }
     Ok(())
 }
+
+/// The home end of `half_closed_stream_moves_on`: it reads the client's stream to its end
+/// (the client's shutdown), then sends a stream of its own for a few seconds and closes; it
+/// hashes both (`srv.sums`: got, sent).
+const HALF_SERVER: &str = r#"
+import os, sys, socket, hashlib, time
+d, kind = sys.argv[1], sys.argv[2]
+if kind == 'unix':
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(d + '/srv.sock')
+else:
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(('127.0.0.1', 0))
+    open(d + '/srv.port', 'w').write(str(srv.getsockname()[1]))
+srv.listen(1)
+open(d + '/srv.ready', 'w').close()
+c, _ = srv.accept()
+srv.close()
+got, sent = hashlib.sha256(), hashlib.sha256()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    got.update(b)
+for j in range(1, 151):
+    data = (hashlib.sha256(b'tail %d' % j).digest() * 700)[:20000 + j]
+    c.sendall(data)
+    sent.update(data)
+    time.sleep(0.02)
+open(d + '/srv.sums', 'w').write('%s %s' % (got.hexdigest(), sent.hexdigest()))
+c.close()
+"#;
+
+/// The moved end of `half_closed_stream_moves_on`: it sends a stream, and once told (`half`)
+/// shuts its way down (`shut`) and reads the server's stream to its end (`client.sums`: sent,
+/// got).
+const HALF_CLIENT: &str = r#"
+import os, sys, socket, hashlib, time
+d, kind = sys.argv[1], sys.argv[2]
+if kind == 'unix':
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(d + '/srv.sock')
+else:
+    c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    c.connect(('127.0.0.1', int(open(d + '/srv.port').read())))
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+got, sent, i, deadline = hashlib.sha256(), hashlib.sha256(), 0, time.time() + 60
+while not os.path.exists(d + '/half'):
+    i += 1
+    data = (hashlib.sha256(b'head %d' % i).digest() * 400)[:10000 + i]
+    c.sendall(data)
+    sent.update(data)
+    time.sleep(0.02)
+    assert time.time() < deadline, 'never told to shut down'
+c.shutdown(socket.SHUT_WR)
+open(d + '/shut', 'w').close()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    got.update(b)
+open(d + '/client.sums', 'w').write('%s %s' % (sent.hexdigest(), got.hexdigest()))
+"#;
+
+/// A client shuts its way down to a server at home (over a UNIX stream socket) after sending
+/// a stream, and moves on from b to c while the server's answer streams back: the shutdown
+/// stays made (the server read the client's stream to its end once), and the client reads
+/// the server's stream whole and then its close (SHA-256 of both ways at both ends).
+pub(super) fn a_half_closed_unix_stream_moves_on() -> Result<(), Failed> {
+    half_closed_stream_moves_on("unix")
+}
+
+/// The same over TCP.
+pub(super) fn a_half_closed_tcp_stream_moves_on() -> Result<(), Failed> {
+    half_closed_stream_moves_on("tcp")
+}
+
+/// Runs `HALF_SERVER` at home and `HALF_CLIENT` over `kind`, moves the client a -> b, has it
+/// shut its way down, moves it on to c, and compares the streams' sums.
+fn half_closed_stream_moves_on(kind: &str) -> Result<(), Failed> {
+    let tag = format!("{kind}half");
+    let c = Cluster::up_full(
+        &tag,
+        3,
+        &[],
+        Isolation::default_for_tests(),
+        &["--confine-guests"],
+    );
+    let dir = scratch("migration", &tag);
+    let spawn = |prog: &str, err: &str| {
+        UnixServer(
+            Command::new("python3")
+                .args(["-c", prog])
+                .arg(&dir)
+                .arg(kind)
+                .current_dir(&dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.join(err)).unwrap())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut server = spawn(HALF_SERVER, "srv.err");
+    let wait_for = |f: &str, what: &str| -> Result<(), Failed> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !dir.join(f).exists() {
+            if Instant::now() > deadline {
+                return Err(format!("{what} did not happen").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    };
+    wait_for("srv.ready", "the server's start")?;
+    let mut client = spawn(HALF_CLIENT, "client.err");
+    let pid = pid_from(&dir.join("pid"), "the client")?;
+    let logs = || {
+        std::fs::read_to_string(dir.join("client.err")).unwrap_or_default()
+            + &std::fs::read_to_string(dir.join("srv.err")).unwrap_or_default()
+            + &c.log("a")
+            + &c.log("b")
+            + &c.log("c")
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}\n{}", logs()))?;
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(dir.join("half"), "").unwrap();
+    wait_for("shut", "the client's shutdown")?;
+    std::thread::sleep(Duration::from_millis(500));
+    migrate(&c, "b", pid, "c").map_err(|e| format!("b -> c: {e}\n{}", logs()))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (st, srv) = loop {
+        let st = client.0.try_wait().unwrap();
+        let srv = server.0.try_wait().unwrap();
+        if let (Some(st), Some(srv)) = (st, srv) {
+            break (st, srv);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the streams did not end\n{}", logs()).into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if !st.success() || !srv.success() {
+        return Err(format!("client {st:?}, server {srv:?}\n{}", logs()).into());
+    }
+    let sums = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let (mine, theirs) = (sums("client.sums"), sums("srv.sums"));
+    if mine.split(' ').count() != 2 || mine != theirs {
+        return Err(format!(
+            "the streams differ: client sent, got {mine:?}; server got, sent {theirs:?}\n{}",
+            logs()
+        )
+        .into());
+    }
+    Ok(())
+}
