@@ -1366,7 +1366,7 @@ c.close()
 
 /// The moved end of `half_closed_stream_moves_on`: it sends a stream, and once told (`half`)
 /// shuts its way down (`shut`) and reads the server's stream to its end (`client.sums`: sent,
-/// got).
+/// got); a write after that fails (EPIPE) as it would at home.
 const HALF_CLIENT: &str = r#"
 import os, sys, socket, hashlib, time
 d, kind = sys.argv[1], sys.argv[2]
@@ -1393,13 +1393,20 @@ while True:
     if not b:
         break
     got.update(b)
+# Its way is still shut down, moved or not.
+try:
+    c.send(b'x')
+    sys.exit('a write after the shutdown went through')
+except BrokenPipeError:
+    pass
 open(d + '/client.sums', 'w').write('%s %s' % (sent.hexdigest(), got.hexdigest()))
 "#;
 
 /// A client shuts its way down to a server at home (over a UNIX stream socket) after sending
 /// a stream, and moves on from b to c while the server's answer streams back: the shutdown
-/// stays made (the server read the client's stream to its end once), and the client reads
-/// the server's stream whole and then its close (SHA-256 of both ways at both ends).
+/// stays made (the server read the client's stream to its end once, and a write of the
+/// client's fails with EPIPE at c), and the client reads the server's stream whole and then
+/// its close (SHA-256 of both ways at both ends).
 pub(super) fn a_half_closed_unix_stream_moves_on() -> Result<(), Failed> {
     half_closed_stream_moves_on("unix")
 }

@@ -377,6 +377,15 @@ impl<'a> Builder<'a> {
                 let (mine, relay) = loopback_pair(s.family)
                     .map_err(|e| self.err(i, format!("a connection for its relay: {e}")))?;
                 apply_opts(mine.as_raw_fd(), &s.opts, false);
+                // Its own way shut down (its FIN sent): so is the new one's (the relay reads
+                // that end of file and passes it on, which home has made already).
+                if s.shutdown.write {
+                    let write_only = Shutdown {
+                        read: false,
+                        write: true,
+                    };
+                    apply_shutdown(mine.as_raw_fd(), &write_only);
+                }
                 let id = s
                     .relay
                     .unwrap_or(ferry_image::RELAY_SOCKET | self.socks[i].0);
