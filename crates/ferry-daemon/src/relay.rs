@@ -15,6 +15,7 @@
 //! the far side gets EPIPE, as it would had nothing moved.
 
 use crate::node::Node;
+use crate::relay_pipe::Ctl;
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_transport::frame::{
     read_frame, write_data, write_end, write_msg, write_record, FrameError,
@@ -56,12 +57,16 @@ pub struct HomeRelays {
 }
 
 /// A home end taken by its body's node: the end, what goes first, whom it sends as.
-type Taken = (OwnedFd, Vec<u8>, Option<Sender>);
+type Taken = (OwnedFd, Prefix, Option<Sender>);
+
+/// What goes to a relay's new node first (returned by the node its body left), as it came: for
+/// a relay of messages (datagrams, seqpacket), one message each.
+type Prefix = Vec<Vec<u8>>;
 
 struct Waiting {
     node: String,
     fd: OwnedFd,
-    prefix: Vec<u8>,
+    prefix: Prefix,
     serial: u64,
     sender: Option<Sender>,
 }
@@ -86,7 +91,7 @@ impl HomeRelays {
         fd: OwnedFd,
         prefix: Vec<u8>,
     ) {
-        self.park_as(pid, pipe, body_node, fd, prefix, None);
+        self.park_as(pid, pipe, body_node, fd, vec![prefix], None);
     }
 
     /// Like [`HomeRelays::park`], for an end that sends as `sender` (a socket's).
@@ -96,7 +101,7 @@ impl HomeRelays {
         pipe: u32,
         body_node: &str,
         fd: OwnedFd,
-        prefix: Vec<u8>,
+        prefix: Prefix,
         sender: Option<Sender>,
     ) {
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
@@ -341,12 +346,8 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
         let mut reg = node.body_relays.register(&home, pid, pipe, &fd);
         tokio::spawn(async move {
             let r = async {
-                if home == node.name() && duplex_of(pipe).is_none() {
-                    let ctl = reg
-                        .ctl
-                        .take()
-                        .ok_or_else(|| anyhow!("relay {pipe} has no control"))?;
-                    return attach_at_home(&node, pid, pipe, fd, ctl).await;
+                if home == node.name() {
+                    return attach_at_home(&node, pid, pipe, fd, reg.ctl.take()).await;
                 }
                 if node.fault_at("relay-dial-late") {
                     // The body runs a while before its relays do (a node under load).
@@ -369,7 +370,13 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
                     }
                 };
                 match (duplex_of(pipe), reg.ctl.take()) {
-                    (Some(mode), _) => pump_duplex(conn, fd, mode, None, None).await,
+                    (Some(mode), ctl) => {
+                        let end = pump_duplex(conn.stream, fd, mode, None, None, Vec::new(), ctl);
+                        match end.await? {
+                            DuplexEnd::Closed(n) | DuplexEnd::HandedOff(n) => Ok(n),
+                            DuplexEnd::Handoff { .. } => bail!("relay {pipe} moved on from home"),
+                        }
+                    }
                     (None, Some(ctl)) => crate::relay_pipe::body_pump(conn.stream, fd, ctl).await,
                     (None, None) => bail!("relay {pipe} has no control"),
                 }
@@ -398,27 +405,54 @@ pub async fn serve_open(node: &Arc<Node>, mut conn: Conn, pid: i32, pipe: u32) -
     };
     write_msg(&mut conn.stream, &Msg::Done).await?;
     let peer = conn.peer.clone();
-    let counter = node.relays.counter(pid);
-    let bytes = match duplex_of(pipe) {
-        Some(Duplex::Tty { .. }) => {
-            pump_duplex(
-                conn,
-                fd,
-                Duplex::Tty { gate: Some(pid) },
-                None,
-                Some(counter),
-            )
-            .await?
-        }
-        Some(mode) => pump_duplex(conn, fd, mode, sender, Some(counter)).await?,
-        None => return home_side(node, &peer, conn.stream, pid, pipe, fd, prefix).await,
+    home_side(node, &peer, conn.stream, pid, pipe, fd, prefix, sender).await
+}
+
+/// At home: the home's end of a two-way relay (a terminal, whose input is read only while the
+/// tree rooted at `pid` has it in the foreground, or a socket that sends as `sender`) pumped to
+/// the body on `peer` (`prefix` first); if the body moves on, the end waits for its next node.
+#[allow(clippy::too_many_arguments)]
+async fn home_duplex<S>(
+    node: &Arc<Node>,
+    peer: &str,
+    stream: S,
+    pid: i32,
+    pipe: u32,
+    fd: OwnedFd,
+    prefix: Prefix,
+    sender: Option<Sender>,
+) -> Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mode = match duplex_of(pipe) {
+        Some(Duplex::Tty { .. }) => Duplex::Tty { gate: Some(pid) },
+        Some(mode) => mode,
+        None => bail!("relay {pipe} is a pipe's"),
     };
-    tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
+    let counter = Some(node.relays.counter(pid));
+    match pump_duplex(stream, fd, mode, sender, counter, prefix, None).await? {
+        DuplexEnd::Closed(bytes) | DuplexEnd::HandedOff(bytes) => {
+            tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
+        }
+        DuplexEnd::Handoff {
+            bytes,
+            to,
+            prefix,
+            fd,
+        } => {
+            // The body moved on: its new node asks for this end next.
+            tracing::info!(event = "relay-moves-on", from = %peer, to = %to, pid, pipe,
+                bytes, returned = prefix.iter().map(Vec::len).sum::<usize>());
+            node.relays.park_as(pid, pipe, &to, fd, prefix, sender);
+        }
+    }
     Ok(())
 }
 
-/// At home: pumps a relayed pipe between the home's end `fd` and the body on `peer` (`prefix`
+/// At home: pumps a relay between the home's end `fd` and the body on `peer` (`prefix`
 /// first); if the body moves on, the end waits for its next node.
+#[allow(clippy::too_many_arguments)]
 async fn home_side<S>(
     node: &Arc<Node>,
     peer: &str,
@@ -426,17 +460,21 @@ async fn home_side<S>(
     pid: i32,
     pipe: u32,
     fd: OwnedFd,
-    prefix: Vec<u8>,
+    prefix: Prefix,
+    sender: Option<Sender>,
 ) -> Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     use crate::relay_pipe::{home_pump, HomeEnd};
+    if duplex_of(pipe).is_some() {
+        return home_duplex(node, peer, stream, pid, pipe, fd, prefix, sender).await;
+    }
     let counter = node.relays.counter(pid);
     let ours = fd
         .try_clone()
         .with_context(|| format!("keep the home's end of pipe {pipe} of PID {pid}"))?;
-    match home_pump(stream, ours, prefix, Some(counter)).await? {
+    match home_pump(stream, ours, prefix.concat(), Some(counter)).await? {
         HomeEnd::Closed(bytes) => {
             tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
         }
@@ -457,13 +495,13 @@ async fn attach_at_home(
     pid: i32,
     pipe: u32,
     fd: OwnedFd,
-    ctl: tokio::sync::mpsc::UnboundedReceiver<crate::relay_pipe::Ctl>,
+    ctl: Option<tokio::sync::mpsc::UnboundedReceiver<Ctl>>,
 ) -> Result<u64> {
     let me = node.name().to_string();
     let deadline = tokio::time::Instant::now() + OPEN_RETRY;
-    let (home_fd, prefix) = loop {
+    let (home_fd, prefix, sender) = loop {
         match node.relays.take(&me, pid, pipe) {
-            Ok((fd, prefix, _)) => break (fd, prefix),
+            Ok(x) => break x,
             Err(e) if tokio::time::Instant::now() > deadline => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
@@ -471,11 +509,21 @@ async fn attach_at_home(
     let (home_end, body_end) = tokio::io::duplex(1 << 16);
     let node2 = node.clone();
     tokio::spawn(async move {
-        if let Err(e) = home_side(&node2, &me, home_end, pid, pipe, home_fd, prefix).await {
+        let r = home_side(&node2, &me, home_end, pid, pipe, home_fd, prefix, sender);
+        if let Err(e) = r.await {
             tracing::warn!(event = "relay-failed", pid, pipe, error = %format!("{e:#}"));
         }
     });
-    crate::relay_pipe::body_pump(body_end, fd, ctl).await
+    match (duplex_of(pipe), ctl) {
+        (Some(mode), ctl) => {
+            match pump_duplex(body_end, fd, mode, None, None, Vec::new(), ctl).await? {
+                DuplexEnd::Closed(n) | DuplexEnd::HandedOff(n) => Ok(n),
+                DuplexEnd::Handoff { .. } => bail!("relay {pipe} moved on from home"),
+            }
+        }
+        (None, Some(ctl)) => crate::relay_pipe::body_pump(body_end, fd, ctl).await,
+        (None, None) => bail!("relay {pipe} has no control"),
+    }
 }
 
 /// Whether home PID `pid` is in the foreground process group of its controlling terminal
@@ -501,6 +549,8 @@ enum TtyOut {
     Eof,
     /// Our side can no longer be written (its peer is gone): the relay ends.
     Broken,
+    /// A terminal's relay handed over: all there was to read is sent (see `pump_duplex`).
+    Drained,
 }
 
 /// The two-way relays: a terminal (at home, `gate` is the tree's root: see `pump_duplex`), or
@@ -532,14 +582,30 @@ fn duplex_of(id: u32) -> Option<Duplex> {
 /// read is one message, one `Data` frame, one send on the other side (a datagram may be empty);
 /// a datagram relay ends when either side's socket finds its peer gone. On a socket, `sender`
 /// is whom the messages sent here come from (SCM_CREDENTIALS: the home's process, not us).
-/// Returns the bytes moved.
-async fn pump_duplex(
-    conn: Conn,
+/// `prefix` goes to the far side first (at home: what the body's last node returned when the
+/// body moved on). At the body's node, `ctl` is its node's control (a terminal's relay follows
+/// a body moving on: [`crate::relay_pipe::Ctl`]).
+///
+/// A terminal's relay moving on (docs/wire-format.md, "Moving on with relays"): the body's
+/// node, told to hand it over (the body frozen, committed elsewhere), reads what is left of the
+/// body's output from the pty's master and sends it, then `RelayHandoff`; it stops writing the
+/// pty, reads back through the slave what the body had not read, and sends that, what its
+/// writer still held, and what home sent before its answer (`RelayHandoff`, after home's last
+/// data frame), then `End`. Home writes the output it got to its terminal, stops reading the
+/// terminal, answers, keeps what came back for the body's next node, and ends with the
+/// terminal's description ([`DuplexEnd::Handoff`]).
+async fn pump_duplex<S>(
+    stream: S,
     fd: OwnedFd,
     mode: Duplex,
     sender: Option<Sender>,
     counter: Option<Arc<AtomicU64>>,
-) -> Result<u64> {
+    prefix: Prefix,
+    mut ctl: Option<tokio::sync::mpsc::UnboundedReceiver<Ctl>>,
+) -> Result<DuplexEnd>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let gate = match mode {
         Duplex::Tty { gate } => gate,
         Duplex::Socket => None,
@@ -553,8 +619,25 @@ async fn pump_duplex(
     };
     let records = socket && sock_type != libc::SOCK_STREAM;
     let dgram = socket && sock_type == libc::SOCK_DGRAM;
-    let (rx, mut tx) = tokio::io::split(conn.stream);
+    // The body's node's side (which its node controls), or home's.
+    let body_side = ctl.is_some();
+    // A socket's far side shut its way down (`End`).
+    let far_shut = Arc::new(tokio::sync::Notify::new());
+    let (rx, mut tx) = tokio::io::split(stream);
+    for m in &prefix {
+        if records {
+            write_record(&mut tx, m).await?;
+        } else {
+            write_data(&mut tx, m).await?;
+        }
+    }
+    if !prefix.is_empty() {
+        tokio::io::AsyncWriteExt::flush(&mut tx).await?;
+    }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A terminal's relay handed over: the reader sends what is left (at the body's node) and
+    // `Drained`, and reads no more.
+    let drain = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let fd = Arc::new(fd);
     let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<TtyOut>(16);
     // A terminal's window size as this side last saw or set it: a size the far side sent is
@@ -568,6 +651,7 @@ async fn pump_duplex(
     };
     let reader = {
         let (fd, stop, out_tx) = (fd.clone(), stop.clone(), out_tx.clone());
+        let drain = drain.clone();
         let known_size = known_size.clone();
         std::thread::spawn(move || {
             let raw = fd.as_raw_fd();
@@ -596,6 +680,43 @@ async fn pump_duplex(
             let mut checked = std::time::Instant::now();
             let mut peer_checked = std::time::Instant::now();
             while !stop.load(Ordering::Relaxed) {
+                if drain.load(Ordering::Relaxed) {
+                    // At the body's node (the body frozen): all it wrote that we have not
+                    // read yet goes first. At home nothing more is read: what is typed waits
+                    // in the terminal, what is sent in the socket, for the body's next node.
+                    let mut more = body_tty || (socket && body_side);
+                    while more {
+                        let got = if records {
+                            recv_record(raw)
+                        } else if socket {
+                            let mut d = Vec::with_capacity(buf.len());
+                            ferry_sys::sockets::recv_append(
+                                raw,
+                                &mut d,
+                                buf.len(),
+                                libc::MSG_DONTWAIT,
+                            )
+                            .map(|_| d)
+                        } else {
+                            ferry_sys::fdops::read_fd(raw, &mut buf).map(|n| buf[..n].to_vec())
+                        };
+                        match got {
+                            // (An empty datagram is a message: EAGAIN ends those.)
+                            Ok(d) if d.is_empty() && !dgram => more = false,
+                            Ok(d) => {
+                                if out_tx.blocking_send(TtyOut::Data(d)).is_err() {
+                                    return;
+                                }
+                            }
+                            Err(e) if e.errno == libc::EINTR => {}
+                            // EAGAIN: nothing left (a read flushes what the slave wrote
+                            // first); EIO: no slave open.
+                            Err(_) => more = false,
+                        }
+                    }
+                    let _ = out_tx.blocking_send(TtyOut::Drained);
+                    return;
+                }
                 if body_tty && checked.elapsed() >= Duration::from_millis(20) {
                     checked = std::time::Instant::now();
                     if let Some(now) = slave_termios(raw) {
@@ -683,21 +804,33 @@ async fn pump_duplex(
     // the relay ends (the far side's last words, then its end of file), unless the relay failed.
     let abort = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let queued = Arc::new(tokio::sync::Semaphore::new(IN_QUEUE_BYTES));
-    let (in_tx, mut in_rx) = tokio::sync::mpsc::unbounded_channel::<Option<Queued>>();
+    let (in_tx, mut in_rx) = tokio::sync::mpsc::unbounded_channel::<In>();
+    // A terminal's relay handed over: the writer stops and gives back what it holds (the rest
+    // of its chunk, and its queue).
+    let hold = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
-        let (fd, stop) = (fd.clone(), abort.clone());
+        let (fd, stop, hold) = (fd.clone(), abort.clone(), hold.clone());
         let mut sender = sender;
         std::thread::spawn(move || {
             let raw = fd.as_raw_fd();
-            while let Some(item) = in_rx.blocking_recv() {
-                let Some((data, _room)) = item else {
-                    let _ = ferry_sys::sockets::shutdown(raw, libc::SHUT_WR);
-                    continue;
+            let mut left = None;
+            'items: while let Some(item) = in_rx.blocking_recv() {
+                let data = match item {
+                    In::Data((data, _room)) => data,
+                    In::Shut => {
+                        let _ = ferry_sys::sockets::shutdown(raw, libc::SHUT_WR);
+                        continue;
+                    }
+                    In::Hold => break,
                 };
                 let mut at = 0;
                 loop {
                     if stop.load(Ordering::Relaxed) {
-                        return;
+                        break 'items;
+                    }
+                    if hold.load(Ordering::Relaxed) {
+                        left = Some(data[at..].to_vec());
+                        break 'items;
                     }
                     let put = if socket {
                         send_on(raw, &data[at..], &mut sender)
@@ -727,11 +860,12 @@ async fn pump_duplex(
                         }
                         Err(_) => {
                             let _ = out_tx.blocking_send(TtyOut::Broken);
-                            return;
+                            break 'items;
                         }
                     }
                 }
             }
+            (left, in_rx)
         })
     };
     let total_in = AtomicU64::new(0);
@@ -740,7 +874,9 @@ async fn pump_duplex(
             c.fetch_add(n as u64, Ordering::Relaxed);
         }
     };
-    let r: Result<u64> = {
+    let mut writer = Some(writer);
+    let mut total_out = 0u64;
+    let r: Result<Ended> = {
         // The far side's frames, read by one future for the relay's life (a read cut short by
         // the other branch of the select below would lose what it had read). A frame waits
         // for room in the writer's queue before the next is read: when our side does not take
@@ -761,8 +897,8 @@ async fn pump_duplex(
                         total_in.fetch_add(d.len() as u64, Ordering::Relaxed);
                         count(d.len());
                         // The frame's own buffer: no copy of it.
-                        if in_tx.send(Some((d, room))).is_err() {
-                            return Ok(false);
+                        if in_tx.send(In::Data((d, room))).is_err() {
+                            return Ok(FramesEnd::Closed);
                         }
                     }
                     // The home terminal's size at the body; the size the body set at home
@@ -795,26 +931,51 @@ async fn pump_duplex(
                             }
                         }
                     }
-                    Ok(Frame::Msg(m)) => bail!("{} message inside a two-way relay", kind(&m)),
-                    // A socket's shutdown one way: the other way goes on.
-                    Ok(Frame::End) if socket => {
-                        let _ = in_tx.send(None);
-                        return Ok::<bool, anyhow::Error>(true);
+                    // A terminal's relay moving on: the body's node hands it over (at home), or
+                    // home answers (at the body's node); what follows is read after.
+                    Ok(Frame::Msg(Msg::RelayHandoff { to })) => {
+                        return Ok::<_, anyhow::Error>(FramesEnd::Handoff(to, rx));
                     }
-                    Ok(Frame::End) | Err(FrameError::Closed) => return Ok(false),
+                    Ok(Frame::Msg(m)) => bail!("{} message inside a two-way relay", kind(&m)),
+                    // A socket's shutdown one way: the other way goes on (and the far side may
+                    // still hand the relay over).
+                    Ok(Frame::End) if socket => {
+                        let _ = in_tx.send(In::Shut);
+                        far_shut.notify_one();
+                    }
+                    Ok(Frame::End) | Err(FrameError::Closed) => return Ok(FramesEnd::Closed),
                     Err(e) => bail!("relay stream: {e}"),
                 }
             }
         };
         tokio::pin!(frames);
-        let mut total_out = 0u64;
         let (mut sent_end, mut got_end) = (false, false);
-        async {
+        let mut handing: Option<(String, HandoffDone)> = None;
+        let (mut reader_ended, mut peer_ino) = (false, 0u64);
+        let step = async {
             loop {
                 if sent_end && got_end {
-                    return Ok(total_out);
+                    return Ok(Step::Done);
                 }
                 tokio::select! {
+                    c = next_ctl(&mut ctl) => match c {
+                        // Nothing to stop while the body is captured: what it reads or writes
+                        // meanwhile stays in its pty, which the handoff empties.
+                        Some(Ctl::Pause(ack)) => {
+                            let _ = ack.send(Ok(()));
+                        }
+                        Some(Ctl::Resume) => {}
+                        Some(Ctl::Handoff { to, peer, done }) => {
+                            peer_ino = peer;
+                            if reader_ended {
+                                // Nothing more to read (the body shut its way down).
+                                return Ok(Step::HandOver(to, done));
+                            }
+                            drain.store(true, Ordering::Relaxed);
+                            handing = Some((to, done));
+                        }
+                        None => ctl = None,
+                    },
                     out = out_rx.recv() => match out {
                         Some(TtyOut::Data(d)) => {
                             if records {
@@ -841,43 +1002,322 @@ async fn pump_duplex(
                             write_msg(&mut tx, &msg).await?;
                         }
                         Some(TtyOut::Eof) => {
+                            reader_ended = true;
                             if !sent_end {
                                 let _ = write_end(&mut tx).await;
                                 if !socket {
-                                    return Ok(total_out);
+                                    return Ok(Step::Done);
                                 }
                                 sent_end = true;
                             }
                         }
+                        // Everything the frozen body wrote is sent: hand the relay over.
+                        Some(TtyOut::Drained) => {
+                            return Ok(match handing.take() {
+                                Some((to, done)) => Step::HandOver(to, done),
+                                None => Step::Done,
+                            });
+                        }
                         // Our writer found the far side's data can no longer be delivered, or
                         // both threads are gone.
-                        Some(TtyOut::Broken) | None => return Ok(total_out),
+                        Some(TtyOut::Broken) | None => return Ok(Step::Done),
                     },
-                    more = &mut frames, if !got_end => {
-                        if !more? {
-                            return Ok(total_out);
+                    _ = far_shut.notified(), if !got_end => got_end = true,
+                    more = &mut frames => match more? {
+                        FramesEnd::Closed => return Ok(Step::Done),
+                        FramesEnd::Handoff(to, rx) if !body_side => {
+                            return Ok(Step::Moved(to, rx));
                         }
-                        got_end = true;
+                        FramesEnd::Handoff(..) => bail!("home sent RelayHandoff unasked"),
                     }
                 }
             }
         }
-        .await
+        .await;
+        match step {
+            Err(e) => Err(e),
+            Ok(Step::Done) => Ok(Ended::Closed),
+            // At the body's node: every byte the frozen body wrote went before this.
+            Ok(Step::HandOver(to, done)) => {
+                let r = async {
+                    write_msg(&mut tx, &Msg::RelayHandoff { to }).await?;
+                    tokio::io::AsyncWriteExt::flush(&mut tx).await?;
+                    hold.store(true, Ordering::Relaxed);
+                    let _ = in_tx.send(In::Hold);
+                    let w = writer
+                        .take()
+                        .ok_or_else(|| anyhow!("the relay's writer is gone"))?;
+                    let (left, mut held) = tokio::task::spawn_blocking(move || w.join())
+                        .await
+                        .map_err(|e| anyhow!("wait for the relay's writer: {e}"))?
+                        .map_err(|_| anyhow!("the relay's writer panicked"))?;
+                    // Oldest first: what the body had not read, what the writer held, what
+                    // home sent before its answer.
+                    let mut back: Prefix = if socket {
+                        unread_socket(peer_ino, records, dgram)?
+                    } else {
+                        vec![unread_input(fd.as_raw_fd())]
+                    };
+                    back.extend(left);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            item = held.recv() => {
+                                if let Some(In::Data((d, _room))) = item {
+                                    back.push(d);
+                                }
+                            }
+                            more = &mut frames => match more? {
+                                FramesEnd::Handoff(..) => break,
+                                _ => bail!("home closed the relay before answering its handoff"),
+                            },
+                        }
+                    }
+                    while let Ok(item) = held.try_recv() {
+                        if let In::Data((d, _room)) = item {
+                            back.push(d);
+                        }
+                    }
+                    for m in &back {
+                        if records {
+                            write_record(&mut tx, m).await?;
+                        } else {
+                            write_data(&mut tx, m).await?;
+                        }
+                    }
+                    write_end(&mut tx).await?;
+                    Ok::<_, anyhow::Error>(back.iter().map(Vec::len).sum::<usize>())
+                }
+                .await;
+                match r {
+                    Ok(returned) => {
+                        tracing::info!(event = "relay-returned", bytes = returned);
+                        let _ = done.send(Ok(()));
+                        Ok(Ended::HandedOff)
+                    }
+                    Err(e) => {
+                        let _ = done.send(Err(anyhow!("{e:#}")));
+                        Err(e)
+                    }
+                }
+            }
+            // At home: the body's node hands the relay over; all it sent before is queued for
+            // the terminal.
+            Ok(Step::Moved(to, mut rx)) => {
+                async {
+                    drain.store(true, Ordering::Relaxed);
+                    // What we read from the terminal (or socket) goes before our answer.
+                    let mut reading = !reader_ended;
+                    while reading {
+                        match out_rx.recv().await {
+                            Some(TtyOut::Data(d)) => {
+                                write_data(&mut tx, &d).await?;
+                                total_out += d.len() as u64;
+                                count(d.len());
+                            }
+                            Some(TtyOut::Winsize(size)) => {
+                                write_msg(&mut tx, &Msg::RelayWinsize { size }).await?;
+                            }
+                            Some(TtyOut::Termios(_)) => {}
+                            Some(TtyOut::Drained | TtyOut::Eof | TtyOut::Broken) | None => {
+                                reading = false
+                            }
+                        }
+                    }
+                    write_msg(&mut tx, &Msg::RelayHandoff { to: to.clone() }).await?;
+                    tokio::io::AsyncWriteExt::flush(&mut tx).await?;
+                    // Then what the body's node returns: for the body's next node.
+                    let mut prefix = Vec::new();
+                    loop {
+                        match read_frame(&mut rx).await {
+                            Ok(Frame::Data(d)) => prefix.push(d),
+                            Ok(Frame::End) => break,
+                            Ok(Frame::Msg(Msg::RelayWinsize { .. } | Msg::RelayTermios { .. })) => {
+                            }
+                            Ok(Frame::Msg(m)) => {
+                                bail!("{} message inside a relay's handoff", kind(&m))
+                            }
+                            Err(e) => bail!("the body's node left during the handoff: {e}"),
+                        }
+                    }
+                    Ok(Ended::Moved(to, prefix))
+                }
+                .await
+            }
+        }
     };
     stop.store(true, Ordering::Relaxed);
     if r.is_err() {
         abort.store(true, Ordering::Relaxed);
     }
-    // What is still queued is written, or dropped if the relay failed.
+    // What is still queued is written (a terminal's output from a body moving on, before the
+    // terminal waits for its next node), or dropped if the relay failed.
     queued.close();
     drop(in_tx);
     drop(out_rx);
     let _ = tokio::task::spawn_blocking(move || {
         let _ = reader.join();
-        let _ = writer.join();
+        if let Some(w) = writer {
+            let _ = w.join();
+        }
     })
     .await;
-    r.map(|out| out + total_in.load(Ordering::Relaxed))
+    let bytes = total_in.load(Ordering::Relaxed);
+    match r? {
+        Ended::Closed => Ok(DuplexEnd::Closed(total_out + bytes)),
+        Ended::HandedOff => Ok(DuplexEnd::HandedOff(total_out + bytes)),
+        Ended::Moved(to, prefix) => {
+            let fd = Arc::try_unwrap(fd)
+                .map_err(|_| anyhow!("the terminal's description is still in use"))?;
+            Ok(DuplexEnd::Handoff {
+                bytes: total_out + bytes,
+                to,
+                prefix,
+                fd,
+            })
+        }
+    }
+}
+
+/// How a two-way relay ended.
+enum DuplexEnd {
+    /// Over (either side ended, or a write failed): the bytes moved.
+    Closed(u64),
+    /// At home: the body moved on to node `to`. The home's end `fd` waits for it there, and
+    /// `prefix` (what the body's last node had taken and the body had not read) goes first.
+    Handoff {
+        bytes: u64,
+        to: String,
+        prefix: Prefix,
+        fd: OwnedFd,
+    },
+    /// At the body's node: the relay was handed over to the body's next node.
+    HandedOff(u64),
+}
+
+/// What a body's node is told once its relay is handed over (or why not).
+type HandoffDone = tokio::sync::oneshot::Sender<Result<()>>;
+
+/// Where a two-way relay's pumping stopped.
+enum Step<R> {
+    Done,
+    /// At the body's node: hand the relay over to node `to`, and say so on `done`.
+    HandOver(String, HandoffDone),
+    /// At home: the body moved on to node `to`; its last node's frames go on on `rx`.
+    Moved(String, R),
+}
+
+/// What a two-way relay came to, before its threads are joined.
+enum Ended {
+    Closed,
+    HandedOff,
+    Moved(String, Prefix),
+}
+
+/// What the far side's frames came to.
+enum FramesEnd<R> {
+    /// End of file, or the connection closed.
+    Closed,
+    /// `RelayHandoff { to }`: what follows is read from `rx` after.
+    Handoff(String, R),
+}
+
+/// For a two-way relay's writer: bytes to write, a socket's shutdown one way, or stop and
+/// give back what it holds (a terminal's relay handed over).
+enum In {
+    Data(Queued),
+    Shut,
+    Hold,
+}
+
+/// The next order of a body's node for its relay (never, without one).
+async fn next_ctl(ctl: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Ctl>>) -> Option<Ctl> {
+    match ctl {
+        Some(c) => c.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What waits unread in the body's socket `ino` (frozen, moving on; the other end of a relay
+/// here), read through a copy of a descriptor of it: it goes to the body's next node. A socket
+/// of messages (`records`; datagrams: `dgram`) gives them one by one, whole.
+fn unread_socket(ino: u64, records: bool, dgram: bool) -> Result<Prefix> {
+    let link = format!("socket:[{ino}]");
+    let holder = std::fs::read_dir("/proc")
+        .context("list /proc")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find_map(|pid| {
+            let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+            fds.flatten().find_map(|f| {
+                let l = std::fs::read_link(f.path()).ok()?;
+                (l.to_str()? == link)
+                    .then(|| f.file_name().to_str()?.parse::<i32>().ok())
+                    .flatten()
+                    .map(|fd| (pid, fd))
+            })
+        });
+    let Some((pid, fd)) = holder else {
+        bail!("no process holds the body's {link} to read what it has not read")
+    };
+    let sock = ferry_sys::pidfd::pidfd_open(pid)
+        .and_then(|p| ferry_sys::pidfd::pidfd_getfd(&p, fd))
+        .map_err(|e| anyhow!("PID {pid} fd {fd} ({link}): take it to read what waits: {e}"))?;
+    let mut out = Vec::new();
+    let mut bytes = Vec::new();
+    loop {
+        let got = if records {
+            recv_record(sock.as_raw_fd())
+        } else {
+            let mut d = Vec::new();
+            ferry_sys::sockets::recv_append(sock.as_raw_fd(), &mut d, 1 << 16, libc::MSG_DONTWAIT)
+                .map(|_| d)
+        };
+        match got {
+            // The end (a stream's or seqpacket's shutdown); an empty datagram is a message.
+            Ok(d) if d.is_empty() && !dgram => break,
+            Ok(d) if records => out.push(d),
+            Ok(d) => bytes.extend_from_slice(&d),
+            Err(e) if e.errno == libc::EINTR => {}
+            Err(e) if e.errno == libc::EAGAIN => break,
+            Err(e) => bail!("PID {pid} fd {fd} ({link}): read what waits: {e}"),
+        }
+    }
+    if !records {
+        out.push(bytes);
+    }
+    Ok(out)
+}
+
+/// The input the body has not read from its pty (master `master`), read back through its
+/// slave: the body is frozen and moves on, and this goes to its next node. Read with `EXTPROC`
+/// (as the relay sets the pty up: in canonical mode too, a read takes what is there, whole
+/// lines or not).
+fn unread_input(master: std::os::fd::RawFd) -> Vec<u8> {
+    let mut out = Vec::new();
+    let Ok(slave) = ferry_sys::tty::open_peer(
+        master,
+        libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+    ) else {
+        return out;
+    };
+    let raw = slave.as_raw_fd();
+    if let Ok(mut t) = ferry_sys::tty::get_termios(raw) {
+        if t.lflag & libc::EXTPROC == 0 {
+            t.lflag |= libc::EXTPROC;
+            let _ = ferry_sys::tty::set_termios(raw, &t);
+        }
+    }
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match ferry_sys::fdops::read_fd(raw, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.errno == libc::EINTR => {}
+            Err(_) => break,
+        }
+    }
+    out
 }
 
 /// How many bytes from the far side a two-way relay holds for its writer at most (a longer

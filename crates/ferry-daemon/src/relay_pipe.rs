@@ -17,7 +17,8 @@
 //! end meanwhile for C ([`crate::relay::HomeRelays`]), which asks for it with `RelayOpen` as it
 //! would for a first move. Nothing is lost, duplicated or reordered: the body at C reads its
 //! refilled stand-in, then what B returned, then home's pipe; what it writes at C reaches home
-//! after all B sent, since home takes C's connection only once B's has ended.
+//! after all B sent, since home takes C's connection only once B's has ended. A terminal's
+//! or a socket's relay follows a body too (its handoff is in `crate::relay`'s `pump_duplex`).
 
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_transport::frame::{read_frame, write_data, write_end, write_msg, FrameError};
@@ -40,13 +41,16 @@ const CONTROL_WAIT: Duration = Duration::from_secs(10);
 /// What a body's node asks of one of its pipes' pumps.
 pub enum Ctl {
     /// Stop moving bytes between the stand-in and the connection (the body is about to be
-    /// captured); answered once nothing is in flight between them.
-    Pause(oneshot::Sender<()>),
+    /// captured); answered once nothing is in flight between them, or with why the relay
+    /// cannot follow the body.
+    Pause(oneshot::Sender<Result<(), String>>),
     /// The move failed: go on.
     Resume,
-    /// The body moved on to node `to` (paused first): hand the relay over.
+    /// The body moved on to node `to` (paused first): hand the relay over. `peer`: for a
+    /// socket's relay, the inode of the body's socket (what it has not read goes too).
     Handoff {
         to: String,
+        peer: u64,
         done: oneshot::Sender<Result<()>>,
     },
 }
@@ -55,10 +59,13 @@ pub enum Ctl {
 struct Live {
     /// The relay's id at home (`RelayOpen::pipe`).
     pipe: u32,
-    /// The stand-in pipe's inode (0 for a terminal's or a socket's relay).
+    /// The stand-in pipe's inode (for a terminal's relay, `u64::MAX` less its pts number,
+    /// which no pipe has; 0 for a socket's).
     ino: u64,
-    /// None for a terminal's or a socket's relay, which cannot follow a body yet.
     ctl: Option<mpsc::UnboundedSender<Ctl>>,
+    /// A socket's relay: what the body's socket was at home (`RelayName::line`, with the
+    /// body's socket inode first), for the capture.
+    names: Option<String>,
     serial: u64,
 }
 
@@ -66,6 +73,9 @@ struct Live {
 #[derive(Default)]
 pub struct BodyRelays {
     live: Mutex<HashMap<(String, i32), Vec<Live>>>,
+    /// What the relayed sockets of bodies rebuilt here were at home, by (home, home PID,
+    /// relay id), until their relays are registered.
+    names: Mutex<HashMap<(String, i32, u32), String>>,
     serial: AtomicU64,
 }
 
@@ -78,21 +88,48 @@ pub struct Registered {
 /// The paused relays of a body about to be captured. Dropped without `handoff`, they go on.
 pub struct Paused {
     relays: Vec<(u32, u64, mpsc::UnboundedSender<Ctl>)>,
+    /// `--relay-socket` arguments for the capture worker.
+    sockets: Vec<String>,
     handed: bool,
 }
 
 impl BodyRelays {
+    /// What the relayed sockets of the body of home PID `pid` from `home`, rebuilt here, were
+    /// at home (its restore's report).
+    pub fn names(&self, home: &str, pid: i32, names: &[ferry_transport::message::RelayName]) {
+        let mut all = self.names.lock().expect("body relays lock");
+        for n in names {
+            all.insert((home.to_string(), pid, n.relay), n.line.clone());
+        }
+    }
+
     /// Registers relay `pipe` of home PID `pid` from `home`, whose stand-in is `fd` here.
     pub fn register(&self, home: &str, pid: i32, pipe: u32, fd: &OwnedFd) -> Registered {
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
-        let two_way = pipe & (ferry_image::RELAY_TTY | ferry_image::RELAY_SOCKET) != 0;
-        let (ctl, rx) = if two_way {
+        let names =
+            self.names
+                .lock()
+                .expect("body relays lock")
+                .remove(&(home.to_string(), pid, pipe));
+        // A socket's relay follows its body only if it is known what the socket was at home.
+        let (ctl, rx) = if pipe & ferry_image::RELAY_SOCKET != 0 && names.is_none() {
             (None, None)
         } else {
             let (tx, rx) = mpsc::unbounded_channel();
             (Some(tx), Some(rx))
         };
-        let ino = crate::relay::inode_of(fd);
+        // A socket's stand-in is the body's socket (its inode leads the line).
+        let body_socket = names
+            .as_deref()
+            .and_then(|l| l.split(' ').next())
+            .and_then(|i| i.parse::<u64>().ok());
+        let ino = if let Some(ino) = body_socket {
+            ino
+        } else if pipe & ferry_image::RELAY_TTY != 0 {
+            u64::MAX - u64::from(pipe & !ferry_image::RELAY_TTY)
+        } else {
+            crate::relay::inode_of(fd)
+        };
         self.live
             .lock()
             .expect("body relays lock")
@@ -102,6 +139,7 @@ impl BodyRelays {
                 pipe,
                 ino,
                 ctl,
+                names,
                 serial,
             });
         Registered { ctl: rx, serial }
@@ -121,36 +159,32 @@ impl BodyRelays {
 
     /// Pauses every relay of the body of home PID `pid` from `home` before it is captured to
     /// move on; the stand-ins' inodes and relay ids (for the capture) are in the answer. A
-    /// terminal's or a socket's relay cannot follow a body yet: refused, naming it.
+    /// socket whose names at home this node does not know cannot follow: refused, naming it.
     pub async fn pause(&self, home: &str, pid: i32) -> Result<Paused> {
-        let list: Vec<(u32, u64, Option<mpsc::UnboundedSender<Ctl>>)> = self
+        type Listed = (u32, u64, Option<mpsc::UnboundedSender<Ctl>>, Option<String>);
+        let list: Vec<Listed> = self
             .live
             .lock()
             .expect("body relays lock")
             .get(&(home.to_string(), pid))
-            .map(|v| v.iter().map(|l| (l.pipe, l.ino, l.ctl.clone())).collect())
+            .map(|v| {
+                v.iter()
+                    .map(|l| (l.pipe, l.ino, l.ctl.clone(), l.names.clone()))
+                    .collect()
+            })
             .unwrap_or_default();
         let mut paused = Paused {
             relays: Vec::new(),
+            sockets: Vec::new(),
             handed: false,
         };
-        for (pipe, ino, ctl) in list {
+        for (pipe, ino, ctl, names) in list {
             let Some(ctl) = ctl else {
-                let what = if pipe & ferry_image::RELAY_TTY != 0 {
-                    format!(
-                        "its terminal at home (/dev/pts/{})",
-                        pipe & !ferry_image::RELAY_TTY
-                    )
-                } else {
-                    format!(
-                        "a socket whose other end is at home (file {})",
-                        pipe & !ferry_image::RELAY_SOCKET
-                    )
-                };
                 bail!(
-                    "PID {pid} (home {home}) holds {what}, relayed from its home: a body whose \
-                     terminal or sockets are relayed cannot move on yet (only its pipes' relays \
-                     follow it; docs/limitations.md)"
+                    "PID {pid} (home {home}) holds a socket whose other end is at home (file \
+                     {}), relayed from its home, and this node does not know what it was there \
+                     (its names and inode): it cannot move on (docs/limitations.md)",
+                    pipe & !ferry_image::RELAY_SOCKET
                 );
             };
             let (tx, rx) = oneshot::channel();
@@ -159,7 +193,18 @@ impl BodyRelays {
                 continue;
             }
             match tokio::time::timeout(CONTROL_WAIT, rx).await {
-                Ok(Ok(())) => paused.relays.push((pipe, ino, ctl)),
+                Ok(Ok(Ok(()))) => {
+                    if let Some(line) = names {
+                        paused
+                            .sockets
+                            .push(format!("--relay-socket={pipe}:{}", line.trim_end()));
+                    }
+                    paused.relays.push((pipe, ino, ctl))
+                }
+                Ok(Ok(Err(why))) => bail!(
+                    "PID {pid} (home {home}): its relay {} cannot follow it: {why}",
+                    describe(pipe)
+                ),
                 // Ended before it could answer: as above.
                 Ok(Err(_)) => continue,
                 Err(_) => bail!(
@@ -179,6 +224,7 @@ impl Paused {
         self.relays
             .iter()
             .map(|(pipe, ino, _)| format!("--relay-standin={ino}:{pipe}"))
+            .chain(self.sockets.iter().cloned())
             .collect()
     }
 
@@ -186,10 +232,15 @@ impl Paused {
     /// logged (the body sees end of file or EPIPE there, as had its peer gone).
     pub async fn handoff(mut self, to: &str, pid: i32) {
         self.handed = true;
-        for (pipe, _, ctl) in std::mem::take(&mut self.relays) {
+        for (pipe, ino, ctl) in std::mem::take(&mut self.relays) {
             let (tx, rx) = oneshot::channel();
             let sent = ctl.send(Ctl::Handoff {
                 to: to.to_string(),
+                peer: if pipe & ferry_image::RELAY_SOCKET != 0 {
+                    ino
+                } else {
+                    0
+                },
                 done: tx,
             });
             let r = match sent {
@@ -219,6 +270,23 @@ impl Drop for Paused {
                 let _ = ctl.send(Ctl::Resume);
             }
         }
+    }
+}
+
+/// Relay `pipe` for people: a terminal's, a socket's, a pipe's.
+fn describe(pipe: u32) -> String {
+    if pipe & ferry_image::RELAY_TTY != 0 {
+        format!(
+            "of its terminal /dev/pts/{}",
+            pipe & !ferry_image::RELAY_TTY
+        )
+    } else if pipe & ferry_image::RELAY_SOCKET != 0 {
+        format!(
+            "of a socket at home (file {})",
+            pipe & !ferry_image::RELAY_SOCKET
+        )
+    } else {
+        format!("of pipe {pipe}")
     }
 }
 
@@ -399,10 +467,10 @@ where
                     Some(Ctl::Pause(ack)) => {
                         // Each chunk read is sent whole before this is looked at again.
                         paused = true;
-                        let _ = ack.send(());
+                        let _ = ack.send(Ok(()));
                     }
                     Some(Ctl::Resume) => paused = false,
-                    Some(Ctl::Handoff { to, done }) => {
+                    Some(Ctl::Handoff { to, done, .. }) => {
                         let r = async {
                             write_msg(&mut tx, &Msg::RelayHandoff { to }).await?;
                             tx.shutdown().await?;
@@ -446,10 +514,10 @@ where
             c = ctl.recv() => match c {
                 Some(Ctl::Pause(ack)) => {
                     paused = true;
-                    let _ = ack.send(());
+                    let _ = ack.send(Ok(()));
                 }
                 Some(Ctl::Resume) | None => paused = false,
-                Some(Ctl::Handoff { to, done }) => {
+                Some(Ctl::Handoff { to, done, .. }) => {
                     let r = hand_back(&mut tx, &mut heard, to, pending.split_off(off)).await;
                     let _ = done.send(r);
                     return Ok(total);

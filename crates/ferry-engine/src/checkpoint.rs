@@ -227,7 +227,7 @@ pub fn capture_keeping<W: Write>(
     refuse_orphaned_groups(&tree)?;
     fdcap.finish(&mut tree)?;
     crate::resources::sockets::finish_capture(frozen, &mut tree)?;
-    report.relays = relayed_pipes(&tree)?;
+    report.relays = relayed_pipes(&tree, &frozen.relay_standins)?;
     tree.shmem = objects.shmem.clone();
     tree.ghosts = objects.ghosts.clone();
     // Everything was captured with our PIDs; the image holds the tree's own.
@@ -286,7 +286,7 @@ pub fn capture_keeping<W: Write>(
 /// For each relayed pipe, a descriptor through which the tree holds it (the tree still numbered
 /// with our PIDs). A pipe the tree holds at both ends while a process outside holds it too
 /// cannot be relayed (which end would the outsider's data be for?): refused.
-fn relayed_pipes(tree: &Tree) -> Result<Vec<RelayedPipe>> {
+fn relayed_pipes(tree: &Tree, standins: &HashMap<u64, u32>) -> Result<Vec<RelayedPipe>> {
     let mut out: Vec<RelayedPipe> = Vec::new();
     for pipe in tree.pipes.iter().filter(|p| p.relayed) {
         for p in &tree.processes {
@@ -351,7 +351,8 @@ fn relayed_pipes(tree: &Tree) -> Result<Vec<RelayedPipe>> {
                 continue;
             };
             let id = ferry_image::RELAY_SOCKET | d.id;
-            if s.relayed && !out.iter().any(|r| r.pipe == id) {
+            // (A body's stand-in for a socket at home: its relay's home end is there.)
+            if s.relayed && s.relay.is_none() && !out.iter().any(|r| r.pipe == id) {
                 out.push(RelayedPipe {
                     pipe: id,
                     pid: p.pid,
@@ -371,7 +372,10 @@ fn relayed_pipes(tree: &Tree) -> Result<Vec<RelayedPipe>> {
                 continue;
             };
             let id = ferry_image::RELAY_TTY | t.index;
-            if t.relayed.is_some() && !out.iter().any(|r| r.pipe == id) {
+            // A body's stand-in pty for its terminal at home (a body moving on): that relay's
+            // home end is there already.
+            let standin = standins.values().any(|&s| s == id);
+            if t.relayed.is_some() && !standin && !out.iter().any(|r| r.pipe == id) {
                 out.push(RelayedPipe {
                     pipe: id,
                     pid: p.pid,

@@ -102,6 +102,10 @@ pub struct FrozenTree {
     /// the home (pipe inode -> the relay's id at home), captured as relayed with what is
     /// buffered in them (`Pipe::relay`) instead of refused as shared with the daemon.
     pub relay_standins: std::collections::HashMap<u64, u32>,
+    /// A body moving on: its node's stand-ins for relayed sockets (the body's socket inode ->
+    /// what the original was at home), captured as the original (`SocketDesc::relay`) instead
+    /// of refused as connected to the daemon. Their inodes are among `relay_standins` too.
+    pub relay_sockets: std::collections::HashMap<u64, crate::resources::sockets::RelayedNames>,
     /// Set by a migration, which may capture the tree again after letting it go (pre-copy's
     /// brief stop, then the freeze; a move that failed, then another): a thread let go from a
     /// sleep with a deadline ([`in_restart_block_call`]) issues its call again, with its own

@@ -460,6 +460,7 @@ pub fn check_with(root: i32, relay_pipes: bool, standins: &HashMap<u64, u32>) ->
             && !orphaned()
             && !opening
             && !relay_pipes
+            && !standins.contains_key(ino)
             && !in_flight_end()
         {
             return Err(refuse(

@@ -39,6 +39,12 @@ pub struct SocketDesc {
     /// restore refuses it.
     #[serde(default)]
     pub relayed: bool,
+    /// A relayed socket of a body moving on (B to C): the socket is the body node's stand-in
+    /// for relay `relay` of the tree's home (`RelayOpen::pipe`); `ino`, `local` and `peer` are
+    /// the original's at home. The restore gives the relay's end to the new node, which
+    /// attaches it to the same relay at home (docs/wire-format.md, "Moving on with relays").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<u32>,
     /// For a TCP connection, established or half-closed (`state` is `Connected`, `queue` holds
     /// the bytes received and not yet read): what TCP repair mode needs to make it again. For
     /// TCP `shutdown` says what this end has shut down (`read`: shutdown(SHUT_RD) here or the

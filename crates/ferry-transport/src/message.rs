@@ -289,7 +289,10 @@ pub enum Msg {
     /// relay the body reads, home stops reading its pipe and answers `RelayHandoff` (its last
     /// data frame is before it); the body's node then sends back what it had taken from home
     /// and the body had not read, and `End`: home sends that to `to` first. On a relay the
-    /// body writes, it is the body's node's last frame. See docs/wire-format.md.
+    /// body writes, it is the body's node's last frame. On a terminal's or a socket's relay
+    /// (both ways), the body's node sends it after the last of what the body wrote, home
+    /// answers it, and the body's node sends back what the body had not read, and `End`. See
+    /// docs/wire-format.md.
     RelayHandoff {
         to: String,
     },
@@ -467,9 +470,22 @@ pub struct Rebuilt {
     /// `Pipe::id`: the daemon takes them (pidfd_getfd) before the tree is let go.
     #[serde(default)]
     pub relays: Vec<(u32, i32)>,
+    /// What each relayed socket the body got was at home (its inode and names), which the
+    /// body's node needs to move it on (docs/wire-format.md, "Moving on with relays").
+    #[serde(default)]
+    pub relay_names: Vec<RelayName>,
     /// When the rebuild's steps ended ([`Stamp`]).
     #[serde(default)]
     pub timeline: Vec<Stamp>,
+}
+
+/// A relayed socket of a rebuilt body: its relay's id at home, and the line "INO LOCAL PEER
+/// HOME_INO" (the body's socket inode, the names and inode of the original at home, names in
+/// hex) its supervisor was given.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RelayName {
+    pub relay: u32,
+    pub line: String,
 }
 
 /// A moment of a migration, for its report's timeline: the step that just ended, and when

@@ -107,6 +107,10 @@ fn messages() -> Vec<Msg> {
             load_ms: 1.5,
             restore_ms: 2.5,
             relays: vec![(1, 40)],
+            relay_names: vec![ferry_transport::message::RelayName {
+                relay: 1 << 30 | 3,
+                line: "12 0100 - 9\n".into(),
+            }],
             timeline: vec![ferry_transport::message::Stamp::now("rebuilt")],
         }),
         Msg::RelayOpen { pid: 7, pipe: 1 },

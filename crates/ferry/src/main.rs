@@ -94,6 +94,11 @@ enum Command {
         /// pipe's inode, the relay's id at home); repeated.
         #[arg(long = "relay-standin", value_parser = parse_standin)]
         relay_standins: Vec<(u64, u32)>,
+        /// A body moving on: its node's stand-in for a relayed socket, as ID:LINE (the relay's
+        /// id at home; LINE: "INO LOCAL PEER HOME_INO", the body's socket inode, the names and
+        /// inode the original had at home, as `RelayedNames::encode` writes them); repeated.
+        #[arg(long = "relay-socket", value_parser = parse_relay_socket)]
+        relay_sockets: Vec<ferry_engine::resources::sockets::RelayedNames>,
     },
     /// Engine worker of a daemon: receive and rebuild a tree (internal).
     #[command(name = "__restore-worker", hide = true)]
@@ -241,6 +246,7 @@ fn main() {
             link_bps,
             lazy_above_ms,
             relay_standins,
+            relay_sockets,
         } => commands::worker::capture_worker(
             pid,
             relay_pipes,
@@ -250,12 +256,25 @@ fn main() {
             pages_fd,
             link_bps.zip(lazy_above_ms),
             relay_standins.into_iter().collect(),
+            relay_sockets.into_iter().map(|n| (n.ino, n)).collect(),
         ),
         Command::LazyGuard { server_pid } => commands::restore::lazy_guard(server_pid),
     };
     if let Err(e) = result {
         eprintln!("ferry: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// `ID:LINE`, a relayed socket's stand-in of `__capture-worker --relay-socket`.
+fn parse_relay_socket(s: &str) -> Result<ferry_engine::resources::sockets::RelayedNames, String> {
+    let (id, line) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?} is not ID:LINE"))?;
+    let relay = id.parse().map_err(|e| format!("relay id {id:?}: {e}"))?;
+    match ferry_engine::resources::sockets::RelayedNames::decode(line).as_deref() {
+        Some([n]) => Ok(ferry_engine::resources::sockets::RelayedNames { relay, ..n.clone() }),
+        _ => Err(format!("{line:?} is not INO LOCAL PEER HOME_INO")),
     }
 }
 

@@ -148,7 +148,12 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     };
     // The relay's ends of relayed pipes, taken before the worker may let them go.
     let relay_ends = match crate::relay::take_from_worker(worker.pid, &rebuilt.relays) {
-        Ok(e) => e,
+        Ok(e) => {
+            // What its relayed sockets were at home, should the body move on.
+            node.body_relays
+                .names(&offer.home_node, offer.home_pid, &rebuilt.relay_names);
+            e
+        }
         Err(e) => {
             abort_rebuilt(&mut worker, &mut conn, format!("{e:#}")).await?;
             return Err(e);

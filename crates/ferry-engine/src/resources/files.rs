@@ -312,7 +312,9 @@ impl FdCapture {
                 });
             }
             if ft.is_char_device() {
-                if let Some(kind) = super::tty::classify(pid, fd, &path, md, self.relay_ttys)? {
+                if let Some(kind) =
+                    super::tty::classify(pid, fd, &path, md, self.relay_ttys, &self.relay_standins)?
+                {
                     return Ok(kind);
                 }
             }

@@ -49,13 +49,18 @@ fn unsupported(pid: i32, fd: i32, path: &str, why: String) -> Error {
 /// `None` for any other device.
 ///
 /// With `relay` (a migration from the tree's home), a slave whose master is outside the tree
-/// is captured as relayed (`TtyDesc::relayed`) instead of refused.
+/// is captured as relayed (`TtyDesc::relayed`) instead of refused; so is, in a body moving on,
+/// the slave of a pty whose master its node's daemon holds as the stand-in for its terminal at
+/// home (relay id `RELAY_TTY` | its number among `standins`' ids), with the home's settings
+/// (the pty's, which its relay keeps in step with the home terminal's, without the `EXTPROC`
+/// the relay added).
 pub fn classify(
     pid: i32,
     fd: i32,
     path: &str,
     md: &std::fs::Metadata,
     relay: bool,
+    standins: &std::collections::HashMap<u64, u32>,
 ) -> Result<Option<FileKind>> {
     let (major, minor) = (libc::major(md.rdev()), libc::minor(md.rdev()));
     if major == TTYAUX_MAJOR && minor == PTMX_MINOR {
@@ -78,8 +83,11 @@ pub fn classify(
         };
         // A master that no process of the tree holds may still be in flight in a queue not
         // read yet: [`check_masters`] looks again once the whole tree is captured.
-        if !master_in_tree(index)? && relay {
-            return relayed_slave(pid, fd, index).map(Some);
+        let standin = standins
+            .values()
+            .any(|&id| id == ferry_image::RELAY_TTY | index);
+        if (relay || standin) && !master_in_tree(index)? {
+            return relayed_slave(pid, fd, index, standin).map(Some);
         }
         return Ok(Some(FileKind::Tty(TtyDesc {
             index,
@@ -180,12 +188,17 @@ pub fn install_dev_tty(h: &Husk, fd: i32, flags: i32, cloexec: bool) -> Result<(
 }
 
 /// A slave of a terminal outside the tree: its termios and window size, read through a copy of
-/// the process's descriptor (on a slave, these ioctls need no controlling terminal).
-fn relayed_slave(pid: i32, fd: i32, index: u32) -> Result<FileKind> {
+/// the process's descriptor (on a slave, these ioctls need no controlling terminal). A
+/// `standin` (a body's pty relayed to its terminal at home) reads as the home's: without the
+/// `EXTPROC` its relay added ([`passthrough`]).
+fn relayed_slave(pid: i32, fd: i32, index: u32, standin: bool) -> Result<FileKind> {
     let pfd = pidfd::pidfd_open(pid).ctx(pid, || "open a pidfd".into())?;
     let copy = pidfd::pidfd_getfd(&pfd, fd).ctx(pid, || format!("copy fd {fd}"))?;
-    let termios = tty::get_termios(copy.as_raw_fd())
+    let mut termios = tty::get_termios(copy.as_raw_fd())
         .ctx(pid, || format!("termios of fd {fd} (/dev/pts/{index})"))?;
+    if standin {
+        termios.lflag &= !libc::EXTPROC;
+    }
     let winsize = tty::get_winsize(copy.as_raw_fd())
         .ctx(pid, || format!("window size of fd {fd} (/dev/pts/{index})"))?;
     Ok(FileKind::Tty(TtyDesc {

@@ -586,12 +586,14 @@ mod tests {
     fn names_messages_are_read_across_cuts() {
         let list = vec![
             RelayedNames {
+                relay: 0,
                 ino: 5,
                 local: vec![2, 0, 1, 2, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0],
                 peer: vec![1, 0],
                 home_ino: 77,
             },
             RelayedNames {
+                relay: 0,
                 ino: 6,
                 local: Vec::new(),
                 peer: vec![1, 0, b'/', b'a', 0],

@@ -188,6 +188,7 @@ pub fn capture_worker(
     pages_fd: Option<i32>,
     auto_lazy: Option<(f64, f64)>,
     relay_standins: std::collections::HashMap<u64, u32>,
+    relay_sockets: std::collections::HashMap<u64, ferry_engine::resources::sockets::RelayedNames>,
 ) -> Result<()> {
     ferry_sys::process::set_parent_death_signal(libc::SIGTERM).context("watch the daemon")?;
     let cancel = ferry_engine::cancel::flag();
@@ -301,6 +302,7 @@ pub fn capture_worker(
     };
     frozen.relay_pipes = relay_pipes;
     frozen.relay_standins = relay_standins;
+    frozen.relay_sockets = relay_sockets;
     // A move that fails from here lets the tree go where it was; the next one must still see
     // each sleeping thread's own call (`FrozenTree::reissue_on_thaw`).
     frozen.reissue_on_thaw = true;
@@ -916,6 +918,16 @@ pub fn restore_worker(
             load_ms,
             restore_ms: t0.elapsed().as_secs_f64() * 1e3 - load_ms,
             relays: held.relay_ends(),
+            relay_names: held
+                .relayed_names()
+                .iter()
+                .map(|n| ferry_transport::message::RelayName {
+                    relay: n.relay,
+                    line: ferry_engine::resources::sockets::RelayedNames::encode(
+                        std::slice::from_ref(n),
+                    ),
+                })
+                .collect(),
             timeline,
         }),
     )?;
@@ -1106,6 +1118,11 @@ mod hold {
 
         pub fn relay_ends(&self) -> Vec<(u32, i32)> {
             self.tree.relay_ends()
+        }
+
+        /// What the relayed sockets the body got were at home (handed to its supervisor).
+        pub fn relayed_names(&self) -> &[ferry_engine::resources::sockets::RelayedNames] {
+            self.tree.relayed_names()
         }
 
         /// Lets the tree run; the namespaces' init stays as long as the tree does.

@@ -251,6 +251,21 @@ pub(super) fn drive_terminal_job(
     job: &str,
     limit: Duration,
 ) -> Result<std::process::ExitStatus, Failed> {
+    drive_terminal_job_via(c, dir, driver, job, &[("a", "b")], limit)
+}
+
+/// [`drive_terminal_job`], the job moved along `hops` (each from the node named first, run
+/// there); before each hop but the first the driver is told `dir/moving`. A destination named
+/// `!NODE` refuses the job first (`accept never`: the move fails after its node has paused its
+/// relays), then takes it.
+pub(super) fn drive_terminal_job_via(
+    c: &Cluster,
+    dir: &Path,
+    driver: &str,
+    job: &str,
+    hops: &[(&str, &str)],
+    limit: Duration,
+) -> Result<std::process::ExitStatus, Failed> {
     let job_path = dir.join("job.py");
     std::fs::write(&job_path, job).unwrap();
     let mut driver = UnixServer(
@@ -265,7 +280,28 @@ pub(super) fn drive_terminal_job(
             .unwrap(),
     );
     let pid = pid_from(&dir.join("pid"), "the job")?;
-    let moved = migrate(c, "a", pid, "b");
+    let mut moved = Ok(serde_json::Value::Null);
+    for (i, (from, to)) in hops.iter().enumerate() {
+        if i > 0 {
+            std::fs::write(dir.join("moving"), "").unwrap();
+        }
+        let to = match to.strip_prefix('!') {
+            Some(to) => {
+                assert!(c.run(to, &["accept", "never"]).status.success());
+                let refused = migrate(c, from, pid, to);
+                assert!(c.run(to, &["accept", "always"]).status.success());
+                if let Ok(r) = refused {
+                    return Err(format!("{from} -> {to} was not refused: {r}").into());
+                }
+                to
+            }
+            None => to,
+        };
+        moved = migrate(c, from, pid, to).map_err(|e| format!("{from} -> {to}: {e}"));
+        if moved.is_err() {
+            break;
+        }
+    }
     std::fs::write(dir.join("moved"), "").unwrap();
     moved.map_err(|e| format!("the job did not move: {e}"))?;
     let deadline = Instant::now() + limit;

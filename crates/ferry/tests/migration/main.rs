@@ -86,8 +86,40 @@ fn main() {
             pipeline_stage_moves_on_with_its_relays,
         ),
         Trial::test(
-            "a_body_with_a_relayed_terminal_is_refused_moving_on",
-            a_body_with_a_relayed_terminal_is_refused_moving_on,
+            "a_job_under_a_terminal_moves_on_from_b_to_c",
+            a_job_under_a_terminal_moves_on_from_b_to_c,
+        ),
+        Trial::test(
+            "a_unix_client_moves_on_from_b_to_c_talking_to_home",
+            a_unix_client_moves_on_talking_to_home,
+        ),
+        Trial::test(
+            "a_tcp_client_moves_on_from_b_to_c_talking_to_home",
+            a_tcp_client_moves_on_talking_to_home,
+        ),
+        Trial::test(
+            "a_tcp_client_moved_on_comes_home_talking_to_home",
+            a_tcp_client_comes_home_talking_to_home,
+        ),
+        Trial::test(
+            "datagrams_to_home_follow_a_body_moving_on",
+            datagrams_to_home_follow_a_body_moving_on,
+        ),
+        Trial::test(
+            "seqpacket_records_to_home_follow_a_body_moving_on",
+            seqpacket_records_to_home_follow_a_body_moving_on,
+        ),
+        Trial::test(
+            "a_half_closed_unix_stream_moves_on_from_b_to_c",
+            a_half_closed_unix_stream_moves_on,
+        ),
+        Trial::test(
+            "a_half_closed_tcp_stream_moves_on_from_b_to_c",
+            a_half_closed_tcp_stream_moves_on,
+        ),
+        Trial::test(
+            "a_job_under_a_terminal_comes_home_from_c",
+            a_job_under_a_terminal_comes_home_from_c,
         ),
         Trial::test(
             "a_moved_writer_sees_epipe_when_its_reader_at_home_goes",

@@ -377,8 +377,19 @@ impl<'a> Builder<'a> {
                 let (mine, relay) = loopback_pair(s.family)
                     .map_err(|e| self.err(i, format!("a connection for its relay: {e}")))?;
                 apply_opts(mine.as_raw_fd(), &s.opts, false);
+                // Its own way shut down (its FIN sent): so is the new one's (the relay reads
+                // that end of file and passes it on, which home has made already).
+                if s.shutdown.write {
+                    let write_only = Shutdown {
+                        read: false,
+                        write: true,
+                    };
+                    apply_shutdown(mine.as_raw_fd(), &write_only);
+                }
+                let id = s
+                    .relay
+                    .unwrap_or(ferry_image::RELAY_SOCKET | self.socks[i].0);
                 self.fds[i] = Some(mine);
-                let id = ferry_image::RELAY_SOCKET | self.socks[i].0;
                 RELAYED.with(|r| r.borrow_mut().push((id, relay)));
                 continue;
             }
@@ -626,7 +637,9 @@ impl<'a> Builder<'a> {
         for (owner, p) in std::mem::take(&mut self.phantoms) {
             let s = self.sock(owner);
             if s.relayed {
-                let id = ferry_image::RELAY_SOCKET | self.socks[owner].0;
+                let id = s
+                    .relay
+                    .unwrap_or(ferry_image::RELAY_SOCKET | self.socks[owner].0);
                 RELAYED.with(|r| r.borrow_mut().push((id, p)));
                 continue;
             }

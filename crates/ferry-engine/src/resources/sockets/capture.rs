@@ -253,6 +253,14 @@ pub fn classify(
 /// tree, marks clients that wait in a listener's queue, and captures what those clients have
 /// already sent (see the module documentation).
 pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
+    // A body moving on: its node's stand-ins for its relayed sockets are the originals at home.
+    for f in tree.files.iter_mut() {
+        if let FileKind::Socket(s) = &mut f.kind {
+            if let Some(n) = frozen.relay_sockets.get(&s.ino) {
+                super::relayed::as_relayed(s, n);
+            }
+        }
+    }
     let tree_pids: HashSet<i32> = tree.processes.iter().map(|p| p.pid).collect();
     // Where each description is held: file id -> [(pid, fd, cloexec)].
     let mut holders: HashMap<u32, Vec<(i32, i32, bool)>> = HashMap::new();
@@ -326,6 +334,9 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
         let SockState::Connected { peer_ino } = s.state else {
             continue;
         };
+        if s.relay.is_some() {
+            continue;
+        }
         if peer_ino != 0 {
             if !by_ino.contains_key(&peer_ino) && frozen.relay_pipes && holders.contains_key(&id) {
                 // Relayed from home (a stream, or messages kept whole: datagrams, seqpacket):

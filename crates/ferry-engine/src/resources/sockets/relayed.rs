@@ -20,6 +20,8 @@ use std::os::unix::fs::MetadataExt;
 /// fstat(2) said at home: `SocketDesc::ino`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RelayedNames {
+    /// The relay's id at home (`RelayOpen::pipe`; not in [`RelayedNames::encode`]'s lines).
+    pub relay: u32,
     pub ino: u64,
     pub local: Vec<u8>,
     pub peer: Vec<u8>,
@@ -78,6 +80,7 @@ pub fn relayed_names(tree: &Tree, descs: &HashMap<u32, OwnedFd>) -> Result<Vec<R
                 source,
             })?;
         out.push(RelayedNames {
+            relay: s.relay.unwrap_or(ferry_image::RELAY_SOCKET | f.id),
             ino,
             local: name_bytes(s.family, s.local.as_ref()),
             peer: name_bytes(s.family, s.peer.as_ref()),
@@ -85,6 +88,25 @@ pub fn relayed_names(tree: &Tree, descs: &HashMap<u32, OwnedFd>) -> Result<Vec<R
         });
     }
     Ok(out)
+}
+
+/// A body moving on: makes the capture of the body node's stand-in for a relayed socket
+/// (`s`, the body's end of a loopback connection or a pair whose other end is its node's
+/// daemon's) the original's at home, as `n` (given by its node: what its restore handed to the
+/// supervisor) says: its inode and names there, its relay's id. What waits in it is read back
+/// by its node at the handoff (docs/wire-format.md, "Moving on with relays").
+pub fn as_relayed(s: &mut ferry_image::SocketDesc, n: &RelayedNames) {
+    s.relayed = true;
+    s.relay = Some(n.relay);
+    s.ino = n.home_ino;
+    s.local = super::decode_addr(&n.local);
+    s.peer = super::decode_addr(&n.peer);
+    s.tcp = None;
+    s.queue.clear();
+    s.state = ferry_image::SockState::Connected { peer_ino: 0 };
+    // A far side that shut its way down says so again to the next node, after what the body
+    // had not read (shut for reading, the new socket would refuse that).
+    s.shutdown.read = false;
 }
 
 /// The file ids of `tree`'s relayed sockets.
@@ -134,6 +156,7 @@ impl RelayedNames {
             .map(|l| {
                 let mut f = l.split(' ');
                 let n = RelayedNames {
+                    relay: 0,
                     ino: f.next()?.parse().ok()?,
                     local: unhex(f.next()?)?,
                     peer: unhex(f.next()?)?,
@@ -166,6 +189,7 @@ mod tests {
     fn names_round_trip_through_text() {
         let list = vec![
             RelayedNames {
+                relay: 0,
                 ino: 42,
                 local: name_bytes(
                     SockFamily::Inet,
@@ -178,6 +202,7 @@ mod tests {
                 home_ino: 9,
             },
             RelayedNames {
+                relay: 0,
                 ino: 7,
                 local: Vec::new(),
                 peer: vec![0xff; 111],
