@@ -90,6 +90,10 @@ enum Command {
         link_bps: Option<f64>,
         #[arg(long, requires = "link_bps")]
         lazy_above_ms: Option<f64>,
+        /// With --memory auto: never hybrid (a tree going home, rebuilt in place of its
+        /// deputies only when the move is not lazy).
+        #[arg(long)]
+        no_auto_hybrid: bool,
         /// A body moving on: its node's stand-in for a relay to its home, as INO:ID (the
         /// pipe's inode, the relay's id at home); repeated.
         #[arg(long = "relay-standin", value_parser = parse_standin)]
@@ -245,6 +249,7 @@ fn main() {
             pages_fd,
             link_bps,
             lazy_above_ms,
+            no_auto_hybrid,
             relay_standins,
             relay_sockets,
         } => commands::worker::capture_worker(
@@ -255,6 +260,7 @@ fn main() {
             deputies_dir,
             pages_fd,
             link_bps.zip(lazy_above_ms),
+            !no_auto_hybrid,
             relay_standins.into_iter().collect(),
             relay_sockets.into_iter().map(|n| (n.ino, n)).collect(),
         ),

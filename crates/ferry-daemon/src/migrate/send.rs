@@ -100,6 +100,11 @@ pub(super) async fn send_counted(
             "--lazy-above-ms={}",
             node.config.lazy_above_ms.unwrap_or(1000.0)
         ));
+        // A tree going home is rebuilt in place of its deputies only by a move that is not
+        // lazy: `auto` does not trade that for hybrid's shorter freeze.
+        if guest.as_ref().is_some_and(|g| g.home_node == to) {
+            args.push("--no-auto-hybrid".into());
+        }
     }
     let (mut worker, mut pages) = if matches!(memory, "lazy" | "hybrid")
         || args.iter().any(|a| a.starts_with("--link-bps"))

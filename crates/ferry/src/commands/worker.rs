@@ -177,7 +177,8 @@ pub(crate) fn tracer_of(pid: i32) -> Option<i32> {
 /// stays out of the image and is served over the page link (`pages_fd`, see
 /// [`super::pages`]) until the destination has it all. `relay_standins` (a body moving on,
 /// `--relay-standin INO:ID`): its node's stand-in pipes for relays to its home, captured as
-/// relayed with their buffered bytes (`FrozenTree::relay_standins`).
+/// relayed with their buffered bytes (`FrozenTree::relay_standins`). `auto_hybrid_ok`: `auto`
+/// may choose hybrid (not for a tree going home: see the daemon's `send`).
 #[allow(clippy::too_many_arguments)]
 pub fn capture_worker(
     pid: i32,
@@ -187,6 +188,7 @@ pub fn capture_worker(
     deputies_dir: Option<std::path::PathBuf>,
     pages_fd: Option<i32>,
     auto_lazy: Option<(f64, f64)>,
+    auto_hybrid_ok: bool,
     relay_standins: std::collections::HashMap<u64, u32>,
     relay_sockets: std::collections::HashMap<u64, ferry_engine::resources::sockets::RelayedNames>,
 ) -> Result<()> {
@@ -232,10 +234,11 @@ pub fn capture_worker(
         Some((link_bps, above_ms)) if memory == "auto" && link.is_some() => {
             match super::precopy::auto_lazy(pid, memory_bytes, link_bps, above_ms) {
                 Some(why) => (Some(why), None),
-                None => (
+                None if auto_hybrid_ok => (
                     None,
                     super::precopy::auto_hybrid(pid, memory_bytes, link_bps),
                 ),
+                None => (None, None),
             }
         }
         _ => (None, None),
