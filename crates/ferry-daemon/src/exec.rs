@@ -396,6 +396,7 @@ where
         forwarded_us: 0,
         checkpoint_every_secs: spec.checkpoint_every_secs.map(f64::from),
         recovered: None,
+        deputies: Vec::new(),
     });
     if spec.balance {
         // `ferry run --balance`: the balancer may move it (crate::balancer; a `ferry run`

@@ -245,6 +245,7 @@ pub async fn recover(
         forwarded_us: 0,
         checkpoint_every_secs: None,
         recovered: Some(note(dead, skipped)),
+        deputies: Vec::new(),
     };
     node.bodies.add(rebuilt.pid, &me, root);
     crate::deputies::watch_supervisor(node.clone(), rebuilt.pid);

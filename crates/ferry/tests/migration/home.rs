@@ -786,3 +786,288 @@ pub(super) fn raw_terminal_after_move() -> Result<(), Failed> {
     assert_eq!(read("keys"), "xy", "the keys the job read");
     Ok(())
 }
+
+/// The parent of the fork trials: writes its PID, forks once `fork` exists (the child writes
+/// its getpid() and getppid() and waits to be killed), waits for it and writes the exit code
+/// it saw; then posix_spawns a shell (CLONE_VM | CLONE_VFORK) that writes its `$$` and waits
+/// for `go`, and writes that one's exit code too; then waits for `end`.
+const FORKING: &str = r#"
+import os, sys, time
+d = sys.argv[1]
+def wr(name, text):
+    open(d + '/' + name + '.tmp', 'w').write(text)
+    os.rename(d + '/' + name + '.tmp', d + '/' + name)
+def until(name):
+    while not os.path.exists(d + '/' + name):
+        time.sleep(0.02)
+wr('pid', str(os.getpid()))
+until('fork')
+k = os.fork()
+if k == 0:
+    wr('child', '%d %d' % (os.getpid(), os.getppid()))
+    while True:
+        time.sleep(1)
+wr('forked', str(k))
+_, st = os.waitpid(k, 0)
+wr('status', str(os.waitstatus_to_exitcode(st)))
+script = 'echo $$ > %s/spawned.tmp; mv %s/spawned.tmp %s/spawned; ' \
+         'while [ ! -e %s/go ]; do sleep 0.05; done' % (d, d, d, d)
+s = os.posix_spawn('/bin/sh', ['sh', '-c', script], os.environ)
+wr('spawn', str(s))
+_, st = os.waitpid(s, 0)
+wr('spawn_status', str(os.waitstatus_to_exitcode(st)))
+until('end')
+"#;
+
+/// Waits up to 20 s for `cond`.
+fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<(), Failed> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        if Instant::now() > deadline {
+            return Err(format!("timed out waiting for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// PPid of `pid` at home (this machine), 0 if it is gone.
+fn ppid_here(pid: i32) -> i32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("PPid:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The home PIDs `ferry ps --json` lists as deputies of the tree of `root` (asked on `on`,
+/// its home).
+fn deputy_pids(c: &Cluster, on: &str, root: i32) -> Vec<i64> {
+    guest(c, on, root)
+        .and_then(|g| {
+            g["deputies"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|p| p.as_i64()).collect())
+        })
+        .unwrap_or_default()
+}
+
+/// A child a moved process forks (os.fork) and one it posix_spawns (clone with CLONE_VM and
+/// CLONE_VFORK) each get a deputy at home: the child's getpid() there is a PID alive at home,
+/// traced (a deputy), whose parent is the parent's home PID, listed by `ferry ps` with the
+/// tree's deputies. `kill -TERM` of that PID at home ends the child over there, and the
+/// parent's wait there sees SIGTERM; once a child ended, its deputy is gone at home, reaped
+/// (no zombie left under the parent's deputy).
+pub(super) fn forked_child_has_a_deputy() -> Result<(), Failed> {
+    let c = Cluster::up("forkdep", 2);
+    let dir = scratch("migration", "forkdep");
+    let (out, err) = victim_output(&dir, "forking");
+    let mut p = UnixServer(
+        Command::new("python3")
+            .args(["-c", FORKING])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the parent")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    std::fs::write(dir.join("fork"), "").unwrap();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let child = pid_from(&dir.join("forked"), "the fork")?;
+    eventually("the child to write its ids", || !read("child").is_empty())?;
+    assert_eq!(
+        read("child"),
+        format!("{child} {pid}"),
+        "the child's getpid() and getppid() (fork returned {child})"
+    );
+    // At home: that PID is the child's deputy, a child of the parent's.
+    assert!(pid_alive(child), "PID {child} is not alive at home");
+    assert_eq!(ppid_here(child), pid, "the parent at home of PID {child}");
+    assert_ne!(
+        common::run::tracer_of(child),
+        0,
+        "PID {child} at home is no deputy"
+    );
+    eventually("ferry ps to list the child's deputy", || {
+        deputy_pids(&c, "a", pid).contains(&(child as i64))
+    })
+    .map_err(|e| format!("{e:?}: {:?}", ps(&c, "a")))?;
+    let st = Command::new("kill")
+        .args(["-TERM", &child.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    eventually("the parent's wait", || !read("status").is_empty())?;
+    assert_eq!(read("status"), "-15", "the parent's wait for its child");
+    eventually("the child's deputy to be reaped at home", || {
+        !Path::new(&format!("/proc/{child}")).exists()
+    })?;
+    // posix_spawn: CLONE_VM | CLONE_VFORK.
+    let spawned = pid_from(&dir.join("spawn"), "posix_spawn")?;
+    eventually("the spawned shell to write its PID", || {
+        !read("spawned").is_empty()
+    })?;
+    assert_eq!(
+        read("spawned").trim(),
+        spawned.to_string(),
+        "the shell's $$"
+    );
+    assert!(pid_alive(spawned), "PID {spawned} is not alive at home");
+    assert_eq!(
+        ppid_here(spawned),
+        pid,
+        "the parent at home of PID {spawned}"
+    );
+    assert_ne!(
+        common::run::tracer_of(spawned),
+        0,
+        "PID {spawned} is no deputy"
+    );
+    std::fs::write(dir.join("go"), "").unwrap();
+    eventually("the parent's wait for the shell", || {
+        !read("spawn_status").is_empty()
+    })?;
+    assert_eq!(read("spawn_status"), "0");
+    eventually("the shell's deputy to be reaped at home", || {
+        !Path::new(&format!("/proc/{spawned}")).exists()
+    })?;
+    std::fs::write(dir.join("end"), "").unwrap();
+    let st = p.0.wait().unwrap();
+    assert_eq!(st.code(), Some(0), "the parent: {st:?}");
+    Ok(())
+}
+
+/// The parent of the trials below: forks once `fork` exists; the child writes its getpid()
+/// and getppid() and exits 3 once `stop` exists; the parent writes the exit code its wait saw,
+/// and ends once `end` exists.
+const FORKS_THEN_WAITS: &str = r#"
+import os, sys, time
+d = sys.argv[1]
+def wr(name, text):
+    open(d + '/' + name + '.tmp', 'w').write(text)
+    os.rename(d + '/' + name + '.tmp', d + '/' + name)
+def until(name):
+    while not os.path.exists(d + '/' + name):
+        time.sleep(0.02)
+wr('pid', str(os.getpid()))
+until('fork')
+try:
+    k = os.fork()
+except BlockingIOError as e:
+    wr('forked', 'EAGAIN')
+    until('end')
+    sys.exit(0)
+if k == 0:
+    wr('child', '%d %d' % (os.getpid(), os.getppid()))
+    until('stop')
+    os._exit(3)
+wr('forked', str(k))
+_, st = os.waitpid(k, 0)
+wr('status', str(os.waitstatus_to_exitcode(st)))
+until('end')
+"#;
+
+fn start_forker(dir: &Path) -> UnixServer {
+    let (out, err) = victim_output(dir, "forker");
+    UnixServer(
+        Command::new("python3")
+            .args(["-c", FORKS_THEN_WAITS])
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// A tree with a child forked after the move moves on (a -> b -> c) and comes home (c -> a):
+/// on c the child's deputy is still the tree's (listed, alive, traced at home); at home again
+/// the deputies, the child's too, are adopted: parent and child are the ordinary processes
+/// under their PIDs (no tracer), the child still the parent's child, and the parent's wait
+/// gets the child's exit code.
+pub(super) fn forked_child_moves_on_and_comes_home() -> Result<(), Failed> {
+    let c = Cluster::up("forkon", 3);
+    let dir = scratch("migration", "forkon");
+    let mut p = start_forker(&dir);
+    let pid = pid_from(&dir.join("pid"), "the parent")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    std::fs::write(dir.join("fork"), "").unwrap();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let child = pid_from(&dir.join("forked"), "the fork")?;
+    eventually("the child to write its ids", || !read("child").is_empty())?;
+    assert_eq!(read("child"), format!("{child} {pid}"));
+    assert_ne!(common::run::tracer_of(child), 0, "PID {child} is no deputy");
+    migrate(&c, "b", pid, "c").map_err(|e| format!("b -> c: {e}"))?;
+    assert!(
+        pid_alive(child),
+        "PID {child}'s deputy is gone after b -> c"
+    );
+    assert_ne!(
+        common::run::tracer_of(child),
+        0,
+        "PID {child} is no deputy on c"
+    );
+    eventually("ferry ps to list the child's deputy", || {
+        deputy_pids(&c, "a", pid).contains(&(child as i64))
+    })?;
+    let r = migrate(&c, "c", pid, "a").map_err(|e| format!("c -> a: {e}"))?;
+    assert_eq!(r["dest_pid"].as_i64(), Some(pid as i64), "{r}");
+    for (who, p) in [("the parent", pid), ("the child", child)] {
+        assert!(pid_alive(p), "{who} (PID {p}) is gone at home");
+        assert_eq!(
+            common::run::tracer_of(p),
+            0,
+            "{who} (PID {p}) is still traced (a deputy)"
+        );
+        assert_eq!(
+            std::fs::read_link(format!("/proc/{p}/ns/pid")).ok(),
+            std::fs::read_link("/proc/self/ns/pid").ok(),
+            "{who} (PID {p}) runs in a PID namespace of its own"
+        );
+    }
+    assert_eq!(ppid_here(child), pid, "the child's parent at home");
+    std::fs::write(dir.join("stop"), "").unwrap();
+    eventually("the parent's wait", || !read("status").is_empty())?;
+    assert_eq!(read("status"), "3", "the parent's wait for its child");
+    std::fs::write(dir.join("end"), "").unwrap();
+    let st = p.0.wait().unwrap();
+    assert_eq!(st.code(), Some(0), "the parent: {st:?}");
+    Ok(())
+}
+
+/// A moved process whose home cannot be reached (its daemon killed) forks: the fork fails
+/// with EAGAIN, which the program handles, rather than giving the child a PID home does not
+/// know; the guest init's log (in its node's) says why.
+pub(super) fn fork_without_home_fails_with_eagain() -> Result<(), Failed> {
+    let c = Cluster::up("forkgone", 2);
+    let dir = scratch("migration", "forkgone");
+    let p = start_forker(&dir);
+    let pid = pid_from(&dir.join("pid"), "the parent")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let home = c.daemon_pid("a");
+    let st = Command::new("kill")
+        .args(["-KILL", &home.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    eventually("home's daemon to be gone", || !pid_alive(home))?;
+    std::fs::write(dir.join("fork"), "").unwrap();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    eventually("the fork to fail", || !read("forked").is_empty())?;
+    assert_eq!(read("forked"), "EAGAIN", "what the fork gave");
+    assert!(
+        c.log("b").contains("home gave its child no PID"),
+        "b's log does not say why: {}",
+        c.log("b")
+    );
+    std::fs::write(dir.join("end"), "").unwrap();
+    drop(p);
+    Ok(())
+}
