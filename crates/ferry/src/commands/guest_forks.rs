@@ -16,8 +16,8 @@
 //!
 //! The init then watches each such child (a pidfd) and every process of the tree it is not
 //! the parent of (whose ends the kernel tells only their parents): when one ends, its status
-//! (read from its zombie, while its parent has not reaped it) goes home, where its deputy ends
-//! the same way and is reaped by its parent's deputy.
+//! (read from its zombie, or once its parent reaped it from the pidfd: PIDFD_INFO_EXIT) goes
+//! home, where its deputy ends the same way and is reaped by its parent's deputy.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
@@ -289,13 +289,14 @@ impl Forks {
     /// Watched process number `i` ended: its status goes home (unless it is the init's own
     /// child, which the init reaps and reports), and it is no longer watched.
     pub fn ended(&mut self, i: usize) {
-        let (pid, _fd) = self.watched.remove(i);
+        let (pid, fd) = self.watched.remove(i);
         match stat_of(pid) {
             Some((_, 1, _)) => {}
             Some(('Z', _, status)) => self.tell_end(pid, status),
             Some(_) => {}
-            // Reaped by its parent before we looked: the status is lost.
-            None => self.tell_end(pid, 0),
+            // Reaped by its parent before we looked: the kernel keeps its status for the
+            // pidfd (PIDFD_INFO_EXIT); on an older kernel it is lost.
+            None => self.tell_end(pid, ferry_sys::pidfd::exit_status(&fd).unwrap_or(0)),
         }
     }
 }

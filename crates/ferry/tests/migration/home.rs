@@ -1,6 +1,7 @@
 //! What the home keeps (the deputy): a shell's wait, a parent's view of stop, continue and
 //! exit, a body lost with its node, a job under a real terminal, the home's identities, a
-//! supervisor's death, a job brought home, fork after the move, a raw terminal.
+//! supervisor's death, a job brought home, fork after the move (the child's deputy at home,
+//! moving on and coming home with it, a fork without its home), a raw terminal.
 
 use super::*;
 
@@ -622,9 +623,9 @@ pub(super) fn job_brought_home() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A process forks after it moved: the child (which has no deputy at home: docs/limitations.md)
-/// sees what a child forked at home would: its parent is the parent's home PID, its process
-/// group and session are the parent's home ones, and the parent's `wait` gets its exit status.
+/// A process forks after it moved: the child sees what a child forked at home would: its
+/// parent is the parent's home PID, its process group and session are the parent's home ones,
+/// and the parent's `wait` gets its exit status (its deputy at home: the trials below).
 pub(super) fn fork_after_move() -> Result<(), Failed> {
     let c = Cluster::up("forked", 2);
     let dir = scratch("migration", "forked");
@@ -858,9 +859,10 @@ fn deputy_pids(c: &Cluster, on: &str, root: i32) -> Vec<i64> {
 /// A child a moved process forks (os.fork) and one it posix_spawns (clone with CLONE_VM and
 /// CLONE_VFORK) each get a deputy at home: the child's getpid() there is a PID alive at home,
 /// traced (a deputy), whose parent is the parent's home PID, listed by `ferry ps` with the
-/// tree's deputies. `kill -TERM` of that PID at home ends the child over there, and the
-/// parent's wait there sees SIGTERM; once a child ended, its deputy is gone at home, reaped
-/// (no zombie left under the parent's deputy).
+/// tree's deputies and in their durable record. `kill -TERM` of that PID at home ends the
+/// child over there, and the parent's wait there sees SIGTERM; once a child ended, its deputy
+/// has ended the same way and is gone at home, reaped (no zombie left under the parent's
+/// deputy).
 pub(super) fn forked_child_has_a_deputy() -> Result<(), Failed> {
     let c = Cluster::up("forkdep", 2);
     let dir = scratch("migration", "forkdep");
@@ -898,6 +900,26 @@ pub(super) fn forked_child_has_a_deputy() -> Result<(), Failed> {
         deputy_pids(&c, "a", pid).contains(&(child as i64))
     })
     .map_err(|e| format!("{e:?}: {:?}", ps(&c, "a")))?;
+    // Recorded durably with the tree's other deputies (a restarted daemon takes it up).
+    let record = c
+        .dir
+        .join("a")
+        .join("state")
+        .join(format!("deputy-{pid}.json"));
+    let pids: Vec<i64> = std::fs::read(&record)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| {
+            v["pids"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|p| p.as_i64()).collect())
+        })
+        .unwrap_or_default();
+    assert!(
+        pids.contains(&(child as i64)) && pids.contains(&(pid as i64)),
+        "{} lists {pids:?}",
+        record.display()
+    );
     let st = Command::new("kill")
         .args(["-TERM", &child.to_string()])
         .status()
@@ -908,6 +930,13 @@ pub(super) fn forked_child_has_a_deputy() -> Result<(), Failed> {
     eventually("the child's deputy to be reaped at home", || {
         !Path::new(&format!("/proc/{child}")).exists()
     })?;
+    // Its deputy ended as the child did (killed by SIGTERM), though its parent over there may
+    // have reaped it before its node looked.
+    let ended = format!("event=\"deputy-ended\" pid={child} status=15 mirrored=true");
+    eventually(
+        "home's log to say the child's deputy ended by SIGTERM",
+        || c.log("a").contains(&ended),
+    )?;
     // posix_spawn: CLONE_VM | CLONE_VFORK.
     let spawned = pid_from(&dir.join("spawn"), "posix_spawn")?;
     eventually("the spawned shell to write its PID", || {
