@@ -947,8 +947,9 @@ fn fork_question(line: &str) -> Option<(String, i32)> {
 }
 
 /// Asks the home of the body in PID namespace `ns` for a deputy for the child process `pid`
-/// of it is forking, and returns the child's PID at home.
-async fn fork_for_body(node: &Node, ns: &str, pid: i32) -> Result<i32> {
+/// of it is forking, and returns the child's PID at home. On a connection opened ahead of time
+/// (`exec::Spares`, as remote runs use) when there is one: the fork waits for no handshake.
+async fn fork_for_body(node: &Arc<Node>, ns: &str, pid: i32) -> Result<i32> {
     let home = {
         let m = node.bodies.map.lock().expect("bodies lock");
         m.get(ns).map(|(home, _)| home.clone())
@@ -959,6 +960,23 @@ async fn fork_for_body(node: &Node, ns: &str, pid: i32) -> Result<i32> {
         return node.deputies.fork(&me, pid).await;
     }
     let ask = async {
+        let spare = node.exec_spares.take(&home);
+        node.exec_spares.refill(node.clone(), &home);
+        // A spare the peer has closed meanwhile fails before anything was asked of it: then
+        // on a fresh connection.
+        if let Some(mut conn) = spare {
+            if write_msg(&mut conn.stream, &Msg::ForkDeputy { pid })
+                .await
+                .is_ok()
+            {
+                match read_msg(&mut conn.stream).await {
+                    Ok(Msg::DeputyForked { pid: child, .. }) => return Ok(child),
+                    Ok(Msg::Error { message }) => bail!("home {home}: {message}"),
+                    Ok(other) => bail!("home {home} answered {}", kind(&other)),
+                    Err(_) => {}
+                }
+            }
+        }
         let mut conn = node.dial(&home).await?;
         write_msg(&mut conn.stream, &Msg::ForkDeputy { pid }).await?;
         match read_msg(&mut conn.stream).await {

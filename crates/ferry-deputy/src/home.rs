@@ -32,6 +32,9 @@ const PAGE: u64 = 4096;
 /// The signals whose default action stops a process.
 const STOP_SIGNALS: [i32; 4] = [libc::SIGSTOP, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
 
+/// The kernel's "restart this call" error, which a fork with a signal pending returns.
+const ERESTARTNOINTR: i64 = 513;
+
 /// si_code of tkill/tgkill: not one anybody may send on another's behalf.
 const SI_TKILL: i32 = -6;
 
@@ -488,14 +491,27 @@ impl Deputies {
             .iter()
             .position(|d| d.pid == parent)
             .ok_or(Error::Unknown(parent))?;
-        let made = self.injector(i).and_then(|(pid, inj)| {
-            let flags = (libc::CLONE_PTRACE | libc::SIGCHLD) as u64;
-            let r = inj
-                .syscall_raw("clone", libc::SYS_clone, &[flags, 0, 0, 0, 0])
-                .map_err(inj_err(pid, "fork a deputy"))?;
-            inj.finish().map_err(inj_err(pid, "finish"))?;
-            Ok(r)
-        });
+        // A signal pending and not blocked makes the kernel give up a fork half way
+        // (ERESTARTNOINTR), and one comes often: SIGCHLD from the deputy of a child that just
+        // ended. Blocked meanwhile; the parking unblocks them again (and the signal is held
+        // back as usual).
+        let made = ptrace::set_sigmask(parent, u64::MAX)
+            .map_err(sys_err(parent, "block its signals to fork".into()))
+            .and_then(|()| self.injector(i))
+            .and_then(|(pid, inj)| {
+                let flags = (libc::CLONE_PTRACE | libc::SIGCHLD) as u64;
+                let mut r = 0;
+                for _ in 0..3 {
+                    r = inj
+                        .syscall_raw("clone", libc::SYS_clone, &[flags, 0, 0, 0, 0])
+                        .map_err(inj_err(pid, "fork a deputy"))?;
+                    if r != -ERESTARTNOINTR && r != -(libc::EINTR as i64) {
+                        break;
+                    }
+                }
+                inj.finish().map_err(inj_err(pid, "finish"))?;
+                Ok(r)
+            });
         let parked = self.park(parent, parent, at, &template);
         let child = made?;
         parked?;
@@ -662,9 +678,11 @@ impl Deputies {
         }
     }
 
-    /// Stops the leader of deputy `i`, handling whatever comes first. Under PTRACE_SYSCALL an
-    /// interrupted `pause` reports its syscall-exit stop instead of an interrupt stop: either
-    /// is a stop to work from. Returns false if the deputy ended meanwhile.
+    /// Stops the leader of deputy `i` at an interrupt stop, handling whatever comes first. Under
+    /// PTRACE_SYSCALL an interrupted `pause` reports its syscall-exit stop; a signal may have
+    /// caused that stop before our interrupt, which then stays pending (and a call injected
+    /// there would stop in it): from an exit stop the thread is interrupted again and let on to
+    /// its interrupt stop. Returns false if the deputy ended meanwhile.
     fn interrupt(&mut self, i: usize) -> Result<bool> {
         let pid = self.procs[i].pid;
         self.stop_thread(pid, pid)
@@ -687,8 +705,15 @@ impl Deputies {
                     if sig == libc::SIGTRAP | 0x80
                         && self.in_call.get(&tid).copied().unwrap_or(false) =>
                 {
+                    // Our interrupt's exit stop, or one a signal caused first, our interrupt
+                    // then still pending (a call injected from here would stop in it, and
+                    // fail). Interrupted again (one trap either way) and let on to that
+                    // interrupt stop, which comes before any user instruction.
                     self.in_call.insert(tid, false);
-                    return Ok(true);
+                    ptrace::interrupt(tid)
+                        .and_then(|()| ptrace::cont(tid, 0))
+                        .map_err(sys_err(pid, format!("bring thread {tid} to its interrupt")))?;
+                    continue;
                 }
                 _ => {}
             }

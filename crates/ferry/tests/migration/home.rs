@@ -1100,3 +1100,68 @@ pub(super) fn fork_without_home_fails_with_eagain() -> Result<(), Failed> {
     drop(p);
     Ok(())
 }
+
+/// A moved process forks and waits 300 times in a row, as fast as it can: every fork succeeds,
+/// every child's getpid() is the PID fork returned, and no deputy is left at home afterwards.
+pub(super) fn many_forks_after_the_move() -> Result<(), Failed> {
+    const PROG: &str = r#"
+import os, sys, time
+d = sys.argv[1]
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+while not os.path.exists(d + '/fork'):
+    time.sleep(0.02)
+bad = []
+t = time.time()
+for i in range(300):
+    r, w = os.pipe()
+    k = os.fork()
+    if k == 0:
+        os.write(w, str(os.getpid()).encode())
+        os._exit(0)
+    os.close(w)
+    got = int(os.read(r, 32))
+    os.close(r)
+    _, st = os.waitpid(k, 0)
+    if got != k or st != 0:
+        bad.append((k, got, st))
+open(d + '/ms', 'w').write('%.3f' % ((time.time() - t) * 1000 / 300))
+open(d + '/bad', 'w').write(repr(bad))
+"#;
+    let c = Cluster::up("forkmany", 2);
+    let dir = scratch("migration", "forkmany");
+    let (out, err) = victim_output(&dir, "forkmany");
+    let mut p = UnixServer(
+        Command::new("python3")
+            .args(["-c", PROG])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the parent")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    std::fs::write(dir.join("fork"), "").unwrap();
+    let st = p.0.wait().unwrap();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    assert_eq!(
+        st.code(),
+        Some(0),
+        "the parent: {st:?}: {}\nb: {}",
+        read("forkmany.err"),
+        c.log("b")
+    );
+    assert_eq!(
+        read("bad"),
+        "[]",
+        "forks whose child had another PID, or failed"
+    );
+    eprintln!("a fork and wait after the move: {} ms", read("ms"));
+    // The parent's own deputy ended with it; none of its children's is left.
+    eventually("no deputy left at home", || {
+        deputy_pids(&c, "a", pid).is_empty() && common::run::tracer_of(pid) == 0
+    })?;
+    Ok(())
+}

@@ -158,6 +158,10 @@ fn main() {
             fork_without_home_fails_with_eagain,
         ),
         Trial::test(
+            "three_hundred_forks_after_the_move_each_get_their_deputys_pid",
+            many_forks_after_the_move,
+        ),
+        Trial::test(
             "a_moved_job_sets_its_home_terminal_raw_and_reads_keys",
             raw_terminal_after_move,
         ),
