@@ -1101,8 +1101,10 @@ pub(super) fn fork_without_home_fails_with_eagain() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A moved process forks and waits 300 times in a row, as fast as it can: every fork succeeds,
-/// every child's getpid() is the PID fork returned, and no deputy is left at home afterwards.
+/// A moved process forks and waits 300 times in a row, as fast as it can: every fork succeeds
+/// (a SIGCHLD from the last child's deputy, pending as the next is forked at home, once made
+/// them fail), every child's getpid() is the PID fork returned, each had its deputy at home,
+/// and no deputy is left there afterwards.
 pub(super) fn many_forks_after_the_move() -> Result<(), Failed> {
     const PROG: &str = r#"
 import os, sys, time
@@ -1159,6 +1161,13 @@ open(d + '/bad', 'w').write(repr(bad))
         "forks whose child had another PID, or failed"
     );
     eprintln!("a fork and wait after the move: {} ms", read("ms"));
+    // Each child had its deputy at home.
+    let forked = format!("event=\"deputy-forked\" root={pid} ");
+    assert_eq!(
+        c.log("a").matches(&forked).count(),
+        300,
+        "deputies forked at home for the tree of {pid}"
+    );
     // The parent's own deputy ended with it; none of its children's is left.
     eventually("no deputy left at home", || {
         deputy_pids(&c, "a", pid).is_empty() && common::run::tracer_of(pid) == 0
