@@ -32,6 +32,8 @@ enum Cmd {
     Msg(Box<Msg>),
     /// The tree is coming home: let its deputies go (`ReleaseDeputies`), and say which.
     Release(oneshot::Sender<Result<Vec<i32>>>),
+    /// The body of this deputy forks: fork a deputy from it (`ForkDeputy`), and say its PID.
+    Fork(i32, oneshot::Sender<Result<i32>>),
 }
 
 struct Entry {
@@ -162,6 +164,32 @@ impl Deputies {
         Ok(pids)
     }
 
+    /// The body of deputy `pid`, running on node `from` (which must be the one running it), is
+    /// forking: its deputy forks a deputy for the child, whose PID is returned (the body's
+    /// child is to have the same one). From then on it is a deputy of the tree like the others.
+    pub async fn fork(&self, from: &str, pid: i32) -> Result<i32> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let m = self.map.lock().expect("deputies lock");
+            let e = m
+                .get(&pid)
+                .ok_or_else(|| anyhow!("PID {pid} is no deputy here"))?;
+            if e.body_node != from {
+                bail!(
+                    "node {from} forked from PID {pid}, whose body runs on {}",
+                    e.body_node
+                );
+            }
+            e.to_worker
+                .send(Cmd::Fork(pid, tx))
+                .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))?;
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(10), rx)
+            .await
+            .map_err(|_| anyhow!("no deputy was forked from PID {pid} within 10 s"))?
+            .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))?
+    }
+
     /// The tree of deputy `pid` left node `from` for `to`.
     pub fn body_moved(&self, from: &str, pid: i32, to: &str) -> Result<()> {
         let mut m = self.map.lock().expect("deputies lock");
@@ -192,7 +220,7 @@ pub fn adopt(
     node: Arc<Node>,
     mut worker: Worker,
     root: i32,
-    pids: Vec<i32>,
+    mut pids: Vec<i32>,
     body_node: String,
     every: Option<f64>,
 ) {
@@ -231,6 +259,9 @@ pub fn adopt(
         let mut checkpointed = std::time::Instant::now();
         let checkpointing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut releasing: Option<oneshot::Sender<Result<Vec<i32>>>> = None;
+        // Forks asked of the worker, answered in order.
+        let mut forking: std::collections::VecDeque<(i32, oneshot::Sender<Result<i32>>)> =
+            Default::default();
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -318,6 +349,41 @@ pub fn adopt(
                         }
                         node.deputies.map.lock().expect("deputies lock").remove(&pid);
                     }
+                    Ok(Frame::Msg(Msg::DeputyForked { parent, pid })) => {
+                        let asked = forking.iter().position(|(p, _)| *p == parent)
+                            .and_then(|i| forking.remove(i));
+                        let entry = {
+                            let mut m = node.deputies.map.lock().expect("deputies lock");
+                            let e = m.get(&parent).map(|e| Entry {
+                                body_node: e.body_node.clone(),
+                                to_worker: e.to_worker.clone(),
+                                signals: 0,
+                            });
+                            e.map(|e| m.insert(pid, e)).is_some()
+                        };
+                        if entry {
+                            pids.push(pid);
+                            record_forked(&node, root, pid);
+                            tracing::info!(event = "deputy-forked", root, parent, pid);
+                        }
+                        if let Some((_, tx)) = asked {
+                            let r = if entry {
+                                Ok(pid)
+                            } else {
+                                Err(anyhow!("deputy {parent} is gone"))
+                            };
+                            let _ = tx.send(r);
+                        }
+                    }
+                    Ok(Frame::Msg(Msg::ForkRefused { parent, message })) => {
+                        let asked = forking.iter().position(|(p, _)| *p == parent)
+                            .and_then(|i| forking.remove(i));
+                        tracing::warn!(event = "deputy-fork-refused", root, parent,
+                            error = %message);
+                        if let Some((_, tx)) = asked {
+                            let _ = tx.send(Err(anyhow!("{message}")));
+                        }
+                    }
                     Ok(Frame::Msg(Msg::DeputiesReleased { pids })) => {
                         tracing::info!(event = "deputies-released", root, pids = ?pids);
                         if let Some(tx) = releasing.take() {
@@ -337,6 +403,15 @@ pub fn adopt(
                     Some(Cmd::Msg(m)) => {
                         if let Err(e) = write_msg(&mut worker.tx, &m).await {
                             tracing::warn!(event = "deputies-worker-gone", root, error = %e);
+                        }
+                    }
+                    Some(Cmd::Fork(parent, tx)) => {
+                        let ask = Msg::ForkDeputy { pid: parent };
+                        match write_msg(&mut worker.tx, &ask).await {
+                            Ok(()) => forking.push_back((parent, tx)),
+                            Err(e) => {
+                                let _ = tx.send(Err(anyhow!("the deputies' worker: {e}")));
+                            }
                         }
                     }
                     Some(Cmd::Release(tx)) => {
@@ -387,6 +462,17 @@ struct DeputyRecord {
     /// the node's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     checkpoint_every_secs: Option<f64>,
+}
+
+/// Deputy `pid` was forked in the tree of `root`: its record lists it, so that a restarted
+/// daemon takes it up again with the others.
+fn record_forked(node: &Node, root: i32, pid: i32) {
+    for (key, mut r) in node.store.load::<DeputyRecord>(state::DEPUTY) {
+        if r.root == root && !r.pids.contains(&pid) {
+            r.pids.push(pid);
+            node.store.put_or_log(state::DEPUTY, &key, &r);
+        }
+    }
 }
 
 /// The tree of deputy `pid` left node `from` for `to` (see [`Deputies::body_moved`]); its
@@ -765,18 +851,59 @@ impl Bodies {
 /// Serves the report socket: every process a guest init reaps whose home is elsewhere is
 /// reported to its home.
 pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
-    let mut buf = vec![0u8; 512];
+    use std::os::fd::AsRawFd;
     loop {
-        let n = match sock.recv(&mut buf).await {
-            Ok(n) => n,
+        // With its descriptors: a fork's question carries the socket its answer goes to.
+        let got = sock
+            .async_io(tokio::io::Interest::READABLE, || {
+                ferry_sys::sockets::recv(sock.as_raw_fd(), 512, libc::MSG_DONTWAIT)
+                    .map_err(|e| std::io::Error::from_raw_os_error(e.errno))
+            })
+            .await;
+        let (line, mut rights) = match got {
+            Ok(r) => (String::from_utf8_lossy(&r.data).into_owned(), r.rights),
             Err(e) => {
                 tracing::warn!(error = %e, "guest report socket");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let line = String::from_utf8_lossy(&buf[..n]).into_owned();
         if node.bodies.count(&line) {
+            continue;
+        }
+        if let Some((ns, text)) = line.split_once(" log ") {
+            // A guest init's own log (its stderr is /dev/null).
+            tracing::warn!(event = "guest-init", ns = %ns, message = %text.trim());
+            continue;
+        }
+        if let Some((ns, pid)) = fork_question(&line) {
+            let Some(answer) = rights.pop() else {
+                tracing::warn!(event = "body-fork", report = %line.trim(),
+                    "a fork's question without the socket for its answer");
+                continue;
+            };
+            let node = node.clone();
+            tokio::spawn(async move {
+                let r = fork_for_body(&node, &ns, pid).await;
+                let word = match &r {
+                    Ok(child) => format!("P{child}"),
+                    Err(e) => {
+                        tracing::warn!(event = "body-fork-refused", ns = %ns, pid,
+                            error = %format!("{e:#}"));
+                        format!("E{e:#}")
+                    }
+                };
+                if let Err(e) = ferry_sys::sockets::send(
+                    answer.as_raw_fd(),
+                    word.as_bytes(),
+                    None,
+                    &[],
+                    libc::MSG_DONTWAIT,
+                ) {
+                    tracing::warn!(event = "body-fork", pid, error = %e,
+                        "the guest init did not wait for its answer");
+                }
+            });
             continue;
         }
         let Some((home, msg)) = node.bodies.report(&line) else {
@@ -810,11 +937,77 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
     }
 }
 
+/// A guest init's question "NS fork PID": process PID of its body is forking.
+fn fork_question(line: &str) -> Option<(String, i32)> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let [ns, "fork", pid] = f[..] else {
+        return None;
+    };
+    Some((ns.to_string(), pid.parse().ok()?))
+}
+
+/// Asks the home of the body in PID namespace `ns` for a deputy for the child process `pid`
+/// of it is forking, and returns the child's PID at home. On a connection opened ahead of time
+/// (`exec::Spares`, as remote runs use) when there is one: the fork waits for no handshake.
+async fn fork_for_body(node: &Arc<Node>, ns: &str, pid: i32) -> Result<i32> {
+    let home = {
+        let m = node.bodies.map.lock().expect("bodies lock");
+        m.get(ns).map(|(home, _)| home.clone())
+    }
+    .ok_or_else(|| anyhow!("no body with a home runs in {ns}"))?;
+    let me = node.name().to_string();
+    if home == me {
+        return node.deputies.fork(&me, pid).await;
+    }
+    let ask = async {
+        let spare = node.exec_spares.take(&home);
+        node.exec_spares.refill(node.clone(), &home);
+        // A spare the peer has closed meanwhile fails before anything was asked of it: then
+        // on a fresh connection.
+        if let Some(mut conn) = spare {
+            if write_msg(&mut conn.stream, &Msg::ForkDeputy { pid })
+                .await
+                .is_ok()
+            {
+                match read_msg(&mut conn.stream).await {
+                    Ok(Msg::DeputyForked { pid: child, .. }) => return Ok(child),
+                    Ok(Msg::Error { message }) => bail!("home {home}: {message}"),
+                    Ok(other) => bail!("home {home} answered {}", kind(&other)),
+                    Err(_) => {}
+                }
+            }
+        }
+        let mut conn = node.dial(&home).await?;
+        write_msg(&mut conn.stream, &Msg::ForkDeputy { pid }).await?;
+        match read_msg(&mut conn.stream).await {
+            Ok(Msg::DeputyForked { pid: child, .. }) => Ok(child),
+            Ok(Msg::Error { message }) => bail!("home {home}: {message}"),
+            Ok(other) => bail!("home {home} answered {}", kind(&other)),
+            Err(e) => bail!("home {home} did not answer: {e}"),
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), ask)
+        .await
+        .map_err(|_| anyhow!("home {home} gave no deputy for a child of PID {pid} within 10 s"))?
+}
+
 /// How many times (a second apart) a body's end is reported to a home that does not take it.
 const REPORT_TRIES: u32 = 30;
 
-/// Serves a peer's `SignalBody`, `BodyStatus` or `BodyMoved`; `from` is the certified peer.
+/// Serves a peer's `SignalBody`, `BodyStatus`, `BodyMoved` or `ForkDeputy`; `from` is the
+/// certified peer.
 pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
+    if let Msg::ForkDeputy { pid } = msg {
+        return match node.deputies.fork(from, pid).await {
+            Ok(child) => Msg::DeputyForked {
+                parent: pid,
+                pid: child,
+            },
+            Err(e) => Msg::Error {
+                message: format!("{e:#}"),
+            },
+        };
+    }
     let r = match msg {
         Msg::SignalBody { pid, sig, queued } => match node.bodies.host_pid(from, pid) {
             Some(host) => {

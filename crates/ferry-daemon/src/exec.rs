@@ -192,7 +192,7 @@ pub struct Spares {
 
 impl Spares {
     /// A spare connection to `peer` young enough to use, if any.
-    fn take(&self, peer: &str) -> Option<Conn> {
+    pub(crate) fn take(&self, peer: &str) -> Option<Conn> {
         let mut by = self.by_peer.lock().unwrap_or_else(|p| p.into_inner());
         let list = by.get_mut(peer)?;
         list.retain(|(t, _)| t.elapsed() < SPARE_MAX_AGE);
@@ -200,7 +200,7 @@ impl Spares {
     }
 
     /// Opens spares to `peer` in the background, up to [`SPARES_PER_PEER`].
-    fn refill(&self, node: Arc<Node>, peer: &str) {
+    pub(crate) fn refill(&self, node: Arc<Node>, peer: &str) {
         {
             let mut d = self.dialling.lock().unwrap_or_else(|p| p.into_inner());
             if !d.insert(peer.to_string()) {
@@ -396,6 +396,7 @@ where
         forwarded_us: 0,
         checkpoint_every_secs: spec.checkpoint_every_secs.map(f64::from),
         recovered: None,
+        deputies: Vec::new(),
     });
     if spec.balance {
         // `ferry run --balance`: the balancer may move it (crate::balancer; a `ferry run`

@@ -658,7 +658,8 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
         m @ (Msg::SignalBody { .. }
         | Msg::FenceBody { .. }
         | Msg::BodyStatus { .. }
-        | Msg::BodyMoved { .. }) => {
+        | Msg::BodyMoved { .. }
+        | Msg::ForkDeputy { .. }) => {
             let peer = conn.peer.clone();
             let reply = crate::deputies::serve_peer(node, &peer, m).await;
             write_msg(&mut conn.stream, &reply).await?;
@@ -908,6 +909,15 @@ async fn processes(node: &Arc<Node>) -> Vec<ProcInfo> {
     for a in asks {
         if let Ok(p) = a.await {
             all.extend(p);
+        }
+    }
+    // The trees whose home is here: their deputies (those forked since they left too).
+    for p in &mut all {
+        if p.home_node == node.name() && p.kind == "migrated" {
+            p.deputies = node
+                .deputies
+                .tree_of(&p.node, p.home_pid)
+                .unwrap_or_default();
         }
     }
     all.sort_by(|a, b| (&a.home_node, a.home_pid).cmp(&(&b.home_node, b.home_pid)));

@@ -23,7 +23,7 @@
 //! (`FENCE`) the tree's PIDs and the dead node; the first time that node is live again, the
 //! home has the whole body killed there (`FenceBody`: that node kills the init of the body's
 //! guest PID namespace, which takes every process of it along, those the body forked after it
-//! left home, which have no PID at home, included), and forgets the record once the node has
+//! left home included), and forgets the record once the node has
 //! answered. A node that knows no such body is asked to kill each recorded PID instead
 //! (`SignalBody` SIGKILL).
 
@@ -245,6 +245,7 @@ pub async fn recover(
         forwarded_us: 0,
         checkpoint_every_secs: None,
         recovered: Some(note(dead, skipped)),
+        deputies: Vec::new(),
     };
     node.bodies.add(rebuilt.pid, &me, root);
     crate::deputies::watch_supervisor(node.clone(), rebuilt.pid);

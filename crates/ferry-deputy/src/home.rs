@@ -32,6 +32,9 @@ const PAGE: u64 = 4096;
 /// The signals whose default action stops a process.
 const STOP_SIGNALS: [i32; 4] = [libc::SIGSTOP, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
 
+/// The kernel's "restart this call" error, which a fork with a signal pending returns.
+const ERESTARTNOINTR: i64 = 513;
+
 /// si_code of tkill/tgkill: not one anybody may send on another's behalf.
 const SI_TKILL: i32 = -6;
 
@@ -104,6 +107,9 @@ struct Deputy {
     stopped: bool,
     /// A SIGCONT sent to it because its body continued: not news for the body.
     continuing: bool,
+    /// Its parent at home (as it left, or the deputy it was forked from): when that is a
+    /// deputy too, which never waits, its end is reaped by a `wait4` injected there.
+    parent: i32,
 }
 
 /// The deputies of one moved tree, traced by this thread.
@@ -115,6 +121,8 @@ pub struct Deputies {
     in_call: HashMap<i32, bool>,
     /// Events seen while waiting for something else.
     queued: Vec<Event>,
+    /// Deputies with children that ended since they were last reaped.
+    to_reap: Vec<i32>,
 }
 
 fn inj_err(pid: i32, what: &str) -> impl FnOnce(ferry_inject::InjectError) -> Error + '_ {
@@ -169,6 +177,7 @@ impl Deputies {
             procs: Vec::new(),
             in_call: HashMap::new(),
             queued: Vec::new(),
+            to_reap: Vec::new(),
         };
         let mut failed = None;
         for p in procs.iter().filter(|p| !p.zombie) {
@@ -375,6 +384,7 @@ impl Deputies {
             stopping: None,
             stopped: false,
             continuing: false,
+            parent: stat.ppid,
         })
     }
 
@@ -415,7 +425,149 @@ impl Deputies {
         while let Some((tid, status)) = ferry_sys::wait::reap_any() {
             self.handle(tid, status);
         }
+        // A deputy whose child (a deputy too) ended reaps it: it never waits by itself, and
+        // its body's parent has reaped the body's child over there (or will: the body has its
+        // own zombie).
+        for parent in std::mem::take(&mut self.to_reap) {
+            let Some(i) = self.procs.iter().position(|d| d.pid == parent) else {
+                continue;
+            };
+            let d = &self.procs[i];
+            if d.ending.is_some() || d.stopped || d.stopping.is_some() {
+                continue;
+            }
+            let (at, template) = (d.syscall_at, d.template);
+            let reaped = self.interrupt(i).and_then(|live| {
+                if !live {
+                    return Ok(());
+                }
+                let i = self
+                    .procs
+                    .iter()
+                    .position(|d| d.pid == parent)
+                    .ok_or(Error::Unknown(parent))?;
+                let r = self.reap_children(i);
+                self.park(parent, parent, at, &template)?;
+                r
+            });
+            if let Err(e) = reaped {
+                log::warn!("deputy PID {parent}: reap its ended children: {e}");
+            }
+        }
+        while let Some((tid, status)) = ferry_sys::wait::reap_any() {
+            self.handle(tid, status);
+        }
         std::mem::take(&mut self.queued)
+    }
+
+    /// Body `parent` is forking: its deputy forks a deputy for the child (an injected
+    /// `clone(CLONE_PTRACE | SIGCHLD)`, so the child is traced by us from its first
+    /// instruction and stops before it runs one), which is parked as the others are. Returns
+    /// the child's PID, the one the body's child is to have. Nothing is changed if it fails.
+    pub fn fork(&mut self, parent: i32) -> Result<i32> {
+        let i = self
+            .procs
+            .iter()
+            .position(|d| d.pid == parent)
+            .ok_or(Error::Unknown(parent))?;
+        {
+            let d = &self.procs[i];
+            if d.ending.is_some() || d.stopped || d.stopping.is_some() {
+                return Err(Error::Refused(format!(
+                    "deputy {parent} is stopped, stopping or ending with its body: no child \
+                     forked from it"
+                )));
+            }
+        }
+        let (at, scratch, template) = {
+            let d = &self.procs[i];
+            (d.syscall_at, d.scratch, d.template)
+        };
+        if !self.interrupt(i)? {
+            return Err(Error::Refused(format!("deputy {parent} ended")));
+        }
+        let i = self
+            .procs
+            .iter()
+            .position(|d| d.pid == parent)
+            .ok_or(Error::Unknown(parent))?;
+        // A signal pending and not blocked makes the kernel give up a fork half way
+        // (ERESTARTNOINTR), and one comes often: SIGCHLD from the deputy of a child that just
+        // ended. Blocked meanwhile; the parking unblocks them again (and the signal is held
+        // back as usual).
+        let made = ptrace::set_sigmask(parent, u64::MAX)
+            .map_err(sys_err(parent, "block its signals to fork".into()))
+            .and_then(|()| self.injector(i))
+            .and_then(|(pid, inj)| {
+                let flags = (libc::CLONE_PTRACE | libc::SIGCHLD) as u64;
+                let mut r = 0;
+                for _ in 0..3 {
+                    r = inj
+                        .syscall_raw("clone", libc::SYS_clone, &[flags, 0, 0, 0, 0])
+                        .map_err(inj_err(pid, "fork a deputy"))?;
+                    if r != -ERESTARTNOINTR && r != -(libc::EINTR as i64) {
+                        break;
+                    }
+                }
+                inj.finish().map_err(inj_err(pid, "finish"))?;
+                Ok(r)
+            });
+        let parked = self.park(parent, parent, at, &template);
+        let child = made?;
+        parked?;
+        if child <= 0 {
+            return Err(Error::Refused(format!(
+                "deputy {parent}: fork: {}",
+                std::io::Error::from_raw_os_error(-child as i32)
+            )));
+        }
+        let child = child as i32;
+        // Traced from its creation (CLONE_PTRACE, by a tracer that seized its parent): it stops
+        // before its first instruction.
+        loop {
+            let status = ferry_sys::wait::wait_raw(child)
+                .map_err(sys_err(child, "wait for the forked deputy to stop".into()))?;
+            match decode(status) {
+                WaitStatus::Stopped {
+                    event: ptrace::PTRACE_EVENT_STOP,
+                    ..
+                } => break,
+                WaitStatus::Exited(_) | WaitStatus::Signaled(_) => {
+                    self.to_reap.push(parent);
+                    return Err(Error::Refused(format!(
+                        "the deputy forked from {parent} (PID {child}) ended at once"
+                    )));
+                }
+                _ => {
+                    let _ = ptrace::cont(child, 0);
+                }
+            }
+        }
+        let options =
+            FrozenTree::OPTIONS | ptrace::PTRACE_O_TRACESYSGOOD | ptrace::PTRACE_O_EXITKILL;
+        let set = ptrace::set_options(child, options)
+            .map_err(sys_err(child, "set ptrace options".into()));
+        self.procs.push(Deputy {
+            pid: child,
+            syscall_at: at,
+            scratch,
+            template,
+            threads: vec![child],
+            ending: None,
+            stopping: None,
+            stopped: false,
+            continuing: false,
+            parent,
+        });
+        let parked = set.and_then(|()| self.park(child, child, at, &template));
+        if let Err(e) = parked {
+            let _ = ptrace::kill(child, libc::SIGKILL);
+            if let Some(d) = self.procs.iter_mut().find(|d| d.pid == child) {
+                d.ending = Some(Ending::Signal(libc::SIGKILL));
+            }
+            return Err(e);
+        }
+        Ok(child)
     }
 
     fn handle(&mut self, tid: i32, status: i32) {
@@ -430,7 +582,10 @@ impl Deputies {
                 let d = &mut self.procs[i];
                 d.threads.retain(|&t| t != tid);
                 if tid == pid {
-                    self.procs.remove(i);
+                    let gone = self.procs.remove(i);
+                    if self.procs.iter().any(|d| d.pid == gone.parent) {
+                        self.to_reap.push(gone.parent);
+                    }
                     self.queued.push(Event::Ended {
                         pid,
                         status,
@@ -523,9 +678,11 @@ impl Deputies {
         }
     }
 
-    /// Stops the leader of deputy `i`, handling whatever comes first. Under PTRACE_SYSCALL an
-    /// interrupted `pause` reports its syscall-exit stop instead of an interrupt stop: either
-    /// is a stop to work from. Returns false if the deputy ended meanwhile.
+    /// Stops the leader of deputy `i` at an interrupt stop, handling whatever comes first. Under
+    /// PTRACE_SYSCALL an interrupted `pause` reports its syscall-exit stop; a signal may have
+    /// caused that stop before our interrupt, which then stays pending (and a call injected
+    /// there would stop in it): from an exit stop the thread is interrupted again and let on to
+    /// its interrupt stop. Returns false if the deputy ended meanwhile.
     fn interrupt(&mut self, i: usize) -> Result<bool> {
         let pid = self.procs[i].pid;
         self.stop_thread(pid, pid)
@@ -548,8 +705,15 @@ impl Deputies {
                     if sig == libc::SIGTRAP | 0x80
                         && self.in_call.get(&tid).copied().unwrap_or(false) =>
                 {
+                    // Our interrupt's exit stop, or one a signal caused first, our interrupt
+                    // then still pending (a call injected from here would stop in it, and
+                    // fail). Interrupted again (one trap either way) and let on to that
+                    // interrupt stop, which comes before any user instruction.
                     self.in_call.insert(tid, false);
-                    return Ok(true);
+                    ptrace::interrupt(tid)
+                        .and_then(|()| ptrace::cont(tid, 0))
+                        .map_err(sys_err(pid, format!("bring thread {tid} to its interrupt")))?;
+                    continue;
                 }
                 _ => {}
             }

@@ -213,7 +213,10 @@ fn check_process(pid: i32, status: &[(String, String)], pids: &[i32], root_sid: 
                         .collect()
                 })
                 .unwrap_or_default();
-            let counts: HashSet<Option<String>> = tids.iter().map(|t| count(t)).collect();
+            // A thread that ended since the listing has no status to read: it is no thread of
+            // the process any more (a program that starts and ends threads all the time, a
+            // timer's, was refused now and then for it).
+            let counts: HashSet<String> = tids.iter().filter_map(|t| count(t)).collect();
             if counts.len() > 1 {
                 return Err(refuse(
                     pid,

@@ -265,6 +265,23 @@ pub enum Msg {
         pid: i32,
         status: i32,
     },
+    /// Body's node to home, and a daemon to its deputies' worker: the body of home PID `pid`
+    /// is forking (fork, vfork, or clone or clone3 without CLONE_THREAD): make its child a
+    /// deputy at home, a child of `pid`'s deputy, and say its PID (`DeputyForked`), which the
+    /// body's child then gets in its namespace. Home answers `Error` if it cannot.
+    ForkDeputy {
+        pid: i32,
+    },
+    /// Answer to `ForkDeputy`: deputy `pid` was forked from deputy `parent`.
+    DeputyForked {
+        parent: i32,
+        pid: i32,
+    },
+    /// Deputies' worker to its daemon: no deputy could be forked from deputy `parent`: why.
+    ForkRefused {
+        parent: i32,
+        message: String,
+    },
     /// The node a guest left to its home, after the commit: the body of home PID `pid` runs on
     /// `node` now.
     BodyMoved {
@@ -595,6 +612,10 @@ pub struct ProcInfo {
     /// over: c: why"). None otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovered: Option<String>,
+    /// The PIDs of the tree's deputies at home (its root's, and those forked since it left),
+    /// filled in by its home when the home is the node asked (`ferry ps` there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deputies: Vec<i32>,
 }
 
 /// The cluster as one node sees it (`Msg::View`). Every struct here only ever gains fields,

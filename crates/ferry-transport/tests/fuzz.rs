@@ -58,6 +58,7 @@ fn messages() -> Vec<Msg> {
         forwarded_us: 40,
         checkpoint_every_secs: Some(2.5),
         recovered: Some("after node c died; passed over: d: full".into()),
+        deputies: Vec::new(),
     };
     vec![
         Msg::Hello { node: "a".into() },

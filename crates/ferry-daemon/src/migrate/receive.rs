@@ -179,6 +179,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         forwarded_us: 0,
         checkpoint_every_secs: None,
         recovered: offer.recovered.clone(),
+        deputies: Vec::new(),
     };
     // The copy is recorded before anyone may act on it: a restarted daemon finds it (its worker
     // resumes it should this daemon die now) and asks the source what became of it.

@@ -208,6 +208,19 @@ pub const FORWARDED: [(u32, &str); 4] = [
     (libc::SYS_getsid as u32, "getsid"),
 ];
 
+/// The calls that make processes and threads: handed to the supervisor too, which has home
+/// give a process's child its PID (a deputy at home, forked from the caller's) and lets the
+/// call go on in the kernel (SECCOMP_USER_NOTIF_FLAG_CONTINUE) once the namespace's next PID is
+/// that one. Threads (clone with CLONE_THREAD, or clone3 whose flags in memory say so) go on at
+/// once; they come here too because they take their TIDs from the same allocator, and must not
+/// take the child's PID while it is being made.
+pub const CLONES: [(u32, &str); 4] = [
+    (libc::SYS_clone as u32, "clone"),
+    (libc::SYS_clone3 as u32, "clone3"),
+    (libc::SYS_fork as u32, "fork"),
+    (libc::SYS_vfork as u32, "vfork"),
+];
+
 /// Handed to the supervisor too, but only by the filter of a process that holds a relayed
 /// socket (`SocketDesc::relayed`): the supervisor answers them with the original's names (and
 /// inode, for fstat) for that socket and lets them run in the kernel for anything else.
@@ -250,6 +263,7 @@ fn insn(code: u16, jt: u8, jf: u8, k: u32) -> [u8; 8] {
 pub fn forwarding_program(names: bool) -> Vec<u8> {
     let calls: Vec<u32> = FORWARDED
         .iter()
+        .chain(CLONES.iter())
         .chain(NAMES.iter().filter(|_| names))
         .map(|(nr, _)| *nr)
         .collect();
@@ -380,7 +394,7 @@ mod tests {
             let prog = super::forwarding_program(names);
             assert_eq!(prog.len() % 8, 0);
             let call = |nr: i64, args: [u64; 6]| run(&prog, x86, nr as u32, args);
-            for (nr, _) in super::FORWARDED {
+            for (nr, _) in super::FORWARDED.into_iter().chain(super::CLONES) {
                 assert_eq!(call(nr as i64, [0; 6]), NOTIF);
                 // i386's numbers mean other calls.
                 assert_eq!(run(&prog, 0x4000_0003, nr, [0; 6]), ALLOW);
@@ -408,7 +422,7 @@ mod tests {
                 assert_eq!(call(nr, at(empty)), ALLOW);
             }
         }
-        // Without names, the program is the one bodies have had since the filter came.
-        assert_eq!(super::forwarding_program(false).len() / 8, 3 + 4 + 2);
+        // Without names: the forwarded calls and the clones, nothing else.
+        assert_eq!(super::forwarding_program(false).len() / 8, 3 + 4 + 4 + 2);
     }
 }

@@ -117,6 +117,8 @@ struct Supervisor {
     sockfs: u64,
     /// Bytes read from the hold socket and not yet understood (a message cut in two).
     inbox: Vec<u8>,
+    /// The processes the body makes, and those whose end is told home from here.
+    forks: super::guest_forks::Forks,
 }
 
 /// How a forwarded call is answered: a value, an errno, or by the kernel itself
@@ -173,6 +175,11 @@ impl Supervisor {
             if let Err(e) = ferry_sys::seccomp::sync_wake_up(l.as_raw_fd()) {
                 log::debug!("guest init: seccomp listener: {e}");
             }
+        }
+        if !rights.is_empty() {
+            // The tree is whole: the ends of its processes this init is not the parent of
+            // are told home from here.
+            self.forks.watch_tree(self.home.root);
         }
         self.listeners.extend(rights);
     }
@@ -376,7 +383,19 @@ impl Supervisor {
             }
         };
         let nr = n.nr as i64;
-        let answer = if nr == libc::SYS_getsockname || nr == libc::SYS_getpeername {
+        let mut pending = None;
+        let clone = ferry_engine::resources::seccomp::CLONES
+            .iter()
+            .any(|(c, _)| *c as i64 == nr);
+        let answer = if clone {
+            match self.forks.prepare(&n, fd, tgid_of(n.pid)) {
+                Ok(p) => {
+                    pending = p;
+                    Answer::Kernel
+                }
+                Err(e) => Answer::Errno(e),
+            }
+        } else if nr == libc::SYS_getsockname || nr == libc::SYS_getpeername {
             self.name(&n, fd)
         } else if nr == libc::SYS_fstat || nr == libc::SYS_newfstatat || nr == libc::SYS_statx {
             self.stat(&n, fd)
@@ -391,9 +410,20 @@ impl Supervisor {
             Answer::Errno(e) => (0, e, 0),
             Answer::Kernel => (0, 0, ferry_sys::seccomp::SECCOMP_USER_NOTIF_FLAG_CONTINUE),
         };
-        if let Err(e) = ferry_sys::seccomp::respond(fd, n.id, val, err, flags) {
-            if e.errno != libc::ENOENT {
-                log::warn!("guest init: answer call {} of thread {}: {e}", n.nr, n.pid);
+        match ferry_sys::seccomp::respond(fd, n.id, val, err, flags) {
+            Ok(()) => {
+                if let Some(p) = pending {
+                    self.forks.made(p);
+                }
+            }
+            Err(e) => {
+                if e.errno != libc::ENOENT {
+                    log::warn!("guest init: answer call {} of thread {}: {e}", n.nr, n.pid);
+                }
+                if let Some(p) = pending {
+                    // Not let go: the child's deputy at home goes.
+                    self.forks.made(p);
+                }
             }
         }
         // (Counted per thread: the daemon adds up the tree's.)
@@ -419,13 +449,18 @@ fn alone() -> bool {
 }
 
 /// Reaps every child that has ended, and reports each end, stop and continue to `report` (best
-/// effort: a daemon that is gone misses them).
-fn reap(report: Option<&(std::os::unix::net::UnixDatagram, String)>) {
+/// effort: a daemon that is gone misses them). Returns those that ended.
+fn reap(report: Option<&(std::os::unix::net::UnixDatagram, String)>) -> Vec<i32> {
+    let mut ended = Vec::new();
     while let Ok(Some((pid, status))) = ferry_sys::ns::wait_any_changes() {
         if let Some((sock, ns)) = report {
             let _ = sock.send(format!("{ns} {pid} {status}\n").as_bytes());
         }
+        if status & 0x7f != 0x7f && status != 0xffff {
+            ended.push(pid);
+        }
     }
+    ended
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -447,18 +482,6 @@ pub fn run(a: Args) -> Result<()> {
             .map(|m| m.dev())
             .context("stat the hold socket")?
     };
-    let mut sup = match &a.home {
-        Some(h) => Some(Supervisor {
-            home: parse_home(h)?,
-            listeners: Vec::new(),
-            counts: Default::default(),
-            changed: Default::default(),
-            names: Default::default(),
-            sockfs,
-            inbox: Vec::new(),
-        }),
-        None => None,
-    };
     ns::block_signal(libc::SIGCHLD).context("block SIGCHLD")?;
     let sigchld = anon_fds::signalfd(
         1 << (libc::SIGCHLD - 1),
@@ -475,6 +498,27 @@ pub fn run(a: Args) -> Result<()> {
         let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
         Some((sock, ns.to_string_lossy().into_owned()))
     });
+    // (ns_last_pid is opened here, before the guest is confined.)
+    let mut sup = match &a.home {
+        Some(h) => Some(Supervisor {
+            home: parse_home(h)?,
+            listeners: Vec::new(),
+            counts: Default::default(),
+            changed: Default::default(),
+            names: Default::default(),
+            sockfs,
+            inbox: Vec::new(),
+            forks: super::guest_forks::Forks::new(report.as_ref().and_then(|(s, ns)| {
+                Some((
+                    s.try_clone()
+                        .map_err(|e| log::warn!("guest init: report socket: {e}"))
+                        .ok()?,
+                    ns.clone(),
+                ))
+            })),
+        }),
+        None => None,
+    };
     if a.confine {
         // Before anything joins the namespace: whoever made it waits for our word ("R", or
         // "E" and why) on the hold socket.
@@ -492,7 +536,10 @@ pub fn run(a: Args) -> Result<()> {
     // Woken only by forwarded calls last time round (no child changed, no timeout).
     let mut busy = false;
     loop {
-        reap(report.as_ref());
+        let reaped = reap(report.as_ref());
+        if let Some(s) = sup.as_mut() {
+            s.forks.reaped(&reaped);
+        }
         if let (Some(s), Some((sock, ns))) = (sup.as_mut(), report.as_ref()) {
             // What the body costs, for `ferry ps`: at most every half second, when it changed.
             if !s.changed.is_empty() && counted.elapsed() >= std::time::Duration::from_millis(500) {
@@ -510,8 +557,10 @@ pub fn run(a: Args) -> Result<()> {
         let mut fds = vec![sigchld.as_raw_fd(), -1];
         fds[1] = hold.as_ref().map_or(-1, |h| h.as_raw_fd());
         let listening = sup.as_ref().map_or(0, |s| s.listeners.len());
+        let watching = sup.as_ref().map_or(0, |s| s.forks.watched.len());
         if let Some(s) = &sup {
             fds.extend(s.listeners.iter().map(|l| l.as_raw_fd()));
+            fds.extend(s.forks.watched.iter().map(|(_, w)| w.as_raw_fd()));
         }
         let events = match ns::poll_events(&fds, 1000) {
             Ok(r) => r,
@@ -554,6 +603,13 @@ pub fn run(a: Args) -> Result<()> {
             for i in done.into_iter().rev() {
                 s.listeners.remove(i);
             }
+            // Watched processes that ended (their pidfds read ready); those the calls above
+            // added come after them.
+            for i in (0..watching).rev() {
+                if events[2 + listening + i] != 0 {
+                    s.forks.ended(i);
+                }
+            }
         }
     }
 }
@@ -577,6 +633,7 @@ mod tests {
             names: Default::default(),
             sockfs: 0,
             inbox: Vec::new(),
+            forks: crate::commands::guest_forks::Forks::new(None),
         }
     }
 

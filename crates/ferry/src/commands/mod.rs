@@ -10,6 +10,7 @@ pub mod cluster_net;
 pub mod daemon;
 pub mod evict;
 pub mod guest_confine;
+pub mod guest_forks;
 pub mod guest_init;
 pub mod hosts;
 pub mod image;

@@ -5,7 +5,9 @@
 //! tree handed to its supervisor (docs/syscalls.md, "forwarded") and the time spent answering
 //! them (`forwarded_calls`, `forwarded_us` in `--json`). A tree its home rebuilt from its last
 //! checkpoint after its node died has a line of its own below it (`recovered` in `--json`):
-//! which node died, and which nodes were passed over for it, and why.
+//! which node died, and which nodes were passed over for it, and why. Asked at a tree's home,
+//! a tree with more deputies than its root (processes it had when it left, or forked since) has
+//! a line listing their PIDs at home (`deputies` in `--json`).
 
 use super::client;
 use anyhow::{bail, Result};
@@ -62,6 +64,10 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
         );
         if let Some(r) = &p.recovered {
             println!("{:<8} rebuilt from its last checkpoint {r}", "");
+        }
+        if p.deputies.len() > 1 {
+            let pids: Vec<String> = p.deputies.iter().map(|d| d.to_string()).collect();
+            println!("{:<8} deputies at home: {}", "", pids.join(" "));
         }
     }
     Ok(())

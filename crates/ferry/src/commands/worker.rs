@@ -723,6 +723,22 @@ fn serve_deputies(
                         log::error!("{e}");
                     }
                 }
+                Some(Msg::ForkDeputy { pid }) => {
+                    // Answered at the top of the loop, in order with what else happened.
+                    untold.push(match deputies.fork(pid) {
+                        Ok(child) => Msg::DeputyForked {
+                            parent: pid,
+                            pid: child,
+                        },
+                        Err(e) => {
+                            log::warn!("deputies: fork a deputy from PID {pid}: {e}");
+                            Msg::ForkRefused {
+                                parent: pid,
+                                message: format!("{e}"),
+                            }
+                        }
+                    });
+                }
                 Some(Msg::ReleaseDeputies) => {
                     // Coming home: the restore worker takes them over, once none is between
                     // a stop and a continue its body reported (the last report may still be on

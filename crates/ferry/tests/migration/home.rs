@@ -1,6 +1,7 @@
 //! What the home keeps (the deputy): a shell's wait, a parent's view of stop, continue and
 //! exit, a body lost with its node, a job under a real terminal, the home's identities, a
-//! supervisor's death, a job brought home, fork after the move, a raw terminal.
+//! supervisor's death, a job brought home, fork after the move (the child's deputy at home,
+//! moving on and coming home with it, a fork without its home), a raw terminal.
 
 use super::*;
 
@@ -658,9 +659,9 @@ pub(super) fn job_brought_home() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A process forks after it moved: the child (which has no deputy at home: docs/limitations.md)
-/// sees what a child forked at home would: its parent is the parent's home PID, its process
-/// group and session are the parent's home ones, and the parent's `wait` gets its exit status.
+/// A process forks after it moved: the child sees what a child forked at home would: its
+/// parent is the parent's home PID, its process group and session are the parent's home ones,
+/// and the parent's `wait` gets its exit status (its deputy at home: the trials below).
 pub(super) fn fork_after_move() -> Result<(), Failed> {
     let c = Cluster::up("forked", 2);
     let dir = scratch("migration", "forked");
@@ -822,5 +823,392 @@ pub(super) fn raw_terminal_after_move() -> Result<(), Failed> {
         "SIGWINCH after the job set its window size (TIOCSWINSZ): the home terminal's"
     );
     assert_eq!(read("keys"), "xy", "the keys the job read");
+    Ok(())
+}
+
+/// The parent of the fork trials: writes its PID, forks once `fork` exists (the child writes
+/// its getpid() and getppid() and waits to be killed), waits for it and writes the exit code
+/// it saw; then posix_spawns a shell (CLONE_VM | CLONE_VFORK) that writes its `$$` and waits
+/// for `go`, and writes that one's exit code too; then waits for `end`.
+const FORKING: &str = r#"
+import os, sys, time
+d = sys.argv[1]
+def wr(name, text):
+    open(d + '/' + name + '.tmp', 'w').write(text)
+    os.rename(d + '/' + name + '.tmp', d + '/' + name)
+def until(name):
+    while not os.path.exists(d + '/' + name):
+        time.sleep(0.02)
+wr('pid', str(os.getpid()))
+until('fork')
+k = os.fork()
+if k == 0:
+    wr('child', '%d %d' % (os.getpid(), os.getppid()))
+    while True:
+        time.sleep(1)
+wr('forked', str(k))
+_, st = os.waitpid(k, 0)
+wr('status', str(os.waitstatus_to_exitcode(st)))
+script = 'echo $$ > %s/spawned.tmp; mv %s/spawned.tmp %s/spawned; ' \
+         'while [ ! -e %s/go ]; do sleep 0.05; done' % (d, d, d, d)
+s = os.posix_spawn('/bin/sh', ['sh', '-c', script], os.environ)
+wr('spawn', str(s))
+_, st = os.waitpid(s, 0)
+wr('spawn_status', str(os.waitstatus_to_exitcode(st)))
+until('end')
+"#;
+
+/// Waits up to 20 s for `cond`.
+fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<(), Failed> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        if Instant::now() > deadline {
+            return Err(format!("timed out waiting for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// PPid of `pid` at home (this machine), 0 if it is gone.
+fn ppid_here(pid: i32) -> i32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("PPid:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The home PIDs `ferry ps --json` lists as deputies of the tree of `root` (asked on `on`,
+/// its home).
+fn deputy_pids(c: &Cluster, on: &str, root: i32) -> Vec<i64> {
+    guest(c, on, root)
+        .and_then(|g| {
+            g["deputies"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|p| p.as_i64()).collect())
+        })
+        .unwrap_or_default()
+}
+
+/// A child a moved process forks (os.fork) and one it posix_spawns (clone with CLONE_VM and
+/// CLONE_VFORK) each get a deputy at home: the child's getpid() there is a PID alive at home,
+/// traced (a deputy), whose parent is the parent's home PID, listed by `ferry ps` with the
+/// tree's deputies and in their durable record. `kill -TERM` of that PID at home ends the
+/// child over there, and the parent's wait there sees SIGTERM; once a child ended, its deputy
+/// has ended the same way and is gone at home, reaped (no zombie left under the parent's
+/// deputy).
+pub(super) fn forked_child_has_a_deputy() -> Result<(), Failed> {
+    let c = Cluster::up("forkdep", 2);
+    let dir = scratch("migration", "forkdep");
+    let (out, err) = victim_output(&dir, "forking");
+    let mut p = UnixServer(
+        Command::new("python3")
+            .args(["-c", FORKING])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the parent")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    std::fs::write(dir.join("fork"), "").unwrap();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let child = pid_from(&dir.join("forked"), "the fork")?;
+    eventually("the child to write its ids", || !read("child").is_empty())?;
+    assert_eq!(
+        read("child"),
+        format!("{child} {pid}"),
+        "the child's getpid() and getppid() (fork returned {child})"
+    );
+    // At home: that PID is the child's deputy, a child of the parent's.
+    assert!(pid_alive(child), "PID {child} is not alive at home");
+    assert_eq!(ppid_here(child), pid, "the parent at home of PID {child}");
+    assert_ne!(
+        common::run::tracer_of(child),
+        0,
+        "PID {child} at home is no deputy"
+    );
+    eventually("ferry ps to list the child's deputy", || {
+        deputy_pids(&c, "a", pid).contains(&(child as i64))
+    })
+    .map_err(|e| format!("{e:?}: {:?}", ps(&c, "a")))?;
+    // Recorded durably with the tree's other deputies (a restarted daemon takes it up).
+    let record = c
+        .dir
+        .join("a")
+        .join("state")
+        .join(format!("deputy-{pid}.json"));
+    let pids: Vec<i64> = std::fs::read(&record)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| {
+            v["pids"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|p| p.as_i64()).collect())
+        })
+        .unwrap_or_default();
+    assert!(
+        pids.contains(&(child as i64)) && pids.contains(&(pid as i64)),
+        "{} lists {pids:?}",
+        record.display()
+    );
+    let st = Command::new("kill")
+        .args(["-TERM", &child.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    eventually("the parent's wait", || !read("status").is_empty())?;
+    assert_eq!(read("status"), "-15", "the parent's wait for its child");
+    eventually("the child's deputy to be reaped at home", || {
+        !Path::new(&format!("/proc/{child}")).exists()
+    })?;
+    // Its deputy ended as the child did (killed by SIGTERM), though its parent over there may
+    // have reaped it before its node looked.
+    let ended = format!("event=\"deputy-ended\" pid={child} status=15 mirrored=true");
+    eventually(
+        "home's log to say the child's deputy ended by SIGTERM",
+        || c.log("a").contains(&ended),
+    )?;
+    // posix_spawn: CLONE_VM | CLONE_VFORK.
+    let spawned = pid_from(&dir.join("spawn"), "posix_spawn")?;
+    eventually("the spawned shell to write its PID", || {
+        !read("spawned").is_empty()
+    })?;
+    assert_eq!(
+        read("spawned").trim(),
+        spawned.to_string(),
+        "the shell's $$"
+    );
+    assert!(pid_alive(spawned), "PID {spawned} is not alive at home");
+    assert_eq!(
+        ppid_here(spawned),
+        pid,
+        "the parent at home of PID {spawned}"
+    );
+    assert_ne!(
+        common::run::tracer_of(spawned),
+        0,
+        "PID {spawned} is no deputy"
+    );
+    std::fs::write(dir.join("go"), "").unwrap();
+    eventually("the parent's wait for the shell", || {
+        !read("spawn_status").is_empty()
+    })?;
+    assert_eq!(read("spawn_status"), "0");
+    eventually("the shell's deputy to be reaped at home", || {
+        !Path::new(&format!("/proc/{spawned}")).exists()
+    })?;
+    std::fs::write(dir.join("end"), "").unwrap();
+    let st = p.0.wait().unwrap();
+    assert_eq!(st.code(), Some(0), "the parent: {st:?}");
+    Ok(())
+}
+
+/// The parent of the trials below: forks once `fork` exists; the child writes its getpid()
+/// and getppid() and exits 3 once `stop` exists; the parent writes the exit code its wait saw,
+/// and ends once `end` exists.
+const FORKS_THEN_WAITS: &str = r#"
+import os, sys, time
+d = sys.argv[1]
+def wr(name, text):
+    open(d + '/' + name + '.tmp', 'w').write(text)
+    os.rename(d + '/' + name + '.tmp', d + '/' + name)
+def until(name):
+    while not os.path.exists(d + '/' + name):
+        time.sleep(0.02)
+wr('pid', str(os.getpid()))
+until('fork')
+try:
+    k = os.fork()
+except BlockingIOError as e:
+    wr('forked', 'EAGAIN')
+    until('end')
+    sys.exit(0)
+if k == 0:
+    wr('child', '%d %d' % (os.getpid(), os.getppid()))
+    until('stop')
+    os._exit(3)
+wr('forked', str(k))
+_, st = os.waitpid(k, 0)
+wr('status', str(os.waitstatus_to_exitcode(st)))
+until('end')
+"#;
+
+fn start_forker(dir: &Path) -> UnixServer {
+    let (out, err) = victim_output(dir, "forker");
+    UnixServer(
+        Command::new("python3")
+            .args(["-c", FORKS_THEN_WAITS])
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// A tree with a child forked after the move moves on (a -> b -> c) and comes home (c -> a):
+/// on c the child's deputy is still the tree's (listed, alive, traced at home); at home again
+/// the deputies, the child's too, are adopted: parent and child are the ordinary processes
+/// under their PIDs (no tracer), the child still the parent's child, and the parent's wait
+/// gets the child's exit code.
+pub(super) fn forked_child_moves_on_and_comes_home() -> Result<(), Failed> {
+    let c = Cluster::up("forkon", 3);
+    let dir = scratch("migration", "forkon");
+    let mut p = start_forker(&dir);
+    let pid = pid_from(&dir.join("pid"), "the parent")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    std::fs::write(dir.join("fork"), "").unwrap();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let child = pid_from(&dir.join("forked"), "the fork")?;
+    eventually("the child to write its ids", || !read("child").is_empty())?;
+    assert_eq!(read("child"), format!("{child} {pid}"));
+    assert_ne!(common::run::tracer_of(child), 0, "PID {child} is no deputy");
+    migrate(&c, "b", pid, "c").map_err(|e| format!("b -> c: {e}"))?;
+    assert!(
+        pid_alive(child),
+        "PID {child}'s deputy is gone after b -> c"
+    );
+    assert_ne!(
+        common::run::tracer_of(child),
+        0,
+        "PID {child} is no deputy on c"
+    );
+    eventually("ferry ps to list the child's deputy", || {
+        deputy_pids(&c, "a", pid).contains(&(child as i64))
+    })?;
+    let r = migrate(&c, "c", pid, "a").map_err(|e| format!("c -> a: {e}"))?;
+    assert_eq!(r["dest_pid"].as_i64(), Some(pid as i64), "{r}");
+    for (who, p) in [("the parent", pid), ("the child", child)] {
+        assert!(pid_alive(p), "{who} (PID {p}) is gone at home");
+        assert_eq!(
+            common::run::tracer_of(p),
+            0,
+            "{who} (PID {p}) is still traced (a deputy)"
+        );
+        assert_eq!(
+            std::fs::read_link(format!("/proc/{p}/ns/pid")).ok(),
+            std::fs::read_link("/proc/self/ns/pid").ok(),
+            "{who} (PID {p}) runs in a PID namespace of its own"
+        );
+    }
+    assert_eq!(ppid_here(child), pid, "the child's parent at home");
+    std::fs::write(dir.join("stop"), "").unwrap();
+    eventually("the parent's wait", || !read("status").is_empty())?;
+    assert_eq!(read("status"), "3", "the parent's wait for its child");
+    std::fs::write(dir.join("end"), "").unwrap();
+    let st = p.0.wait().unwrap();
+    assert_eq!(st.code(), Some(0), "the parent: {st:?}");
+    Ok(())
+}
+
+/// A moved process whose home cannot be reached (its daemon killed) forks: the fork fails
+/// with EAGAIN, which the program handles, rather than giving the child a PID home does not
+/// know; the guest init's log (in its node's) says why.
+pub(super) fn fork_without_home_fails_with_eagain() -> Result<(), Failed> {
+    let c = Cluster::up("forkgone", 2);
+    let dir = scratch("migration", "forkgone");
+    let p = start_forker(&dir);
+    let pid = pid_from(&dir.join("pid"), "the parent")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let home = c.daemon_pid("a");
+    let st = Command::new("kill")
+        .args(["-KILL", &home.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    eventually("home's daemon to be gone", || !pid_alive(home))?;
+    std::fs::write(dir.join("fork"), "").unwrap();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    eventually("the fork to fail", || !read("forked").is_empty())?;
+    assert_eq!(read("forked"), "EAGAIN", "what the fork gave");
+    assert!(
+        c.log("b").contains("home gave its child no PID"),
+        "b's log does not say why: {}",
+        c.log("b")
+    );
+    std::fs::write(dir.join("end"), "").unwrap();
+    drop(p);
+    Ok(())
+}
+
+/// A moved process forks and waits 300 times in a row, as fast as it can: every fork succeeds
+/// (a SIGCHLD from the last child's deputy, pending as the next is forked at home, once made
+/// them fail), every child's getpid() is the PID fork returned, each had its deputy at home,
+/// and no deputy is left there afterwards.
+pub(super) fn many_forks_after_the_move() -> Result<(), Failed> {
+    const PROG: &str = r#"
+import os, sys, time
+d = sys.argv[1]
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+while not os.path.exists(d + '/fork'):
+    time.sleep(0.02)
+bad = []
+t = time.time()
+for i in range(300):
+    r, w = os.pipe()
+    k = os.fork()
+    if k == 0:
+        os.write(w, str(os.getpid()).encode())
+        os._exit(0)
+    os.close(w)
+    got = int(os.read(r, 32))
+    os.close(r)
+    _, st = os.waitpid(k, 0)
+    if got != k or st != 0:
+        bad.append((k, got, st))
+open(d + '/ms', 'w').write('%.3f' % ((time.time() - t) * 1000 / 300))
+open(d + '/bad', 'w').write(repr(bad))
+"#;
+    let c = Cluster::up("forkmany", 2);
+    let dir = scratch("migration", "forkmany");
+    let (out, err) = victim_output(&dir, "forkmany");
+    let mut p = UnixServer(
+        Command::new("python3")
+            .args(["-c", PROG])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the parent")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    std::fs::write(dir.join("fork"), "").unwrap();
+    let st = p.0.wait().unwrap();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    assert_eq!(
+        st.code(),
+        Some(0),
+        "the parent: {st:?}: {}\nb: {}",
+        read("forkmany.err"),
+        c.log("b")
+    );
+    assert_eq!(
+        read("bad"),
+        "[]",
+        "forks whose child had another PID, or failed"
+    );
+    eprintln!("a fork and wait after the move: {} ms", read("ms"));
+    // Each child had its deputy at home.
+    let forked = format!("event=\"deputy-forked\" root={pid} ");
+    assert_eq!(
+        c.log("a").matches(&forked).count(),
+        300,
+        "deputies forked at home for the tree of {pid}"
+    );
+    // The parent's own deputy ended with it; none of its children's is left.
+    eventually("no deputy left at home", || {
+        deputy_pids(&c, "a", pid).is_empty() && common::run::tracer_of(pid) == 0
+    })?;
     Ok(())
 }

@@ -178,6 +178,22 @@ fn main() {
             fork_after_move,
         ),
         Trial::test(
+            "a_child_forked_after_the_move_has_a_deputy_at_home",
+            forked_child_has_a_deputy,
+        ),
+        Trial::test(
+            "a_child_forked_after_the_move_moves_on_and_comes_home",
+            forked_child_moves_on_and_comes_home,
+        ),
+        Trial::test(
+            "a_fork_without_its_home_fails_with_eagain",
+            fork_without_home_fails_with_eagain,
+        ),
+        Trial::test(
+            "three_hundred_forks_after_the_move_each_get_their_deputys_pid",
+            many_forks_after_the_move,
+        ),
+        Trial::test(
             "a_moved_job_sets_its_home_terminal_raw_and_reads_keys",
             raw_terminal_after_move,
         ),
