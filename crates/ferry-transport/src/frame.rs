@@ -10,6 +10,7 @@
 //! back as the `Data` frame it was, so nothing past the connection knows.
 
 use crate::message::Msg;
+use std::io::IoSlice;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -235,8 +236,22 @@ pub async fn write_io<W: AsyncWrite + Unpin>(
         let mut start = [0u8; 5 + IO_PREFIX_MAX];
         start[..5].copy_from_slice(&head);
         start[5..5 + n].copy_from_slice(&prefix[..n]);
-        w.write_all(&start[..5 + n]).await?;
-        w.write_all(data).await?;
+        // Header and bytes in one vectored write: one system call on a socket, and over TLS
+        // the header shares the bytes' first record rather than making one of its own.
+        let start = &start[..5 + n];
+        let mut done = 0;
+        while done < start.len() + data.len() {
+            let wrote = if done < start.len() {
+                let bufs = [IoSlice::new(&start[done..]), IoSlice::new(data)];
+                w.write_vectored(&bufs).await?
+            } else {
+                w.write(&data[done - start.len()..]).await?
+            };
+            if wrote == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
+            }
+            done += wrote;
+        }
     }
     w.flush().await?;
     Ok(())
