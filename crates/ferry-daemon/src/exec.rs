@@ -23,7 +23,7 @@ use crate::node::Node;
 use anyhow::{anyhow, Context, Result};
 use ferry_sys::spawn::{Spawn, SpawnError, Step};
 use ferry_transport::message::{kind, ProcInfo, RunSpec};
-use ferry_transport::{read_frame, read_msg, write_msg, Conn, Frame, FrameError, Msg};
+use ferry_transport::{read_frame, read_msg, write_io, write_msg, Conn, Frame, FrameError, Msg};
 use serde_bytes::ByteBuf;
 use std::ffi::CString;
 use std::future::Future;
@@ -41,8 +41,9 @@ use tokio::sync::mpsc;
 
 /// How long a program whose caller vanished has, after SIGHUP, before SIGKILL.
 pub const HANGUP_GRACE: Duration = Duration::from_secs(3);
-/// Largest read from the program's stdout or stderr, hence the largest `Io` frame.
-const IO_CHUNK: usize = 256 << 10;
+/// Largest read from the program's stdout or stderr, hence the largest `Io` frame (as much as
+/// its enlarged pipe holds: a fast writer's output crosses in fewer, larger frames).
+const IO_CHUNK: usize = PIPE_SIZE;
 /// Its pipes are enlarged to this: fewer, larger reads for a program that writes a lot.
 const PIPE_SIZE: usize = 1 << 20;
 /// Chunks of caller stdin waiting for the program (each at most the CLI's read, 64 KiB).
@@ -602,17 +603,14 @@ async fn forward<W: AsyncWrite + Unpin>(
     r: io::Result<Vec<u8>>,
     fd: &mut Option<Reader>,
 ) -> Result<(), ()> {
-    let msg = match r {
-        Ok(d) if !d.is_empty() => Msg::Io {
-            stream,
-            data: ByteBuf::from(d),
-        },
+    match r {
+        // The bytes go out as they were read, not copied into an encoded message first.
+        Ok(d) if !d.is_empty() => write_io(wr, stream, &d).await.map_err(drop),
         _ => {
             *fd = None;
-            Msg::IoEnd { stream }
+            write_msg(wr, &Msg::IoEnd { stream }).await.map_err(drop)
         }
-    };
-    write_msg(wr, &msg).await.map_err(drop)
+    }
 }
 
 /// Frames from the caller: stdin, its end, signals, window sizes, readers gone.

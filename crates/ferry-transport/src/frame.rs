@@ -10,6 +10,7 @@
 //! back as the `Data` frame it was, so nothing past the connection knows.
 
 use crate::message::Msg;
+use std::io::IoSlice;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -109,17 +110,151 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Frame, FrameE
             "frame of {len} bytes (limit {MAX_FRAME})"
         )));
     }
+    if head[4] == KIND_MSG && len >= IO_DIRECT_MIN {
+        // A program's output or input (`Io`): its bytes are read straight into the buffer the
+        // message keeps, rather than decoded out of the payload into another.
+        let mut start = [0u8; IO_PREFIX_MAX];
+        r.read_exact(&mut start).await.map_err(|e| inside(e, len))?;
+        if let Some((stream, p)) = io_prefix_of(&start, len) {
+            let mut data = Vec::with_capacity(len - p);
+            data.extend_from_slice(&start[p..]);
+            read_rest(r, &mut data, len - p).await?;
+            return Ok(Frame::Msg(Msg::Io {
+                stream,
+                data: serde_bytes::ByteBuf::from(data),
+            }));
+        }
+        let mut payload = Vec::with_capacity(len);
+        payload.extend_from_slice(&start);
+        read_rest(r, &mut payload, len).await?;
+        return decode(head[4], payload);
+    }
     // Read into spare capacity: no zeroing of each (up to 4 MiB) payload first.
     let mut payload = Vec::with_capacity(len);
-    while payload.len() < len {
-        let want = (len - payload.len()) as u64;
-        if (&mut *r).take(want).read_buf(&mut payload).await? == 0 {
+    read_rest(r, &mut payload, len).await?;
+    decode(head[4], payload)
+}
+
+/// Reads into `buf` until it holds `len` bytes.
+async fn read_rest<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    len: usize,
+) -> Result<(), FrameError> {
+    while buf.len() < len {
+        let want = (len - buf.len()) as u64;
+        if (&mut *r).take(want).read_buf(buf).await? == 0 {
             return Err(FrameError::malformed(format!(
                 "connection closed inside a frame of {len} bytes"
             )));
         }
     }
-    decode(head[4], payload)
+    Ok(())
+}
+
+fn inside(e: std::io::Error, len: usize) -> FrameError {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        FrameError::malformed(format!("connection closed inside a frame of {len} bytes"))
+    } else {
+        e.into()
+    }
+}
+
+/// `Io` frames at least this long are read and written without a copy of their bytes.
+const IO_DIRECT_MIN: usize = 4096;
+/// The longest CBOR of `Msg::Io` before its bytes: `{"Io": {"stream": S, "data": <bytes>}}`,
+/// with S up to 255 and a length up to 2^32 - 1.
+const IO_PREFIX_MAX: usize = 24;
+
+/// The CBOR that starts `Msg::Io { stream, data }` when `data` is `len` bytes long, exactly as
+/// the general encoder writes it (map of one: "Io" to a map of two, "stream" then "data").
+fn io_prefix(stream: u8, len: usize) -> ([u8; IO_PREFIX_MAX], usize) {
+    let mut p = [0u8; IO_PREFIX_MAX];
+    let head = b"\xa1\x62Io\xa2\x66stream";
+    p[..head.len()].copy_from_slice(head);
+    let mut n = head.len();
+    if stream < 24 {
+        p[n] = stream;
+        n += 1;
+    } else {
+        p[n..n + 2].copy_from_slice(&[0x18, stream]);
+        n += 2;
+    }
+    p[n..n + 5].copy_from_slice(b"\x64data");
+    n += 5;
+    if len < 24 {
+        p[n] = 0x40 | len as u8;
+        n += 1;
+    } else if len < 1 << 8 {
+        p[n..n + 2].copy_from_slice(&[0x58, len as u8]);
+        n += 2;
+    } else if len < 1 << 16 {
+        p[n] = 0x59;
+        p[n + 1..n + 3].copy_from_slice(&(len as u16).to_be_bytes());
+        n += 3;
+    } else {
+        p[n] = 0x5a;
+        p[n + 1..n + 5].copy_from_slice(&(len as u32).to_be_bytes());
+        n += 5;
+    }
+    (p, n)
+}
+
+/// If a message payload of `len` bytes that starts with `start` is an `Io` message in the form
+/// [`io_prefix`] writes, its stream and where its bytes start.
+fn io_prefix_of(start: &[u8; IO_PREFIX_MAX], len: usize) -> Option<(u8, usize)> {
+    let stream = match start[12] {
+        s @ 0..=23 => s,
+        0x18 => start[13],
+        _ => return None,
+    };
+    // Whatever the length's form, the payload must be exactly the prefix and the bytes.
+    (0..4).find_map(|form| {
+        let p = 12 + usize::from(stream >= 24) + 5 + [1, 2, 3, 5][form];
+        let data = len.checked_sub(p)?;
+        let (want, n) = io_prefix(stream, data);
+        (n == p && want[..n] == start[..n]).then_some((stream, p))
+    })
+}
+
+/// Writes `Msg::Io { stream, data }`, the same frame [`write_msg`] would write, without
+/// copying a large `data` into an encoded message first. Flushed.
+pub async fn write_io<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    stream: u8,
+    data: &[u8],
+) -> Result<(), FrameError> {
+    let (prefix, n) = io_prefix(stream, data.len());
+    let head = header(KIND_MSG, n + data.len())?;
+    if data.len() < IO_DIRECT_MIN {
+        let mut frame = Vec::with_capacity(5 + n + data.len());
+        frame.extend_from_slice(&head);
+        frame.extend_from_slice(&prefix[..n]);
+        frame.extend_from_slice(data);
+        w.write_all(&frame).await?;
+    } else {
+        let mut start = [0u8; 5 + IO_PREFIX_MAX];
+        start[..5].copy_from_slice(&head);
+        start[5..5 + n].copy_from_slice(&prefix[..n]);
+        // Header and bytes in one vectored write: one system call on a socket, and over TLS
+        // the header shares the bytes' first record rather than making one of its own.
+        let start = &start[..5 + n];
+        let mut done = 0;
+        while done < start.len() + data.len() {
+            let wrote = if done < start.len() {
+                let bufs = [IoSlice::new(&start[done..]), IoSlice::new(data)];
+                w.write_vectored(&bufs).await?
+            } else {
+                w.write(&data[done - start.len()..]).await?
+            };
+            if wrote == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
+            }
+            done += wrote;
+        }
+    }
+    w.flush().await?;
+    Ok(())
 }
 
 async fn write_raw<W: AsyncWrite + Unpin>(
@@ -441,6 +576,60 @@ mod tests {
         let (a, mut b) = tokio::io::duplex(16);
         drop(a);
         assert!(matches!(read_frame(&mut b).await, Err(FrameError::Closed)));
+    }
+
+    /// `write_io` writes the very frame `write_msg` would, and `read_frame` reads it (and the
+    /// general encoder's) back whole, whatever the length's form and the stream's.
+    #[tokio::test]
+    async fn io_frames_written_and_read_without_copies() {
+        for stream in [0u8, 1, 2, 23, 24, 255] {
+            for len in [
+                0usize,
+                5,
+                23,
+                24,
+                255,
+                256,
+                4095,
+                4096,
+                65535,
+                65536,
+                1 << 20,
+            ] {
+                let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+                let msg = Msg::Io {
+                    stream,
+                    data: serde_bytes::ByteBuf::from(data.clone()),
+                };
+                let general = encode_msg(&msg).unwrap();
+                let mut direct = Vec::new();
+                write_io(&mut direct, stream, &data).await.unwrap();
+                assert_eq!(direct, general, "stream {stream}, {len} bytes");
+                let mut wire = general.as_slice();
+                match read_frame(&mut wire).await.unwrap() {
+                    Frame::Msg(Msg::Io { stream: s, data: d }) => {
+                        assert_eq!((s, d.as_slice()), (stream, data.as_slice()))
+                    }
+                    other => panic!("stream {stream}, {len} bytes: read back {other:?}"),
+                }
+                assert!(wire.is_empty());
+            }
+        }
+        // Other messages as long still go through the general decoder; an `Io` cut short is
+        // malformed.
+        let long = Msg::error("x".repeat(10_000));
+        let wire = encode_msg(&long).unwrap();
+        assert!(matches!(
+            read_frame(&mut wire.as_slice()).await.unwrap(),
+            Frame::Msg(Msg::Error { message }) if message.len() == 10_000
+        ));
+        let mut cut = Vec::new();
+        write_io(&mut cut, 1, &[7u8; 10_000]).await.unwrap();
+        cut.truncate(cut.len() - 1);
+        assert!(matches!(
+            read_frame(&mut cut.as_slice()).await,
+            Err(FrameError::Malformed(_))
+        ));
     }
 
     #[test]

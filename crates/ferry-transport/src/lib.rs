@@ -13,8 +13,8 @@ pub mod tls;
 
 pub use credentials::{ClusterCa, CredentialPaths, Credentials};
 pub use frame::{
-    read_frame, read_msg, write_data, write_data_with, write_end, write_msg, Compressor, Frame,
-    FrameError,
+    read_frame, read_msg, write_data, write_data_with, write_end, write_io, write_msg, Compressor,
+    Frame, FrameError,
 };
 pub use message::Msg;
 pub use revocation::RevocationList;

@@ -161,9 +161,38 @@ enum Command {
     GuestMounts(commands::guest_confine::Args),
 }
 
+/// `ferry run ...` alone: remote execution is a process start per program run (a parallel make
+/// pays it on every recipe), so its arguments are parsed without building the parser of every
+/// other command first. Same options, help and errors as `ferry run` in [`Cli`].
+#[derive(Parser)]
+#[command(
+    name = "ferry run",
+    bin_name = "ferry run",
+    about = "Run a command on another node as if it ran here: cwd, environment, stdio, signals, status"
+)]
+struct RunCli {
+    /// Which node is "here" where several daemons share this machine (a local cluster).
+    #[arg(long, env = "FERRY_NODE")]
+    node: Option<String>,
+    #[command(flatten)]
+    args: commands::run::Args,
+}
+
 fn main() {
     // Test builds only (feature `failpoints`): the fail points FAILPOINTS sets.
     ferry_inject::setup_failpoints();
+    if std::env::args_os().nth(1).is_some_and(|a| a == "run") {
+        let cli = RunCli::parse_from(std::env::args_os().skip(1));
+        ferry_sys::process::default_sigpipe();
+        env_logger::Builder::from_env(env_logger::Env::default().filter_or("FERRY_LOG", "warn"))
+            .format_timestamp_millis()
+            .init();
+        if let Err(e) = commands::run::run(cli.args, cli.node.as_deref()) {
+            eprintln!("ferry: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     // Run by make as its shell (`ferry make`): no subcommand, make's arguments.
     let argv0 = std::env::args_os().next().unwrap_or_default();
     if std::path::Path::new(&argv0)

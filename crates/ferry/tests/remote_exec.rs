@@ -47,10 +47,11 @@ fn main() {
         Some(Arc::new(Cluster::up("remote-exec", 3)))
     };
     type Test = fn(&Cluster) -> Result<(), Failed>;
-    let tests: [(&str, Test); 18] = [
+    let tests: [(&str, Test); 19] = [
         ("exit_codes", exit_codes),
         ("death_by_signal", death_by_signal),
         ("many_short_runs", many_short_runs),
+        ("quiet_run_starts_no_thread", quiet_run_starts_no_thread),
         ("stdin_streams", stdin_streams),
         ("stdin_arrives_slowly", stdin_arrives_slowly),
         ("large_stdout_bounded_memory", large_stdout),
@@ -1040,6 +1041,37 @@ fn on_this_node(c: &Cluster) -> Result<(), Failed> {
     check(
         text(&o.stdout) == "run here\n" && o.status.code() == Some(5),
         || describe(&o),
+    )
+}
+
+/// The threads of process `pid` (its /proc/PID/task entries).
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// A run costs its caller no thread it does not need: with stdin /dev/null and no output yet,
+/// `ferry run` is one thread while its program runs; its first output starts the one that
+/// writes it, and the output comes whole.
+fn quiet_run_starts_no_thread(c: &Cluster) -> Result<(), Failed> {
+    let mut child = sh_on_b(c, "sleep 4; echo late")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let started = wait_until(Duration::from_secs(20), || guest(c, "b", pid).is_some());
+    let quiet = threads(pid);
+    if !started {
+        let _ = child.kill();
+    }
+    let o = child.wait_with_output().unwrap();
+    check(
+        started && quiet == 1 && o.status.success() && text(&o.stdout) == "late\n",
+        || {
+            format!(
+                "started {started}, {quiet} threads while quiet; {}",
+                describe(&o)
+            )
+        },
     )
 }
 

@@ -37,7 +37,12 @@ pub fn daemon_socket(node: Option<&str>) -> Result<PathBuf> {
         return Ok(PathBuf::from(s));
     }
     let dir = cluster_dir(None);
-    let system = ferry_daemon::Config::load(Path::new(SYSTEM_CONFIG)).ok();
+    // Most machines of a local cluster have no system config: not even an error is made then
+    // (with RUST_BACKTRACE set, each error captures a backtrace, a cost on every command).
+    let system = Path::new(SYSTEM_CONFIG)
+        .exists()
+        .then(|| ferry_daemon::Config::load(Path::new(SYSTEM_CONFIG)).ok())
+        .flatten();
     match node {
         Some(n) => {
             let p = ferry_daemon::config::control_socket(&dir.join(n));

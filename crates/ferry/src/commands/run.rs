@@ -11,9 +11,9 @@
 //! command that is not found with 127, one that cannot be executed with 126.
 //!
 //! Threads: the async loop reads the daemon's frames and our signals; one thread reads our
-//! stdin (a file, a pipe or a terminal alike), one writes our stdout and stderr. Both are fed
-//! through bounded channels, so a slow reader of our stdout slows the remote program down
-//! rather than filling memory.
+//! stdin (a file, a pipe or a terminal alike; none for /dev/null), one writes our stdout and
+//! stderr (started with the first output). Both are fed through bounded channels, so a slow
+//! reader of our stdout slows the remote program down rather than filling memory.
 
 use super::client;
 use anyhow::{anyhow, bail, Context, Result};
@@ -282,17 +282,20 @@ async fn session(spec: RunSpec, node: Option<&str>) -> Result<Ending> {
             }
         }
     });
-    let up = up_tx.clone();
-    std::thread::Builder::new()
-        .name("stdin".into())
-        .spawn(move || pump_stdin(up))
-        .context("start the stdin thread")?;
-    let (out_tx, out_rx) = mpsc::channel::<Out>(4);
-    let up = up_tx.clone();
-    let output = std::thread::Builder::new()
-        .name("output".into())
-        .spawn(move || write_output(out_rx, up, tty))
-        .context("start the output thread")?;
+    // Nothing to read from /dev/null: its end goes at once, without a thread.
+    if stdin_is_dev_null() {
+        let _ = up_tx.send((Msg::IoEnd { stream: 0 }, None)).await;
+    } else {
+        let up = up_tx.clone();
+        std::thread::Builder::new()
+            .name("stdin".into())
+            .spawn(move || pump_stdin(up))
+            .context("start the stdin thread")?;
+    }
+    // The output thread starts with the first output (a program that writes nothing, as many
+    // of a build's are, costs no thread); until then a stream's end is done here.
+    let mut output: Option<Output> = None;
+    let mut closed = [false; 3];
 
     for sig in early {
         on_signal(sig, tty, &up_tx).await;
@@ -301,11 +304,19 @@ async fn session(spec: RunSpec, node: Option<&str>) -> Result<Ending> {
         tokio::select! {
             f = frames.recv() => match f.unwrap_or(Err(FrameError::Closed)) {
                 Ok(Frame::Msg(Msg::Io { stream: s @ (1 | 2), data })) => {
-                    let _ = out_tx.send(Out::Data(s, data.into_vec())).await;
+                    if output.is_none() {
+                        output = Some(Output::start(closed, &up_tx, tty)?);
+                    }
+                    if let Some(o) = &output {
+                        let _ = o.tx.send(Out::Data(s, data.into_vec())).await;
+                    }
                 }
-                Ok(Frame::Msg(Msg::IoEnd { stream: s @ (1 | 2) })) => {
-                    let _ = out_tx.send(Out::End(s)).await;
-                }
+                Ok(Frame::Msg(Msg::IoEnd { stream: s @ (1 | 2) })) => match &output {
+                    Some(o) => {
+                        let _ = o.tx.send(Out::End(s)).await;
+                    }
+                    None => end_stream(&mut closed, s, tty),
+                },
                 Ok(Frame::Msg(Msg::Exited { code, signal })) => {
                     break Ok(match (signal, code) {
                         (Some(s), _) => Ending::Signal(s),
@@ -326,9 +337,47 @@ async fn session(spec: RunSpec, node: Option<&str>) -> Result<Ending> {
         }
     };
     // Everything received is written before we go.
-    drop(out_tx);
-    let _ = tokio::task::spawn_blocking(move || output.join()).await;
+    if let Some(o) = output {
+        drop(o.tx);
+        let _ = o.done.await;
+    }
     ending
+}
+
+/// The output thread: what it is to write, and its word that it wrote everything.
+struct Output {
+    tx: mpsc::Sender<Out>,
+    done: oneshot::Receiver<()>,
+}
+
+impl Output {
+    fn start(closed: [bool; 3], up: &mpsc::Sender<Up>, tty: bool) -> Result<Output> {
+        let (tx, rx) = mpsc::channel::<Out>(4);
+        let (done_tx, done) = oneshot::channel();
+        let up = up.clone();
+        std::thread::Builder::new()
+            .name("output".into())
+            .spawn(move || {
+                write_output(rx, up, tty, closed);
+                let _ = done_tx.send(());
+            })
+            .context("start the output thread")?;
+        Ok(Output { tx, done })
+    }
+}
+
+/// Whether our stdin is /dev/null (read: nothing, at once).
+fn stdin_is_dev_null() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(fd) = std::io::stdin().as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    let Ok(md) = std::fs::File::from(fd).metadata() else {
+        return false;
+    };
+    // /dev/null is the character device 1:3.
+    md.file_type().is_char_device() && md.rdev() == libc::makedev(1, 3)
 }
 
 /// A signal we received: sent on to the program (window sizes as `Resize`). SIGTSTP stops us
@@ -401,8 +450,12 @@ fn pump_stdin(up: mpsc::Sender<Up>) {
 
 /// Writes the program's output to our stdout and stderr. A reader that went away (EPIPE) is
 /// reported upstream as `IoEnd` on that stream, and the program gets EPIPE in turn.
-fn write_output(mut rx: mpsc::Receiver<Out>, up: mpsc::Sender<Up>, tty: bool) {
-    let mut closed = [false; 3];
+fn write_output(
+    mut rx: mpsc::Receiver<Out>,
+    up: mpsc::Sender<Up>,
+    tty: bool,
+    mut closed: [bool; 3],
+) {
     while let Some(o) = rx.blocking_recv() {
         match o {
             Out::Data(s, d) => {
@@ -410,39 +463,49 @@ fn write_output(mut rx: mpsc::Receiver<Out>, up: mpsc::Sender<Up>, tty: bool) {
                 if closed[s] {
                     continue;
                 }
-                let r = if s == 1 {
-                    let mut o = std::io::stdout().lock();
-                    o.write_all(&d).and_then(|_| o.flush())
-                } else {
-                    std::io::stderr().lock().write_all(&d)
-                };
-                if let Err(e) = r {
+                // Straight to the descriptor: nothing else here writes to our stdout, and its
+                // line buffer would only scan and split what is already a whole chunk.
+                if let Err(e) = write_all_fd(s as i32, &d) {
                     log::debug!("writing stream {s}: {e}");
                     closed[s] = true;
                     let _ = up.blocking_send((Msg::IoEnd { stream: s as u8 }, None));
                 }
             }
-            Out::End(s) => {
-                let s = s as usize;
-                if closed[s] {
-                    continue;
-                }
-                closed[s] = true;
-                // The program closed its stdout: so do we, so that a reader sees the end (a
-                // terminal stays, it is also the program's terminal).
-                let is_tty = if s == 1 {
-                    std::io::stdout().is_terminal()
-                } else {
-                    std::io::stderr().is_terminal()
-                };
-                if !tty && !is_tty {
-                    let _ = std::io::stdout().flush();
-                    let _ = ferry_sys::spawn::release_stdio(s as i32);
-                }
-            }
+            Out::End(s) => end_stream(&mut closed, s, tty),
         }
     }
-    let _ = std::io::stdout().flush();
+}
+
+/// Writes all of `data` to descriptor `fd`.
+fn write_all_fd(fd: i32, mut data: &[u8]) -> std::io::Result<()> {
+    while !data.is_empty() {
+        match ferry_sys::fdops::write_fd(fd, data) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.errno == libc::EINTR => {}
+            Err(e) => return Err(std::io::Error::from_raw_os_error(e.errno)),
+        }
+    }
+    Ok(())
+}
+
+/// The program closed its stdout (1) or stderr (2): so do we, so that a reader sees the end (a
+/// terminal stays, it is also the program's terminal).
+fn end_stream(closed: &mut [bool; 3], s: u8, tty: bool) {
+    let s = s as usize;
+    if closed[s] {
+        return;
+    }
+    closed[s] = true;
+    let is_tty = if s == 1 {
+        std::io::stdout().is_terminal()
+    } else {
+        std::io::stderr().is_terminal()
+    };
+    if !tty && !is_tty {
+        let _ = std::io::stdout().flush();
+        let _ = ferry_sys::spawn::release_stdio(s as i32);
+    }
 }
 
 fn raw_mode() -> Result<()> {
