@@ -736,5 +736,8 @@ fn ferry_is_position_independent() {
     std::io::Read::read_exact(&mut std::fs::File::open(FERRY).unwrap(), &mut head).unwrap();
     assert_eq!(&head[..4], b"\x7fELF", "{FERRY} is not an ELF file");
     let e_type = u16::from_le_bytes([head[16], head[17]]);
-    assert_eq!(e_type, 3, "{FERRY} has ELF type {e_type}, not DYN (3): it is not a PIE");
+    assert_eq!(
+        e_type, 3,
+        "{FERRY} has ELF type {e_type}, not DYN (3): it is not a PIE"
+    );
 }
