@@ -159,7 +159,8 @@ impl Node {
     /// (destination): after the first frame of the image, the side stops sending (for twice
     /// `stream_stall_secs`) or reading (five times), its connection open. `advertise-accepting`:
     /// the node's published load says it is idle and takes guests whatever its policy (gossip
-    /// that lags behind an `accept no`), while it refuses them.
+    /// that lags behind an `accept no`), while it refuses them. `relay-dial-late` (a body's
+    /// node): its relays are dialled home 2 s after the body runs, as on a node under load.
     pub fn fault_at(&self, point: &str) -> bool {
         fail::fail_point!(&format!("{}:{point}", self.name()), |_| {
             tracing::error!(event = "fault-injected", point);

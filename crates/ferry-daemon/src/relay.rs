@@ -232,9 +232,83 @@ pub fn open_home_ends(relays: &[RelayedPipe]) -> Result<Vec<HomeOpen>> {
                     r.fd
                 )
             })?;
+            if r.tty {
+                remember_tty_start(&fd, false);
+            }
             Ok((r.pipe, fd, None))
         })
         .collect()
+}
+
+/// A relayed terminal's settings and window size as they were when the tree was frozen (at
+/// home: the home terminal's, read as its relay end is opened; at the body's node: what its pty
+/// was rebuilt with, read as the end is taken from the restore worker, before the body runs),
+/// by terminal (`tty_key`). Each side of the relay sends the other what differs from them, not
+/// from what it first reads itself once the relay runs: by then the body may have set its own
+/// size or settings (a `TIOCSWINSZ` or `tcsetattr` made before its node's relay started), which
+/// would never reach home, and the home's unchanged size, sent as new, would undo it.
+type TtyStart = (Option<ferry_sys::tty::Termios>, Option<[u16; 4]>);
+static TTY_START: Mutex<Option<HashMap<(u64, u64), TtyStart>>> = Mutex::new(None);
+
+/// Which terminal `fd` is, in this daemon: its file system's device and, for a pty master,
+/// its number, else the device it is (a slave's).
+fn tty_key(fd: &OwnedFd) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = fd
+        .try_clone()
+        .map(std::fs::File::from)
+        .ok()?
+        .metadata()
+        .ok()?;
+    match ferry_sys::tty::ptn(fd.as_raw_fd()) {
+        Ok(n) => Some((m.dev(), u64::from(n))),
+        Err(_) => Some((m.dev(), m.rdev() | 1 << 63)),
+    }
+}
+
+/// Records terminal `fd`'s settings (through its slave if `master`) and size as they are now,
+/// the tree frozen.
+fn remember_tty_start(fd: &OwnedFd, master: bool) {
+    let raw = fd.as_raw_fd();
+    let termios = if master {
+        slave_termios(raw)
+    } else {
+        ferry_sys::tty::get_termios(raw).ok()
+    };
+    let start = (termios, ferry_sys::tty::get_winsize(raw).ok());
+    if let Some(key) = tty_key(fd) {
+        TTY_START
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .insert(key, start);
+    }
+}
+
+/// What `remember_tty_start` recorded for terminal `fd`, taken.
+fn take_tty_start(fd: &OwnedFd) -> Option<TtyStart> {
+    let key = tty_key(fd)?;
+    TTY_START
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut()?
+        .remove(&key)
+}
+
+/// The inode of descriptor `fd` (0 if it cannot be read).
+pub(crate) fn inode_of(fd: &OwnedFd) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    fd.try_clone()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata())
+        .map_or(0, |m| m.ino())
+}
+
+/// The settings of the slave of pty master `master` (through a short-lived descriptor of the
+/// slave: one kept open would keep the master from seeing the body's last close).
+fn slave_termios(master: std::os::fd::RawFd) -> Option<ferry_sys::tty::Termios> {
+    let s = ferry_sys::tty::open_peer(master, libc::O_RDWR | libc::O_NOCTTY).ok()?;
+    ferry_sys::tty::get_termios(s.as_raw_fd()).ok()
 }
 
 /// Takes the relay's ends of relayed pipes from the restore worker `worker` (its descriptor
@@ -254,6 +328,9 @@ pub fn take_from_worker(worker: i32, ends: &[(u32, i32)]) -> Result<Vec<(u32, Ow
                 .and_then(|fl| ferry_sys::fdops::set_fl(fd.as_raw_fd(), fl | libc::O_NONBLOCK))
                 .map(|_| ());
             fl.map_err(|e| anyhow!("make the relay's end of pipe {pipe} non-blocking: {e}"))?;
+            if pipe & ferry_image::RELAY_TTY != 0 {
+                remember_tty_start(&fd, true);
+            }
             Ok((pipe, fd))
         })
         .collect()
@@ -271,6 +348,10 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
             let r = async {
                 if home == node.name() {
                     return attach_at_home(&node, pid, pipe, fd, reg.ctl.take()).await;
+                }
+                if node.fault_at("relay-dial-late") {
+                    // The body runs a while before its relays do (a node under load).
+                    tokio::time::sleep(Duration::from_secs(2)).await;
                 }
                 let deadline = tokio::time::Instant::now() + OPEN_RETRY;
                 let conn = loop {
@@ -360,9 +441,13 @@ where
             prefix,
             fd,
         } => {
-            // The body moved on: its new node asks for this end next.
+            // The body moved on: its new node asks for this end next. A terminal's settings
+            // and size now (the body frozen) are what the next relay compares against.
             tracing::info!(event = "relay-moves-on", from = %peer, to = %to, pid, pipe,
                 bytes, returned = prefix.iter().map(Vec::len).sum::<usize>());
+            if pipe & ferry_image::RELAY_TTY != 0 {
+                remember_tty_start(&fd, false);
+            }
             node.relays.park_as(pid, pipe, &to, fd, prefix, sender);
         }
     }
@@ -575,18 +660,26 @@ where
         std::thread::spawn(move || {
             let raw = fd.as_raw_fd();
             let mut buf = vec![0u8; 1 << 16];
-            // The body's side of a terminal: the settings of its pty, as the body sets them
-            // (read through a short-lived descriptor of the slave: one kept open would keep
-            // the master from seeing the body's last close).
+            // The body's side of a terminal: the settings of its pty, as the body sets them,
+            // against those it was rebuilt with (the home's), or, if they were not read, the
+            // first read here.
             let body_tty = gate.is_none() && !socket;
-            let slave_termios = |raw| {
-                let s = ferry_sys::tty::open_peer(raw, libc::O_RDWR | libc::O_NOCTTY).ok()?;
-                ferry_sys::tty::get_termios(s.as_raw_fd()).ok()
-            };
-            let mut settings = if body_tty { slave_termios(raw) } else { None };
-            if body_tty {
-                // The size it starts with is the home's.
-                let _ = size_changed(&known_size, raw);
+            let mut settings = None;
+            if !socket {
+                let (termios, size) = take_tty_start(&fd).unwrap_or_default();
+                if body_tty {
+                    settings = termios.or_else(|| slave_termios(raw));
+                }
+                match size {
+                    Some(size) => {
+                        *known_size.lock().unwrap_or_else(|e| e.into_inner()) = Some(size);
+                    }
+                    // The size it starts with is the home's.
+                    None if body_tty => {
+                        let _ = size_changed(&known_size, raw);
+                    }
+                    None => {}
+                }
             }
             let mut checked = std::time::Instant::now();
             let mut peer_checked = std::time::Instant::now();

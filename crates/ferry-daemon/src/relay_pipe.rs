@@ -26,7 +26,6 @@ use ferry_transport::message::kind;
 use ferry_transport::{Frame, Msg};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -129,10 +128,7 @@ impl BodyRelays {
         } else if pipe & ferry_image::RELAY_TTY != 0 {
             u64::MAX - u64::from(pipe & !ferry_image::RELAY_TTY)
         } else {
-            fd.try_clone()
-                .map(std::fs::File::from)
-                .and_then(|f| f.metadata())
-                .map_or(0, |m| m.ino())
+            crate::relay::inode_of(fd)
         };
         self.live
             .lock()

@@ -798,7 +798,9 @@ p.wait(10)
 "#;
 
 pub(super) fn raw_terminal_after_move() -> Result<(), Failed> {
-    let c = Cluster::up("raw", 2);
+    // b's relays start 2 s after the body runs (as on a node under load): the size and
+    // settings the job sets first must still reach home.
+    let c = Cluster::up_with("raw", 2, &[("FAILPOINTS", "b:relay-dial-late=return")]);
     let dir = scratch("migration", "raw");
     let st = drive_terminal_job(&c, &dir, RAW_DRIVER, RAW_JOB, Duration::from_secs(40))?;
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
