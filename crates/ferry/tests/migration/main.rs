@@ -181,6 +181,10 @@ fn main() {
             "a_moved_job_sets_its_home_terminal_raw_and_reads_keys",
             raw_terminal_after_move,
         ),
+        Trial::test(
+            "a_moved_on_job_sets_its_home_terminal_raw_and_reads_keys",
+            raw_terminal_after_moving_on,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
