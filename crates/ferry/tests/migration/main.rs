@@ -13,10 +13,12 @@
 mod common;
 mod faults;
 mod home;
+mod onward;
 mod relays;
 
 use faults::*;
 use home::*;
+use onward::*;
 use relays::*;
 
 use common::scratch;
