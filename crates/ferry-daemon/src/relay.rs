@@ -441,9 +441,13 @@ where
             prefix,
             fd,
         } => {
-            // The body moved on: its new node asks for this end next.
+            // The body moved on: its new node asks for this end next. A terminal's settings
+            // and size now (the body frozen) are what the next relay compares against.
             tracing::info!(event = "relay-moves-on", from = %peer, to = %to, pid, pipe,
                 bytes, returned = prefix.iter().map(Vec::len).sum::<usize>());
+            if pipe & ferry_image::RELAY_TTY != 0 {
+                remember_tty_start(&fd, false);
+            }
             node.relays.park_as(pid, pipe, &to, fd, prefix, sender);
         }
     }

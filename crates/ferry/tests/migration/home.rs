@@ -799,11 +799,30 @@ p.wait(10)
 "#;
 
 pub(super) fn raw_terminal_after_move() -> Result<(), Failed> {
-    // b's relays start 2 s after the body runs (as on a node under load): the size and
-    // settings the job sets first must still reach home.
-    let c = Cluster::up_with("raw", 2, &[("FAILPOINTS", "b:relay-dial-late=return")]);
-    let dir = scratch("migration", "raw");
-    let st = drive_terminal_job(&c, &dir, RAW_DRIVER, RAW_JOB, Duration::from_secs(40))?;
+    raw_terminal_after(&[("a", "b")])
+}
+
+/// As [`raw_terminal_after_move`], the job moved a -> b -> c before it sets its terminal: its
+/// settings, window size and keys go through the relay that followed it to c.
+pub(super) fn raw_terminal_after_moving_on() -> Result<(), Failed> {
+    raw_terminal_after(&[("a", "b"), ("b", "c")])
+}
+
+fn raw_terminal_after(hops: &[(&str, &str)]) -> Result<(), Failed> {
+    // The last node's relays start 2 s after the body runs (as on a node under load): the
+    // size and settings the job sets first must still reach home.
+    let (last, tag) = if hops.len() > 1 {
+        ("c", "rawon")
+    } else {
+        ("b", "raw")
+    };
+    let c = Cluster::up_with(
+        tag,
+        hops.len() + 1,
+        &[("FAILPOINTS", &format!("{last}:relay-dial-late=return"))],
+    );
+    let dir = scratch("migration", tag);
+    let st = drive_terminal_job_via(&c, &dir, RAW_DRIVER, RAW_JOB, hops, Duration::from_secs(40))?;
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
     assert!(
         st.success(),

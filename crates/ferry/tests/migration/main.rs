@@ -13,10 +13,12 @@
 mod common;
 mod faults;
 mod home;
+mod onward;
 mod relays;
 
 use faults::*;
 use home::*;
+use onward::*;
 use relays::*;
 
 use common::scratch;
@@ -196,6 +198,10 @@ fn main() {
         Trial::test(
             "a_moved_job_sets_its_home_terminal_raw_and_reads_keys",
             raw_terminal_after_move,
+        ),
+        Trial::test(
+            "a_moved_on_job_sets_its_home_terminal_raw_and_reads_keys",
+            raw_terminal_after_moving_on,
         ),
     ];
     libtest_mimic::run(&args, tests).exit();
