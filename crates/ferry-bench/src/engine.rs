@@ -53,6 +53,11 @@ pub struct Args {
     /// restore reads it from disk (as on another machine or after a reboot).
     #[arg(long)]
     cold: bool,
+    /// What the checkpointed process holds besides its memory (see --shapes), e.g.
+    /// `cowchildren:30`: 30 children forked once the memory is filled, sharing it
+    /// copy-on-write (a pre-fork server).
+    #[arg(long)]
+    hold_shape: Option<String>,
     /// Also print ferry's JSON reports of every run.
     #[arg(long)]
     verbose: bool,
@@ -250,7 +255,11 @@ fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
     let len = mib << 20;
     let base = baselines(len, dir, a.cold)?;
 
-    let (mut holder, sum) = Holder::start(dir, mib, Duration::from_millis(5))?;
+    let shape = match &a.hold_shape {
+        Some(sh) => crate::hold::Shape::parse(sh)?,
+        None => Default::default(),
+    };
+    let (mut holder, sum) = Holder::start_shaped(dir, mib, shape, Duration::from_millis(5))?;
     let pid = holder.pid;
     sleep(Duration::from_millis(100));
 

@@ -26,6 +26,9 @@ pub struct CaptureReport {
     pub memory_bytes: u64,
     /// Bytes of memory left out because the restorer has them (`Process::inherited`).
     pub inherited_bytes: u64,
+    /// Bytes of children's memory left out because it is their parent's, copy-on-write
+    /// (`Process::cow`).
+    pub cow_bytes: u64,
     pub image_bytes: u64,
     pub state_ms: f64,
     pub memory_ms: f64,
@@ -84,6 +87,7 @@ pub fn capture_with<W: Write>(
         frozen,
         out,
         &|host, _| inherited.get(&host).cloned(),
+        false,
         parent,
         before_image,
     )
@@ -96,10 +100,15 @@ pub type KeepRanges<'a> = &'a dyn Fn(i32, &[ferry_image::Vma]) -> Option<Vec<(u6
 /// [`capture_with`], the ranges to leave out chosen per process (by our PID) from the
 /// mappings the capture found: a lazy migration leaves out every private anonymous mapping
 /// ([`crate::lazy::source_ranges_of`]) without reading the mappings once more in the freeze.
+/// With `shared_in_image`, a parent's pages that a child shares copy-on-write
+/// (`Process::cow`) are written into the image even where `keep` leaves them out: a lazy
+/// migration's restore must have them in the parent before it forks the child, and its page
+/// server only starts once every process is made.
 pub fn capture_keeping<W: Write>(
     frozen: &FrozenTree,
     out: W,
     keep: KeepRanges<'_>,
+    shared_in_image: bool,
     parent: Option<ferry_image::ParentImage>,
     before_image: impl FnOnce() -> Result<()>,
 ) -> Result<(W, CaptureReport)> {
@@ -244,13 +253,50 @@ pub fn capture_keeping<W: Write>(
         what: "write the image".into(),
         source: e,
     };
-    for (p, host) in tree.processes.iter_mut().zip(&hosts) {
+    // Pages a child still shares with its parent since a fork are stored once, the parent's.
+    for i in 0..tree.processes.len() {
+        let p = &tree.processes[i];
+        if p.zombie_status.is_some() || p.pid == tree.root_pid {
+            continue;
+        }
+        let Some(j) = tree
+            .processes
+            .iter()
+            .position(|q| q.pid == p.ppid && q.zombie_status.is_none())
+        else {
+            continue;
+        };
+        let cow = memory::cow_pages(hosts[i], &p.vmas, hosts[j], &tree.processes[j].vmas)?;
+        report.cow_bytes += cow.iter().map(|(s, e)| e - s).sum::<u64>();
+        tree.processes[i].cow = cow;
+    }
+    for (i, &host) in hosts.iter().enumerate() {
+        let p = &tree.processes[i];
         let kept = match p.zombie_status {
-            None => keep(*host, &p.vmas),
+            None => keep(host, &p.vmas),
             Some(_) => None,
         };
-        if let Some(keep) = kept {
-            p.inherited = memory::inherited_pages(*host, &p.vmas, &keep)?;
+        if let Some(mut keep) = kept {
+            if shared_in_image {
+                let mut shared: Vec<(u64, u64)> = tree
+                    .processes
+                    .iter()
+                    .filter(|c| c.ppid == p.pid && c.pid != tree.root_pid)
+                    .flat_map(|c| c.cow.iter().copied())
+                    .collect();
+                shared.sort_unstable();
+                let mut merged: Vec<(u64, u64)> = Vec::new();
+                for (s, e) in shared {
+                    match merged.last_mut() {
+                        Some((_, end)) if *end >= s => *end = (*end).max(e),
+                        _ => merged.push((s, e)),
+                    }
+                }
+                keep = memory::without(&keep, &merged);
+            }
+            let inherited = memory::inherited_pages(host, &p.vmas, &keep)?;
+            let p = &mut tree.processes[i];
+            p.inherited = memory::without(&inherited, &p.cow);
             report.inherited_bytes += p.inherited.iter().map(|(s, e)| e - s).sum::<u64>();
         }
     }

@@ -62,6 +62,14 @@ pub trait LazyMemory: std::fmt::Debug {
     fn serves_inherited(&self) -> bool {
         false
     }
+    /// Reads `[addr, addr + buf.len())` of image process `pid`'s memory from the server's
+    /// source before [`LazyMemory::start`] (zeros where it holds nothing): the pages a
+    /// parent's children share with it copy-on-write go into the parent before the children
+    /// are forked from it. An error says why it cannot.
+    fn read_early(&self, pid: i32, addr: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
+        let _ = (pid, addr, buf);
+        Err("this page server cannot read pages before it starts".into())
+    }
 }
 
 /// Makes a userfaultfd inside `h` for its own address space, takes it over, enables the lazy

@@ -754,11 +754,31 @@ fn build<R: Read>(
         ..Default::default()
     };
     report.stamp("dest: objects and descriptors opened");
-    // 1. The processes, parents first, with their sessions and process groups.
+    // 1. The processes, parents first, with their sessions and process groups. A tree whose
+    // children share pages with their parents copy-on-write (`Process::cow`) gets each
+    // process's memory as soon as the process is made, before its children are forked from
+    // it: they receive those pages by fork, shared again.
+    let cow_order = tree.processes.iter().any(|p| !p.cow.is_empty());
+    report.memory_filled_by_uffd = cx.lazy.is_none_or(|l| l.serves_inherited());
     let mut stand_in_groups = HashSet::new();
     for p in &tree.processes {
-        let adopted = cx.adopt.contains(&p.pid);
-        let h = if adopted {
+        // A deputy child sharing pages with its parent is made again from its parent (see
+        // `replace_deputy`) where nothing else of it would change: the pages come back shared.
+        let refork = cow_order
+            && cx.adopt.contains(&p.pid)
+            && p.pid != tree.root_pid
+            && !p.cow.is_empty()
+            && p.zombie_status.is_none()
+            && husks
+                .iter()
+                .find(|x| x.pid == p.ppid)
+                .is_some_and(|q| deputy_refork_ok(p, tree, q.host));
+        let adopted = cx.adopt.contains(&p.pid) && !refork;
+        let h = if refork {
+            let parent = husks.iter().find(|x| x.pid == p.ppid).expect("checked");
+            replace_deputy(parent, p.pid)?;
+            parent.fork_child_sharing(p.pid, p.exit_signal, p.files_shared_with_parent)?
+        } else if adopted {
             // Its deputy, in its place at home: parent, group, session and terminal are
             // already those it had there.
             let h = Husk::adopt(p.pid, cx.trampoline, cx.spare_fd)?;
@@ -796,14 +816,45 @@ fn build<R: Read>(
             host_pid: h.host,
         });
         husks.push(h);
-        if adopted {
-            // Its deputy's cgroups and terminal are its home's.
-            continue;
+        // Its deputy's cgroups and terminal are its home's (a deputy made again has its
+        // parent's, which were its own).
+        if !adopted && !refork {
+            // Into its cgroups before its memory is charged and its CPU affinity set.
+            crate::resources::cgroups::restore(
+                husks.last().expect("just pushed"),
+                p,
+                cx.cpu_cgroup,
+            )?;
+            // A session leader takes its controlling terminal before it forks its session.
+            crate::resources::tty::take_ctty(husks.last().expect("just pushed"), p)?;
         }
-        // Into its cgroups before its memory is charged and its CPU affinity set.
-        crate::resources::cgroups::restore(husks.last().expect("just pushed"), p, cx.cpu_cgroup)?;
-        // A session leader takes its controlling terminal before it forks its session.
-        crate::resources::tty::take_ctty(husks.last().expect("just pushed"), p)?;
+        if cow_order && p.zombie_status.is_some() && !adopted && p.pid != tree.root_pid {
+            // Forked from a parent whose memory is in: it dies with nothing of it (a core it
+            // dumps stays tiny).
+            memory::take_inherited(husks.last().expect("just pushed"), p, &[])?;
+        }
+        if cow_order && p.zombie_status.is_none() {
+            let h = husks.last().expect("just pushed");
+            let parent = (p.pid != tree.root_pid)
+                .then(|| {
+                    let q = tree.processes.iter().find(|q| q.pid == p.ppid)?;
+                    let host = husks.iter().find(|x| x.pid == p.ppid)?.host;
+                    Some((q, host, !adopted))
+                })
+                .flatten();
+            memory_early(
+                &mut cx.img.records,
+                tree,
+                cx.objects,
+                cx.buf,
+                cx.lazy,
+                cx.pages,
+                p,
+                h,
+                parent,
+                &mut report,
+            )?;
+        }
     }
     // 2. Zombies die now, leaving their exit status for their parents.
     for (p, h) in tree.processes.iter().zip(husks.iter()) {
@@ -822,10 +873,15 @@ fn build<R: Read>(
         .filter(|(p, _)| p.zombie_status.is_none())
         .collect();
     let mut thread_injectors: HashMap<i32, ferry_inject::Injector> = HashMap::new();
-    for (p, h) in &live {
-        memory::restore_mappings(h, p, cx.objects)?;
+    if !cow_order {
+        for (p, h) in &live {
+            memory::restore_mappings(h, p, cx.objects)?;
+        }
     }
     report.stamp("dest: mappings made");
+    // (With `cow_order`, every process's mappings and the image's memory are in already: what
+    // is left of the image is its end marker.)
+    let streamed: &[(&Process, &Husk)] = if cow_order { &[] } else { &live };
     if let Some(lazy) = cx.lazy.filter(|l| l.serves_inherited()) {
         // A lazy migration: the image carries what is not left at the source (private pages
         // of file mappings, huge-page mappings); those go in first, the server then supplies
@@ -835,9 +891,10 @@ fn build<R: Read>(
             tree,
             cx.objects,
             cx.buf,
-            &live,
+            streamed,
             None,
             true,
+            false,
             &mut report,
         )?;
         report.stamp("dest: the image's memory in");
@@ -875,8 +932,9 @@ fn build<R: Read>(
             tree,
             cx.objects,
             cx.buf,
-            &live,
+            streamed,
             cx.pages,
+            false,
             false,
             &mut report,
         )?;
@@ -994,7 +1052,9 @@ struct Piece<'a> {
 /// arrives. Two buffers take turns: while a helper thread writes one piece into its process
 /// (`process_vm_writev`, which faults in and clears each page of the target first), this
 /// thread reads and checksums the next. With `inherited_elsewhere`, the pages the image names
-/// as inherited are left alone (a lazy page server supplies them). (A version 1 image has its shared objects' contents
+/// as inherited are left alone (a lazy page server supplies them). With `stop_at_other`, it
+/// stops at the first record that is for none of `live` (or at the end marker), leaving that
+/// record to be read next. (A version 1 image has its shared objects' contents
 /// here, after memory: they are filled as they come, except into System V segments, which are
 /// filled when they are first attached and so must come first.)
 #[allow(clippy::too_many_arguments)]
@@ -1006,6 +1066,7 @@ fn stream_memory<R: Read>(
     live: &[(&Process, &Husk)],
     pages: Option<&dyn InheritedPages>,
     inherited_elsewhere: bool,
+    stop_at_other: bool,
     report: &mut RestoreReport,
 ) -> Result<()> {
     // Dropped (closed, which unregisters their ranges) when the memory is in place.
@@ -1013,7 +1074,7 @@ fn stream_memory<R: Read>(
         .iter()
         .map(|(p, h)| AnonFiller::open(h, &p.vmas))
         .collect::<Result<Vec<_>>>()?;
-    report.memory_filled_by_uffd = fillers.iter().all(Option::is_some);
+    report.memory_filled_by_uffd &= fillers.iter().all(Option::is_some);
     // Pages the image does not carry, from the transfer before it; the image's own records
     // come after and may overwrite them.
     // (Unless a lazy page server supplies them once the records are in.)
@@ -1069,6 +1130,14 @@ fn stream_memory<R: Read>(
                 let item = records.next()?;
                 reading += t.elapsed();
                 match item {
+                    Item::Pages { pid, .. } if stop_at_other && !by_pid.contains_key(&pid) => {
+                        records.pending = Some(item);
+                        return Ok(());
+                    }
+                    Item::End { .. } if stop_at_other => {
+                        records.pending = Some(item);
+                        return Ok(());
+                    }
                     Item::Pages { pid, addr, len } => {
                         let (p, host, mem, filler) = *by_pid.get(&pid).ok_or_else(|| {
                             Error::BadImage(format!(
@@ -1155,6 +1224,133 @@ fn stream_memory<R: Read>(
         report.pages_write_ms = writing.as_secs_f64() * 1e3;
         outcome
     })
+}
+
+/// Whether deputy `p` (a child in a tree coming home) may be made again by a fork of its
+/// parent's husk (`parent_host`) instead of being taken over in place: it is in its parent's
+/// session and process group, in the same cgroups, and neither has seccomp filters, so that a
+/// child forked from the parent has all that its deputy kept at home.
+fn deputy_refork_ok(p: &Process, tree: &Tree, parent_host: i32) -> bool {
+    let Some(q) = tree.processes.iter().find(|q| q.pid == p.ppid) else {
+        return false;
+    };
+    let cgroups = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
+    q.zombie_status.is_none()
+        && q.sid == p.sid
+        && q.pgid == p.pgid
+        && cgroups(p.pid).is_some()
+        && cgroups(p.pid) == cgroups(parent_host)
+        && seccomp::installed(p.pid) == 0
+        && seccomp::installed(parent_host) == 0
+}
+
+/// Ends deputy `pid`, a child of `parent` (a husk, itself a deputy taken over, every signal
+/// blocked), so that it can be forked again under its PID: it is killed and reaped by its
+/// parent, and the SIGCHLD that its death queued there is taken back.
+fn replace_deputy(parent: &Husk, pid: i32) -> Result<()> {
+    let fail = |what: String| Error::Restore { pid, what };
+    ptrace::kill(pid, libc::SIGKILL).map_err(|e| fail(format!("end its deputy: {e}")))?;
+    let inj = parent.injector();
+    inj.syscall(
+        "wait4(deputy)",
+        libc::SYS_wait4,
+        &[pid as u64, 0, libc::__WALL as u64, 0],
+    )?;
+    let set = inj.write_scratch(0, &(1u64 << (libc::SIGCHLD - 1)).to_ne_bytes())?;
+    let zero = inj.write_scratch(64, &[0u8; 16])?;
+    // SIGCHLD, or EAGAIN where none was queued.
+    inj.syscall_raw(
+        "rt_sigtimedwait(SIGCHLD)",
+        libc::SYS_rt_sigtimedwait,
+        &[set, 0, zero, 8],
+    )?;
+    Ok(())
+}
+
+/// Gives process `p` (its husk `h` just made; with `cow_order`, see `build`) its address space
+/// and memory before any child of it is forked: a child receives the pages it shares with its
+/// parent (`Process::cow`) by fork. `parent` is its parent's process, PID here, and whether
+/// `h` was forked from it (else it is a deputy taken over in place, which copies those pages
+/// from its rebuilt parent instead). Eagerly, its records are read from the image (they come
+/// in the tree's order); in a lazy migration, those the image carries (the pages its children
+/// share among them); in a lazy restore, the pages its children share are taken from the page
+/// server's source now, the rest left to the server.
+#[allow(clippy::too_many_arguments)]
+fn memory_early<R: Read>(
+    records: &mut Records<R>,
+    tree: &Tree,
+    objects: &RestoreObjects,
+    buf: &mut [u8],
+    lazy: Option<&dyn crate::lazy::LazyMemory>,
+    pages: Option<&dyn InheritedPages>,
+    p: &Process,
+    h: &Husk,
+    parent: Option<(&Process, i32, bool)>,
+    report: &mut RestoreReport,
+) -> Result<()> {
+    let kept = match parent {
+        Some((q, _, true)) => {
+            let kept = memory::kept_from_parent(p, q);
+            memory::take_inherited(h, p, &kept)?;
+            kept
+        }
+        _ => Vec::new(),
+    };
+    memory::restore_mappings_keeping(h, p, objects, &kept)?;
+    let live = [(p, h)];
+    match lazy {
+        None => stream_memory(
+            records, tree, objects, buf, &live, pages, false, true, report,
+        )?,
+        Some(l) if l.serves_inherited() => {
+            stream_memory(records, tree, objects, buf, &live, None, true, true, report)?
+        }
+        Some(l) => {
+            let mut shared: Vec<(u64, u64)> = tree
+                .processes
+                .iter()
+                .filter(|c| c.ppid == p.pid && c.pid != tree.root_pid)
+                .flat_map(|c| c.cow.iter().copied())
+                .collect();
+            shared.sort_unstable();
+            let page = PAGE_SIZE as usize;
+            let mut done_to = 0;
+            for (s, e) in shared {
+                let mut at = s.max(done_to);
+                while at < e {
+                    let n = ((e - at) as usize).min(buf.len());
+                    l.read_early(p.pid, at, &mut buf[..n])
+                        .map_err(|what| Error::Restore {
+                            pid: p.pid,
+                            what: format!(
+                                "read the pages its children share at {at:x} from the page \
+                                 server's source: {what}"
+                            ),
+                        })?;
+                    for k in (0..n).step_by(page) {
+                        let chunk = &buf[k..k + page];
+                        if !memory::is_zero(chunk) {
+                            let a = at + k as u64;
+                            memory::restore_pages(h.host, h.mem(), None, &p.vmas, a, chunk)?;
+                        }
+                    }
+                    at += n as u64;
+                }
+                done_to = done_to.max(e);
+            }
+        }
+    }
+    if let Some((_, parent_host, false)) = parent {
+        if lazy.is_some() && !p.cow.is_empty() {
+            return Err(Error::BadImage(format!(
+                "PID {}: shares pages with its parent, which a lazy restore of a deputy taken \
+                 over in place cannot give it",
+                p.pid
+            )));
+        }
+        report.memory_bytes += memory::copy_from_parent(h, p, parent_host, None)?;
+    }
+    Ok(())
 }
 
 /// Writes the pages `p` inherits (`Process::inherited`) from `pages` into its husk, in runs

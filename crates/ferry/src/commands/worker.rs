@@ -314,7 +314,7 @@ pub fn capture_worker(
     // The socket files go aside once the tree is captured and before its image leaves: the
     // destination rebuilds as the image streams in, binding them as soon as it has the tree.
     let mut aside = None;
-    let captured = capture_keeping(&frozen, framed, &keep, None, || {
+    let captured = capture_keeping(&frozen, framed, &keep, lazy, None, || {
         timeline.push(stamp("source: non-memory state captured"));
         aside = Some(SocketFilesAside::set_aside(&frozen)?);
         Ok(())
