@@ -23,18 +23,22 @@
 #define PAGE 4096UL
 #define SMALL (1 * MB)
 
-struct sync {
-	volatile int a_ready, b_ready, checked;
-};
-
-static struct sync *s;
-
-/* Sharing is measured while all three still live: each waits for the others' checks. */
-static void checked_wait_all(void)
+/* Sharing is measured while all three still live: each says it has checked (a file
+ * checked.NAME in T) and waits for the others' files before it ends. (No shared memory for
+ * this: the program must also move with --memory lazy, which refuses shared memory.) */
+static void checked_wait_all(const char *me)
 {
-	__atomic_add_fetch(&s->checked, 1, __ATOMIC_SEQ_CST);
-	if (!FERRY_WAIT_UNTIL(__atomic_load_n(&s->checked, __ATOMIC_SEQ_CST) == 3, 30000))
-		ferry_fail("the other processes never finished their checks");
+	char path[512], name[64];
+	snprintf(name, sizeof name, "checked.%s", me);
+	ferry_write_atomic(name, "1\n");
+	const char *all[] = { "checked.parent", "checked.A", "checked.B" };
+	for (int i = 0; i < 3; i++) {
+		ferry_path(path, sizeof path, all[i]);
+		if (!FERRY_WAIT_UNTIL(access(path, F_OK) == 0, 30000)) {
+			ferry_fail("%s never finished its checks", all[i]);
+			return;
+		}
+	}
 }
 
 static unsigned char *region, *small;
@@ -90,7 +94,8 @@ static void check_region(const char *who, int child_a, int child_b, int parent)
 
 int main(void)
 {
-	s = FERRY_PTR(mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+	int ready[2];
+	FERRY_SYS(pipe(ready));
 	region = FERRY_PTR(mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
 	small = FERRY_PTR(mmap(NULL, SMALL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
 	/* Keep the kernel from using huge pages here: the checks count 4 KiB pages. */
@@ -102,7 +107,7 @@ int main(void)
 	if (a == 0) {
 		fill_pages(0, 8 * MB / PAGE, BY_A, 1);
 		FERRY_SYS(mprotect(region + 32 * MB, MB, PROT_READ));
-		__atomic_store_n(&s->a_ready, 1, __ATOMIC_SEQ_CST);
+		FERRY_SYS(write(ready[1], "A", 1));
 		nmaps = ferry_read_maps(maps, FERRY_MAX_MAPS);
 		ferry_wait_go();
 		ferry_check_maps_same(maps, nmaps);
@@ -110,7 +115,7 @@ int main(void)
 		ferry_check_fill("child A: small region", small, SMALL, 30);
 		check_shared("child A", region);
 		check_shared("child A", region + 33 * MB);
-		checked_wait_all();
+		checked_wait_all("A");
 		ferry_child_finish();
 	}
 	pid_t b = FERRY_SYS(fork());
@@ -120,20 +125,23 @@ int main(void)
 		unsigned char *to = FERRY_PTR(mmap(NULL, 2 * SMALL, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
 		FERRY_SYS(munmap(to + SMALL, SMALL));
 		small = FERRY_PTR(mremap(small, SMALL, SMALL, MREMAP_MAYMOVE | MREMAP_FIXED, to));
-		__atomic_store_n(&s->b_ready, 1, __ATOMIC_SEQ_CST);
+		FERRY_SYS(write(ready[1], "B", 1));
 		nmaps = ferry_read_maps(maps, FERRY_MAX_MAPS);
 		ferry_wait_go();
 		ferry_check_maps_same(maps, nmaps);
 		check_region("child B: region", 0, 1, 0);
 		ferry_check_fill("child B: moved small region", small, SMALL, 30);
 		check_shared("child B", region);
-		checked_wait_all();
+		checked_wait_all("B");
 		ferry_child_finish();
 	}
-	if (!FERRY_WAIT_UNTIL(__atomic_load_n(&s->a_ready, __ATOMIC_SEQ_CST) &&
-				      __atomic_load_n(&s->b_ready, __ATOMIC_SEQ_CST),
-			      10000))
-		ferry_die("children never got ready");
+	char got[2];
+	for (int n = 0; n < 2;) {
+		ssize_t r = read(ready[0], got + n, 2 - n);
+		if (r <= 0)
+			ferry_die("children never got ready");
+		n += r;
+	}
 	fill_pages(40 * MB / PAGE, 44 * MB / PAGE, BY_PARENT, 1);
 	check_shared("parent (before checkpoint)", region);
 
@@ -144,7 +152,7 @@ int main(void)
 	check_region("parent: region", 0, 0, 1);
 	ferry_check_fill("parent: small region", small, SMALL, 30);
 	check_shared("parent", region);
-	checked_wait_all();
+	checked_wait_all("parent");
 	ferry_reap_child(a, "child A", 0, 10000);
 	ferry_reap_child(b, "child B", 0, 10000);
 	ferry_finish();
