@@ -278,6 +278,17 @@ fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
     if let Some(mut c) = holder.child.take() {
         c.wait().context("reap the checkpointed child")?;
     }
+    // Its children (a shape's) were ours once it died (we are a subreaper): reap them too.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut reaped = 0;
+    while reaped < shape.children && Instant::now() < deadline {
+        // SAFETY: waitpid with a null status pointer only reaps a child of ours.
+        match unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } {
+            n if n > 0 => reaped += 1,
+            0 => sleep(Duration::from_millis(5)),
+            _ => break,
+        }
+    }
     if a.cold {
         let image = ck
             .get("image")
