@@ -202,12 +202,7 @@ pub struct Holder {
 impl Holder {
     /// Starts `ferry-bench hold` holding `mib` MiB in `dir`, in a session of its own, and waits
     /// (looking every `poll`) until it says ready; returns it with the checksum of its memory.
-    pub fn start(dir: &Path, mib: usize, poll: Duration) -> Result<(Holder, String)> {
-        Self::start_shaped(dir, mib, crate::hold::Shape::default(), poll)
-    }
-
-    /// [`Holder::start`], the child also holding `shape`'s mappings, threads, children and
-    /// descriptors.
+    /// The child also holds `shape`'s mappings, threads, children and descriptors.
     pub fn start_shaped(
         dir: &Path,
         mib: usize,

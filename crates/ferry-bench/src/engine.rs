@@ -53,6 +53,11 @@ pub struct Args {
     /// restore reads it from disk (as on another machine or after a reboot).
     #[arg(long)]
     cold: bool,
+    /// What the checkpointed process holds besides its memory (see --shapes), e.g.
+    /// `cowchildren:30`: 30 children forked once the memory is filled, sharing it
+    /// copy-on-write (a pre-fork server).
+    #[arg(long)]
+    hold_shape: Option<String>,
     /// Also print ferry's JSON reports of every run.
     #[arg(long)]
     verbose: bool,
@@ -250,7 +255,11 @@ fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
     let len = mib << 20;
     let base = baselines(len, dir, a.cold)?;
 
-    let (mut holder, sum) = Holder::start(dir, mib, Duration::from_millis(5))?;
+    let shape = match &a.hold_shape {
+        Some(sh) => crate::hold::Shape::parse(sh)?,
+        None => Default::default(),
+    };
+    let (mut holder, sum) = Holder::start_shaped(dir, mib, shape, Duration::from_millis(5))?;
     let pid = holder.pid;
     sleep(Duration::from_millis(100));
 
@@ -268,6 +277,17 @@ fn measure(a: &Args, ferry: &Path, dir: &Path, mib: usize) -> Result<Sample> {
     // The checkpoint killed the child: reap it so its PID is free again.
     if let Some(mut c) = holder.child.take() {
         c.wait().context("reap the checkpointed child")?;
+    }
+    // Its children (a shape's) were ours once it died (we are a subreaper): reap them too.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut reaped = 0;
+    while reaped < shape.children && Instant::now() < deadline {
+        // SAFETY: waitpid with a null status pointer only reaps a child of ours.
+        match unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } {
+            n if n > 0 => reaped += 1,
+            0 => sleep(Duration::from_millis(5)),
+            _ => break,
+        }
     }
     if a.cold {
         let image = ck

@@ -71,10 +71,14 @@ pub struct Shape {
     /// the wall-clock times of the move and of the last page read ([`touch_after_move`]).
     /// 0: every page, after `go`.
     pub touch_permille: usize,
+    /// The children are forked once the memory is filled, sharing it copy-on-write (a
+    /// pre-fork server's workers), not before.
+    pub children_share: bool,
 }
 
 impl Shape {
-    /// Parses `maps:8000`, `threads:200`, `children:30`, `fds:2000` (several joined by `+`).
+    /// Parses `maps:8000`, `threads:200`, `children:30`, `fds:2000`, `cowchildren:30` (children
+    /// forked once the memory is filled, sharing it copy-on-write; several joined by `+`).
     pub fn parse(s: &str) -> Result<Shape> {
         let mut shape = Shape::default();
         for part in s.split('+') {
@@ -88,8 +92,14 @@ impl Shape {
                 "maps" => shape.maps = n,
                 "threads" => shape.threads = n,
                 "children" => shape.children = n,
+                "cowchildren" => {
+                    shape.children = n;
+                    shape.children_share = true;
+                }
                 "fds" => shape.fds = n,
-                _ => anyhow::bail!("shape {part:?}: not maps, threads, children or fds"),
+                _ => {
+                    anyhow::bail!("shape {part:?}: not maps, threads, children, cowchildren or fds")
+                }
             }
         }
         Ok(shape)
@@ -105,6 +115,7 @@ impl Shape {
         ]
         .into_iter()
         .chain(self.compressible.then(|| "--compressible".to_string()))
+        .chain(self.children_share.then(|| "--children-share".to_string()))
         .chain(
             (self.touch_permille > 0).then(|| format!("--touch-permille={}", self.touch_permille)),
         )
@@ -116,7 +127,14 @@ impl Shape {
         for (n, what) in [
             (self.maps, "mappings"),
             (self.threads, "threads"),
-            (self.children, "children"),
+            (
+                self.children,
+                if self.children_share {
+                    "children sharing its memory"
+                } else {
+                    "children"
+                },
+            ),
             (self.fds, "descriptors"),
         ] {
             if n > 0 {
@@ -176,10 +194,10 @@ fn check_maps(words: &[u64]) -> bool {
     })
 }
 
-pub fn run(mib: usize, dir: &Path, shape: Shape) -> Result<()> {
-    // Children first, while this process has one thread: each sleeps until killed.
+/// Forks `n` children that sleep until killed.
+fn fork_children(n: usize) -> Result<Vec<i32>> {
     let mut children = Vec::new();
-    for _ in 0..shape.children {
+    for _ in 0..n {
         // SAFETY: the child only calls pause(), async-signal-safe, forever.
         match unsafe { libc::fork() } {
             0 => loop {
@@ -189,6 +207,23 @@ pub fn run(mib: usize, dir: &Path, shape: Shape) -> Result<()> {
             pid if pid > 0 => children.push(pid),
             _ => anyhow::bail!("fork: {}", std::io::Error::last_os_error()),
         }
+    }
+    Ok(children)
+}
+
+pub fn run(mib: usize, dir: &Path, shape: Shape) -> Result<()> {
+    // Children first, while this process has one thread: each sleeps until killed (unless
+    // they are to share the memory: then once it is filled, before any thread starts).
+    let mut children = if shape.children_share {
+        Vec::new()
+    } else {
+        fork_children(shape.children)?
+    };
+    let mut words: Vec<u64> = Vec::with_capacity(shape.reserve_mib.max(mib) << 17);
+    if shape.children_share {
+        words.resize(mib << 17, 0);
+        fill(&mut words, 0x5eed ^ mib as u64);
+        children = fork_children(shape.children)?;
     }
     let mut pipes = Vec::new();
     for _ in 0..shape.fds / 2 {
@@ -216,9 +251,10 @@ pub fn run(mib: usize, dir: &Path, shape: Shape) -> Result<()> {
         .context("start the benchmark's threads")?;
     // Reserved (address space never touched, so never in an image), of which the first `mib`
     // MiB are touched.
-    let mut words: Vec<u64> = Vec::with_capacity(shape.reserve_mib.max(mib) << 17);
-    words.resize(mib << 17, 0);
-    fill(&mut words, 0x5eed ^ mib as u64);
+    if !shape.children_share {
+        words.resize(mib << 17, 0);
+        fill(&mut words, 0x5eed ^ mib as u64);
+    }
     if shape.compressible {
         for w in &mut words {
             // Never 0: no page is all zero (those are never sent).

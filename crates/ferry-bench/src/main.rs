@@ -106,6 +106,10 @@ enum Command {
         /// Read this share (per mille) of the pages once moved, not all after `go`.
         #[arg(long, default_value_t = 0)]
         touch_permille: usize,
+        /// Fork the children once the memory is filled, so that they share it
+        /// copy-on-write (a pre-fork server's workers).
+        #[arg(long)]
+        children_share: bool,
     },
 }
 
@@ -131,6 +135,7 @@ fn main() {
             reserve_mib,
             compressible,
             touch_permille,
+            children_share,
         } => hold::run(
             mib,
             &dir,
@@ -142,6 +147,7 @@ fn main() {
                 reserve_mib,
                 compressible,
                 touch_permille,
+                children_share,
             },
         ),
         Command::Lazy(a) => lazy::run(a),

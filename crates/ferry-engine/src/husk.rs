@@ -353,6 +353,11 @@ impl Husk {
         }
     }
 
+    /// The addresses the trampoline takes, `[start, end)`.
+    pub fn trampoline_range(&self) -> (u64, u64) {
+        (self.trampoline, self.trampoline + TRAMPOLINE_LEN)
+    }
+
     /// An address just past the trampoline: it lies in a gap of the image's address space
     /// (`restore::choose_trampoline`), a place to ask for temporary mappings.
     pub fn spare_area(&self) -> u64 {

@@ -62,6 +62,14 @@ pub trait LazyMemory: std::fmt::Debug {
     fn serves_inherited(&self) -> bool {
         false
     }
+    /// Reads `[addr, addr + buf.len())` of image process `pid`'s memory from the server's
+    /// source before [`LazyMemory::start`] (zeros where it holds nothing): the pages a
+    /// parent's children share with it copy-on-write go into the parent before the children
+    /// are forked from it. An error says why it cannot.
+    fn read_early(&self, pid: i32, addr: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
+        let _ = (pid, addr, buf);
+        Err("this page server cannot read pages before it starts".into())
+    }
 }
 
 /// Makes a userfaultfd inside `h` for its own address space, takes it over, enables the lazy
@@ -233,4 +241,26 @@ pub fn preflight(root: i32) -> std::result::Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A process of the tree of `root` (running) with more than 1 MiB of anonymous memory shared
+/// copy-on-write with another process (a parent's and its forked children's: `Anonymous`
+/// above `Pss_Anon` in /proc/PID/smaps_rollup), and how much: a lazy migration gives each
+/// process its own copy of such memory (docs/limitations.md), which an eager or pre-copy move
+/// keeps shared, so `--memory auto` does not choose lazy for it.
+pub fn cow_shared(root: i32) -> Option<(i32, u64)> {
+    let pids = crate::preflight::tree(root).ok()?;
+    pids.into_iter().find_map(|pid| {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+        let kb = |key: &str| -> Option<u64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key))?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        };
+        let shared = kb("Anonymous:")?.saturating_sub(kb("Pss_Anon:")?) * 1024;
+        (shared > 1 << 20).then_some((pid, shared))
+    })
 }

@@ -34,6 +34,7 @@ pub mod owner;
 pub mod pidview;
 pub mod preflight;
 pub mod procfs;
+mod procmake;
 pub mod reopen;
 pub mod resources;
 pub mod restore;

@@ -13,6 +13,7 @@ use crate::error::{Context, Error, Result};
 use crate::guest_ns::GuestNamespaces;
 use crate::husk::{Husk, Place, TRAMPOLINE_LEN};
 use crate::objects::RestoreObjects;
+use crate::procmake::{deputy_refork_ok, join_session, make_zombie, replace_deputy};
 use crate::resources::memory::AnonFiller;
 use crate::resources::sockets::Deferred;
 use crate::resources::{files, jobctl, locks, memory, process, seccomp, signals, threads};
@@ -754,11 +755,31 @@ fn build<R: Read>(
         ..Default::default()
     };
     report.stamp("dest: objects and descriptors opened");
-    // 1. The processes, parents first, with their sessions and process groups.
+    // 1. The processes, parents first, with their sessions and process groups. A tree whose
+    // children share pages with their parents copy-on-write (`Process::cow`) gets each
+    // process's memory as soon as the process is made, before its children are forked from
+    // it: they receive those pages by fork, shared again.
+    let cow_order = tree.processes.iter().any(|p| !p.cow.is_empty());
+    report.memory_filled_by_uffd = cx.lazy.is_none_or(|l| l.serves_inherited());
     let mut stand_in_groups = HashSet::new();
     for p in &tree.processes {
-        let adopted = cx.adopt.contains(&p.pid);
-        let h = if adopted {
+        // A deputy child sharing pages with its parent is made again from its parent (see
+        // `replace_deputy`) where nothing else of it would change: the pages come back shared.
+        let refork = cow_order
+            && cx.adopt.contains(&p.pid)
+            && p.pid != tree.root_pid
+            && !p.cow.is_empty()
+            && p.zombie_status.is_none()
+            && husks
+                .iter()
+                .find(|x| x.pid == p.ppid)
+                .is_some_and(|q| deputy_refork_ok(p, tree, q.host));
+        let adopted = cx.adopt.contains(&p.pid) && !refork;
+        let h = if refork {
+            let parent = husks.iter().find(|x| x.pid == p.ppid).expect("checked");
+            replace_deputy(parent, p.pid)?;
+            parent.fork_child_sharing(p.pid, p.exit_signal, p.files_shared_with_parent)?
+        } else if adopted {
             // Its deputy, in its place at home: parent, group, session and terminal are
             // already those it had there.
             let h = Husk::adopt(p.pid, cx.trampoline, cx.spare_fd)?;
@@ -796,14 +817,45 @@ fn build<R: Read>(
             host_pid: h.host,
         });
         husks.push(h);
-        if adopted {
-            // Its deputy's cgroups and terminal are its home's.
-            continue;
+        // Its deputy's cgroups and terminal are its home's (a deputy made again has its
+        // parent's, which were its own).
+        if !adopted && !refork {
+            // Into its cgroups before its memory is charged and its CPU affinity set.
+            crate::resources::cgroups::restore(
+                husks.last().expect("just pushed"),
+                p,
+                cx.cpu_cgroup,
+            )?;
+            // A session leader takes its controlling terminal before it forks its session.
+            crate::resources::tty::take_ctty(husks.last().expect("just pushed"), p)?;
         }
-        // Into its cgroups before its memory is charged and its CPU affinity set.
-        crate::resources::cgroups::restore(husks.last().expect("just pushed"), p, cx.cpu_cgroup)?;
-        // A session leader takes its controlling terminal before it forks its session.
-        crate::resources::tty::take_ctty(husks.last().expect("just pushed"), p)?;
+        if cow_order && p.zombie_status.is_some() && !adopted && p.pid != tree.root_pid {
+            // Forked from a parent whose memory is in: it dies with nothing of it (a core it
+            // dumps stays tiny).
+            memory::take_inherited(husks.last().expect("just pushed"), p, &[])?;
+        }
+        if cow_order && p.zombie_status.is_none() {
+            let h = husks.last().expect("just pushed");
+            let parent = (p.pid != tree.root_pid)
+                .then(|| {
+                    let q = tree.processes.iter().find(|q| q.pid == p.ppid)?;
+                    let host = husks.iter().find(|x| x.pid == p.ppid)?.host;
+                    Some((q, host, !adopted))
+                })
+                .flatten();
+            memory_early(
+                &mut cx.img.records,
+                tree,
+                cx.objects,
+                cx.buf,
+                cx.lazy,
+                cx.pages,
+                p,
+                h,
+                parent,
+                &mut report,
+            )?;
+        }
     }
     // 2. Zombies die now, leaving their exit status for their parents.
     for (p, h) in tree.processes.iter().zip(husks.iter()) {
@@ -822,10 +874,15 @@ fn build<R: Read>(
         .filter(|(p, _)| p.zombie_status.is_none())
         .collect();
     let mut thread_injectors: HashMap<i32, ferry_inject::Injector> = HashMap::new();
-    for (p, h) in &live {
-        memory::restore_mappings(h, p, cx.objects)?;
+    if !cow_order {
+        for (p, h) in &live {
+            memory::restore_mappings(h, p, cx.objects)?;
+        }
     }
     report.stamp("dest: mappings made");
+    // (With `cow_order`, every process's mappings and the image's memory are in already: what
+    // is left of the image is its end marker.)
+    let streamed: &[(&Process, &Husk)] = if cow_order { &[] } else { &live };
     if let Some(lazy) = cx.lazy.filter(|l| l.serves_inherited()) {
         // A lazy migration: the image carries what is not left at the source (private pages
         // of file mappings, huge-page mappings); those go in first, the server then supplies
@@ -836,9 +893,10 @@ fn build<R: Read>(
             tree,
             cx.objects,
             cx.buf,
-            &live,
+            streamed,
             cx.pages,
             true,
+            false,
             &mut report,
         )?;
         report.stamp("dest: the image's memory in");
@@ -876,8 +934,9 @@ fn build<R: Read>(
             tree,
             cx.objects,
             cx.buf,
-            &live,
+            streamed,
             cx.pages,
+            false,
             false,
             &mut report,
         )?;
@@ -996,7 +1055,9 @@ struct Piece<'a> {
 /// (`process_vm_writev`, which faults in and clears each page of the target first), this
 /// thread reads and checksums the next. With `inherited_elsewhere`, the pages the image names
 /// as inherited are left alone (a lazy page server supplies them), but for those of a hybrid
-/// migration's that came in its pre-copy rounds (inherited, not `inherited_lazily`). (A version 1 image has its shared objects' contents
+/// migration's that came in its pre-copy rounds (inherited, not `inherited_lazily`). With
+/// `stop_at_other`, it stops at the first record that is for none of `live` (or at the end
+/// marker), leaving that record to be read next. (A version 1 image has its shared objects' contents
 /// here, after memory: they are filled as they come, except into System V segments, which are
 /// filled when they are first attached and so must come first.)
 #[allow(clippy::too_many_arguments)]
@@ -1008,6 +1069,7 @@ fn stream_memory<R: Read>(
     live: &[(&Process, &Husk)],
     pages: Option<&dyn InheritedPages>,
     inherited_elsewhere: bool,
+    stop_at_other: bool,
     report: &mut RestoreReport,
 ) -> Result<()> {
     // Dropped (closed, which unregisters their ranges) when the memory is in place.
@@ -1015,7 +1077,7 @@ fn stream_memory<R: Read>(
         .iter()
         .map(|(p, h)| AnonFiller::open(h, &p.vmas))
         .collect::<Result<Vec<_>>>()?;
-    report.memory_filled_by_uffd = fillers.iter().all(Option::is_some);
+    report.memory_filled_by_uffd &= fillers.iter().all(Option::is_some);
     // Pages the image does not carry, from the transfer before it; the image's own records
     // come after and may overwrite them.
     // (Unless a lazy page server supplies them once the records are in.)
@@ -1074,6 +1136,14 @@ fn stream_memory<R: Read>(
                 let item = records.next()?;
                 reading += t.elapsed();
                 match item {
+                    Item::Pages { pid, .. } if stop_at_other && !by_pid.contains_key(&pid) => {
+                        records.pending = Some(item);
+                        return Ok(());
+                    }
+                    Item::End { .. } if stop_at_other => {
+                        records.pending = Some(item);
+                        return Ok(());
+                    }
                     Item::Pages { pid, addr, len } => {
                         let (p, host, mem, filler) = *by_pid.get(&pid).ok_or_else(|| {
                             Error::BadImage(format!(
@@ -1162,6 +1232,92 @@ fn stream_memory<R: Read>(
     })
 }
 
+/// Gives process `p` (its husk `h` just made; with `cow_order`, see `build`) its address space
+/// and memory before any child of it is forked: a child receives the pages it shares with its
+/// parent (`Process::cow`) by fork. `parent` is its parent's process, PID here, and whether
+/// `h` was forked from it (else it is a deputy taken over in place, which copies those pages
+/// from its rebuilt parent instead). Eagerly, its records are read from the image (they come
+/// in the tree's order); in a lazy migration, those the image carries (the pages its children
+/// share among them); in a lazy restore, the pages its children share are taken from the page
+/// server's source now, the rest left to the server.
+#[allow(clippy::too_many_arguments)]
+fn memory_early<R: Read>(
+    records: &mut Records<R>,
+    tree: &Tree,
+    objects: &RestoreObjects,
+    buf: &mut [u8],
+    lazy: Option<&dyn crate::lazy::LazyMemory>,
+    pages: Option<&dyn InheritedPages>,
+    p: &Process,
+    h: &Husk,
+    parent: Option<(&Process, i32, bool)>,
+    report: &mut RestoreReport,
+) -> Result<()> {
+    let kept = match parent {
+        Some((q, _, true)) => {
+            let kept = memory::kept_from_parent(p, q);
+            memory::take_inherited(h, p, &kept)?;
+            kept
+        }
+        _ => Vec::new(),
+    };
+    memory::restore_mappings_keeping(h, p, objects, &kept)?;
+    let live = [(p, h)];
+    match lazy {
+        None => stream_memory(
+            records, tree, objects, buf, &live, pages, false, true, report,
+        )?,
+        Some(l) if l.serves_inherited() => {
+            stream_memory(records, tree, objects, buf, &live, None, true, true, report)?
+        }
+        Some(l) => {
+            let mut shared: Vec<(u64, u64)> = tree
+                .processes
+                .iter()
+                .filter(|c| c.ppid == p.pid && c.pid != tree.root_pid)
+                .flat_map(|c| c.cow.iter().copied())
+                .collect();
+            shared.sort_unstable();
+            let page = PAGE_SIZE as usize;
+            let mut done_to = 0;
+            for (s, e) in shared {
+                let mut at = s.max(done_to);
+                while at < e {
+                    let n = ((e - at) as usize).min(buf.len());
+                    l.read_early(p.pid, at, &mut buf[..n])
+                        .map_err(|what| Error::Restore {
+                            pid: p.pid,
+                            what: format!(
+                                "read the pages its children share at {at:x} from the page \
+                                 server's source: {what}"
+                            ),
+                        })?;
+                    for k in (0..n).step_by(page) {
+                        let chunk = &buf[k..k + page];
+                        if !memory::is_zero(chunk) {
+                            let a = at + k as u64;
+                            memory::restore_pages(h.host, h.mem(), None, &p.vmas, a, chunk)?;
+                        }
+                    }
+                    at += n as u64;
+                }
+                done_to = done_to.max(e);
+            }
+        }
+    }
+    if let Some((_, parent_host, false)) = parent {
+        if lazy.is_some() && !p.cow.is_empty() {
+            return Err(Error::BadImage(format!(
+                "PID {}: shares pages with its parent, which a lazy restore of a deputy taken \
+                 over in place cannot give it",
+                p.pid
+            )));
+        }
+        report.memory_bytes += memory::copy_from_parent(h, p, parent_host, None)?;
+    }
+    Ok(())
+}
+
 /// Writes the pages `ranges` of `p` inherits (`Process::inherited`) from `pages` into its
 /// husk, in runs of up to `buf`'s size. Returns the bytes written.
 fn fill_inherited(
@@ -1206,205 +1362,4 @@ fn fill_inherited(
         }
     }
     Ok(total)
-}
-
-/// Puts a freshly forked husk (a child of `parent`) into its session and process group.
-/// `stand_in_groups`: the groups made so far whose leader is not in the tree.
-fn join_session(
-    h: &Husk,
-    p: &Process,
-    tree: &Tree,
-    parent: &Husk,
-    made: &[Husk],
-    stand_in_groups: &mut HashSet<i32>,
-) -> Result<()> {
-    let inj = h.injector();
-    if p.sid == p.pid {
-        inj.syscall("setsid", libc::SYS_setsid, &[])?;
-    } else if p.pgid == p.pid {
-        inj.syscall("setpgid", libc::SYS_setpgid, &[0, 0])?;
-    } else if made.iter().any(|m| m.pid == p.pgid) || stand_in_groups.contains(&p.pgid) {
-        inj.syscall("setpgid", libc::SYS_setpgid, &[0, p.pgid as u64])?;
-    } else if p.pgid > 0
-        && tree
-            .processes
-            .first()
-            .is_some_and(|root| p.pgid != root.pgid)
-        && !tree.processes.iter().any(|q| q.pid == p.pgid)
-    {
-        // A group whose leader has exited (the capture let only such groups through, whose
-        // PIDs are outside the tree). A stand-in with the leader's PID, forked by the same
-        // parent (so in the same session), makes the group; the husk joins it; the stand-in
-        // dies, and the group lives on in its members, its number taken as before.
-        let stand_in = parent.fork_child(p.pgid, 0)?;
-        let joined = stand_in
-            .injector()
-            .syscall("setpgid", libc::SYS_setpgid, &[0, 0])
-            .and_then(|_| inj.syscall("setpgid", libc::SYS_setpgid, &[0, p.pgid as u64]));
-        stand_in.kill();
-        let gone = reap_stand_in(parent, &stand_in);
-        joined?;
-        gone?;
-        stand_in_groups.insert(p.pgid);
-    }
-    Ok(())
-}
-
-/// Waits until a killed stand-in is dead, and reaps it from its parent (its exit signal is
-/// 0: the parent is not told).
-fn reap_stand_in(parent: &Husk, stand_in: &Husk) -> Result<()> {
-    let fail = |e: ferry_sys::SysError| Error::Restore {
-        pid: stand_in.pid,
-        what: format!(
-            "reap the stand-in leader of process group {}: {e}",
-            stand_in.pid
-        ),
-    };
-    loop {
-        match ferry_sys::wait::wait_tid(stand_in.host, false).map_err(fail)? {
-            ferry_sys::wait::WaitStatus::Exited(_) | ferry_sys::wait::WaitStatus::Signaled(_) => {
-                break
-            }
-            _ => {}
-        }
-    }
-    parent.injector().syscall(
-        "wait4",
-        libc::SYS_wait4,
-        &[stand_in.pid as u64, 0, libc::__WALL as u64, 0],
-    )?;
-    Ok(())
-}
-
-/// Readies a husk to dump core when it dies, so that its parent sees "core dumped" as it
-/// would have: a tiny core (the husk maps nothing but the trampoline) goes into a private
-/// directory of ours, removed once it is written. Only where `core_pattern` names a file
-/// relative to the dying process's directory (a pipe or an absolute path would hand the core
-/// to someone else): otherwise the zombie comes back without the flag, with a warning.
-fn core_dump_dir(h: &Husk) -> Result<Option<tempfile_dir::Dir>> {
-    let pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap_or_default();
-    let pattern = pattern.trim();
-    if pattern.is_empty() || pattern.starts_with('|') || pattern.contains('/') {
-        log::warn!(
-            "PID {}: its core-dumped flag is lost (core_pattern {pattern:?} does not write \
-             into the process's directory)",
-            h.pid
-        );
-        ferry_sys::fdops::set_rlimit(h.host, libc::RLIMIT_CORE, 0, 0)
-            .ctx(h.pid, || "set RLIMIT_CORE".into())?;
-        return Ok(None);
-    }
-    let dir = tempfile_dir::Dir::new(h.pid)?;
-    let inj = h.injector();
-    let mut path = dir.path().as_os_str().as_encoded_bytes().to_vec();
-    path.push(0);
-    inj.syscall("chdir", libc::SYS_chdir, &[inj.write_scratch(0, &path)?])?;
-    ferry_sys::fdops::set_rlimit(h.host, libc::RLIMIT_CORE, u64::MAX, u64::MAX)
-        .ctx(h.pid, || "set RLIMIT_CORE".into())?;
-    inj.syscall("prctl(PR_SET_DUMPABLE)", libc::SYS_prctl, &[4, 1])?;
-    Ok(Some(dir))
-}
-
-mod tempfile_dir {
-    use crate::error::{Context, Result};
-    use std::path::{Path, PathBuf};
-
-    /// A directory of ours (mode 0700, under /run or the temporary directory).
-    pub struct Dir(PathBuf);
-
-    impl Dir {
-        pub fn new(pid: i32) -> Result<Dir> {
-            let base = if Path::new("/run").is_dir() {
-                PathBuf::from("/run")
-            } else {
-                std::env::temp_dir()
-            };
-            let p = base.join(format!("ferry-core-{}-{pid}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::DirBuilder::new()
-                .mode(0o700)
-                .create(&p)
-                .ctx(pid, || format!("make {}", p.display()))?;
-            Ok(Dir(p))
-        }
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    use std::os::unix::fs::DirBuilderExt;
-
-    impl AsRef<Path> for Dir {
-        fn as_ref(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-fn make_zombie(h: &Husk, status: i32) -> Result<()> {
-    let pid = h.host;
-    let fail = |e: ferry_sys::SysError| Error::Restore {
-        pid,
-        what: format!("turn into a zombie: {e}"),
-    };
-    if libc::WIFSIGNALED(status) {
-        // Die of the same signal, with its default action (SIGKILL has no other), and with a
-        // core file only if the original dumped one (its parent sees WCOREDUMP).
-        let sig = libc::WTERMSIG(status);
-        let core_dir = if libc::WCOREDUMP(status) {
-            core_dump_dir(h)?
-        } else {
-            ferry_sys::fdops::set_rlimit(pid, libc::RLIMIT_CORE, 0, 0).map_err(fail)?;
-            None
-        };
-        let inj = h.injector();
-        if sig != libc::SIGKILL {
-            inj.syscall(
-                "rt_sigaction",
-                libc::SYS_rt_sigaction,
-                &[sig as u64, inj.write_scratch(0, &[0u8; 32])?, 0, 8],
-            )?;
-        }
-        ptrace::set_sigmask(pid, 0).map_err(fail)?;
-        ptrace::tgkill(pid, pid, sig).map_err(fail)?;
-        // (A thread that SIGKILL has reached is already past resuming: ESRCH.)
-        let resume = |s: i32| match ptrace::cont(pid, s) {
-            Err(e) if e.errno != libc::ESRCH => Err(fail(e)),
-            _ => Ok(()),
-        };
-        let died = resume(0).and_then(|()| loop {
-            match ferry_sys::wait::wait_tid(pid, false) {
-                Ok(ferry_sys::wait::WaitStatus::Stopped { sig: s, event: 0 }) => {
-                    if let Err(e) = resume(s) {
-                        break Err(e);
-                    }
-                }
-                Ok(ferry_sys::wait::WaitStatus::Stopped { .. }) => {
-                    if let Err(e) = resume(0) {
-                        break Err(e);
-                    }
-                }
-                Ok(_) => break Ok(()),
-                Err(e) => break Err(fail(e)),
-            }
-        });
-        if let Some(dir) = core_dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        died?;
-    } else {
-        // The call never returns: the injector reports the thread's exit, which is the point.
-        let _ = h.injector().syscall_raw(
-            "exit_group",
-            libc::SYS_exit_group,
-            &[libc::WEXITSTATUS(status) as u64],
-        );
-    }
-    Ok(())
 }

@@ -30,8 +30,9 @@ pub const PAGES_MAGIC: [u8; 8] = *b"FERRYPGS";
 /// contents of shared objects before memory (version 1 put them after), so that a restore can
 /// stream memory into processes whose shared mappings are already filled. Version 3 lets a
 /// process take pages from an earlier transfer (`Process::inherited`), which an older reader
-/// would leave zero.
-pub const FORMAT_VERSION: u32 = 3;
+/// would leave zero. Version 4 lets a child take pages from its parent, copy-on-write
+/// (`Process::cow`), which an older reader would also leave zero.
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest version this Ferry still reads.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// The image file inside a checkpoint directory.

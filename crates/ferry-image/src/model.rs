@@ -159,6 +159,15 @@ pub struct Process {
     /// place (pre-copy rounds, a parent image, or a lazy migration's source).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inherited_lazily: Option<Vec<(u64, u64)>>,
+    /// Pages of this process that are its parent's, copy-on-write: when it was captured, the
+    /// same physical page was mapped at the same address in its parent (shared since a fork
+    /// and written by neither since). The image stores them once, in the parent's pages; a
+    /// restore forks this process from its parent once the parent's memory is in, keeping the
+    /// parent's mapping there, so that they are shared again. Page-aligned `[start, end)`
+    /// ranges, sorted, each inside a private anonymous mapping that lies within one of the
+    /// parent's with the same flags ([`cow_compatible`]). Format version 4.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cow: Vec<(u64, u64)>,
     /// membarrier(2) registrations of the address space: the MEMBARRIER_CMD_REGISTER_*
     /// commands it issued (MEMBARRIER_CMD_GET_REGISTRATIONS).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -595,4 +604,29 @@ pub struct GhostFile {
     pub uid: u32,
     pub gid: u32,
     pub size: u64,
+}
+
+/// Whether a child's private anonymous mapping `v` can be the one it received from its
+/// parent's mapping `w` by fork and still holds (so that pages shared copy-on-write there are
+/// shared again when the child is forked from its rebuilt parent): `v` lies within `w`, both
+/// are private anonymous, `w` is passed on by fork (no `MADV_DONTFORK`, no
+/// `MADV_WIPEONFORK`), and every flag that the child could not give its inherited mapping
+/// afterwards (with `mprotect` or `madvise`) is the same.
+pub fn cow_compatible(v: &Vma, w: &Vma) -> bool {
+    matches!(v.backing, Backing::Anonymous)
+        && matches!(w.backing, Backing::Anonymous)
+        && !v.shared
+        && !w.shared
+        && w.start <= v.start
+        && v.end <= w.end
+        && !w.dontfork
+        && !w.wipeonfork
+        && v.growsdown == w.growsdown
+        && v.noreserve == w.noreserve
+        && v.hugepage == w.hugepage
+        && v.nohugepage == w.nohugepage
+        && v.mergeable == w.mergeable
+        && v.sequential == w.sequential
+        && v.random == w.random
+        && v.dontdump == w.dontdump
 }

@@ -84,6 +84,39 @@ pub fn validate(t: &Tree) -> Result<(), String> {
                 ));
             }
         }
+        if !p.cow.is_empty() {
+            let parent = t
+                .processes
+                .iter()
+                .find(|q| q.pid == p.ppid && p.pid != t.root_pid && q.zombie_status.is_none());
+            let Some(parent) = parent else {
+                return Err(format!(
+                    "PID {}: it shares pages with its parent {}, which is no live process of \
+                     the image",
+                    p.pid, p.ppid
+                ));
+            };
+            let mut last = 0;
+            for &(s, e) in &p.cow {
+                let page = PAGE_SIZE;
+                let inside = p.vmas.iter().any(|v| {
+                    v.start <= s
+                        && e <= v.end
+                        && parent
+                            .vmas
+                            .iter()
+                            .any(|w| crate::model::cow_compatible(v, w))
+                });
+                if s % page != 0 || e % page != 0 || s >= e || s < last || !inside {
+                    return Err(format!(
+                        "PID {}: pages {s:x}-{e:x} shared with its parent are not whole pages \
+                         of one mapping it can have received from its parent",
+                        p.pid
+                    ));
+                }
+                last = e;
+            }
+        }
         if p.leader_exited {
             if p.threads.is_empty() || p.threads.iter().any(|t| t.tid == p.pid) {
                 return Err(format!(

@@ -110,6 +110,9 @@ impl Precopy {
             stats.dirty_bytes += dirty.len();
             let present = p.tracker.dumpable(&maps, &dirty)?;
             let mut sent_now = Vec::new();
+            let files = std::fs::File::open(format!("/proc/{pid}/pagemap"))
+                .ok()
+                .zip(ferry_sys::proc_mem::ProcMem::open(pid).ok());
             for &(s, e) in present.ranges() {
                 let mut at = s;
                 while at < e {
@@ -117,7 +120,18 @@ impl Precopy {
                         return Ok(None);
                     }
                     let len = ((e - at) as usize).min(RUN);
-                    let got = vm_read(pid, at, &mut buf[..len]).unwrap_or(0);
+                    // Pages shared copy-on-write (a parent's and its children's) stay
+                    // shared: the capture finds them shared and stores them once.
+                    let got = match &files {
+                        Some((pagemap, mem)) => ferry_sys::proc_mem::read_keeping_shared(
+                            pid,
+                            pagemap,
+                            mem,
+                            at,
+                            &mut buf[..len],
+                        ),
+                        None => vm_read(pid, at, &mut buf[..len]).unwrap_or(0),
+                    };
                     // Whole pages only; what could not be read is simply not sent now.
                     let got = got / PAGE as usize * PAGE as usize;
                     let mut k = 0;

@@ -207,6 +207,13 @@ impl LazyMemory for LazyServer {
         self.opts.serves_inherited
     }
 
+    fn read_early(&self, pid: i32, addr: u64, buf: &mut [u8]) -> Result<(), String> {
+        match self.source.lock().expect("not poisoned").as_mut() {
+            Some(source) => source.read(pid, addr, buf),
+            None => Err("the page server has started already".into()),
+        }
+    }
+
     fn start(&self, processes: Vec<LazyProcess>) -> Result<(), String> {
         let mut source = self
             .source

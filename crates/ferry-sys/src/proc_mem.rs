@@ -87,3 +87,68 @@ pub fn dont_fork(addr: usize, len: usize) -> SysResult<()> {
     let r = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTFORK) };
     check("madvise(MADV_DONTFORK)", r as libc::c_long).map(|_| ())
 }
+
+const PM_PRESENT: u64 = 1 << 63;
+const PM_MMAP_EXCLUSIVE: u64 = 1 << 56;
+
+/// Reads `buf.len()` bytes (whole pages) at `addr` (page-aligned) of `pid` without unsharing
+/// its pages. `process_vm_readv` pins what it reads, and the kernel copies a copy-on-write
+/// page that is shared with another process (a parent's and its forked children's) before it
+/// pins it for reading: reading a pre-fork server would leave each worker with a copy of its
+/// parent's memory. Pages that `pagemap` (the process's /proc/PID/pagemap) shows present and
+/// mapped more than once are read through `mem` (/proc/PID/mem takes a plain reference, and
+/// copies nothing); the others with `process_vm_readv`, or `mem` where that cannot read them.
+/// Returns how many bytes from the start were read (fewer at a page neither can read).
+pub fn read_keeping_shared(
+    pid: i32,
+    pagemap: &File,
+    mem: &ProcMem,
+    addr: u64,
+    buf: &mut [u8],
+) -> usize {
+    let page = crate::PAGE_SIZE as usize;
+    let pages = buf.len().div_ceil(page);
+    let mut raw = vec![0u8; pages * 8];
+    let shared: Vec<bool> = match pagemap.read_exact_at(&mut raw, addr / crate::PAGE_SIZE * 8) {
+        Ok(()) => raw
+            .chunks_exact(8)
+            .map(|c| {
+                let e = u64::from_ne_bytes(c.try_into().expect("8 bytes"));
+                e & PM_PRESENT != 0 && e & PM_MMAP_EXCLUSIVE == 0
+            })
+            .collect(),
+        // Without the pagemap (not ours to read), as before.
+        Err(_) => vec![false; pages],
+    };
+    let mut done = 0;
+    while done < buf.len() {
+        let k = done / page;
+        let mut j = k + 1;
+        while j < pages && shared[j] == shared[k] {
+            j += 1;
+        }
+        let end = (j * page).min(buf.len());
+        let at = addr + done as u64;
+        let got = if shared[k] {
+            match mem.read_exact(at, &mut buf[done..end]) {
+                Ok(()) => end - done,
+                Err(_) => 0,
+            }
+        } else {
+            vm_read(pid, at, &mut buf[done..end]).unwrap_or(0)
+        };
+        let mut d = done + got / page * page;
+        // What process_vm_readv did not read (or was not asked to), page by page.
+        if got < end - done {
+            while d < end {
+                let n = page.min(end - d);
+                if mem.read_exact(addr + d as u64, &mut buf[d..d + n]).is_err() {
+                    return d;
+                }
+                d += n;
+            }
+        }
+        done = end;
+    }
+    done
+}

@@ -221,6 +221,75 @@ pub fn inherited_pages(pid: i32, vmas: &[Vma], keep: &[(u64, u64)]) -> Result<Ve
     Ok(out)
 }
 
+/// The pages of `vmas` (the private anonymous mappings of `pid`, a frozen process) that are
+/// its parent's, copy-on-write: in a mapping it can have received from its parent by fork
+/// ([`ferry_image::cow_compatible`] with one of `parent_vmas`), the very page (the same page
+/// frame, present in both) that the parent `parent` maps at the same address. Sorted ranges.
+/// Page frame numbers are shown to root only: for anyone else nothing is found, and every
+/// page is the child's own, as before.
+pub fn cow_pages(
+    pid: i32,
+    vmas: &[Vma],
+    parent: i32,
+    parent_vmas: &[Vma],
+) -> Result<Vec<(u64, u64)>> {
+    use std::os::unix::fs::FileExt;
+    const PFN: u64 = (1 << 55) - 1;
+    let open =
+        |p: i32| std::fs::File::open(format!("/proc/{p}/pagemap")).ctx(p, || "open pagemap".into());
+    let (mine, theirs) = (open(pid)?, open(parent)?);
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for v in vmas {
+        if !parent_vmas
+            .iter()
+            .any(|w| ferry_image::cow_compatible(v, w))
+        {
+            continue;
+        }
+        // Ranges never span two mappings (a restore checks each lies in one).
+        let first = out.len();
+        // Only where the child has pages at all (one PAGEMAP_SCAN walk).
+        let present = match ferry_sys::pagemap::scan_present(&mine, v.start, v.end) {
+            Ok(r) => r,
+            Err(_) => vec![(v.start, v.end)],
+        };
+        for (s, e) in present {
+            let n = ((e - s) / PAGE_SIZE) as usize;
+            a.resize(n * 8, 0);
+            b.resize(n * 8, 0);
+            mine.read_exact_at(&mut a, s / PAGE_SIZE * 8)
+                .ctx(pid, || format!("read pagemap of {s:x}-{e:x}"))?;
+            theirs
+                .read_exact_at(&mut b, s / PAGE_SIZE * 8)
+                .ctx(parent, || format!("read pagemap of {s:x}-{e:x}"))?;
+            for (k, (x, y)) in a.chunks_exact(8).zip(b.chunks_exact(8)).enumerate() {
+                let x = u64::from_ne_bytes(x.try_into().expect("8 bytes"));
+                let y = u64::from_ne_bytes(y.try_into().expect("8 bytes"));
+                let shared = x & PM_PRESENT != 0
+                    && y & PM_PRESENT != 0
+                    && x & PFN != 0
+                    && x & PFN == y & PFN;
+                if !shared {
+                    continue;
+                }
+                let at = s + k as u64 * PAGE_SIZE;
+                let n = out.len();
+                match out.last_mut() {
+                    Some((_, end)) if n > first && *end == at => *end = at + PAGE_SIZE,
+                    _ => out.push((at, at + PAGE_SIZE)),
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `a` without `b` (each sorted and disjoint).
+pub fn without(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    subtract(a, b)
+}
+
 pub(crate) fn is_zero(bytes: &[u8]) -> bool {
     let words = bytes.chunks_exact(8);
     let tail = words.remainder();
@@ -276,6 +345,9 @@ pub fn write_pages<W: Write>(
         if !inherited.is_empty() {
             owned = subtract(&owned, inherited);
         }
+        if !proc.cow.is_empty() {
+            owned = subtract(&owned, &proc.cow);
+        }
         for (s, e) in owned {
             let mut at = s;
             while at < e {
@@ -293,13 +365,16 @@ pub fn write_pages<W: Write>(
         }
         let runs = &runs;
         let mem = &mem;
+        let pagemap = &pagemap;
         scope.spawn(move || {
             for &(addr, len, v) in runs {
                 let Ok(mut buf) = free.recv() else { return };
                 buf.resize(len, 0);
                 let readable = v.prot & libc::PROT_READ as u32 != 0;
+                // (Pages shared copy-on-write stay shared: a process left running keeps its
+                // memory use.)
                 let done = if readable {
-                    vm_read(pid, addr, &mut buf).unwrap_or(0)
+                    ferry_sys::proc_mem::read_keeping_shared(pid, pagemap, mem, addr, &mut buf)
                 } else {
                     0
                 };
@@ -368,7 +443,121 @@ fn seal_nonzero(image_pid: i32, addr: u64, buf: &[u8]) -> Sealed {
 
 /// Maps every mapping of the process into the husk, empty. Contents come afterwards.
 pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Result<()> {
+    restore_mappings_keeping(h, p, objects, &[])
+}
+
+/// Which mappings of child `p` keep what it receives from its parent `parent` by fork
+/// (`kept[i]` for `p.vmas[i]`): those that hold pages shared with it (`Process::cow`) and
+/// can be the parent's mapping ([`ferry_image::cow_compatible`]).
+pub fn kept_from_parent(p: &Process, parent: &Process) -> Vec<bool> {
+    p.vmas
+        .iter()
+        .map(|v| {
+            p.cow.iter().any(|&(s, e)| v.start <= s && e <= v.end)
+                && parent
+                    .vmas
+                    .iter()
+                    .any(|w| ferry_image::cow_compatible(v, w))
+        })
+        .collect()
+}
+
+/// Makes the address space a freshly forked child husk received from its rebuilt parent its
+/// own, before [`restore_mappings_keeping`]: every inherited mapping goes but the trampoline
+/// and the parts of the parent's mappings that are the child's `kept` ones (by
+/// [`kept_from_parent`]); in those, the child's protection is set and every page that is not
+/// shared with the parent (`Process::cow`) is dropped, so that its own pages are written into
+/// empty ones and the pages it did not have read as zeros again.
+pub fn take_inherited(h: &Husk, p: &Process, kept: &[bool]) -> Result<()> {
+    let trampoline = h.trampoline_range();
+    let keep: Vec<(u64, u64)> = p
+        .vmas
+        .iter()
+        .zip(kept)
+        .filter(|(_, k)| **k)
+        .map(|(v, _)| (v.start, v.end))
+        .collect();
+    let mut calls = Vec::new();
+    // (maps, not smaps: nothing here needs the kernel to walk the pages it received.)
+    for line in procfs::read(h.host, "maps")?.lines() {
+        let range = line.split_whitespace().next().and_then(|r| {
+            let (a, b) = r.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        });
+        let Some((start, end)) = range else {
+            continue;
+        };
+        if line.ends_with("[vsyscall]") || (start < trampoline.1 && trampoline.0 < end) {
+            continue;
+        }
+        for (s, e) in subtract(&[(start, end)], &keep) {
+            calls.push(Call::new("munmap", libc::SYS_munmap, &[s, e - s]));
+        }
+    }
+    for (v, _) in p.vmas.iter().zip(kept).filter(|(_, k)| **k) {
+        calls.push(Call::new(
+            "mprotect",
+            libc::SYS_mprotect,
+            &[v.start, v.end - v.start, v.prot as u64],
+        ));
+        let mine = intersect(&p.cow, &[(v.start, v.end)]);
+        for (s, e) in subtract(&[(v.start, v.end)], &mine) {
+            calls.push(Call::new(
+                "madvise(MADV_DONTNEED)",
+                libc::SYS_madvise,
+                &[s, e - s, libc::MADV_DONTNEED as u64],
+            ));
+        }
+    }
+    h.batch(&calls, |i| {
+        format!("make the address space received from the parent its own (call {i})")
+    })
+}
+
+/// Copies the pages child `p` shares with its parent (`Process::cow`) from the rebuilt
+/// parent's memory (`parent_host`, whose memory is in), where the child could not receive
+/// them by fork (a deputy taken over in place at home): its memory is then right, not shared.
+pub fn copy_from_parent(
+    h: &Husk,
+    p: &Process,
+    parent_host: i32,
+    filler: Option<&AnonFiller>,
+) -> Result<u64> {
+    let mut buf = vec![0u8; READ_RUN];
+    let mut total = 0;
+    for &(s, e) in &p.cow {
+        let mut at = s;
+        while at < e {
+            let n = ((e - at) as usize).min(buf.len());
+            let got = vm_read(parent_host, at, &mut buf[..n]).unwrap_or(0);
+            if got < n {
+                ProcMem::open(parent_host)
+                    .and_then(|m| m.read_exact(at + got as u64, &mut buf[got..n]))
+                    .ctx(p.pid, || {
+                        format!("read its parent's page at {:x}", at + got as u64)
+                    })?;
+            }
+            restore_pages(h.host, h.mem(), filler, &p.vmas, at, &buf[..n])?;
+            at += n as u64;
+            total += n as u64;
+        }
+    }
+    Ok(total)
+}
+
+/// [`restore_mappings`], leaving alone the mappings that are `kept` (see [`take_inherited`]):
+/// only their madvise state and lock are set.
+pub fn restore_mappings_keeping(
+    h: &Husk,
+    p: &Process,
+    objects: &RestoreObjects,
+    kept: &[bool],
+) -> Result<()> {
     let vmas = &p.vmas;
+    let is_kept = |i: usize| kept.get(i).copied().unwrap_or(false);
     let rights = &objects.rights(p);
     // The husk is root when it maps: a user's image locks nothing (it could lock more than
     // the user's RLIMIT_MEMLOCK allows).
@@ -432,9 +621,19 @@ pub fn restore_mappings(h: &Husk, p: &Process, objects: &RestoreObjects) -> Resu
     for (i, v) in vmas.iter().enumerate() {
         let before = calls.len();
         let len = v.end - v.start;
+        if is_kept(i) {
+            madvise_flags(&mut calls, v, lock);
+            whose.resize(calls.len(), i);
+            continue;
+        }
         let private_anon =
             |w: &Vma| matches!(w.backing, Backing::Anonymous) && !w.shared && !w.growsdown;
-        if private_anon(v) && i > 0 && vmas[i - 1].end == v.start && private_anon(&vmas[i - 1]) {
+        // Nor into a kept mapping right after it, received from the parent (its offset may
+        // continue this one's).
+        let before_kept = is_kept(i + 1) && vmas[i + 1].start == v.end;
+        if private_anon(v)
+            && ((i > 0 && vmas[i - 1].end == v.start && private_anon(&vmas[i - 1])) || before_kept)
+        {
             map_apart(&mut calls, v, h.spare_area());
             madvise_flags(&mut calls, v, lock);
             whose.resize(calls.len(), i);

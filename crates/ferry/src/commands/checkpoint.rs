@@ -236,6 +236,8 @@ fn unchanged_pages(
         let mem = ferry_sys::proc_mem::ProcMem::open(host)
             .map_err(|e| e.io())
             .with_context(|| format!("open the memory of PID {host}"))?;
+        let pagemap = std::fs::File::open(format!("/proc/{host}/pagemap"))
+            .with_context(|| format!("open the pagemap of PID {host}"))?;
         let addrs = cache.pages_of(image_pid);
         let mut same: Vec<(u64, u64)> = Vec::new();
         let mut i = 0;
@@ -249,7 +251,14 @@ fn unchanged_pages(
                 j += 1;
             }
             let len = (j - i) * page;
-            let got = ferry_sys::proc_mem::vm_read(host, addrs[i], &mut buf[..len]).unwrap_or(0);
+            // (Pages shared copy-on-write stay shared, for the capture to find them so.)
+            let got = ferry_sys::proc_mem::read_keeping_shared(
+                host,
+                &pagemap,
+                &mem,
+                addrs[i],
+                &mut buf[..len],
+            );
             let got = if got < len {
                 // Unreadable that way (PROT_NONE, say), or gone: /proc/PID/mem, page by page.
                 let mut k = got / page * page;

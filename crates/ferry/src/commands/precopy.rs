@@ -36,6 +36,14 @@ pub fn auto_lazy(pid: i32, memory_bytes: u64, link_bps: f64, above_ms: f64) -> O
         log::info!("auto: not lazy: {e}");
         return None;
     }
+    if let Some((p, bytes)) = ferry_engine::lazy::cow_shared(pid) {
+        log::info!(
+            "auto: not lazy: PID {p} shares {:.0} MiB of its memory copy-on-write, which a \
+             lazy move would copy",
+            mib(bytes as f64)
+        );
+        return None;
+    }
     Some(format!(
         "auto: {:.0} MiB would stand still about {eager_ms:.0} ms at the {:.0} MiB/s measured          to this node (at least {above_ms:.0} ms: lazy): private anonymous memory stays at the          source, served as the copy touches it and pushed meanwhile",
         mib(memory_bytes as f64),

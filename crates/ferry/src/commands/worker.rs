@@ -349,7 +349,8 @@ pub fn capture_worker(
     // destination rebuilds as the image streams in, binding them as soon as it has the tree.
     let mut aside = None;
     let lazily: Option<ferry_engine::checkpoint::KeepRanges<'_>> = hybrid.then_some(&lazily);
-    let captured = capture_keeping(&frozen, framed, &keep, lazily, None, || {
+    // (A lazy or hybrid move does not look for copy-on-write sharing: see capture_keeping.)
+    let captured = capture_keeping(&frozen, framed, &keep, lazily, lazy, None, || {
         timeline.push(stamp("source: non-memory state captured"));
         aside = Some(SocketFilesAside::set_aside(&frozen)?);
         Ok(())
