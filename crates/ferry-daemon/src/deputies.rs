@@ -169,20 +169,32 @@ impl Deputies {
     /// child is to have the same one). From then on it is a deputy of the tree like the others.
     pub async fn fork(&self, from: &str, pid: i32) -> Result<i32> {
         let (tx, rx) = oneshot::channel();
-        {
-            let m = self.map.lock().expect("deputies lock");
-            let e = m
-                .get(&pid)
-                .ok_or_else(|| anyhow!("PID {pid} is no deputy here"))?;
-            if e.body_node != from {
-                bail!(
-                    "node {from} forked from PID {pid}, whose body runs on {}",
-                    e.body_node
-                );
+        // A body in the lazy phase of its move forks before its home knows it there: the
+        // original is still frozen at the source, not yet a deputy (a move from home), or the
+        // deputy still names the node the body left (a move on, told by `BodyMoved` once the
+        // phase is over). The fork waits for that, as long as a lazy phase may last.
+        let waited = std::time::Instant::now();
+        loop {
+            let not_yet = {
+                let m = self.map.lock().expect("deputies lock");
+                match m.get(&pid) {
+                    None => anyhow!("PID {pid} is no deputy here"),
+                    Some(e) if e.body_node != from => anyhow!(
+                        "node {from} forked from PID {pid}, whose body runs on {}",
+                        e.body_node
+                    ),
+                    Some(e) => {
+                        e.to_worker
+                            .send(Cmd::Fork(pid, tx))
+                            .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))?;
+                        break;
+                    }
+                }
+            };
+            if waited.elapsed() >= FORK_WAITS_FOR_HOME {
+                return Err(not_yet);
             }
-            e.to_worker
-                .send(Cmd::Fork(pid, tx))
-                .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))?;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         tokio::time::timeout(std::time::Duration::from_secs(10), rx)
             .await
@@ -986,10 +998,18 @@ async fn fork_for_body(node: &Arc<Node>, ns: &str, pid: i32) -> Result<i32> {
             Err(e) => bail!("home {home} did not answer: {e}"),
         }
     };
-    tokio::time::timeout(std::time::Duration::from_secs(10), ask)
-        .await
-        .map_err(|_| anyhow!("home {home} gave no deputy for a child of PID {pid} within 10 s"))?
+    let limit = FORK_WAITS_FOR_HOME + std::time::Duration::from_secs(10);
+    tokio::time::timeout(limit, ask).await.map_err(|_| {
+        anyhow!(
+            "home {home} gave no deputy for a child of PID {pid} within {} s",
+            limit.as_secs()
+        )
+    })?
 }
+
+/// How long a fork in a body waits for its home to know the body where it runs (the lazy phase
+/// of its move: see `Deputies::fork`).
+const FORK_WAITS_FOR_HOME: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How many times (a second apart) a body's end is reported to a home that does not take it.
 const REPORT_TRIES: u32 = 30;

@@ -23,7 +23,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 
 /// How long a fork waits for its home's answer.
-const ASK_MS: i32 = 15_000;
+const ASK_MS: i32 = 45_000;
 /// How long the init waits for a call it let go on to hand out its PID.
 const MADE_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 
