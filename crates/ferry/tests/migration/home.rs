@@ -256,7 +256,8 @@ pub(super) fn drive_terminal_job(
 }
 
 /// [`drive_terminal_job`], the job moved along `hops` (each from the node named first, run
-/// there); before each hop but the first the driver is told `dir/moving`. A destination named
+/// there); before each hop but the first the driver is told `dir/moving` (a driver that
+/// answers `dir/moving-seen` is waited for, so that what it does then comes before the hop). A destination named
 /// `!NODE` refuses the job first (`accept never`: the move fails after its node has paused its
 /// relays), then takes it.
 pub(super) fn drive_terminal_job_via(
@@ -269,6 +270,7 @@ pub(super) fn drive_terminal_job_via(
 ) -> Result<std::process::ExitStatus, Failed> {
     let job_path = dir.join("job.py");
     std::fs::write(&job_path, job).unwrap();
+    let driver_text = driver;
     let mut driver = UnixServer(
         Command::new("python3")
             .args(["-c", driver])
@@ -280,11 +282,18 @@ pub(super) fn drive_terminal_job_via(
             .spawn()
             .unwrap(),
     );
+    let acks = driver_text.contains("moving-seen");
     let pid = pid_from(&dir.join("pid"), "the job")?;
     let mut moved = Ok(serde_json::Value::Null);
     for (i, (from, to)) in hops.iter().enumerate() {
         if i > 0 {
             std::fs::write(dir.join("moving"), "").unwrap();
+            if acks {
+                pid_from(
+                    &dir.join("moving-seen"),
+                    "the driver's typing before the move",
+                )?;
+            }
         }
         let to = match to.strip_prefix('!') {
             Some(to) => {

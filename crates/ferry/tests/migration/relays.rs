@@ -703,10 +703,11 @@ fn terminal_job_moved_along(name: &str, hops: &[(&str, &str)]) -> Result<(), Fai
         typing,
         "typed_moving = False\n\
          while not os.path.exists(d + '/moved'):\n\
-         \x20   pump(0.1)\n\
          \x20   if not typed_moving and os.path.exists(d + '/moving'):\n\
          \x20       typ(b'typed while moving\\n')\n\
-         \x20       typed_moving = True\n",
+         \x20       typed_moving = True\n\
+         \x20       open(d + '/moving-seen', 'w').write('1')\n\
+         \x20   pump(0.1)\n",
     );
     let st = drive_terminal_job_via(
         &c,
