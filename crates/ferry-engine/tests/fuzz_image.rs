@@ -170,6 +170,11 @@ fn synthetic_image() -> Vec<u8> {
                 end: None,
             }],
             identity: (i % 2 == 1).then(FileIdentity::default),
+            owner: (i % 3 == 0).then_some(ferry_image::FileOwner {
+                kind: ferry_image::OwnerKind::Group,
+                pid: 100,
+            }),
+            io_signal: if i % 3 == 0 { 35 } else { 0 },
         })
         .collect();
     let fds = (0..files.len() as u32)
