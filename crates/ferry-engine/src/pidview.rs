@@ -19,7 +19,7 @@
 use crate::error::{Error, Result};
 use crate::freeze::FrozenTree;
 use crate::procfs;
-use ferry_image::{Clocks, FileKind, OwnerKind, SockState, Tree};
+use ferry_image::{Clocks, FileKind, LockKind, OwnerKind, SockState, Tree};
 use std::collections::HashMap;
 
 /// How the tree's PID namespace numbers the processes, threads, groups and sessions we see.
@@ -239,6 +239,15 @@ impl PidView {
                     why: "it has O_ASYNC, which only a process holding it could set again (the \
                           signal names the descriptor it was set through), and none of the tree \
                           does"
+                        .into(),
+                });
+            }
+            if holder == 0 && f.locks.iter().any(|l| l.kind == LockKind::Lease) {
+                return Err(Error::Unsupported {
+                    pid: tree.root_pid,
+                    what: format!("file {} (in flight in a socket's queue)", f.id),
+                    why: "it holds a lease, which only a process holding it could take again \
+                          (the lease's signals go to that process), and none of the tree does"
                         .into(),
                 });
             }

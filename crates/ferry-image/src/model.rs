@@ -450,6 +450,10 @@ pub enum LockKind {
     Flock,
     Ofd,
     Posix,
+    /// A file lease (fcntl F_SETLEASE; `write`: F_WRLCK, else F_RDLCK), of the description
+    /// (`FileDesc::locks`), taken again by the first process holding it. Absent from older
+    /// images.
+    Lease,
 }
 
 /// An open file description (what `dup` and `fork` share).

@@ -475,10 +475,30 @@ pub fn open_descriptions(
         .find(|p| p.zombie_status.is_none())
         .map(|p| (p, -1));
     super::sockets::holders_in_flight(tree, &mut holders, first_live);
+    // Leases held now (by the frozen original of a migration on one machine, or by anyone): an
+    // open that would break one is refused instead of waiting for the break.
+    let leases = super::locks::leases_held();
     let by_path = |d: &FileDesc, path: &str, flags: i32, m: Match| -> Result<OwnedFd> {
         let (p, fd) = holders.get(&d.id).ok_or_else(|| {
             Error::BadImage(format!("file {} ({path}) is held by no process", d.id))
         })?;
+        if let Some(id) = &d.identity {
+            let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+            if let Some((_, _, w)) = leases
+                .iter()
+                .find(|(dev, ino, w)| (*dev, *ino) == (id.dev, id.ino) && (*w || writes))
+            {
+                return Err(Error::Restore {
+                    pid: p.pid,
+                    what: format!(
+                        "fd {fd}: open {path} again: another process (the original of the \
+                         tree, if it still runs?) holds a {} lease on it, which the open would \
+                         break",
+                        if *w { "write" } else { "read" }
+                    ),
+                });
+            }
+        }
         crate::reopen::open(
             p.pid,
             &format!("fd {fd}"),
@@ -891,8 +911,8 @@ pub fn install(h: &Husk, p: &Process, tree: &Tree, descs: &HashMap<u32, OwnedFd>
     Ok(())
 }
 
-/// Sets again the signal-driven I/O owners (fcntl F_SETOWN_EX) and O_ASYNC of the
-/// descriptions process `p` (husk `h`) holds and no process before it did (`done`): injected
+/// Takes again the leases (fcntl F_SETLEASE), and sets again the signal-driven I/O owners
+/// (fcntl F_SETOWN_EX) and O_ASYNC, of the descriptions process `p` (husk `h`) holds and no process before it did (`done`): injected
 /// into the process itself once every process, thread and group of the tree exists, with its
 /// own credentials (the kernel checks the owner's permission to receive the signal against
 /// them), through its lowest descriptor of the description (the signal's si_fd is the number
@@ -908,8 +928,20 @@ pub fn restore_owners(
             continue;
         };
         let is_async = d.flags & libc::O_ASYNC != 0;
-        if (d.owner.is_none() && !is_async) || !done.insert(d.id) {
+        let leased = d
+            .locks
+            .iter()
+            .any(|l| l.kind == ferry_image::LockKind::Lease);
+        if (d.owner.is_none() && !is_async && !leased) || !done.insert(d.id) {
             continue;
+        }
+        let name = file_name(d);
+        for l in d
+            .locks
+            .iter()
+            .filter(|l| l.kind == ferry_image::LockKind::Lease)
+        {
+            super::locks::take_lease(h, fd.fd, l, &name)?;
         }
         let inj = h.injector();
         let failed = |what: String, r: i64| Error::Restore {
