@@ -66,8 +66,28 @@ pub fn classify(
         "anon_inode:[signalfd]" => FileKind::Signalfd(capture_signalfd(pid, fd, link, info)?),
         "anon_inode:inotify" => FileKind::Inotify(capture_inotify(pid, fd, link, info)?),
         "anon_inode:[pidfd]" => capture_pidfd(pid, fd, link, info)?,
+        "anon_inode:[fanotify]" => return Err(refuse_fanotify(pid, fd, link, info)),
         _ => return Ok(None),
     }))
+}
+
+/// A fanotify group is not rebuilt yet: the refusal says what it holds (its marks, from
+/// fdinfo), so that its holder knows what stopped the checkpoint.
+fn refuse_fanotify(pid: i32, fd: i32, link: &str, info: &[(String, String)]) -> Error {
+    let marks = info
+        .iter()
+        .filter(|(k, _)| k.starts_with("fanotify ") && k != "fanotify flags")
+        .count();
+    unsupported(
+        pid,
+        fd,
+        link,
+        format!(
+            "it is a fanotify group (with {marks} mark(s)), which Ferry does not rebuild yet: \
+             its marks, its queued events and the replies its permission events wait for are \
+             not captured"
+        ),
+    )
 }
 
 /// A pidfd: which process it refers to, by our PID for now (the tree's number once
