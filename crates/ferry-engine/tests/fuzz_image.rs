@@ -154,6 +154,16 @@ fn synthetic_image() -> Vec<u8> {
             path: "/dev/null".into(),
         },
         FileKind::Pidfd { pid: 101 },
+        FileKind::Fanotify(ferry_image::FanotifyDesc {
+            flags: 3,
+            event_flags: 0x8000,
+            marks: vec![ferry_image::FanotifyMark {
+                path: "/tmp".into(),
+                mask: 2,
+                handle: vec![4, 5],
+                ..Default::default()
+            }],
+        }),
     ];
     let files: Vec<FileDesc> = kinds
         .into_iter()

@@ -573,6 +573,8 @@ pub enum FileKind {
     Pidfd {
         pid: i32,
     },
+    /// A fanotify group with its inode marks (last: images without one read as before).
+    Fanotify(crate::FanotifyDesc),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

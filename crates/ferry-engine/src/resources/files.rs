@@ -717,7 +717,8 @@ pub fn open_descriptions(
             FileKind::Epoll(_)
             | FileKind::Timerfd(_)
             | FileKind::Signalfd(_)
-            | FileKind::Inotify(_) => {
+            | FileKind::Inotify(_)
+            | FileKind::Fanotify(_) => {
                 let creds = holders
                     .get(&d.id)
                     .map(|(p, _)| crate::reopen::creds_of(p))
