@@ -164,7 +164,12 @@ impl FdCapture {
             _ => false,
         };
         let flags = octal(info, "flags");
-        let (owner, io_signal) = signal_owner(pid, fd, link)?;
+        // An O_PATH descriptor has no owner (fcntl refuses F_SETOWN and F_GETOWN_EX on it).
+        let (owner, io_signal) = if flags & libc::O_PATH as i64 != 0 {
+            (None, 0)
+        } else {
+            signal_owner(pid, fd, link)?
+        };
         tree.files.push(FileDesc {
             id,
             flags: (flags & !(libc::O_CLOEXEC as i64)) as i32,
