@@ -79,7 +79,16 @@ fn hash(path: &str, want: Option<(u64, u64)>, size: u64) -> std::io::Result<Opti
     use std::os::unix::fs::OpenOptionsExt;
     // Never opened unless a regular file (a mapped device would be opened, with its effects),
     // and then without blocking or taking a terminal.
-    if !std::fs::metadata(path)?.file_type().is_file() {
+    let md = std::fs::metadata(path)?;
+    if !md.file_type().is_file() {
+        return Ok(None);
+    }
+    // Nor when a write lease is held on it: the open would break the lease (even with
+    // O_NONBLOCK, which only spares us the wait).
+    if crate::resources::locks::leases_held()
+        .iter()
+        .any(|&(dev, ino, write)| write && (dev, ino) == (md.dev(), md.ino()))
+    {
         return Ok(None);
     }
     let mut f = std::fs::OpenOptions::new()

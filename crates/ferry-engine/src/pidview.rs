@@ -19,7 +19,7 @@
 use crate::error::{Error, Result};
 use crate::freeze::FrozenTree;
 use crate::procfs;
-use ferry_image::{Clocks, FileKind, SockState, Tree};
+use ferry_image::{Clocks, FileKind, LockKind, OwnerKind, SockState, Tree};
 use std::collections::HashMap;
 
 /// How the tree's PID namespace numbers the processes, threads, groups and sessions we see.
@@ -223,6 +223,67 @@ impl PidView {
                 _ => None,
             })
             .collect();
+        // The tree's number of each of its process groups, by host PGID (before the
+        // processes' own fields are rewritten below).
+        let tree_groups: HashMap<i32, i32> = tree
+            .processes
+            .iter()
+            .filter_map(|p| Some((p.pgid, self.groups.get(&p.pid)?.0)))
+            .collect();
+        for f in &mut tree.files {
+            let (holder, fd) = holders.get(&f.id).copied().unwrap_or_default();
+            if holder == 0 && f.owner.is_none() && f.flags & libc::O_ASYNC != 0 {
+                return Err(Error::Unsupported {
+                    pid: tree.root_pid,
+                    what: format!("file {} (in flight in a socket's queue)", f.id),
+                    why: "it has O_ASYNC, which only a process holding it could set again (the \
+                          signal names the descriptor it was set through), and none of the tree \
+                          does"
+                        .into(),
+                });
+            }
+            if holder == 0 && f.locks.iter().any(|l| l.kind == LockKind::Lease) {
+                return Err(Error::Unsupported {
+                    pid: tree.root_pid,
+                    what: format!("file {} (in flight in a socket's queue)", f.id),
+                    why: "it holds a lease, which only a process holding it could take again \
+                          (the lease's signals go to that process), and none of the tree does"
+                        .into(),
+                });
+            }
+            let Some(o) = &mut f.owner else {
+                continue;
+            };
+            let whose = match o.kind {
+                OwnerKind::Thread => "thread",
+                OwnerKind::Process => "process",
+                OwnerKind::Group => "process group",
+            };
+            if holder == 0 {
+                return Err(Error::Unsupported {
+                    pid: tree.root_pid,
+                    what: format!("file {} (in flight in a socket's queue)", f.id),
+                    why: format!(
+                        "it has a signal-driven I/O owner ({whose} {}), which only a process \
+                         holding it could set again, and none of the tree does",
+                        o.pid
+                    ),
+                });
+            }
+            let seen = match o.kind {
+                OwnerKind::Thread | OwnerKind::Process => self.map.get(&o.pid).copied(),
+                OwnerKind::Group => tree_groups.get(&o.pid).copied(),
+            };
+            o.pid = seen.ok_or_else(|| Error::Unsupported {
+                pid: holder,
+                what: format!("fd {fd}"),
+                why: format!(
+                    "its signals of signal-driven I/O (F_SETOWN) go to {whose} {}, which is \
+                     not part of the tree: it would not get them from the restored copy",
+                    o.pid
+                ),
+            })?;
+        }
         tree.root_pid = self.member(tree.root_pid, || "the root".into())?;
         for p in &mut tree.processes {
             let host = p.pid;

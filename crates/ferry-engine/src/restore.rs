@@ -986,6 +986,7 @@ fn build<R: Read>(
         }
     }
     // 4. The last injected calls: pending signals, credentials, then the trampoline goes.
+    let mut owners_done = std::collections::HashSet::new();
     for ((p, h), (_, tids)) in live.iter().zip(live_tids.iter()) {
         if cx.supervised {
             // Still root, every thread there, before its own filters. A process that holds a
@@ -1012,6 +1013,9 @@ fn build<R: Read>(
         }
         process::restore_creds(h, p)?;
         process::restore_prctl(h, p)?;
+        // Every process, thread and group exists by now: owners of signal-driven I/O, set
+        // with the process's own credentials.
+        files::restore_owners(h, p, tree, &mut owners_done)?;
         h.remove_trampoline()?;
         let thread_hosts = if p.leader_exited {
             &tids[1..]

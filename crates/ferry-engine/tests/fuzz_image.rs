@@ -154,6 +154,16 @@ fn synthetic_image() -> Vec<u8> {
             path: "/dev/null".into(),
         },
         FileKind::Pidfd { pid: 101 },
+        FileKind::Fanotify(ferry_image::FanotifyDesc {
+            flags: 3,
+            event_flags: 0x8000,
+            marks: vec![ferry_image::FanotifyMark {
+                path: "/tmp".into(),
+                mask: 2,
+                handle: vec![4, 5],
+                ..Default::default()
+            }],
+        }),
     ];
     let files: Vec<FileDesc> = kinds
         .into_iter()
@@ -170,6 +180,11 @@ fn synthetic_image() -> Vec<u8> {
                 end: None,
             }],
             identity: (i % 2 == 1).then(FileIdentity::default),
+            owner: (i % 3 == 0).then_some(ferry_image::FileOwner {
+                kind: ferry_image::OwnerKind::Group,
+                pid: 100,
+            }),
+            io_signal: if i % 3 == 0 { 35 } else { 0 },
         })
         .collect();
     let fds = (0..files.len() as u32)

@@ -1,4 +1,5 @@
-//! Image schema of descriptors backed by anonymous inodes: epoll, timerfd, signalfd, inotify.
+//! Image schema of descriptors backed by anonymous inodes: epoll, timerfd, signalfd, inotify,
+//! fanotify.
 
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +67,36 @@ pub struct InotifyWatch {
     /// Device (user-space encoding) and inode of the watched object when it was captured.
     pub dev: u64,
     pub ino: u64,
+    /// The object's file handle (name_to_handle_at(2)), for diagnostics.
+    pub handle_type: i32,
+    #[serde(with = "serde_bytes")]
+    pub handle: Vec<u8>,
+}
+
+/// A fanotify group (of the notification class) and its inode marks.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct FanotifyDesc {
+    /// fanotify_init's flags (FAN_CLASS_NOTIF, FAN_CLOEXEC, FAN_NONBLOCK, FAN_UNLIMITED_QUEUE,
+    /// FAN_REPORT_* ...), as fdinfo shows them.
+    pub flags: u32,
+    /// fanotify_init's event_f_flags: how the descriptors events carry are opened.
+    pub event_flags: u32,
+    /// In the order fdinfo lists them (newest first).
+    pub marks: Vec<FanotifyMark>,
+}
+
+/// One inode mark of a fanotify group.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct FanotifyMark {
+    /// The marked file or directory.
+    pub path: String,
+    /// Device (user-space encoding) and inode of the marked object when it was captured.
+    pub dev: u64,
+    pub ino: u64,
+    /// FAN_MARK_IGNORED_SURV_MODIFY, FAN_MARK_EVICTABLE, as fdinfo's `mflags` shows them.
+    pub mflags: u32,
+    pub mask: u64,
+    pub ignored_mask: u64,
     /// The object's file handle (name_to_handle_at(2)), for diagnostics.
     pub handle_type: i32,
     #[serde(with = "serde_bytes")]

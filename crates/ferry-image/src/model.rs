@@ -450,6 +450,10 @@ pub enum LockKind {
     Flock,
     Ofd,
     Posix,
+    /// A file lease (fcntl F_SETLEASE; `write`: F_WRLCK, else F_RDLCK), of the description
+    /// (`FileDesc::locks`), taken again by the first process holding it. Absent from older
+    /// images.
+    Lease,
 }
 
 /// An open file description (what `dup` and `fork` share).
@@ -469,6 +473,36 @@ pub struct FileDesc {
     /// from before this field existed (then only the rights of the process are checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<FileIdentity>,
+    /// Who gets the signals of signal-driven I/O (O_ASYNC; SIGURG for a socket): fcntl
+    /// F_SETOWN / F_SETOWN_EX, a thread, a process or a process group of the tree (tree PIDs).
+    /// Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<FileOwner>,
+    /// The signal sent for signal-driven I/O (fcntl F_SETSIG); 0: SIGIO, without `si_fd`.
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
+    pub io_signal: i32,
+}
+
+fn is_zero_i32(n: &i32) -> bool {
+    *n == 0
+}
+
+/// The owner of an open file description for signal-driven I/O (fcntl F_GETOWN_EX).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileOwner {
+    pub kind: OwnerKind,
+    /// The thread's TID, the process's PID or the group's PGID, as the tree sees them.
+    pub pid: i32,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum OwnerKind {
+    /// F_OWNER_TID: one thread.
+    Thread,
+    /// F_OWNER_PID: a process (F_SETOWN with a positive PID).
+    Process,
+    /// F_OWNER_PGRP: a process group (F_SETOWN with a negative PID).
+    Group,
 }
 
 /// What makes a file the one that was captured: its inode, and for a regular file its size
@@ -539,6 +573,8 @@ pub enum FileKind {
     Pidfd {
         pid: i32,
     },
+    /// A fanotify group with its inode marks (last: images without one read as before).
+    Fanotify(crate::FanotifyDesc),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

@@ -206,6 +206,14 @@ pub fn validate(t: &Tree) -> Result<(), String> {
     }
     for (i, d) in t.files.iter().enumerate() {
         let what = || format!("file {i} (id {})", d.id);
+        if d.owner.is_some_and(|o| o.pid <= 0) || !(0..=64).contains(&d.io_signal) {
+            return Err(format!(
+                "{} has an invalid signal-driven I/O owner or signal ({:?}, {})",
+                what(),
+                d.owner,
+                d.io_signal
+            ));
+        }
         match &d.kind {
             FileKind::Pipe { pipe } if *pipe as usize >= t.pipes.len() => {
                 return Err(format!(

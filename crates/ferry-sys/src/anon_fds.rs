@@ -139,6 +139,21 @@ pub fn inotify_add_watch(fd: RawFd, path: &str, mask: u32) -> SysResult<i32> {
     check("inotify_add_watch", r as libc::c_long).map(|wd| wd as i32)
 }
 
+pub fn fanotify_init(flags: u32, event_f_flags: u32) -> SysResult<OwnedFd> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::fanotify_init(flags, event_f_flags) };
+    owned("fanotify_init", r as libc::c_long)
+}
+
+/// fanotify_mark(2) of the object at `path` (looked up from the current directory).
+pub fn fanotify_mark(fd: RawFd, flags: u32, mask: u64, path: &str) -> SysResult<()> {
+    let c = std::ffi::CString::new(path)
+        .map_err(|_| SysError::new("fanotify_mark (path has NUL)", libc::EINVAL))?;
+    // SAFETY: c is a valid NUL-terminated string; the other arguments are integers.
+    let r = unsafe { libc::fanotify_mark(fd, flags, mask, libc::AT_FDCWD, c.as_ptr()) };
+    check("fanotify_mark", r as libc::c_long).map(drop)
+}
+
 pub fn inotify_rm_watch(fd: RawFd, wd: i32) -> SysResult<()> {
     // SAFETY: plain integer arguments.
     let r = unsafe { libc::inotify_rm_watch(fd, wd) };

@@ -100,6 +100,40 @@ pub fn set_fl(fd: RawFd, flags: i32) -> SysResult<()> {
     check("fcntl(F_SETFL)", r as libc::c_long).map(drop)
 }
 
+/// fcntl commands for signal-driven I/O (asm-generic/fcntl.h), which the libc crate lacks.
+pub const F_SETSIG: i32 = 10;
+pub const F_GETSIG: i32 = 11;
+pub const F_SETOWN_EX: i32 = 15;
+pub const F_GETOWN_EX: i32 = 16;
+/// `f_owner_ex.type`: a thread, a process, a process group.
+pub const F_OWNER_TID: i32 = 0;
+pub const F_OWNER_PID: i32 = 1;
+pub const F_OWNER_PGRP: i32 = 2;
+
+/// The owner of `fd`'s description for signal-driven I/O (fcntl F_GETOWN_EX): its type
+/// (F_OWNER_TID, F_OWNER_PID or F_OWNER_PGRP) and PID, in our PID namespace (0: none).
+pub fn get_owner_ex(fd: RawFd) -> SysResult<(i32, i32)> {
+    // struct f_owner_ex { int type; pid_t pid; }
+    let mut o = [0i32; 2];
+    // SAFETY: `o` is a valid, writable struct f_owner_ex for the call's duration.
+    let r = unsafe { libc::fcntl(fd, F_GETOWN_EX, o.as_mut_ptr()) };
+    check("fcntl(F_GETOWN_EX)", r as libc::c_long).map(|_| (o[0], o[1]))
+}
+
+/// The signal sent for signal-driven I/O on `fd`'s description (fcntl F_GETSIG; 0: SIGIO).
+pub fn get_sig(fd: RawFd) -> SysResult<i32> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::fcntl(fd, F_GETSIG) };
+    check("fcntl(F_GETSIG)", r as libc::c_long).map(|n| n as i32)
+}
+
+/// Sets the signal sent for signal-driven I/O on `fd`'s description (fcntl F_SETSIG).
+pub fn set_sig(fd: RawFd, sig: i32) -> SysResult<()> {
+    // SAFETY: plain integer arguments.
+    let r = unsafe { libc::fcntl(fd, F_SETSIG, sig) };
+    check("fcntl(F_SETSIG)", r as libc::c_long).map(drop)
+}
+
 pub fn write_fd(fd: RawFd, buf: &[u8]) -> SysResult<usize> {
     // SAFETY: buf is a valid slice for reading.
     let r = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };

@@ -1,5 +1,5 @@
 //! Descriptors backed by anonymous inodes: epoll (with its interest list), timerfd, signalfd,
-//! inotify. (eventfd lives in files.rs.)
+//! inotify, fanotify. (eventfd lives in files.rs.)
 //!
 //! Everything is read from /proc/PID/fdinfo, helped by a copy of the descriptor taken with
 //! pidfd_getfd(2) where fdinfo is not enough (a timerfd's next expiration, the bytes queued in an
@@ -22,13 +22,17 @@
 //! - **inotify**: every watch is resolved to a path at checkpoint (from its file handle) and
 //!   re-added under its original watch descriptor. Events queued but not read yet cannot be
 //!   captured without consuming them: such an instance is refused.
+//! - **fanotify**: a notification group with inode marks; each marked object is resolved to a
+//!   path as an inotify watch is, and marked again (mask, ignored mask) in a group made with
+//!   the same flags, oldest mark first. Permission classes, mount and filesystem marks, and
+//!   queued events are refused.
 
 use crate::error::{Context, Error, Result};
 use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{
-    EpollDesc, EpollItem, FileDesc, FileKind, InotifyDesc, InotifyWatch, Process, SignalfdDesc,
-    TimerfdDesc,
+    EpollDesc, EpollItem, FanotifyDesc, FanotifyMark, FileDesc, FileKind, InotifyDesc,
+    InotifyWatch, Process, SignalfdDesc, TimerfdDesc,
 };
 use ferry_sys::{anon_fds, fdops, pidfd};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -66,6 +70,7 @@ pub fn classify(
         "anon_inode:[signalfd]" => FileKind::Signalfd(capture_signalfd(pid, fd, link, info)?),
         "anon_inode:inotify" => FileKind::Inotify(capture_inotify(pid, fd, link, info)?),
         "anon_inode:[pidfd]" => capture_pidfd(pid, fd, link, info)?,
+        "anon_inode:[fanotify]" => FileKind::Fanotify(capture_fanotify(pid, fd, link, info)?),
         _ => return Ok(None),
     }))
 }
@@ -896,6 +901,195 @@ fn open_inotify(
 }
 
 // ---------------------------------------------------------------------------------------------
+// fanotify
+
+/// fanotify_init's FAN_CLOEXEC.
+const FAN_CLOEXEC: u32 = 0x1;
+/// The permission classes (FAN_CLASS_CONTENT, FAN_CLASS_PRE_CONTENT).
+const FAN_CLASS_MASK: u32 = 0xc;
+/// Mark flags fdinfo shows that a rebuilt mark can be given again.
+const FAN_MARK_IGNORED_MASK: u32 = 0x20;
+const FAN_MARK_IGNORED_SURV_MODIFY: u32 = 0x40;
+const FAN_MARK_EVICTABLE: u32 = 0x200;
+
+fn capture_fanotify(
+    pid: i32,
+    fd: i32,
+    link: &str,
+    info: &[(String, String)],
+) -> Result<FanotifyDesc> {
+    let refuse = |why: String| unsupported(pid, fd, link, format!("a fanotify group: {why}"));
+    let head =
+        value(info, "fanotify flags").ok_or_else(|| refuse("its fdinfo shows no flags".into()))?;
+    let f = fields(head);
+    let (Some(flags), Some(event_flags)) = (hex(&f, ""), hex(&f, "event-flags")) else {
+        return Err(refuse(format!("unreadable flags ({head:?})")));
+    };
+    let flags = flags as u32;
+    if flags & FAN_CLASS_MASK != 0 {
+        return Err(refuse(
+            "of a permission class (FAN_CLASS_CONTENT or FAN_CLASS_PRE_CONTENT): the accesses \
+             waiting for its replies are not captured"
+                .into(),
+        ));
+    }
+    let copy = take_copy(pid, fd)?;
+    let queued = fdops::fionread(copy.as_raw_fd()).ctx(pid, || {
+        format!("count the events queued in fanotify fd {fd}")
+    })?;
+    if queued > 0 {
+        return Err(refuse(format!(
+            "{queued} bytes of events are queued and not read yet; they cannot be captured \
+             without consuming them (retry once the process has read them)"
+        )));
+    }
+    let mut mounts = MountCache::default();
+    let mut marks = Vec::new();
+    for (k, v) in info.iter().filter(|(k, _)| k.starts_with("fanotify ")) {
+        match k.as_str() {
+            "fanotify flags" => continue,
+            "fanotify ino" => {}
+            _ => {
+                return Err(refuse(format!(
+                    "its mark \"{k}:{v}\" is a mount or filesystem mark, which Ferry does not \
+                     rebuild yet"
+                )))
+            }
+        }
+        let f = fields(v);
+        let parsed = (|| {
+            let h = field(&f, "f_handle")?;
+            let handle = (0..h.len() / 2)
+                .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).ok())
+                .collect::<Option<Vec<u8>>>()?;
+            Some((
+                hex(&f, "")?,
+                hex(&f, "sdev")?,
+                hex(&f, "mflags")? as u32,
+                hex(&f, "mask")?,
+                hex(&f, "ignored_mask")?,
+                i32::from_str_radix(field(&f, "fhandle-type")?, 16).ok()?,
+                handle,
+            ))
+        })();
+        let Some((ino, sdev, mflags, mask, ignored_mask, handle_type, handle)) = parsed else {
+            return Err(refuse(format!(
+                "its mark \"{k}:{v}\" carries no usable file handle, so it cannot be resolved \
+                 to a path"
+            )));
+        };
+        if mflags & !(FAN_MARK_IGNORED_SURV_MODIFY | FAN_MARK_EVICTABLE) != 0 {
+            return Err(refuse(format!(
+                "its mark \"{k}:{v}\" has mark flags {mflags:#x} Ferry does not rebuild"
+            )));
+        }
+        let dev = user_dev(sdev);
+        let path = resolve_handle(&mut mounts, dev, ino, handle_type, &handle).map_err(|why| {
+            refuse(format!(
+                "its mark on inode {ino} of device {}:{} cannot be resolved to a path: {why}",
+                libc::major(dev),
+                libc::minor(dev)
+            ))
+        })?;
+        marks.push(FanotifyMark {
+            path,
+            dev,
+            ino,
+            mflags,
+            mask,
+            ignored_mask,
+            handle_type,
+            handle,
+        });
+    }
+    Ok(FanotifyDesc {
+        flags,
+        event_flags: event_flags as u32,
+        marks,
+    })
+}
+
+fn open_fanotify(
+    d: &FileDesc,
+    n: &FanotifyDesc,
+    creds: &ferry_sys::fsid::FsCreds,
+) -> Result<OwnedFd> {
+    let me = std::process::id() as i32;
+    // With the very flags of the original (fdinfo shows them), FAN_CLOEXEC and FAN_NONBLOCK
+    // included; our copy is made close-on-exec at once.
+    let made = anon_fds::fanotify_init(n.flags, n.event_flags).ctx(me, || {
+        format!(
+            "file {}: create a fanotify group (flags {:#x}, event flags {:#x})",
+            d.id, n.flags, n.event_flags
+        )
+    })?;
+    let fd = if n.flags & FAN_CLOEXEC == 0 {
+        fdops::dup_cloexec(made.as_raw_fd())
+            .ctx(me, || format!("file {}: copy its fanotify group", d.id))?
+    } else {
+        made
+    };
+    let raw = fd.as_raw_fd();
+    // fdinfo lists a group's marks newest first: added oldest first, they list as they did.
+    for m in n.marks.iter().rev() {
+        // Added with the process's rights (the kernel checks read permission on the marked
+        // object as the caller), on the object captured, found without following links.
+        let added = ferry_sys::fsid::with_fs_creds(creds, || -> std::result::Result<(), String> {
+            let o = ferry_sys::fsid::openat2(
+                libc::AT_FDCWD,
+                &m.path,
+                libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0,
+                libc::RESOLVE_NO_SYMLINKS,
+            )
+            .map_err(|e| match e.errno {
+                libc::ELOOP => "a symbolic link is in its path now".to_string(),
+                _ => e.to_string(),
+            })?;
+            let through = format!("/proc/self/fd/{}", o.as_raw_fd());
+            let md = std::fs::metadata(&through).map_err(|e| e.to_string())?;
+            if (md.dev(), md.ino()) != (m.dev, m.ino) {
+                return Err(format!(
+                    "not the file that was captured (inode {} on device {:#x} now, inode {} on \
+                     device {:#x} captured); refused",
+                    md.ino(),
+                    md.dev(),
+                    m.ino,
+                    m.dev
+                ));
+            }
+            let evictable = m.mflags & FAN_MARK_EVICTABLE;
+            if m.mask != 0 {
+                anon_fds::fanotify_mark(raw, libc::FAN_MARK_ADD | evictable, m.mask, &through)
+                    .map_err(|e| e.to_string())?;
+            }
+            if m.ignored_mask != 0 || m.mflags & FAN_MARK_IGNORED_SURV_MODIFY != 0 {
+                let surv = m.mflags & FAN_MARK_IGNORED_SURV_MODIFY;
+                anon_fds::fanotify_mark(
+                    raw,
+                    libc::FAN_MARK_ADD | FAN_MARK_IGNORED_MASK | surv | evictable,
+                    m.ignored_mask,
+                    &through,
+                )
+                .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        });
+        added
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
+            .map_err(|e| Error::Restore {
+                pid: me,
+                what: format!(
+                    "file {}: mark {} again in its fanotify group (as {creds}): {e}",
+                    d.id, m.path
+                ),
+            })?;
+    }
+    Ok(fd)
+}
+
+// ---------------------------------------------------------------------------------------------
 
 /// Recreates the open file description `d` in this (the restoring) process; what it does by
 /// path (inotify watches) with the file-system rights `creds` of the process holding it.
@@ -925,6 +1119,7 @@ pub fn open(d: &FileDesc, creds: &ferry_sys::fsid::FsCreds) -> Result<OwnedFd> {
             format!("recreate signalfd {} (mask {:#x})", d.id, s.sigmask)
         }),
         FileKind::Inotify(n) => open_inotify(d, n, creds),
+        FileKind::Fanotify(n) => open_fanotify(d, n, creds),
         _ => Err(Error::BadImage(format!(
             "file {}: {:?} is not an anonymous-inode descriptor",
             d.id, d.kind

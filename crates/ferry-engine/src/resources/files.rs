@@ -10,7 +10,7 @@ use crate::husk::Husk;
 use crate::objects::{CaptureObjects, RestoreObjects};
 use crate::procfs;
 use crate::reopen::Match;
-use ferry_image::{Fd, FileDesc, FileKind, Pipe, Process, Tree};
+use ferry_image::{Fd, FileDesc, FileKind, FileOwner, OwnerKind, Pipe, Process, Tree};
 use ferry_sys::fdops;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -43,6 +43,34 @@ pub struct FdCapture {
     pub tree_ids: std::collections::HashSet<i32>,
     /// The PIDs of the tree's processes (ours), in capture order.
     pub tree_pids: Vec<i32>,
+}
+
+/// The owner (host PIDs, translated with the tree's) and the signal of signal-driven I/O of
+/// the description behind `fd` of `pid`, read on a copy of it (fdinfo shows neither).
+fn signal_owner(pid: i32, fd: i32, link: &str) -> Result<(Option<FileOwner>, i32)> {
+    let what = || format!("read the owner of fd {fd} ({link})");
+    let copy = if pid == std::process::id() as i32 {
+        fdops::dup_cloexec(fd).ctx(pid, what)?
+    } else {
+        let pidfd = ferry_sys::pidfd::pidfd_open(pid).ctx(pid, what)?;
+        ferry_sys::pidfd::pidfd_getfd(&pidfd, fd).ctx(pid, what)?
+    };
+    let (ty, owner) = fdops::get_owner_ex(copy.as_raw_fd()).ctx(pid, what)?;
+    let sig = fdops::get_sig(copy.as_raw_fd()).ctx(pid, what)?;
+    let kind = match ty {
+        fdops::F_OWNER_TID => OwnerKind::Thread,
+        fdops::F_OWNER_PID => OwnerKind::Process,
+        fdops::F_OWNER_PGRP => OwnerKind::Group,
+        _ => {
+            return Err(Error::Unsupported {
+                pid,
+                what: format!("fd {fd} ({link})"),
+                why: format!("its signal-driven I/O owner is of an unknown type {ty}"),
+            })
+        }
+    };
+    // PID 0: no owner, or one that has exited (the kernel then reads 0 too).
+    Ok(((owner > 0).then_some(FileOwner { kind, pid: owner }), sig))
 }
 
 fn octal(info: &[(String, String)], key: &str) -> i64 {
@@ -136,6 +164,12 @@ impl FdCapture {
             _ => false,
         };
         let flags = octal(info, "flags");
+        // An O_PATH descriptor has no owner (fcntl refuses F_SETOWN and F_GETOWN_EX on it).
+        let (owner, io_signal) = if flags & libc::O_PATH as i64 != 0 {
+            (None, 0)
+        } else {
+            signal_owner(pid, fd, link)?
+        };
         tree.files.push(FileDesc {
             id,
             flags: (flags & !(libc::O_CLOEXEC as i64)) as i32,
@@ -143,6 +177,8 @@ impl FdCapture {
             kind,
             locks: desc_locks,
             identity: by_path.then(|| crate::reopen::identity_of(md)),
+            owner,
+            io_signal,
         });
         self.seen.push((pid, fd, dev, ino, id));
         Ok(id)
@@ -444,10 +480,30 @@ pub fn open_descriptions(
         .find(|p| p.zombie_status.is_none())
         .map(|p| (p, -1));
     super::sockets::holders_in_flight(tree, &mut holders, first_live);
+    // Leases held now (by the frozen original of a migration on one machine, or by anyone): an
+    // open that would break one is refused instead of waiting for the break.
+    let leases = super::locks::leases_held();
     let by_path = |d: &FileDesc, path: &str, flags: i32, m: Match| -> Result<OwnedFd> {
         let (p, fd) = holders.get(&d.id).ok_or_else(|| {
             Error::BadImage(format!("file {} ({path}) is held by no process", d.id))
         })?;
+        if let Some(id) = &d.identity {
+            let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+            if let Some((_, _, w)) = leases
+                .iter()
+                .find(|(dev, ino, w)| (*dev, *ino) == (id.dev, id.ino) && (*w || writes))
+            {
+                return Err(Error::Restore {
+                    pid: p.pid,
+                    what: format!(
+                        "fd {fd}: open {path} again: another process (the original of the \
+                         tree, if it still runs?) holds a {} lease on it, which the open would \
+                         break",
+                        if *w { "write" } else { "read" }
+                    ),
+                });
+            }
+        }
         crate::reopen::open(
             p.pid,
             &format!("fd {fd}"),
@@ -666,7 +722,8 @@ pub fn open_descriptions(
             FileKind::Epoll(_)
             | FileKind::Timerfd(_)
             | FileKind::Signalfd(_)
-            | FileKind::Inotify(_) => {
+            | FileKind::Inotify(_)
+            | FileKind::Fanotify(_) => {
                 let creds = holders
                     .get(&d.id)
                     .map(|(p, _)| crate::reopen::creds_of(p))
@@ -693,10 +750,20 @@ pub fn open_descriptions(
                 .ctx(me, || format!("seek file {} to {}", d.id, d.pos))?;
         }
         let now = fdops::get_fl(fd.as_raw_fd()).ctx(me, || "read file flags".into())?;
-        let want = (now & !SETFL_MASK) | (d.flags & SETFL_MASK);
+        // O_ASYNC is set by a process holding it, through its own descriptor
+        // (`restore_owners`): the signal's si_fd is the number it was set through.
+        let want = (now & !SETFL_MASK) | (d.flags & SETFL_MASK & !libc::O_ASYNC);
         if want != now {
             fdops::set_fl(fd.as_raw_fd(), want)
                 .ctx(me, || format!("set flags {:o} on file {}", d.flags, d.id))?;
+        }
+        if d.io_signal != 0 {
+            fdops::set_sig(fd.as_raw_fd(), d.io_signal).ctx(me, || {
+                format!(
+                    "set signal {} of signal-driven I/O on file {}",
+                    d.io_signal, d.id
+                )
+            })?;
         }
         if !d.locks.is_empty() {
             super::locks::take_on_description(&fd, &d.locks, &file_name(d))?;
@@ -847,6 +914,92 @@ pub fn install(h: &Husk, p: &Process, tree: &Tree, descs: &HashMap<u32, OwnedFd>
     super::anon_inodes::after_install(h, p)?;
     super::sockets::after_install(h, p)?;
     super::tty::after_install(h, p)?;
+    Ok(())
+}
+
+/// Takes again the leases (fcntl F_SETLEASE), and sets again the signal-driven I/O owners
+/// (fcntl F_SETOWN_EX) and O_ASYNC, of the descriptions process `p` (husk `h`) holds and no process before it did (`done`): injected
+/// into the process itself once every process, thread and group of the tree exists, with its
+/// own credentials (the kernel checks the owner's permission to receive the signal against
+/// them), through its lowest descriptor of the description (the signal's si_fd is the number
+/// O_ASYNC was set through).
+pub fn restore_owners(
+    h: &Husk,
+    p: &Process,
+    tree: &Tree,
+    done: &mut std::collections::HashSet<u32>,
+) -> Result<()> {
+    for fd in &p.fds {
+        let Some(d) = tree.files.get(fd.file as usize) else {
+            continue;
+        };
+        let is_async = d.flags & libc::O_ASYNC != 0;
+        let leased = d
+            .locks
+            .iter()
+            .any(|l| l.kind == ferry_image::LockKind::Lease);
+        if (d.owner.is_none() && !is_async && !leased) || !done.insert(d.id) {
+            continue;
+        }
+        let name = file_name(d);
+        for l in d
+            .locks
+            .iter()
+            .filter(|l| l.kind == ferry_image::LockKind::Lease)
+        {
+            super::locks::take_lease(h, fd.fd, l, &name)?;
+        }
+        let inj = h.injector();
+        let failed = |what: String, r: i64| Error::Restore {
+            pid: p.pid,
+            what: format!(
+                "fd {}: {what}: {}",
+                fd.fd,
+                std::io::Error::from_raw_os_error(-r as i32)
+            ),
+        };
+        if let Some(o) = d.owner {
+            let ty = match o.kind {
+                OwnerKind::Thread => fdops::F_OWNER_TID,
+                OwnerKind::Process => fdops::F_OWNER_PID,
+                OwnerKind::Group => fdops::F_OWNER_PGRP,
+            };
+            let mut b = [0u8; 8];
+            b[0..4].copy_from_slice(&ty.to_ne_bytes());
+            b[4..8].copy_from_slice(&o.pid.to_ne_bytes());
+            let arg = inj.write_scratch(0, &b)?;
+            let r = inj.syscall_raw(
+                "fcntl(F_SETOWN_EX)",
+                libc::SYS_fcntl,
+                &[fd.fd as u64, fdops::F_SETOWN_EX as u64, arg],
+            )?;
+            if r < 0 {
+                let whose = match o.kind {
+                    OwnerKind::Thread => "thread",
+                    OwnerKind::Process => "process",
+                    OwnerKind::Group => "process group",
+                };
+                return Err(failed(
+                    format!("make {whose} {} the owner of its signal-driven I/O", o.pid),
+                    r,
+                ));
+            }
+        }
+        if is_async {
+            let r = inj.syscall_raw(
+                "fcntl(F_SETFL)",
+                libc::SYS_fcntl,
+                &[
+                    fd.fd as u64,
+                    libc::F_SETFL as u64,
+                    (d.flags & SETFL_MASK) as u64,
+                ],
+            )?;
+            if r < 0 {
+                return Err(failed("set O_ASYNC".into(), r));
+            }
+        }
+    }
     Ok(())
 }
 

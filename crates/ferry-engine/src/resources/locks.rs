@@ -37,7 +37,7 @@ pub fn capture(
         })?;
         match lock.kind {
             LockKind::Posix => posix.push(lock),
-            LockKind::Flock | LockKind::Ofd => desc.push(lock),
+            LockKind::Flock | LockKind::Ofd | LockKind::Lease => desc.push(lock),
         }
     }
     Ok((desc, posix))
@@ -53,9 +53,35 @@ fn parse(line: &str) -> std::result::Result<FileLock, String> {
         "POSIX" => LockKind::Posix,
         "FLOCK" => LockKind::Flock,
         "OFDLCK" => LockKind::Ofd,
-        "LEASE" | "BREAKING" | "DELEG" => {
-            return Err("that is a lease, which cannot be moved".into())
+        "LEASE" => {
+            if t[2] != "ACTIVE" {
+                return Err(
+                    "that is a lease being broken (a process waits to open the file, \
+                            which the kernel's lease break cannot be made to wait for again)"
+                        .into(),
+                );
+            }
+            let write = match t[3] {
+                "WRITE" => true,
+                "READ" => false,
+                _ => return Err("that is a lease of an unknown type".into()),
+            };
+            if write {
+                return Err(
+                    "that is a write lease: the restore opens the file again, which \
+                            breaks a write lease the original still holds (frozen until the \
+                            commit, in a migration) and waits for the break"
+                        .into(),
+                );
+            }
+            return Ok(FileLock {
+                kind: LockKind::Lease,
+                write,
+                start: 0,
+                end: None,
+            });
         }
+        "DELEG" => return Err("that is an NFS delegation, which cannot be moved".into()),
         _ => return Err("of a kind Ferry does not know".into()),
     };
     if t[2] != "ADVISORY" {
@@ -89,10 +115,11 @@ fn describe(l: &FileLock) -> String {
         LockKind::Flock => "flock",
         LockKind::Ofd => "OFD lock",
         LockKind::Posix => "POSIX lock",
+        LockKind::Lease => "lease",
     };
     let mode = if l.write { "write" } else { "read" };
     match (l.kind, l.end) {
-        (LockKind::Flock, _) => format!("{mode} {kind}"),
+        (LockKind::Flock | LockKind::Lease, _) => format!("{mode} {kind}"),
         (_, Some(end)) => format!("{mode} {kind} on bytes {}-{end}", l.start),
         (_, None) => format!("{mode} {kind} on bytes {}-EOF", l.start),
     }
@@ -245,7 +272,8 @@ fn try_take_posix(inj: &Injector, pid: i32, fd: i32, l: &FileLock, path: &str) -
 /// another holder still has for [`Deferred::complete`].
 pub fn take_on_description(fd: &OwnedFd, locks: &[FileLock], path: &str) -> Result<()> {
     let me = std::process::id() as i32;
-    for l in locks {
+    // A lease is taken by the process holding the description (`take_lease`).
+    for l in locks.iter().filter(|l| l.kind != LockKind::Lease) {
         let got = try_take(fd.as_raw_fd(), l).map_err(|e| Error::Restore {
             pid: me,
             what: format!("take the {} of {path}: {e}", describe(l)),
@@ -285,6 +313,55 @@ pub fn take_posix(h: &Husk, fd: i32, locks: &[FileLock], path: &str) -> Result<(
     Ok(())
 }
 
+/// Takes lease `l` again in rebuilt process `h`, through its descriptor `fd` of `path` (an
+/// injected fcntl F_SETLEASE: the lease's signals go to that process, naming `fd`, as they
+/// did for the process that took it).
+pub fn take_lease(h: &Husk, fd: i32, l: &FileLock, path: &str) -> Result<()> {
+    let arg = if l.write {
+        libc::F_WRLCK
+    } else {
+        libc::F_RDLCK
+    };
+    let r = h.injector().syscall_raw(
+        "fcntl(F_SETLEASE)",
+        libc::SYS_fcntl,
+        &[fd as u64, libc::F_SETLEASE as u64, arg as u64],
+    )?;
+    if r < 0 {
+        let why = if r == -(libc::EAGAIN as i64) {
+            "another process has the file open in a way the lease forbids".to_string()
+        } else {
+            std::io::Error::from_raw_os_error(-r as i32).to_string()
+        };
+        return Err(Error::Restore {
+            pid: h.pid,
+            what: format!("fd {fd}: take the {} of {path} again: {why}", describe(l)),
+        });
+    }
+    Ok(())
+}
+
+/// The leases of this machine (/proc/locks), as (device, inode, write), read once for a
+/// restore: a description opened again while another process holds a lease its open breaks
+/// would wait for the break (45 s by default) and break it.
+pub fn leases_held() -> Vec<(u64, u64, bool)> {
+    let text = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let t: Vec<&str> = line.split_whitespace().collect();
+            if t.len() < 6 || t[1] != "LEASE" {
+                return None;
+            }
+            let write = t[3] == "WRITE";
+            let mut id = t[5].split(':');
+            let major = u32::from_str_radix(id.next()?, 16).ok()?;
+            let minor = u32::from_str_radix(id.next()?, 16).ok()?;
+            let ino = id.next()?.parse().ok()?;
+            Some((libc::makedev(major, minor), ino, write))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,7 +377,11 @@ mod tests {
         assert_eq!((l.kind, l.write, l.end), (LockKind::Flock, false, None));
         let l = parse("3: OFDLCK ADVISORY  READ -1 fe:00:10166504 200 299").unwrap();
         assert_eq!((l.kind, l.start, l.end), (LockKind::Ofd, 200, Some(299)));
-        assert!(parse("4: LEASE  ACTIVE    READ 1 fe:00:1 0 EOF").is_err());
+        let l = parse("4: LEASE  ACTIVE    READ 1 fe:00:1 0 EOF").unwrap();
+        assert_eq!((l.kind, l.write), (LockKind::Lease, false));
+        assert!(parse("4: LEASE  ACTIVE    WRITE 1 fe:00:1 0 EOF").is_err());
+        assert!(parse("4: LEASE  BREAKING  READ 1 fe:00:1 0 EOF").is_err());
+        assert!(parse("4: DELEG  ACTIVE    READ 1 fe:00:1 0 EOF").is_err());
         assert!(parse("garbage").is_err());
         let b = flock_struct(&parse("1: POSIX  ADVISORY  WRITE 1 0:0:1 100 199").unwrap());
         assert_eq!(i16::from_ne_bytes([b[0], b[1]]), libc::F_WRLCK as i16);

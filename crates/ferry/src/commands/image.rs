@@ -179,6 +179,7 @@ pub fn run(c: Command) -> Result<()> {
                 FileKind::Timerfd(t) => format!("timerfd {t:?}"),
                 FileKind::Signalfd(s) => format!("signalfd {s:?}"),
                 FileKind::Inotify(i) => format!("inotify {i:?}"),
+                FileKind::Fanotify(n) => format!("fanotify {n:?}"),
                 FileKind::Socket(s) => format!("socket {s}"),
                 FileKind::Tty(t) => format!("tty {t:?}"),
                 FileKind::PathOnly { path } => format!("path {path} (O_PATH)"),

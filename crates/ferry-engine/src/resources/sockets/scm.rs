@@ -42,6 +42,7 @@ pub(crate) fn may_fly(kind: &FileKind) -> std::result::Result<(), &'static str> 
         | FileKind::Timerfd(_)
         | FileKind::Signalfd(_)
         | FileKind::Inotify(_)
+        | FileKind::Fanotify(_)
         | FileKind::Pidfd { .. }
         | FileKind::Tty(_) => Ok(()),
         FileKind::Socket(_) => Ok(()),
