@@ -105,7 +105,7 @@ pub type KeepRanges<'a> = &'a dyn Fn(i32, &[ferry_image::Vma]) -> Option<Vec<(u6
 /// source for a page server (`Process::inherited_lazily`); the rest came ahead of the image.
 /// With `no_cow`, pages a child shares copy-on-write with its parent are not looked for: each
 /// process's pages are its own in the image, as before (a lazy migration of a tree whose
-/// sharing was kept stalled its page traffic; not found yet, see docs/limitations.md).
+/// sharing was kept gave its children zeros for their shared pages: docs/limitations.md).
 pub fn capture_keeping<W: Write>(
     frozen: &FrozenTree,
     out: W,
