@@ -46,6 +46,20 @@ fn ns_link(pid: i32, which: &str) -> Option<String> {
     procfs::readlink(pid, &format!("ns/{which}")).ok()
 }
 
+/// Why a tree leaving its home with process `pid` numbered `inner` in its own PID namespace
+/// is refused ([`PidView::first_renumbered`]): (what, why).
+pub fn renumbered(pid: i32, inner: i32) -> (&'static str, String) {
+    (
+        "its PID in its own namespace",
+        format!(
+            "it is PID {inner} in its own PID namespace and {pid} on this node; a tree leaves \
+             its home only when the two are the same (its deputies here keep the node's \
+             numbers, its copy gets its own): a program run for another node (`ferry run`) \
+             moves while it is one process"
+        ),
+    )
+}
+
 fn refuse(pid: i32, what: &str, why: String) -> Error {
     Error::Unsupported {
         pid,
@@ -169,6 +183,17 @@ impl PidView {
             }
         }
         Ok(view)
+    }
+
+    /// A tree leaving its home leaves deputies there that stand for its processes under the
+    /// PIDs the home knows them by, and is rebuilt elsewhere under the PIDs it knows itself
+    /// by: the two must be the same. A process that has another PID in its own namespace
+    /// than here (a child of a `ferry run` program, which lives in a PID namespace of its
+    /// own) is refused: (its PID here, its own).
+    pub fn first_renumbered(&self, pids: &[i32]) -> Option<(i32, i32)> {
+        pids.iter()
+            .map(|&p| (p, self.of_pid(p)))
+            .find(|(p, inner)| p != inner)
     }
 
     /// Whether the tree lives in our own PID namespace (every number reads the same).

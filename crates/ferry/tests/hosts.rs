@@ -600,3 +600,54 @@ fn a_ferry_run_program_moved_twice_keeps_its_callers_output_whole() {
     counts_on(&dir, "the program to count on a");
     stops_with_its_output_whole(&dir, &mut run);
 }
+
+/// A `ferry run` program with a child of its own (a shell running the counter) cannot leave
+/// its node: the child's PID in the program's own PID namespace is not its PID on the node,
+/// which its deputy there would keep. The move is refused before anything is frozen, naming
+/// that, and the program counts on; its caller gets every line and its exit code.
+#[test]
+fn a_ferry_run_program_with_a_child_is_refused_a_move_and_runs_on() {
+    let c = Cluster::up_isolated("hosts-run-kids", 2, Isolation::Shared);
+    let dir = scratch("run-kids");
+    let prog = "import os, sys, time\n\
+                i = 0\n\
+                while not os.path.exists('stop'):\n    \
+                    i += 1\n    \
+                    print(i, flush=True)\n    \
+                    time.sleep(0.1)\n\
+                sys.exit(7)\n";
+    let mut run = c
+        .ferry("a")
+        .args([
+            "run",
+            "--on",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            "python3 -u -c \"$0\"; exit $?",
+        ])
+        .arg(prog)
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("count")).unwrap())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let caller = run.id() as i32;
+    wait_until("the program to run on b", Duration::from_secs(10), || {
+        run_on(&c, "b", caller)
+    });
+    counts_on(&dir, "the program to count on b");
+    let o = c.run("b", &["migrate", &caller.to_string(), "--to", "a"]);
+    let said = text(&o);
+    assert!(
+        !o.status.success()
+            && said.contains("its PID in its own namespace")
+            && said.contains("refused before freezing"),
+        "{said}"
+    );
+    counts_on(&dir, "the program to count on b still");
+    assert!(run_on(&c, "b", caller), "the program left b");
+    stops_with_its_output_whole(&dir, &mut run);
+}
