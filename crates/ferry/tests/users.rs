@@ -840,14 +840,16 @@ fn run_guests_have_their_own_tmp(c: &Cluster) -> Result<(), Failed> {
 
 /// A program run on b whose child leaves an orphan behind: the orphan's parent is the
 /// program's init (PID 1 of its namespace), and once it ends nothing of it is left (no zombie
-/// in the program's /proc).
+/// in the program's /proc). A program that runs on for more than a second has an init exec'd
+/// afresh (`ferry __run-init`, not a copy of the daemon).
 fn run_guest_orphans_reaped(c: &Cluster) -> Result<(), Failed> {
     let dir = common::scratch("users", "run-orphans");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let script = "o=$(sh -c 'sleep 0.5 >/dev/null 2>&1 & echo $!'); sleep 0.2; \
                   echo ppid=$(cut -d' ' -f4 /proc/$o/stat); sleep 0.8; \
                   [ -e /proc/$o ] && echo orphan-left; \
-                  echo zombies=$(cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == \"Z\"' | wc -l)";
+                  echo zombies=$(cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == \"Z\"' | wc -l); \
+                  sleep 1; echo init=$(tr '\\0' ' ' < /proc/1/cmdline)";
     for uid in [0, ALICE] {
         let o = ferry_as_in(
             c,
@@ -860,7 +862,8 @@ fn run_guest_orphans_reaped(c: &Cluster) -> Result<(), Failed> {
             o.status.success()
                 && out.lines().any(|l| l == "ppid=1")
                 && out.lines().any(|l| l == "zombies=0")
-                && !out.contains("orphan-left"),
+                && !out.contains("orphan-left")
+                && out.contains("__run-init"),
             || format!("uid {uid}'s program's orphan on b: {}", describe(&o)),
         )?;
     }
