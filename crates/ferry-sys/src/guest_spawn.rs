@@ -46,19 +46,32 @@ pub struct OwnNamespaces<'a> {
     pub init_exe: &'a Path,
 }
 
-/// The last PID used in our PID namespace and the largest there is (the program's process is
-/// given the next free one in both namespaces).
+/// Where to look for a PID free in both namespaces for the program's process, and the largest
+/// PID there is. A PID found taken costs a failed clone, a whole copy of the address space, so
+/// the search starts [`PID_AHEAD`] past the last PID used in ours (the next few are what every
+/// other fork of the machine is about to take meanwhile) at one that is free now.
 fn pid_hint() -> (i32, i32) {
     let read = |p: &str| {
         std::fs::read_to_string(p)
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
     };
-    (
-        read("/proc/sys/kernel/ns_last_pid").unwrap_or(300) + 1,
-        read("/proc/sys/kernel/pid_max").unwrap_or(32768),
-    )
+    let max = read("/proc/sys/kernel/pid_max").unwrap_or(32768);
+    let mut pid = read("/proc/sys/kernel/ns_last_pid").unwrap_or(300) + PID_AHEAD;
+    for _ in 0..SAME_PID_TRIES {
+        if pid >= max {
+            pid = 300;
+        }
+        if std::fs::symlink_metadata(format!("/proc/{pid}")).is_err() {
+            break;
+        }
+        pid += 1;
+    }
+    (pid, max)
 }
+
+/// How far past the last PID used the program's is looked for.
+const PID_AHEAD: i32 = 64;
 
 /// A program started in namespaces of its own.
 #[derive(Debug)]
@@ -288,8 +301,9 @@ fn init_child(
     if r < 0 {
         fail(Step::Namespaces);
     }
-    // What it mounts replaces what it would have seen (detached: no root guest can uncover
-    // the node's /proc or the other guests' /tmp by unmounting its own).
+    // What it mounts covers what it would have seen. (Not unmounted first: a lazy unmount
+    // waits for an RCU grace period, milliseconds on a busy machine, and a root program, which
+    // holds every capability, could undo either; a user's cannot.)
     let fresh: [(
         &std::ffi::CStr,
         &std::ffi::CStr,
@@ -303,9 +317,8 @@ fn init_child(
     ];
     let n = if ns.private_tmp { fresh.len() } else { 1 };
     for (dir, fstype, data, flags) in &fresh[..n] {
-        // SAFETY: NUL-terminated static strings; a failed unmount (nothing mounted) is fine.
+        // SAFETY: NUL-terminated static strings.
         let r = unsafe {
-            libc::umount2(dir.as_ptr(), libc::MNT_DETACH);
             libc::mount(
                 fstype.as_ptr(),
                 dir.as_ptr(),
