@@ -124,8 +124,7 @@ pub fn capture_keeping<W: Write>(
     // Refuse trees that span PID or time namespaces before anything else.
     let view = PidView::of(frozen)?;
     if frozen.relay_pipes {
-        let pids: Vec<i32> = frozen.procs.iter().map(|p| p.pid).collect();
-        if let Some((pid, inner)) = view.first_renumbered(&pids) {
+        if let Some((pid, inner)) = view.first_renumbered(&[root]) {
             let (what, why) = crate::pidview::renumbered(pid, inner);
             return Err(crate::error::Error::Unsupported {
                 pid,

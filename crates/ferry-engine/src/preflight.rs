@@ -344,8 +344,8 @@ pub fn check_with(root: i32, relay_pipes: bool, standins: &HashMap<u64, u32>) ->
             Err(e) => return Err(e),
         };
         check_process(pid, &status, &pids, root_sid)?;
-        if relay_pipes {
-            // Leaving its home: its PIDs must read the same in its namespace as here
+        if relay_pipes && pid == root {
+            // Leaving its home: its root's PID must read the same in its namespace as here
             // (`PidView::first_renumbered`).
             let inner = procfs::field(&status, "NSpid")
                 .split_whitespace()
