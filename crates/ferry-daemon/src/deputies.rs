@@ -911,8 +911,8 @@ pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
                 let sig = node.bodies.stop_signal(from, pid, host, sig);
                 ferry_sys::pidfd::pidfd_open(host)
                     .and_then(|fd| match queued {
-                        // As the home saw it: its sender (a home PID, which the body's
-                        // namespace numbers alike) and value. The kernel takes only negative
+                        // As the home saw it: its sender (a home PID, its number on the home
+                        // node, not in a `ferry run` program's namespace) and value. The kernel takes only negative
                         // codes from us; a forged SI_USER or kernel code is refused there.
                         Some(q) if q.code < 0 => ferry_sys::pidfd::pidfd_send_siginfo(
                             &fd, sig, q.code, q.pid, q.uid, q.value,
