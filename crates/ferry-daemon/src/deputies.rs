@@ -39,13 +39,22 @@ enum Cmd {
 struct Entry {
     /// The node running the body now.
     body_node: String,
+    /// The root of its tree (the deputy's PID, which the tree's own namespace numbers alike).
+    root: i32,
+    /// Its PID in the tree's own PID namespace, i.e. its body's: not the deputy's for a child
+    /// of a `ferry run` program, which lives in a PID namespace of its own
+    /// (`ferry_sys::guest_spawn`), where its children are numbered apart from the node.
+    own: i32,
     /// The deputies' worker, through the task that owns it.
     to_worker: mpsc::UnboundedSender<Cmd>,
     /// Signals this deputy received and forwarded to its body.
     signals: u64,
 }
 
-/// The deputies of this node: home PID -> where its body runs.
+/// The deputies of this node: home PID (the deputy's, on this node) -> where its body runs.
+/// The body's node speaks of a process by its PID in its tree's own namespace and the tree's
+/// root (`BodyStatus`, `SignalBody`), which [`Deputies::deputy_of`] and [`Deputies::own_of`]
+/// turn into the deputy's and back.
 #[derive(Default)]
 pub struct Deputies {
     map: Mutex<HashMap<i32, Entry>>,
@@ -103,12 +112,45 @@ impl Deputies {
         m.get(&pid).map(|e| e.body_node.clone())
     }
 
-    /// The body of `pid` ended, says node `from`: its deputy ends the same way.
-    pub fn body_ended(&self, from: &str, pid: i32, status: i32) -> Result<()> {
+    /// The deputy of the process that is `pid` in the tree of deputy `root` as the tree numbers
+    /// it in its own PID namespace (its body's number; `root` None: `pid` is the deputy's).
+    fn deputy_of(m: &HashMap<i32, Entry>, root: Option<i32>, pid: i32) -> Option<i32> {
+        let Some(root) = root else {
+            return m.contains_key(&pid).then_some(pid);
+        };
+        let r = m.get(&root)?;
+        m.iter()
+            .find(|(_, e)| e.own == pid && e.to_worker.same_channel(&r.to_worker))
+            .map(|(p, _)| *p)
+    }
+
+    /// What the body's node calls deputy `pid`: (its PID in its tree's own namespace, the
+    /// tree's root).
+    pub fn own_of(&self, pid: i32) -> Option<(i32, i32)> {
         let m = self.map.lock().expect("deputies lock");
-        let e = m
-            .get(&pid)
-            .ok_or_else(|| anyhow!("PID {pid} is no deputy here"))?;
+        m.get(&pid).map(|e| (e.own, e.root))
+    }
+
+    /// Whether some process of the tree of deputy `root` has another PID in the tree's own
+    /// namespace than its deputy's (such a tree cannot come home in place of its deputies).
+    pub fn renumbered(&self, root: i32) -> bool {
+        let m = self.map.lock().expect("deputies lock");
+        let Some(r) = m.get(&root) else {
+            return false;
+        };
+        m.iter()
+            .any(|(p, e)| e.to_worker.same_channel(&r.to_worker) && e.own != *p)
+    }
+
+    /// The body of `pid` ended, says node `from`: its deputy ends the same way. `root`: the
+    /// tree's root, `pid` then being the process's PID in the tree's own namespace.
+    pub fn body_ended(&self, from: &str, pid: i32, status: i32, root: Option<i32>) -> Result<()> {
+        let m = self.map.lock().expect("deputies lock");
+        let pid = Self::deputy_of(&m, root, pid).ok_or_else(|| match root {
+            Some(r) => anyhow!("PID {pid} of the tree of PID {r} is no deputy here"),
+            None => anyhow!("PID {pid} is no deputy here"),
+        })?;
+        let e = &m[&pid];
         if e.body_node != from {
             bail!(
                 "node {from} spoke for PID {pid}, whose body runs on {}",
@@ -116,7 +158,11 @@ impl Deputies {
             );
         }
         e.to_worker
-            .send(Cmd::Msg(Box::new(Msg::BodyStatus { pid, status })))
+            .send(Cmd::Msg(Box::new(Msg::BodyStatus {
+                pid,
+                status,
+                root: None,
+            })))
             .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))
     }
 
@@ -237,13 +283,22 @@ pub fn adopt(
     every: Option<f64>,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel();
+    // Each deputy's PID in the tree's own namespace, read while it is parked (a child of a
+    // `ferry run` program has another there: its body's).
+    let own: Vec<(i32, i32)> = pids
+        .iter()
+        .filter_map(|&p| inner_pid(p).filter(|&i| i != p).map(|i| (p, i)))
+        .collect();
     {
         let mut m = node.deputies.map.lock().expect("deputies lock");
         for &p in &pids {
+            let own = own.iter().find(|(d, _)| *d == p).map_or(p, |(_, i)| *i);
             m.insert(
                 p,
                 Entry {
                     body_node: body_node.clone(),
+                    root,
+                    own,
                     to_worker: tx.clone(),
                     signals: 0,
                 },
@@ -260,6 +315,7 @@ pub fn adopt(
         worker_pid: worker.pid,
         worker_start: state::start_time(worker.pid).unwrap_or(0),
         checkpoint_every_secs: every,
+        own: own.clone(),
     };
     node.store
         .put_or_log(state::DEPUTY, &root.to_string(), &record);
@@ -294,6 +350,11 @@ pub fn adopt(
                         // should that node come back (crate::recovery::fence).
                         let b = body.clone().unwrap_or_default();
                         let tree = node.deputies.tree_of(&b, root).unwrap_or_else(|| pids.clone());
+                        // As the body's node numbers them.
+                        let tree = tree
+                            .iter()
+                            .map(|&p| own.iter().find(|(d, _)| *d == p).map_or(p, |(_, i)| *i))
+                            .collect();
                         if let Err(e) = crate::recovery::condemn(&node, &b, root, tree) {
                             tracing::error!(event = "fence-unrecorded", root,
                                 error = %format!("{e:#}"));
@@ -332,7 +393,7 @@ pub fn adopt(
                     if dead {
                         body_lost = true;
                         tracing::warn!(event = "body-node-down", root, body = ?body);
-                        let lost = Msg::BodyStatus { pid: root, status: libc::SIGKILL };
+                        let lost = Msg::BodyStatus { pid: root, status: libc::SIGKILL, root: None };
                         if let Err(e) = write_msg(&mut worker.tx, &lost).await {
                             tracing::warn!(event = "deputies-worker-gone", root, error = %e);
                         }
@@ -474,6 +535,9 @@ struct DeputyRecord {
     /// the node's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     checkpoint_every_secs: Option<f64>,
+    /// (deputy, its PID in the tree's own namespace) for each deputy numbered apart there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    own: Vec<(i32, i32)>,
 }
 
 /// Deputy `pid` was forked in the tree of `root`: its record lists it, so that a restarted
@@ -559,10 +623,13 @@ pub fn recover(node: &Arc<Node>) {
                 tokio::time::sleep(std::time::Duration::from_millis(300)).await;
             }
             for &pid in &r.pids {
+                // As the body's node numbers it.
+                let own = r.own.iter().find(|(d, _)| *d == pid).map(|(_, i)| *i);
                 let kill = Msg::SignalBody {
-                    pid,
+                    pid: own.unwrap_or(pid),
                     sig: libc::SIGKILL,
                     queued: None,
+                    root: own.map(|_| r.root),
                 };
                 if let Err(e) = ask(&node, &r.body_node, kill).await {
                     tracing::warn!(event = "orphan-body-unkilled", pid, body = %r.body_node,
@@ -596,7 +663,15 @@ async fn signal_body(
         .deputies
         .body_node(pid)
         .ok_or_else(|| anyhow!("PID {pid} is no deputy here"))?;
-    ask(node, &to, Msg::SignalBody { pid, sig, queued }).await
+    // The body's node knows it by its PID in its tree's own namespace.
+    let (own, root) = node.deputies.own_of(pid).unwrap_or((pid, pid));
+    let msg = Msg::SignalBody {
+        pid: own,
+        sig,
+        queued,
+        root: (own != pid).then_some(root),
+    };
+    ask(node, &to, msg).await
 }
 
 /// Sends `msg` to node `to` on a connection of its own and waits for `Done` (or its error).
@@ -777,12 +852,13 @@ impl Bodies {
         })
     }
 
-    /// The host PID of the process whose PID is `pid` in the guest tree at home on `home`.
-    pub fn host_pid(&self, home: &str, pid: i32) -> Option<i32> {
+    /// The host PID of the process whose PID is `pid` in the guest tree at home on `home` (in
+    /// the tree whose root is home PID `root` only, if given).
+    pub fn host_pid(&self, home: &str, pid: i32, root: Option<i32>) -> Option<i32> {
         let namespaces: Vec<String> = {
             let m = self.map.lock().expect("bodies lock");
             m.iter()
-                .filter(|(_, (h, _))| h == home)
+                .filter(|(_, (h, r))| h == home && root.is_none_or(|root| root == *r))
                 .map(|(ns, _)| ns.clone())
                 .collect()
         };
@@ -856,7 +932,16 @@ impl Bodies {
                 status = 0x7f | (sig << 8);
             }
         }
-        Some((home, Msg::BodyStatus { pid, status }))
+        // `pid` is the process's number in its tree's namespace: its home finds its deputy by
+        // it and the root.
+        Some((
+            home,
+            Msg::BodyStatus {
+                pid,
+                status,
+                root: Some(root),
+            },
+        ))
     }
 }
 
@@ -925,9 +1010,9 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
         tokio::spawn(async move {
             tracing::info!(event = "body-ended", home = %home, report = %line.trim());
             if home == node.name() {
-                if let Msg::BodyStatus { pid, status } = msg {
+                if let Msg::BodyStatus { pid, status, root } = msg {
                     let me = node.name().to_string();
-                    if let Err(e) = node.deputies.body_ended(&me, pid, status) {
+                    if let Err(e) = node.deputies.body_ended(&me, pid, status, root) {
                         tracing::debug!(error = %format!("{e:#}"), "body report");
                     }
                 }
@@ -1029,13 +1114,18 @@ pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
         };
     }
     let r = match msg {
-        Msg::SignalBody { pid, sig, queued } => match node.bodies.host_pid(from, pid) {
+        Msg::SignalBody {
+            pid,
+            sig,
+            queued,
+            root,
+        } => match node.bodies.host_pid(from, pid, root) {
             Some(host) => {
                 let sig = node.bodies.stop_signal(from, pid, host, sig);
                 ferry_sys::pidfd::pidfd_open(host)
                     .and_then(|fd| match queued {
-                        // As the home saw it: its sender (a home PID, which the body's
-                        // namespace numbers alike) and value. The kernel takes only negative
+                        // As the home saw it: its sender (a home PID, its number on the home
+                        // node, not in a `ferry run` program's namespace) and value. The kernel takes only negative
                         // codes from us; a forged SI_USER or kernel code is refused there.
                         Some(q) if q.code < 0 => ferry_sys::pidfd::pidfd_send_siginfo(
                             &fd, sig, q.code, q.pid, q.uid, q.value,
@@ -1050,7 +1140,7 @@ pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
             tracing::warn!(event = "body-fenced", home = %from, pid, killed = ?killed,
                 "its home took this node for dead and rebuilt the tree elsewhere: killed whole");
         }),
-        Msg::BodyStatus { pid, status } => node.deputies.body_ended(from, pid, status),
+        Msg::BodyStatus { pid, status, root } => node.deputies.body_ended(from, pid, status, root),
         Msg::BodyMoved { pid, node: to } => moved(node, from, pid, &to),
         other => Err(anyhow!("unexpected {}", kind(&other))),
     };
@@ -1149,10 +1239,11 @@ pub fn watch_supervisor(node: Arc<Node>, host_pid: i32) {
         let msg = Msg::BodyStatus {
             pid: root,
             status: libc::SIGKILL,
+            root: None,
         };
         let r = if home == node.name() {
             let me = node.name().to_string();
-            node.deputies.body_ended(&me, root, libc::SIGKILL)
+            node.deputies.body_ended(&me, root, libc::SIGKILL, None)
         } else {
             ask(&node, &home, msg).await
         };

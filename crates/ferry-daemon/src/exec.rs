@@ -436,7 +436,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let pid = prog.pid;
-    let exit = node.reaper.wait(pid);
+    let exit = program_exit(node.clone(), pid, prog.init.take());
     tokio::pin!(exit);
     let (rd, mut wr) = tokio::io::split(stream);
     let started = Msg::Started {
@@ -806,6 +806,31 @@ struct Program {
     stderr: Option<Reader>,
     /// The pty master, for window sizes and its foreground group.
     master: Option<Arc<OwnedFd>>,
+    /// A program run for another node: its init (PID 1 of its namespaces, our child) and the
+    /// pipe the init reports the program's wait status on.
+    init: Option<(i32, OwnedFd)>,
+}
+
+/// The program's wait status: its init's word when it has namespaces of its own (the init is
+/// reaped all the same; if it died without a word, its own status), else the reaper's.
+async fn program_exit(node: Arc<Node>, pid: i32, init: Option<(i32, OwnedFd)>) -> i32 {
+    let Some((init, status)) = init else {
+        return node.reaper.wait(pid).await;
+    };
+    let init_exit = tokio::spawn(async move { node.reaper.wait(init).await });
+    let mut word = Vec::new();
+    if let Ok(r) = reader(status) {
+        while word.len() < 4 {
+            match read_chunk(&r, 4 - word.len()).await {
+                Ok(d) if !d.is_empty() => word.extend_from_slice(&d),
+                _ => break,
+            }
+        }
+    }
+    match <[u8; 4]>::try_from(word.as_slice()) {
+        Ok(w) => i32::from_ne_bytes(w),
+        Err(_) => init_exit.await.unwrap_or(-1),
+    }
 }
 
 /// Why a program could not start, and the exit code `ferry run` reports.
@@ -922,8 +947,20 @@ impl Program {
             parent_death_signal: libc::SIGKILL,
             mount_ns,
         };
-        let pid = match ferry_sys::spawn::spawn(&s) {
-            Ok(pid) => pid,
+        // A program run for another node gets PID, IPC and mount namespaces of its own (a
+        // /proc showing only its own processes; when confined, its own /tmp, /run and
+        // /dev/shm), under a small init: ferry_sys::guest_spawn.
+        let started = if guest {
+            let own = ferry_sys::guest_spawn::OwnNamespaces {
+                private_tmp: mount_ns.is_some(),
+                init_exe: &node.exe,
+            };
+            ferry_sys::guest_spawn::spawn_guest(&s, &own).map(|g| (g.pid, Some((g.init, g.status))))
+        } else {
+            ferry_sys::spawn::spawn(&s).map(|pid| (pid, None))
+        };
+        let (pid, init) = match started {
+            Ok(p) => p,
             Err(e) => {
                 if e.pid > 0 {
                     // Let the reaper's record of the failed child be claimed.
@@ -947,6 +984,7 @@ impl Program {
             stdout,
             stderr,
             master,
+            init,
         })
     }
 }

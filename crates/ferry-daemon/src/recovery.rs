@@ -129,7 +129,7 @@ pub async fn serve_checkpoint(node: &Arc<Node>, conn: &mut Conn, pid: i32) -> Re
 async fn stream_body(node: &Arc<Node>, conn: &mut Conn, home: &str, pid: i32) -> Result<()> {
     let host = node
         .bodies
-        .host_pid(home, pid)
+        .host_pid(home, pid, Some(pid))
         .ok_or_else(|| anyhow!("no body of PID {pid} from {home} runs here"))?;
     let args = vec![
         "__capture-worker".to_string(),
@@ -525,7 +525,9 @@ async fn offer_image(
     Ok(rebuilt.pid)
 }
 
-/// A body this home gave up for dead on `node` (its PIDs, the deputies' at home): killed there
+/// A body this home gave up for dead on `node` (its PIDs as that node numbers them, the
+/// tree's own namespace's: the deputies' at home but for children of a `ferry run` program,
+/// `crate::deputies`): killed there
 /// should that node ever be live again (see the module's head).
 #[derive(Serialize, Deserialize)]
 struct Fence {
@@ -603,10 +605,12 @@ async fn fence_pids(node: &Node, f: &Fence) -> Result<Vec<i32>> {
     let mut killed = Vec::new();
     for &pid in &f.pids {
         let mut conn = node.dial(&f.node).await?;
+        // `pids` are as the body's node numbers them (its tree's own namespace).
         let kill = Msg::SignalBody {
             pid,
             sig: libc::SIGKILL,
             queued: None,
+            root: Some(f.root),
         };
         write_msg(&mut conn.stream, &kill).await?;
         match tokio::time::timeout(Duration::from_secs(5), read_msg(&mut conn.stream)).await {

@@ -135,6 +135,16 @@ pub fn capture_keeping<W: Write>(
     };
     // Refuse trees that span PID or time namespaces before anything else.
     let view = PidView::of(frozen)?;
+    if frozen.relay_pipes {
+        if let Some((pid, inner)) = view.first_renumbered(&[root]) {
+            let (what, why) = crate::pidview::renumbered(pid, inner);
+            return Err(crate::error::Error::Unsupported {
+                pid,
+                what: what.into(),
+                why,
+            });
+        }
+    }
     let mut objects = CaptureObjects::default();
     let mut fdcap = FdCapture::default();
     fdcap.tree_ids = frozen

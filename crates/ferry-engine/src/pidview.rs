@@ -46,6 +46,20 @@ fn ns_link(pid: i32, which: &str) -> Option<String> {
     procfs::readlink(pid, &format!("ns/{which}")).ok()
 }
 
+/// Why a tree leaving its home whose root `pid` is numbered `inner` in its own PID namespace
+/// is refused ([`PidView::first_renumbered`]): (what, why).
+pub fn renumbered(pid: i32, inner: i32) -> (&'static str, String) {
+    (
+        "its PID in its own namespace",
+        format!(
+            "it is PID {inner} in its own PID namespace and {pid} on this node; a tree leaves \
+             its home only when its root's two numbers are the same (its home, its body's \
+             node and its relays know the tree by its root's PID): move the program run for \
+             another node (`ferry run`) whose PID namespace it is in, not one of its children"
+        ),
+    )
+}
+
 fn refuse(pid: i32, what: &str, why: String) -> Error {
     Error::Unsupported {
         pid,
@@ -169,6 +183,19 @@ impl PidView {
             }
         }
         Ok(view)
+    }
+
+    /// A tree leaving its home leaves deputies there that stand for its processes under the
+    /// PIDs the home knows them by, and is rebuilt elsewhere under the PIDs it knows itself
+    /// by. Its other processes may differ (a child of a `ferry run` program, which lives in a
+    /// PID namespace of its own: the home's deputies turn one number into the other,
+    /// `ferry_daemon::deputies`), but its root must read the same in both, by which the home,
+    /// the body's node and the relays know the tree. The first of `pids` that has another PID
+    /// in its own namespace than here: (its PID here, its own).
+    pub fn first_renumbered(&self, pids: &[i32]) -> Option<(i32, i32)> {
+        pids.iter()
+            .map(|&p| (p, self.of_pid(p)))
+            .find(|(p, inner)| p != inner)
     }
 
     /// Whether the tree lives in our own PID namespace (every number reads the same).

@@ -347,6 +347,18 @@ pub fn check_with(root: i32, relay_pipes: bool, standins: &HashMap<u64, u32>) ->
             Err(e) => return Err(e),
         };
         check_process(pid, &status, &pids, root_sid)?;
+        if relay_pipes && pid == root {
+            // Leaving its home: its root's PID must read the same in its namespace as here
+            // (`PidView::first_renumbered`).
+            let inner = procfs::field(&status, "NSpid")
+                .split_whitespace()
+                .last()
+                .and_then(|v| v.parse::<i32>().ok());
+            if let Some(inner) = inner.filter(|i| *i != pid) {
+                let (what, why) = crate::pidview::renumbered(pid, inner);
+                return Err(refuse(pid, what.into(), &why));
+            }
+        }
         for fd in procfs::fds(pid).unwrap_or_default() {
             let Ok(link) = procfs::readlink(pid, &format!("fd/{fd}")) else {
                 continue;

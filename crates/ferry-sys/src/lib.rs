@@ -7,6 +7,7 @@ pub mod anon_fds;
 pub mod clone3;
 pub mod fdops;
 pub mod fsid;
+pub mod guest_spawn;
 pub mod mounts;
 pub mod ns;
 pub mod owner;

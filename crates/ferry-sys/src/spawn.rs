@@ -73,9 +73,10 @@ pub enum Step {
     Signals,
     Exec,
     MountNs,
+    Namespaces,
 }
 
-const STEPS: [Step; 14] = [
+const STEPS: [Step; 15] = [
     Step::Fork,
     Step::Session,
     Step::Stdio,
@@ -90,10 +91,11 @@ const STEPS: [Step; 14] = [
     Step::Signals,
     Step::Exec,
     Step::MountNs,
+    Step::Namespaces,
 ];
 
 impl Step {
-    fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         STEPS.iter().position(|s| *s == self).unwrap_or(0) as u8
     }
 
@@ -113,6 +115,7 @@ impl Step {
             Step::Signals => "reset signal dispositions",
             Step::Exec => "execute",
             Step::MountNs => "enter the guests' mount namespace",
+            Step::Namespaces => "make the guest's own PID and mount namespaces",
         }
     }
 }
@@ -140,7 +143,7 @@ impl fmt::Display for SpawnError {
 
 impl std::error::Error for SpawnError {}
 
-fn errno() -> i32 {
+pub(crate) fn errno() -> i32 {
     // SAFETY: __errno_location returns the calling thread's errno slot; reading it is always
     // valid (and async-signal-safe).
     unsafe { *libc::__errno_location() }
@@ -171,20 +174,34 @@ pub fn spawn(s: &Spawn) -> Result<i32, SpawnError> {
         return Err(fail0(Step::Fork, errno()));
     }
     if pid == 0 {
-        child(s, &argv, &envp, &groups, parent, err_w.as_raw_fd());
+        child(
+            s,
+            s.mount_ns,
+            &argv,
+            &envp,
+            &groups,
+            parent,
+            err_w.as_raw_fd(),
+        );
     }
     drop(err_w);
+    match read_report(err_r.as_raw_fd()) {
+        None => Ok(pid),
+        Some(mut e) => {
+            e.pid = pid;
+            Err(e)
+        }
+    }
+}
+
+/// Reads the child's report from the error pipe until it closes: None if the pipe closed
+/// without one (execve succeeded), else the error (its `pid` left 0 for the caller to fill).
+pub(crate) fn read_report(err_r: RawFd) -> Option<SpawnError> {
     let mut buf = [0u8; 9];
     let mut got = 0;
     while got < buf.len() {
         // SAFETY: reading into the unfilled tail of a local buffer.
-        let r = unsafe {
-            libc::read(
-                err_r.as_raw_fd(),
-                buf[got..].as_mut_ptr().cast(),
-                buf.len() - got,
-            )
-        };
+        let r = unsafe { libc::read(err_r, buf[got..].as_mut_ptr().cast(), buf.len() - got) };
         if r < 0 {
             if errno() == libc::EINTR {
                 continue;
@@ -198,7 +215,7 @@ pub fn spawn(s: &Spawn) -> Result<i32, SpawnError> {
     }
     if got == 0 {
         // The pipe closed on execve: the program runs.
-        return Ok(pid);
+        return None;
     }
     let step = STEPS.get(buf[0] as usize).copied().unwrap_or(Step::Exec);
     let (errno, candidate) = if got == buf.len() {
@@ -210,17 +227,19 @@ pub fn spawn(s: &Spawn) -> Result<i32, SpawnError> {
     } else {
         (libc::EIO, None)
     };
-    Err(SpawnError {
+    Some(SpawnError {
         step,
         errno,
-        pid,
+        pid: 0,
         candidate,
     })
 }
 
-/// The child between fork and execve. Never returns.
-fn child(
+/// The child between fork and execve, entering `mount_ns` first (the program's own mount
+/// namespace is entered by its init instead: `crate::guest_spawn`). Never returns.
+pub(crate) fn child(
     s: &Spawn,
+    mount_ns: Option<RawFd>,
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
     groups: &[libc::gid_t],
@@ -244,7 +263,7 @@ fn child(
     if unsafe { libc::setsid() } < 0 {
         fail(Step::Session);
     }
-    if let Some(ns) = s.mount_ns {
+    if let Some(ns) = mount_ns {
         // SAFETY: setns on a descriptor the caller holds; plain integer arguments. The child
         // has its own fs_struct (fork), as entering a mount namespace requires.
         if unsafe { libc::setns(ns, libc::CLONE_NEWNS) } < 0 {

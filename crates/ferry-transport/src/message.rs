@@ -251,6 +251,12 @@ pub enum Msg {
         /// Deliver it with this siginfo (as the home saw it) rather than as a plain kill.
         #[serde(default)]
         queued: Option<SigQueued>,
+        /// The home PID of the tree's root, when `pid` is the process's PID in the tree's own
+        /// PID namespace (the body's number) rather than its home's: a child of a `ferry run`
+        /// program, whose namespace numbers it apart from its node. The body is looked for in
+        /// that tree only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        root: Option<i32>,
     },
     /// Home to a node it took for dead and hears from again: kill the whole body of the tree
     /// whose root is home PID `pid`, as it is now (every process its guest namespaces hold,
@@ -264,6 +270,11 @@ pub enum Msg {
     BodyStatus {
         pid: i32,
         status: i32,
+        /// From the body's node: the home PID of the tree's root, `pid` then being the
+        /// process's PID in the tree's own namespace (the body's number), which the home turns
+        /// into its deputy's. None: `pid` is the deputy's (and always so to the worker).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        root: Option<i32>,
     },
     /// Body's node to home, and a daemon to its deputies' worker: the body of home PID `pid`
     /// is forking (fork, vfork, or clone or clone3 without CLONE_THREAD): make its child a

@@ -179,6 +179,22 @@ struct RunCli {
 }
 
 fn main() {
+    // A `ferry run` program's init, exec'd afresh (ferry_sys::guest_spawn): nothing else runs.
+    {
+        let mut args = std::env::args_os().skip(1);
+        if args
+            .next()
+            .is_some_and(|a| a == ferry_sys::guest_spawn::RUN_INIT_COMMAND)
+        {
+            let mut num = || {
+                args.next()
+                    .and_then(|a| a.to_str()?.parse::<i32>().ok())
+                    .unwrap_or(-1)
+            };
+            let (program, status_fd) = (num(), num());
+            ferry_sys::guest_spawn::run_init(program, status_fd);
+        }
+    }
     // Test builds only (feature `failpoints`): the fail points FAILPOINTS sets.
     ferry_inject::setup_failpoints();
     if std::env::args_os().nth(1).is_some_and(|a| a == "run") {

@@ -600,3 +600,115 @@ fn a_ferry_run_program_moved_twice_keeps_its_callers_output_whole() {
     counts_on(&dir, "the program to count on a");
     stops_with_its_output_whole(&dir, &mut run);
 }
+
+/// A `ferry run` program with a child of its own (a shell running the counter) leaves its node
+/// on `ferry evict`, though the child's PID in the program's own PID namespace (which its body
+/// keeps) is not its PID on the node (which its deputy there keeps): the deputies turn one into
+/// the other. It moves b -> a; `kill` of the program's PID on b (its deputy) reaches the shell
+/// on a (its trap runs), `kill` of the child's PID on b reaches the counter (which ends with
+/// 7), and the caller gets every line once, in order, and the exit code 7. The child alone is
+/// refused a move (its root would be numbered apart), before anything is frozen.
+#[test]
+fn a_ferry_run_program_with_a_child_is_evicted_and_its_deputies_reach_it() {
+    let c = Cluster::up_isolated("hosts-run-kids", 2, Isolation::Shared);
+    let dir = scratch("run-kids");
+    let prog = "import signal, sys, time\n\
+                stop = []\n\
+                signal.signal(signal.SIGUSR1, lambda *a: stop.append(1))\n\
+                i = 0\n\
+                while not stop:\n    \
+                    i += 1\n    \
+                    print(i, flush=True)\n    \
+                    time.sleep(0.1)\n\
+                sys.exit(7)\n";
+    // The shell waits for its child again after its trap interrupts `wait`.
+    let script = "trap 'echo USR2 > trapped' USR2\n\
+                  python3 -u -c \"$0\" & p=$!\n\
+                  while :; do wait $p; s=$?; kill -0 $p 2>/dev/null || exit $s; done\n";
+    let mut run = c
+        .ferry("a")
+        .args(["run", "--on", "b", "--", "sh", "-c", script])
+        .arg(prog)
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("count")).unwrap())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let caller = run.id() as i32;
+    wait_until("the program to run on b", Duration::from_secs(10), || {
+        run_on(&c, "b", caller)
+    });
+    counts_on(&dir, "the program to count on b");
+    // The shell's PID on b, and its child's, which the program's namespace numbers apart.
+    let o = c.run("b", &["ps", "--json"]);
+    let ps: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    let shell = ps
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["home_pid"] == caller && p["kind"] == "remote-exec")
+        .and_then(|p| p["pid"].as_i64())
+        .unwrap_or_else(|| panic!("the program is not in b's ps: {ps}"));
+    let children =
+        std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).unwrap_or_default();
+    let child: i64 = children
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("the shell {shell} has no child"));
+    let status = std::fs::read_to_string(format!("/proc/{child}/status")).unwrap();
+    let own: i64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap();
+    assert_ne!(
+        own, child,
+        "the child has the same PID in its namespace: {status}"
+    );
+    // The child alone cannot leave: a tree is known by its root's PID, which must read the same
+    // in its namespace. Refused before anything is frozen, naming it; the program counts on.
+    let o = c.run("b", &["migrate", &child.to_string(), "--to", "a"]);
+    let said = text(&o);
+    assert!(
+        !o.status.success()
+            && said.contains("its PID in its own namespace")
+            && said.contains(&format!("PID {own} in its own PID namespace and {child}"))
+            && said.contains("refused before freezing"),
+        "{said}"
+    );
+    counts_on(&dir, "the program to count on b still");
+
+    let o = c.run("a", &["evict", "b", "--json"]);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    assert_eq!(r["guests"][0]["to"], "a", "{}\n{}", text(&o), c.log("b"));
+    assert!(!run_on(&c, "b", caller), "the program is still on b");
+    counts_on(&dir, "the program to count on a");
+
+    // Its deputies on b reach it on a: the shell's ...
+    let kill = |sig: &str, pid: i64| {
+        let st = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill {sig} {pid}");
+    };
+    kill("-USR2", shell);
+    wait_until(
+        "the shell's trap to run on a",
+        Duration::from_secs(10),
+        || dir.join("trapped").exists(),
+    );
+    counts_on(&dir, "the program to count on after its trap");
+    // ... and its child's, by its PID on b.
+    kill("-USR1", child);
+    let st = wait_exit(&mut run, Duration::from_secs(20));
+    assert_eq!(st.code(), Some(7), "{st:?}\n{}", c.log("b") + &c.log("a"));
+    let n = lines(&dir).len();
+    for (i, l) in lines(&dir).iter().enumerate() {
+        assert_eq!(l, &(i + 1).to_string(), "lost or doubled lines (of {n})");
+    }
+    let err = std::fs::read_to_string(dir.join("stderr")).unwrap();
+    assert!(err.is_empty(), "its caller was told something: {err}");
+}

@@ -36,7 +36,7 @@ fn main() {
         )))
     };
     type Test = fn(&Cluster) -> Result<(), Failed>;
-    let tests: [(&str, Test); 6] = [
+    let tests: [(&str, Test); 9] = [
         ("a_user_moves_checkpoints_and_restores_their_own", own),
         ("a_user_cannot_touch_another_users_or_roots", others),
         ("an_image_claiming_root_is_refused", image_claims_root),
@@ -48,6 +48,18 @@ fn main() {
         (
             "a_program_run_for_another_node_sees_only_the_shared_tree_and_the_system",
             run_guest_confined,
+        ),
+        (
+            "a_program_run_for_another_node_sees_no_process_but_its_own",
+            run_guest_sees_no_other_process,
+        ),
+        (
+            "programs_run_for_another_node_have_a_tmp_of_their_own",
+            run_guests_have_their_own_tmp,
+        ),
+        (
+            "a_program_run_for_another_node_has_its_orphans_reaped_by_its_init",
+            run_guest_orphans_reaped,
         ),
     ];
     let trials = tests
@@ -604,4 +616,273 @@ fn guest_confined(c: &Cluster) -> Result<(), Failed> {
             )
         },
     )
+}
+
+// ---- Programs run for another node: namespaces of their own -----------------------------
+
+/// `ferry ARGS` as `uid` on `node`'s CLI, in `dir`, left running (its stdout piped).
+fn ferry_child(c: &Cluster, uid: u32, node: &str, dir: &Path, args: &[&str]) -> Sleeper {
+    let mut cmd = if uid == 0 {
+        let mut cmd = Command::new(FERRY);
+        cmd.args(args).stdin(Stdio::null());
+        cmd
+    } else {
+        let mut all = vec![FERRY];
+        all.extend_from_slice(args);
+        as_user(uid, &all)
+    };
+    let child = cmd
+        .current_dir(dir)
+        .env("FERRY_CLUSTER_DIR", &c.dir)
+        .env("FERRY_NODE", node)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Sleeper(child)
+}
+
+/// The PID on b (b's view) of the program `ferry ps` on b lists with command `command`.
+fn pid_on_b(c: &Cluster, command: &str) -> Result<i64, Failed> {
+    let t0 = Instant::now();
+    loop {
+        let o = Command::new(FERRY)
+            .args(["ps", "--json"])
+            .env("FERRY_CLUSTER_DIR", &c.dir)
+            .env("FERRY_NODE", "b")
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let pid = v.as_array().into_iter().flatten().find_map(|r| {
+            (r["command"] == command && r["node"] == "b")
+                .then(|| r["pid"].as_i64())
+                .flatten()
+        });
+        if let Some(p) = pid {
+            return Ok(p);
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            return Err(format!("{command:?} not in b's ps after 20 s: {}", describe(&o)).into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `sleep SECS` of `uid`'s started on node b outside Ferry (in b's PID and mount
+/// namespaces, through its init), and its PID there.
+fn native_on_b(c: &Cluster, uid: u32, secs: &str) -> Result<(Sleeper, i64), Failed> {
+    let mut args: Vec<String> = Vec::new();
+    if let Some(init) = c.init_pid("b") {
+        args.extend(["nsenter", "-t", &init.to_string(), "-p", "-m", "--"].map(String::from));
+    }
+    args.extend(
+        [
+            "setpriv",
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "sleep",
+            secs,
+        ]
+        .map(String::from),
+    );
+    let child = Command::new(&args[0])
+        .args(&args[1..])
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let holder = Sleeper(child);
+    let t0 = Instant::now();
+    loop {
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let path = e.path();
+            let cmd = std::fs::read(path.join("cmdline")).unwrap_or_default();
+            if cmd == format!("sleep\0{secs}\0").as_bytes() {
+                let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
+                let pid = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .and_then(|v| v.split_whitespace().last()?.parse().ok());
+                if let Some(p) = pid {
+                    return Ok((holder, p));
+                }
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            return Err(format!("no `sleep {secs}` on b after 20 s").into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A program run on b for a cannot see or signal a process of b started outside it, nor
+/// another guest's, as root or as a user, each of those processes its own user's (so that
+/// `kill -0` would succeed if they were in its reach). PID 1 of its namespace is its init.
+fn run_guest_sees_no_other_process(c: &Cluster) -> Result<(), Failed> {
+    let dir = common::scratch("users", "run-pidns");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for uid in [0, ALICE] {
+        let guest = format!("sleep 10{uid}2");
+        let (_native, n) = native_on_b(c, uid, &format!("10{uid}1"))?;
+        let _other = ferry_child(
+            c,
+            uid,
+            "a",
+            &dir,
+            &["run", "--on", "b", "--", "sh", "-c", &guest],
+        );
+        let g = pid_on_b(c, &format!("sh -c {guest}"))?;
+        let script = format!(
+            "echo self=$$; echo init=$(cut -d' ' -f1 /proc/1/stat); \
+             for p in {n} {g}; do \
+               if [ -e /proc/$p ] && tr '\\0' ' ' < /proc/$p/cmdline | grep -q 'sleep 10'; then echo sees-$p; fi; \
+               if kill -0 $p 2>/dev/null && tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -q 'sleep 10'; then echo kills-$p; fi; \
+             done; echo count=$(ls /proc | grep -c '^[0-9]')"
+        );
+        let o = ferry_as_in(
+            c,
+            uid,
+            Some(&dir),
+            &["run", "--on", "b", "--", "sh", "-c", &script],
+        );
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let count = out
+            .lines()
+            .find_map(|l| l.strip_prefix("count="))
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(u32::MAX);
+        check(
+            o.status.success()
+                && out
+                    .lines()
+                    .any(|l| l.strip_prefix("self=").is_some_and(|p| p != "1"))
+                && out.lines().any(|l| l == "init=1")
+                && !out.contains("sees-")
+                && !out.contains("kills-")
+                && count <= 6,
+            || {
+                format!(
+                    "uid {uid}'s program on b, b's own process {n} and another guest {g} \
+                     running: {} (want its init PID 1, neither seen nor signalled, only its \
+                     own processes in /proc)",
+                    describe(&o)
+                )
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// Two programs run on b at once have different /tmp and /dev/shm: what one writes there the
+/// other does not see, and its own stays as written.
+fn run_guests_have_their_own_tmp(c: &Cluster) -> Result<(), Failed> {
+    let dir = common::scratch("users", "run-tmp");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for uid in [0, ALICE] {
+        let ready = dir.join(format!("ready-{uid}"));
+        let done = dir.join(format!("done-{uid}"));
+        let first = format!(
+            "echo $$ > /tmp/mine; echo $$ > /dev/shm/mine; touch {r}; \
+             while [ ! -e {d} ]; do sleep 0.05; done; cat /tmp/mine /dev/shm/mine",
+            r = ready.display(),
+            d = done.display()
+        );
+        let mut one = ferry_child(
+            c,
+            uid,
+            "a",
+            &dir,
+            &["run", "--on", "b", "--", "sh", "-c", &first],
+        );
+        let t0 = Instant::now();
+        while !ready.exists() {
+            if t0.elapsed() > Duration::from_secs(20) {
+                return Err(format!("uid {uid}'s first program did not start in 20 s").into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let o = ferry_as_in(
+            c,
+            uid,
+            Some(&dir),
+            &[
+                "run",
+                "--on",
+                "b",
+                "--",
+                "sh",
+                "-c",
+                "ls -A /tmp /dev/shm; cat /tmp/mine",
+            ],
+        );
+        std::fs::write(&done, "").unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        check(!o.status.success() && !out.contains("mine"), || {
+            format!(
+                "uid {uid}'s second program saw the first one's /tmp: {}",
+                describe(&o)
+            )
+        })?;
+        let first_out = one.0.wait_with_output_ok();
+        check(
+            first_out.lines().count() == 2
+                && first_out
+                    .lines()
+                    .all(|l| Some(l) == first_out.lines().next()),
+            || format!("uid {uid}'s first program lost its /tmp: {first_out:?}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// A program run on b whose child leaves an orphan behind: the orphan's parent is the
+/// program's init (PID 1 of its namespace), and once it ends nothing of it is left (no zombie
+/// in the program's /proc). A program that runs on for more than a second has an init exec'd
+/// afresh (`ferry __run-init`, not a copy of the daemon).
+fn run_guest_orphans_reaped(c: &Cluster) -> Result<(), Failed> {
+    let dir = common::scratch("users", "run-orphans");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = "o=$(sh -c 'sleep 0.5 >/dev/null 2>&1 & echo $!'); sleep 0.2; \
+                  echo ppid=$(cut -d' ' -f4 /proc/$o/stat); sleep 0.8; \
+                  [ -e /proc/$o ] && echo orphan-left; \
+                  echo zombies=$(cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == \"Z\"' | wc -l); \
+                  sleep 1; echo init=$(tr '\\0' ' ' < /proc/1/cmdline)";
+    for uid in [0, ALICE] {
+        let o = ferry_as_in(
+            c,
+            uid,
+            Some(&dir),
+            &["run", "--on", "b", "--", "sh", "-c", script],
+        );
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        check(
+            o.status.success()
+                && out.lines().any(|l| l == "ppid=1")
+                && out.lines().any(|l| l == "zombies=0")
+                && !out.contains("orphan-left")
+                && out.contains("__run-init"),
+            || format!("uid {uid}'s program's orphan on b: {}", describe(&o)),
+        )?;
+    }
+    Ok(())
+}
+
+trait WaitOk {
+    /// Its stdout once it has ended.
+    fn wait_with_output_ok(&mut self) -> String;
+}
+
+impl WaitOk for Child {
+    fn wait_with_output_ok(&mut self) -> String {
+        use std::io::Read;
+        let mut out = String::new();
+        if let Some(mut o) = self.stdout.take() {
+            let _ = o.read_to_string(&mut out);
+        }
+        let _ = self.wait();
+        out
+    }
 }

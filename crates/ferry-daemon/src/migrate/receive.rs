@@ -22,7 +22,7 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     // (crate::recovery::fence): the tree must not come back beside it, and be killed for it.
     let old_body = node
         .bodies
-        .host_pid(&offer.home_node, offer.home_pid)
+        .host_pid(&offer.home_node, offer.home_pid, Some(offer.home_pid))
         .map(|host| format!("PID {host}"))
         .or_else(|| {
             // Its root may have ended there, the processes it forked running on.
@@ -43,9 +43,15 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
     // A tree coming home from the node running its body, fit to be rebuilt in place of its
     // deputies: the restore worker asks for them to be let go once it knows the image's tree
     // fits (ferry_deputy::home::Deputies::release); any other comes home as a body beside
-    // them, as to any other node.
+    // them, as to any other node. A tree some of whose processes its own PID namespace numbers
+    // apart from their deputies (children of a `ferry run` program) is never rebuilt in their
+    // place: the rebuild keeps the numbers the tree knows itself by.
     let mut home_coming = None;
-    if offer.in_place && !offer.lazy && offer.home_node == node.name() {
+    if offer.in_place
+        && !offer.lazy
+        && offer.home_node == node.name()
+        && !node.deputies.renumbered(offer.home_pid)
+    {
         if let Some(pids) = node.deputies.tree_of(&from, offer.home_pid) {
             tracing::info!(event = "coming-home", from = %from, pid = offer.home_pid,
                 deputies = ?pids);
@@ -296,6 +302,7 @@ impl Drop for HomeComing {
                 pid,
                 sig: libc::SIGKILL,
                 queued: None,
+                root: None,
             };
             let r = tokio::time::timeout(
                 Duration::from_secs(10),

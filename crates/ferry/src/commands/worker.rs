@@ -719,7 +719,7 @@ fn serve_deputies(
                 Err(e) => log::debug!("deputies: accept: {e}"),
             },
             Link::Attached { input, .. } => match next_command(input) {
-                Some(Msg::BodyStatus { pid, status }) => {
+                Some(Msg::BodyStatus { pid, status, .. }) => {
                     if let Err(e) = deputies.mirror(pid, status) {
                         log::error!("{e}");
                     }
