@@ -213,7 +213,7 @@ impl Deputies {
     /// The body of deputy `pid`, running on node `from` (which must be the one running it), is
     /// forking: its deputy forks a deputy for the child, whose PID is returned (the body's
     /// child is to have the same one). From then on it is a deputy of the tree like the others.
-    pub async fn fork(&self, from: &str, pid: i32) -> Result<i32> {
+    pub async fn fork(&self, from: &str, pid: i32, root: Option<i32>) -> Result<i32> {
         let (tx, rx) = oneshot::channel();
         // A body in the lazy phase of its move forks before its home knows it there: the
         // original is still frozen at the source, not yet a deputy (a move from home), or the
@@ -223,15 +223,15 @@ impl Deputies {
         loop {
             let not_yet = {
                 let m = self.map.lock().expect("deputies lock");
-                match m.get(&pid) {
+                match Self::deputy_of(&m, root, pid).map(|d| (d, &m[&d])) {
                     None => anyhow!("PID {pid} is no deputy here"),
-                    Some(e) if e.body_node != from => anyhow!(
+                    Some((_, e)) if e.body_node != from => anyhow!(
                         "node {from} forked from PID {pid}, whose body runs on {}",
                         e.body_node
                     ),
-                    Some(e) => {
+                    Some((d, e)) => {
                         e.to_worker
-                            .send(Cmd::Fork(pid, tx))
+                            .send(Cmd::Fork(d, tx))
                             .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))?;
                         break;
                     }
@@ -242,10 +242,15 @@ impl Deputies {
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        tokio::time::timeout(std::time::Duration::from_secs(10), rx)
+        let child = tokio::time::timeout(std::time::Duration::from_secs(10), rx)
             .await
             .map_err(|_| anyhow!("no deputy was forked from PID {pid} within 10 s"))?
-            .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))?
+            .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))??;
+        // The body's node numbers it as the tree's own namespace does.
+        Ok(match root {
+            Some(_) => self.own_of(child).map_or(child, |(own, _)| own),
+            None => child,
+        })
     }
 
     /// The tree of deputy `pid` left node `from` for `to`.
@@ -427,8 +432,12 @@ pub fn adopt(
                             .and_then(|i| forking.remove(i));
                         let entry = {
                             let mut m = node.deputies.map.lock().expect("deputies lock");
+                            // Numbered in the tree's own namespace as its body's child will be.
+                            let own = inner_pid(pid).unwrap_or(pid);
                             let e = m.get(&parent).map(|e| Entry {
                                 body_node: e.body_node.clone(),
+                                root: e.root,
+                                own,
                                 to_worker: e.to_worker.clone(),
                                 signals: 0,
                             });
@@ -436,7 +445,8 @@ pub fn adopt(
                         };
                         if entry {
                             pids.push(pid);
-                            record_forked(&node, root, pid);
+                            let own = inner_pid(pid).filter(|&i| i != pid);
+                            record_forked(&node, root, pid, own);
                             tracing::info!(event = "deputy-forked", root, parent, pid);
                         }
                         if let Some((_, tx)) = asked {
@@ -479,7 +489,7 @@ pub fn adopt(
                         }
                     }
                     Some(Cmd::Fork(parent, tx)) => {
-                        let ask = Msg::ForkDeputy { pid: parent };
+                        let ask = Msg::ForkDeputy { pid: parent, root: None };
                         match write_msg(&mut worker.tx, &ask).await {
                             Ok(()) => forking.push_back((parent, tx)),
                             Err(e) => {
@@ -542,10 +552,13 @@ struct DeputyRecord {
 
 /// Deputy `pid` was forked in the tree of `root`: its record lists it, so that a restarted
 /// daemon takes it up again with the others.
-fn record_forked(node: &Node, root: i32, pid: i32) {
+fn record_forked(node: &Node, root: i32, pid: i32, own: Option<i32>) {
     for (key, mut r) in node.store.load::<DeputyRecord>(state::DEPUTY) {
         if r.root == root && !r.pids.contains(&pid) {
             r.pids.push(pid);
+            if let Some(own) = own {
+                r.own.push((pid, own));
+            }
             node.store.put_or_log(state::DEPUTY, &key, &r);
         }
     }
@@ -1047,14 +1060,14 @@ fn fork_question(line: &str) -> Option<(String, i32)> {
 /// of it is forking, and returns the child's PID at home. On a connection opened ahead of time
 /// (`exec::Spares`, as remote runs use) when there is one: the fork waits for no handshake.
 async fn fork_for_body(node: &Arc<Node>, ns: &str, pid: i32) -> Result<i32> {
-    let home = {
+    let (home, root) = {
         let m = node.bodies.map.lock().expect("bodies lock");
-        m.get(ns).map(|(home, _)| home.clone())
+        m.get(ns).cloned()
     }
     .ok_or_else(|| anyhow!("no body with a home runs in {ns}"))?;
     let me = node.name().to_string();
     if home == me {
-        return node.deputies.fork(&me, pid).await;
+        return node.deputies.fork(&me, pid, Some(root)).await;
     }
     let ask = async {
         let spare = node.exec_spares.take(&home);
@@ -1062,9 +1075,15 @@ async fn fork_for_body(node: &Arc<Node>, ns: &str, pid: i32) -> Result<i32> {
         // A spare the peer has closed meanwhile fails before anything was asked of it: then
         // on a fresh connection.
         if let Some(mut conn) = spare {
-            if write_msg(&mut conn.stream, &Msg::ForkDeputy { pid })
-                .await
-                .is_ok()
+            if write_msg(
+                &mut conn.stream,
+                &Msg::ForkDeputy {
+                    pid,
+                    root: Some(root),
+                },
+            )
+            .await
+            .is_ok()
             {
                 match read_msg(&mut conn.stream).await {
                     Ok(Msg::DeputyForked { pid: child, .. }) => return Ok(child),
@@ -1075,7 +1094,14 @@ async fn fork_for_body(node: &Arc<Node>, ns: &str, pid: i32) -> Result<i32> {
             }
         }
         let mut conn = node.dial(&home).await?;
-        write_msg(&mut conn.stream, &Msg::ForkDeputy { pid }).await?;
+        write_msg(
+            &mut conn.stream,
+            &Msg::ForkDeputy {
+                pid,
+                root: Some(root),
+            },
+        )
+        .await?;
         match read_msg(&mut conn.stream).await {
             Ok(Msg::DeputyForked { pid: child, .. }) => Ok(child),
             Ok(Msg::Error { message }) => bail!("home {home}: {message}"),
@@ -1102,8 +1128,8 @@ const REPORT_TRIES: u32 = 30;
 /// Serves a peer's `SignalBody`, `BodyStatus`, `BodyMoved` or `ForkDeputy`; `from` is the
 /// certified peer.
 pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
-    if let Msg::ForkDeputy { pid } = msg {
-        return match node.deputies.fork(from, pid).await {
+    if let Msg::ForkDeputy { pid, root } = msg {
+        return match node.deputies.fork(from, pid, root).await {
             Ok(child) => Msg::DeputyForked {
                 parent: pid,
                 pid: child,

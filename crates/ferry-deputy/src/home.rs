@@ -521,7 +521,9 @@ impl Deputies {
                 std::io::Error::from_raw_os_error(-child as i32)
             )));
         }
-        let child = child as i32;
+        // The kernel answered in the deputy's PID namespace (a program run for another node
+        // has one of its own): the child as we number it.
+        let child = ours(parent, child as i32);
         // Traced from its creation (CLONE_PTRACE, by a tracer that seized its parent): it stops
         // before its first instruction.
         loop {
@@ -999,4 +1001,28 @@ mod tests {
         assert_eq!(cut(10, 50, &[(0, 20), (40, 60)]), vec![(20, 40)]);
         assert_eq!(cut(10, 50, &[(60, 70)]), vec![(10, 50)]);
     }
+}
+
+/// The child of `parent` that `parent`'s own PID namespace numbers `theirs`, as this process
+/// numbers it: `theirs` itself when `parent` is in our namespace (its NSpid has one number).
+fn ours(parent: i32, theirs: i32) -> i32 {
+    let last_nspid = |pid: i32| -> Option<(usize, i32)> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let ids: Vec<i32> = s
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))?
+            .split_whitespace()
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        Some((ids.len(), *ids.last()?))
+    };
+    if last_nspid(parent).is_none_or(|(levels, _)| levels <= 1) {
+        return theirs;
+    }
+    std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse::<i32>().ok())
+        .find(|&c| last_nspid(c).is_some_and(|(_, id)| id == theirs))
+        .unwrap_or(theirs)
 }

@@ -279,9 +279,14 @@ pub enum Msg {
     /// Body's node to home, and a daemon to its deputies' worker: the body of home PID `pid`
     /// is forking (fork, vfork, or clone or clone3 without CLONE_THREAD): make its child a
     /// deputy at home, a child of `pid`'s deputy, and say its PID (`DeputyForked`), which the
-    /// body's child then gets in its namespace. Home answers `Error` if it cannot.
+    /// body's child then gets in its namespace. Home answers `Error` if it cannot. From the
+    /// body's node, `root` is the home PID of the tree's root, `pid` then being the process's
+    /// PID in the tree's own namespace (as in `BodyStatus`), and the answer's `pid` the child's
+    /// there too; to the deputies' worker, `pid` is the deputy's and `root` None.
     ForkDeputy {
         pid: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        root: Option<i32>,
     },
     /// Answer to `ForkDeputy`: deputy `pid` was forked from deputy `parent`.
     DeputyForked {

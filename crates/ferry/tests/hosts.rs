@@ -612,9 +612,18 @@ fn a_ferry_run_program_moved_twice_keeps_its_callers_output_whole() {
 fn a_ferry_run_program_with_a_child_is_evicted_and_its_deputies_reach_it() {
     let c = Cluster::up_isolated("hosts-run-kids", 2, Isolation::Shared);
     let dir = scratch("run-kids");
-    let prog = "import signal, sys, time\n\
+    // On SIGUSR2 the child forks (after the move: its home makes a deputy for the grandchild,
+    // asked by its PID in the program's namespace) and writes what fork returned.
+    let prog = "import os, signal, sys, time\n\
                 stop = []\n\
                 signal.signal(signal.SIGUSR1, lambda *a: stop.append(1))\n\
+                def fork(*a):\n    \
+                    p = os.fork()\n    \
+                    if p == 0:\n        \
+                        os._exit(0)\n    \
+                    os.waitpid(p, 0)\n    \
+                    open('forked', 'w').write(str(p))\n\
+                signal.signal(signal.SIGUSR2, fork)\n\
                 i = 0\n\
                 while not stop:\n    \
                     i += 1\n    \
@@ -701,7 +710,21 @@ fn a_ferry_run_program_with_a_child_is_evicted_and_its_deputies_reach_it() {
         || dir.join("trapped").exists(),
     );
     counts_on(&dir, "the program to count on after its trap");
-    // ... and its child's, by its PID on b.
+    // ... and its child's, by its PID on b, which forks there (a deputy for the grandchild is
+    // forked at b from the child's, named by the child's PID in its namespace) ...
+    kill("-USR2", child);
+    wait_until(
+        "the moved child to fork on a",
+        Duration::from_secs(20),
+        || dir.join("forked").exists(),
+    );
+    let forked: i64 = std::fs::read_to_string(dir.join("forked"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(forked > 0, "fork in the moved child returned {forked}");
+    counts_on(&dir, "the program to count on after its child forked");
+    // ... and stops it.
     kill("-USR1", child);
     let st = wait_exit(&mut run, Duration::from_secs(20));
     assert_eq!(st.code(), Some(7), "{st:?}\n{}", c.log("b") + &c.log("a"));

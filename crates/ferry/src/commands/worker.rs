@@ -724,7 +724,7 @@ fn serve_deputies(
                         log::error!("{e}");
                     }
                 }
-                Some(Msg::ForkDeputy { pid }) => {
+                Some(Msg::ForkDeputy { pid, .. }) => {
                     // Answered at the top of the loop, in order with what else happened.
                     untold.push(match deputies.fork(pid) {
                         Ok(child) => Msg::DeputyForked {
