@@ -989,20 +989,6 @@ fn pgrp_orphaned(pid: i32) -> bool {
         })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::cut;
-
-    #[test]
-    fn cut_keeps_what_is_asked() {
-        assert_eq!(cut(0, 100, &[]), vec![(0, 100)]);
-        assert_eq!(cut(0, 100, &[(20, 30)]), vec![(0, 20), (30, 100)]);
-        assert_eq!(cut(0, 100, &[(0, 100)]), vec![]);
-        assert_eq!(cut(10, 50, &[(0, 20), (40, 60)]), vec![(20, 40)]);
-        assert_eq!(cut(10, 50, &[(60, 70)]), vec![(10, 50)]);
-    }
-}
-
 /// The child of `parent` that `parent`'s own PID namespace numbers `theirs`, as this process
 /// numbers it: `theirs` itself when `parent` is in our namespace (its NSpid has one number).
 fn ours(parent: i32, theirs: i32) -> i32 {
@@ -1025,4 +1011,18 @@ fn ours(parent: i32, theirs: i32) -> i32 {
         .filter_map(|c| c.parse::<i32>().ok())
         .find(|&c| last_nspid(c).is_some_and(|(_, id)| id == theirs))
         .unwrap_or(theirs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut;
+
+    #[test]
+    fn cut_keeps_what_is_asked() {
+        assert_eq!(cut(0, 100, &[]), vec![(0, 100)]);
+        assert_eq!(cut(0, 100, &[(20, 30)]), vec![(0, 20), (30, 100)]);
+        assert_eq!(cut(0, 100, &[(0, 100)]), vec![]);
+        assert_eq!(cut(10, 50, &[(0, 20), (40, 60)]), vec![(20, 40)]);
+        assert_eq!(cut(10, 50, &[(60, 70)]), vec![(10, 50)]);
+    }
 }
