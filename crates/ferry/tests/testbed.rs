@@ -97,7 +97,7 @@ fn a_program_on_b_sees_b() {
          echo b > /tmp/ferry-testbed-b-{me}; \
          test -e /run/ferry/net.lock && echo run=a || echo run=own; \
          echo shared=$(cat from-a); echo written on b > from-b; \
-         tr '\\0' ' ' < /proc/1/cmdline | grep -q __node-init && echo init=node || echo init=other; \
+         case \"$(tr '\\0' ' ' < /proc/1/cmdline)\" in *__node-init*) echo init=node;; *__run-init*|*' daemon '*) echo init=own;; *) echo init=other;; esac; \
          (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo loopback=a || echo loopback=own; \
          ip -4 route | sed 's/^/route=/'"
     );
@@ -116,7 +116,9 @@ fn a_program_on_b_sees_b() {
         "tmp=own\n",
         "run=own\n",
         "shared=written on a\n",
-        "init=node\n",
+        // PID 1 is its own namespace's init (a program run for another node gets PID
+        // namespaces of its own, under b's), not a's init, nor b's node init.
+        "init=own\n",
         "loopback=own\n",
     ] {
         assert!(out.contains(want), "no {want:?} in:\n{}", why());
