@@ -1060,11 +1060,28 @@ fn fork_question(line: &str) -> Option<(String, i32)> {
 /// of it is forking, and returns the child's PID at home. On a connection opened ahead of time
 /// (`exec::Spares`, as remote runs use) when there is one: the fork waits for no handshake.
 async fn fork_for_body(node: &Arc<Node>, ns: &str, pid: i32) -> Result<i32> {
-    let (home, root) = {
-        let m = node.bodies.map.lock().expect("bodies lock");
-        m.get(ns).cloned()
-    }
-    .ok_or_else(|| anyhow!("no body with a home runs in {ns}"))?;
+    // A tree that has just been rebuilt here runs before it is recorded as a body (a
+    // recovered tree, a body just moved in): its first fork waits for that.
+    let recorded = async {
+        loop {
+            if let Some(x) = node
+                .bodies
+                .map
+                .lock()
+                .expect("bodies lock")
+                .get(ns)
+                .cloned()
+            {
+                return Some(x);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    let (home, root) = tokio::time::timeout(std::time::Duration::from_secs(10), recorded)
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| anyhow!("no body with a home runs in {ns}"))?;
     let me = node.name().to_string();
     if home == me {
         return node.deputies.fork(&me, pid, Some(root)).await;
