@@ -635,6 +635,7 @@ mod tests {
                 pgid: 1,
                 sid: 1,
             },
+            fork_deputies: true,
             listeners: Vec::new(),
             counts: Default::default(),
             changed: Default::default(),
