@@ -247,6 +247,11 @@ const BPF_JEQ_K: u16 = 0x15;
 const BPF_JSET_K: u16 = 0x45;
 const SECCOMP_FILTER_FLAG_NEW_LISTENER: u64 = 8;
 const SECCOMP_FILTER_FLAG_TSYNC_ESRCH: u64 = 16;
+/// Once the supervisor has received a notification, the caller waits for the answer killable
+/// only (Linux 5.19): a signal no longer interrupts the call half way. Without it a fork whose
+/// notification was pending when SIGCHLD came (a shell's pipeline) failed with EINTR, which no
+/// program expects of fork.
+const SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV: u64 = 32;
 
 fn insn(code: u16, jt: u8, jf: u8, k: u32) -> [u8; 8] {
     let mut b = [0u8; 8];
@@ -332,7 +337,8 @@ pub fn install_forwarding(
         .map_err(|e| fail(format!("write Ferry's seccomp filter: {e}")))?;
     let flags = SECCOMP_FILTER_FLAG_NEW_LISTENER
         | SECCOMP_FILTER_FLAG_TSYNC
-        | SECCOMP_FILTER_FLAG_TSYNC_ESRCH;
+        | SECCOMP_FILTER_FLAG_TSYNC_ESRCH
+        | SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV;
     let fd = inj.syscall_raw(
         "seccomp(SECCOMP_SET_MODE_FILTER, NEW_LISTENER)",
         libc::SYS_seccomp,

@@ -49,6 +49,21 @@ fn proc_exists(pid: i32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Whether thread `tid` has a signal pending that it does not block (its own or its
+/// process's), which makes the kernel give a fork up before it makes anything.
+fn signal_pending(tid: i32) -> bool {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+        return false;
+    };
+    let hex = |key: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    (hex("SigPnd:") | hex("ShdPnd:")) & !hex("SigBlk:") != 0
+}
+
 /// State, parent and exit code (field 52, the wait status) of process `pid`, from its stat.
 fn stat_of(pid: i32) -> Option<(char, i32, i32)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -231,9 +246,12 @@ impl Forks {
         let start = std::time::Instant::now();
         let before = p.child - 1;
         let mut nap = std::time::Duration::from_micros(50);
+        // (A caller with a signal to take gives its fork up before making anything, and makes
+        // it again once the signal is handled: a new notification.)
         while self.last_pid() == Some(before)
             && start.elapsed() < MADE_WITHIN
             && proc_exists(p.caller)
+            && !signal_pending(p.caller)
         {
             std::thread::sleep(nap);
             nap = (nap * 2).min(std::time::Duration::from_millis(5));

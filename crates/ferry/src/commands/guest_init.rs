@@ -105,11 +105,6 @@ fn thread_of(tid: i32, pid: i32) -> bool {
 /// its parent at home. Every other number is the tree's own and the same as at home.
 struct Supervisor {
     home: HomeIds,
-    /// Whether a process the body makes gets a deputy at home first (`guest_forks`). Not in a
-    /// confined guest for now: there a shell's pipeline failed to fork with it
-    /// (`users::a_guest_sees_only_the_shared_tree_and_the_system`, cause not found yet), so its
-    /// forks go on in the kernel, their children numbered by the body's namespace, as before.
-    fork_deputies: bool,
     listeners: Vec<std::os::fd::OwnedFd>,
     /// Calls answered, per thread (this namespace's TID), and the time spent on them.
     counts: std::collections::HashMap<i32, (u64, u64)>,
@@ -392,9 +387,7 @@ impl Supervisor {
         let clone = ferry_engine::resources::seccomp::CLONES
             .iter()
             .any(|(c, _)| *c as i64 == nr);
-        let answer = if clone && !self.fork_deputies {
-            Answer::Kernel
-        } else if clone {
+        let answer = if clone {
             match self.forks.prepare(&n, fd, tgid_of(n.pid)) {
                 Ok(p) => {
                     pending = p;
@@ -509,7 +502,6 @@ pub fn run(a: Args) -> Result<()> {
     let mut sup = match &a.home {
         Some(h) => Some(Supervisor {
             home: parse_home(h)?,
-            fork_deputies: !a.confine,
             listeners: Vec::new(),
             counts: Default::default(),
             changed: Default::default(),
@@ -635,7 +627,6 @@ mod tests {
                 pgid: 1,
                 sid: 1,
             },
-            fork_deputies: true,
             listeners: Vec::new(),
             counts: Default::default(),
             changed: Default::default(),
