@@ -8,6 +8,11 @@
 # stays its home's. Away from home it sees only the shared directory and the system's files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Descriptors this script inherited (an IDE's or a runner's pipes) are closed: the program it
+# moves should hold only what it opens itself, as one started from a terminal does.
+for fd in $(ls /proc/$$/fd); do
+  if [ "$fd" -gt 2 ] && [ "$fd" != 255 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+done
 bash scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 echo "--- building Ferry (release)"
