@@ -52,16 +52,11 @@ fn proc_exists(pid: i32) -> bool {
 /// Whether thread `tid` has a signal pending that it does not block (its own or its
 /// process's), which makes the kernel give a fork up before it makes anything.
 fn signal_pending(tid: i32) -> bool {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+    use ferry_engine::procfs::{hex_field, status};
+    let Ok(s) = status(tid) else {
         return false;
     };
-    let hex = |key: &str| {
-        s.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .unwrap_or(0)
-    };
-    (hex("SigPnd:") | hex("ShdPnd:")) & !hex("SigBlk:") != 0
+    (hex_field(&s, "SigPnd") | hex_field(&s, "ShdPnd")) & !hex_field(&s, "SigBlk") != 0
 }
 
 /// State, parent and exit code (field 52, the wait status) of process `pid`, from its stat.
