@@ -161,6 +161,8 @@ impl Node {
     /// the node's published load says it is idle and takes guests whatever its policy (gossip
     /// that lags behind an `accept no`), while it refuses them. `relay-dial-late` (a body's
     /// node): its relays are dialled home 2 s after the body runs, as on a node under load.
+    /// `lazy-push-late` (a lazy move's destination): the background push starts 2 s after
+    /// the tree runs, so that what the tree does first meets pages still owed.
     pub fn fault_at(&self, point: &str) -> bool {
         fail::fail_point!(&format!("{}:{point}", self.name()), |_| {
             tracing::error!(event = "fault-injected", point);

@@ -143,6 +143,10 @@ enum Command {
         /// Pages sent after a faulting one.
         #[arg(long, default_value_t = 15)]
         prefetch: usize,
+        /// The background push starts this many milliseconds after the tree runs (a test's
+        /// fail point asks for it: until then only faults bring pages in).
+        #[arg(long, default_value_t = 0, hide = true)]
+        push_after_ms: u64,
         /// The tree is coming home: rebuild these processes in place of their deputies (if
         /// the image's tree fits; else it is rebuilt as a body, as `--home` says).
         #[arg(long, value_delimiter = ',')]
@@ -269,6 +273,7 @@ fn main() {
             pages_fd,
             stall_secs,
             prefetch,
+            push_after_ms,
             adopt,
         } => commands::worker::restore_worker(
             reports,
@@ -282,6 +287,7 @@ fn main() {
                     pages_fd: fd,
                     stall: std::time::Duration::from_secs(stall_secs),
                     prefetch,
+                    push_after: std::time::Duration::from_millis(push_after_ms),
                 }),
             adopt,
         ),

@@ -264,7 +264,13 @@ fn moves_there_and_back() -> Result<(), Failed> {
 /// after the freeze, the last quarter came in the pre-copy rounds.
 fn mapping_changes_in(mode: &str) -> Result<(), Failed> {
     let hybrid = mode == "hybrid";
-    let c = Cluster::up(if hybrid { "hychg" } else { "lazychg" }, 2);
+    // b's push starts 2 s late: on a loaded machine it once brought every page in before the
+    // victim, waiting for a core, made a single change (remaps 0).
+    let c = Cluster::up_with(
+        if hybrid { "hychg" } else { "lazychg" },
+        2,
+        &[("FAILPOINTS", "b:lazy-push-late=return")],
+    );
     let dir = scratch("lazy_migration", &format!("changes-{mode}"));
     let status = dir.join("changer.status");
     let _ = std::fs::remove_file(&status);

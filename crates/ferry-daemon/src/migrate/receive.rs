@@ -102,6 +102,9 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
                 node.config.stream_stall().as_secs().max(1)
             ),
         ]);
+        if node.fault_at("lazy-push-late") {
+            worker_args.push("--push-after-ms=2000".into());
+        }
     }
     let spawned = if offer.lazy {
         Worker::spawn_paged(&node.exe, &worker_args)

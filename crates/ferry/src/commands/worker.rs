@@ -829,6 +829,8 @@ pub struct LazyArgs {
     pub stall: std::time::Duration,
     /// Pages sent after a faulting one.
     pub prefetch: usize,
+    /// How long after the tree runs the background push starts.
+    pub push_after: std::time::Duration,
 }
 
 /// `ferry __restore-worker`: the image arrives on stdin as data frames (after the pages of
@@ -880,6 +882,7 @@ pub fn restore_worker(
                         Box::new(source),
                         ferry_memory::Options {
                             prefetch: l.prefetch,
+                            push_after: l.push_after,
                             // One request per piece, four on their way at once (the
                             // source reads, both daemons relay, this server copies, all
                             // at the same time).
