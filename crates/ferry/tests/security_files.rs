@@ -105,6 +105,36 @@ fn assert_mentions(err: &str, wants: &[&str]) {
     }
 }
 
+/// What the owner of a checkpointed process does between the checkpoint and the restore:
+/// moves its directory `dir` aside (`DIR.old`) and puts a symbolic link to `target` in its place.
+fn swap_for_link(dir: &Path, target: &Path) {
+    let mut aside = dir.as_os_str().to_owned();
+    aside.push(".old");
+    std::fs::rename(dir, &aside).unwrap();
+    std::os::unix::fs::symlink(target, dir).unwrap();
+}
+
+/// Waits (10 s at most) for `child` to make the file `ready`; `child` is killed if it does not.
+fn wait_ready(child: &mut Child, ready: &Path, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not start");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The names in directory `dir`.
+fn names_in(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
 /// The owner of a checkpointed process replaces a file it had open with a symbolic link to a
 /// root-only file: the restore must not open that file for it.
 #[test]
@@ -170,8 +200,7 @@ fn restore_refuses_to_recreate_a_deleted_file_through_a_linked_directory() {
     let img = d.join("img");
     checkpoint(&mut child, &img);
 
-    std::fs::rename(&sub, home.join("sub.old")).unwrap();
-    std::os::unix::fs::symlink(&root_dir, &sub).unwrap();
+    swap_for_link(&sub, &root_dir);
     let err = restore_refused(&img, pid);
     assert_mentions(
         &err,
@@ -182,10 +211,7 @@ fn restore_refuses_to_recreate_a_deleted_file_through_a_linked_directory() {
             "symbolic link",
         ],
     );
-    let left: Vec<String> = std::fs::read_dir(&root_dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let left = names_in(&root_dir);
     assert_eq!(left, ["tmpfile"], "the root-only directory changed");
     assert_eq!(
         std::fs::read_to_string(&root_file).unwrap(),
@@ -278,12 +304,7 @@ fn restore_takes_a_file_with_the_captured_contents_under_another_inode() {
         ],
         "python3",
     );
-    let ready = home.join("ready");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ready.exists() {
-        assert!(Instant::now() < deadline, "python3 did not map its file");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_ready(&mut child, &home.join("ready"), "python3 mapping its file");
     let pid = child.id();
     let img = d.join("img");
     checkpoint(&mut child, &img);
@@ -398,25 +419,17 @@ fn restore_does_not_bind_a_socket_through_a_linked_directory() {
     );
     let mut child = run_as_nobody(&home, "python3", &["-c", &script], "python3");
     let pid = child.id();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !home.join("ready").exists() {
-        assert!(Instant::now() < deadline, "the user's server did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_ready(&mut child, &home.join("ready"), "the user's server");
     let img = d.join("img");
     checkpoint(&mut child, &img);
 
-    std::fs::rename(&sub, home.join("sub.old")).unwrap();
-    std::os::unix::fs::symlink(&root_dir, &sub).unwrap();
+    swap_for_link(&sub, &root_dir);
     let err = restore_refused(&img, pid);
     assert_mentions(
         &err,
         &[&format!("PID {pid}"), sock.to_str().unwrap(), "uid 65534"],
     );
-    let left: Vec<String> = std::fs::read_dir(&root_dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let left = names_in(&root_dir);
     assert_eq!(left, ["secret"], "the root-only directory changed");
     assert_eq!(
         std::fs::read_to_string(&root_file).unwrap(),
@@ -439,8 +452,7 @@ fn restore_does_not_enter_a_working_directory_through_a_link() {
     let img = d.join("img");
     checkpoint(&mut child, &img);
 
-    std::fs::rename(&sub, home.join("sub.old")).unwrap();
-    std::os::unix::fs::symlink(&root_dir, &sub).unwrap();
+    swap_for_link(&sub, &root_dir);
     let err = restore_refused(&img, pid);
     assert_mentions(
         &err,
@@ -475,19 +487,11 @@ fn restore_does_not_watch_through_a_linked_directory() {
     );
     let mut child = run_as_nobody(&home, "python3", &["-c", &script], "python3");
     let pid = child.id();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !home.join("ready").exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the user's watcher did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_ready(&mut child, &home.join("ready"), "the user's watcher");
     let img = d.join("img");
     checkpoint(&mut child, &img);
 
-    std::fs::rename(&sub, home.join("sub.old")).unwrap();
-    std::os::unix::fs::symlink(&root_dir, &sub).unwrap();
+    swap_for_link(&sub, &root_dir);
     let err = restore_refused(&img, pid);
     assert_mentions(
         &err,
@@ -520,20 +524,11 @@ fn restore_does_not_chroot_through_a_link() {
         .spawn()
         .expect("start the chrooted process");
     let pid = child.id();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !jail.join("ready").exists() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the chrooted process did not start");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_ready(&mut child, &jail.join("ready"), "the chrooted process");
     let img = d.join("img");
     checkpoint(&mut child, &img);
 
-    std::fs::rename(&jail, home.join("jail.old")).unwrap();
-    std::os::unix::fs::symlink(&root_dir, &jail).unwrap();
+    swap_for_link(&jail, &root_dir);
     let err = restore_refused(&img, pid);
     assert_mentions(&err, &[&format!("PID {pid}"), jail.to_str().unwrap()]);
 }
