@@ -146,20 +146,20 @@ fn pty() -> (std::fs::File, PathBuf, std::fs::File) {
     (master, path, slave)
 }
 
-#[test]
-fn owner_input_sends_a_guest_home_where_it_carries_on() {
-    let c = Cluster::up_isolated("hosts-owner", 2, Isolation::Shared);
-    let (mut master, slave_path, mut slave) = pty();
-    // The owner was last here an hour ago.
+/// b takes guests only while its owner is away, and its owner's input is a pty of ours (the
+/// master and the slave's path and descriptor) last used an hour ago; returns once b says it is
+/// idle and accepting. The machine's load average is whatever the other builds here make it:
+/// only input counts.
+fn idle_owner_on_b(c: &Cluster) -> (std::fs::File, PathBuf, std::fs::File) {
+    let (master, slave_path, slave) = pty();
     let o = Command::new("touch")
         .args(["-a", "-d", "1 hour ago"])
         .arg(&slave_path)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    // The machine's load average is whatever the other builds here make it: only input counts.
     set_owner(
-        &c,
+        c,
         "b",
         &format!(
             "accept = \"idle\"\nload_below = 10000.0\ninput_idle_secs = 3\ninput_watch = [{:?}]",
@@ -170,10 +170,17 @@ fn owner_input_sends_a_guest_home_where_it_carries_on() {
         "b to be idle and accepting",
         Duration::from_secs(10),
         || {
-            let l = node_load(&c, "a", "b");
+            let l = node_load(c, "a", "b");
             l["accepting"] == true && l["owner"]["policy"] == "idle" && l["owner"]["idle"] == true
         },
     );
+    (master, slave_path, slave)
+}
+
+#[test]
+fn owner_input_sends_a_guest_home_where_it_carries_on() {
+    let c = Cluster::up_isolated("hosts-owner", 2, Isolation::Shared);
+    let (mut master, slave_path, mut slave) = idle_owner_on_b(&c);
     let dir = scratch("owner");
     let mut child = counter(&dir);
     let pid = child.id() as i32;
@@ -473,29 +480,7 @@ fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
 #[test]
 fn owner_input_moves_a_ferry_run_program_whose_caller_sees_nothing() {
     let c = Cluster::up_isolated("hosts-run-owner", 2, Isolation::Shared);
-    let (mut master, slave_path, mut slave) = pty();
-    let o = Command::new("touch")
-        .args(["-a", "-d", "1 hour ago"])
-        .arg(&slave_path)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    set_owner(
-        &c,
-        "b",
-        &format!(
-            "accept = \"idle\"\nload_below = 10000.0\ninput_idle_secs = 3\ninput_watch = [{:?}]",
-            slave_path
-        ),
-    );
-    wait_until(
-        "b to be idle and accepting",
-        Duration::from_secs(10),
-        || {
-            let l = node_load(&c, "a", "b");
-            l["accepting"] == true && l["owner"]["idle"] == true
-        },
-    );
+    let (mut master, slave_path, mut slave) = idle_owner_on_b(&c);
     let dir = scratch("run-owner");
     let mut run = run_counter(&c, "b", &dir, false);
     let home_pid = run.id() as i32;
