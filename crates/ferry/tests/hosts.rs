@@ -146,11 +146,11 @@ fn pty() -> (std::fs::File, PathBuf, std::fs::File) {
     (master, path, slave)
 }
 
-/// b takes guests only while its owner is away, and its owner's input is a pty of ours (the
-/// master and the slave's path and descriptor) last used an hour ago; returns once b says it is
+/// b takes guests only while its owner is away, and its owner's input is a pty of ours (its
+/// master and slave, returned) last used an hour ago; returns once b says it is
 /// idle and accepting. The machine's load average is whatever the other builds here make it:
 /// only input counts.
-fn idle_owner_on_b(c: &Cluster) -> (std::fs::File, PathBuf, std::fs::File) {
+fn idle_owner_on_b(c: &Cluster) -> (std::fs::File, std::fs::File) {
     let (master, slave_path, slave) = pty();
     let o = Command::new("touch")
         .args(["-a", "-d", "1 hour ago"])
@@ -174,13 +174,13 @@ fn idle_owner_on_b(c: &Cluster) -> (std::fs::File, PathBuf, std::fs::File) {
             l["accepting"] == true && l["owner"]["policy"] == "idle" && l["owner"]["idle"] == true
         },
     );
-    (master, slave_path, slave)
+    (master, slave)
 }
 
 #[test]
 fn owner_input_sends_a_guest_home_where_it_carries_on() {
     let c = Cluster::up_isolated("hosts-owner", 2, Isolation::Shared);
-    let (mut master, slave_path, mut slave) = idle_owner_on_b(&c);
+    let (mut master, mut slave) = idle_owner_on_b(&c);
     let dir = scratch("owner");
     let mut child = counter(&dir);
     let pid = child.id() as i32;
@@ -480,7 +480,7 @@ fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
 #[test]
 fn owner_input_moves_a_ferry_run_program_whose_caller_sees_nothing() {
     let c = Cluster::up_isolated("hosts-run-owner", 2, Isolation::Shared);
-    let (mut master, slave_path, mut slave) = idle_owner_on_b(&c);
+    let (mut master, mut slave) = idle_owner_on_b(&c);
     let dir = scratch("run-owner");
     let mut run = run_counter(&c, "b", &dir, false);
     let home_pid = run.id() as i32;
