@@ -705,9 +705,24 @@ static inline void ferry_check_map(const char *what, const void *start, size_t l
 		ferry_fail("%s: expected perms %s, got %s", what, perms, m.perms);
 }
 
-/* Touch 256 KiB of stack below the caller, so that later calls do not grow it. */
+/*
+ * Touch 256 KiB of stack below the caller, so that later calls do not grow it: once per
+ * thread (a forked child inherits the stack grown so, and the flag). Only once: the lowest
+ * page touched becomes the stack's bottom, and a later call from a deeper frame (the check
+ * after go, made a frame or two below the snapshot before ready, or from a function) touched
+ * 256 KiB below itself again, one page past that bottom whenever the first call's lowest
+ * address lay within the difference in depth of its page's start: the process grew its own
+ * stack between snapshot and check, natively as after a restore (for mem_cow_shared, 144
+ * bytes deeper: in 9 of the 256 places the kernel's randomization can give the stack
+ * pointer within its page, the parent and its children, forked with the same offset, all).
+ */
+static __thread int ferry__stack_prefaulted;
+
 __attribute__((noinline)) static void ferry_prefault_stack(void)
 {
+	if (ferry__stack_prefaulted)
+		return;
+	ferry__stack_prefaulted = 1;
 	volatile unsigned char *p = alloca(256 * 1024);
 	for (size_t i = 0; i < 256 * 1024; i += 4096)
 		p[i] = 0;
