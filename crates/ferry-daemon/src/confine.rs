@@ -52,11 +52,16 @@ pub fn guest_init_args(config: &Config) -> Vec<String> {
 
 /// The mount namespace programs run here for other nodes enter: made once, by
 /// `ferry __guest-mounts` (which unshares, confines, says so and exits), and held by its nsfs
-/// descriptor alone.
+/// descriptor alone; with the user namespace that owns it (its mounts are locked together),
+/// which every such program enters before it runs (its capabilities, even root's, then count
+/// only there).
 pub enum GuestMounts {
     /// Guests are not confined here.
     Open,
-    Confined(OwnedFd),
+    Confined {
+        mnt: OwnedFd,
+        user: OwnedFd,
+    },
     /// Guests should be confined but their namespace could not be made: programs from other
     /// nodes are refused, never run unconfined.
     Broken(String),
@@ -69,7 +74,7 @@ impl GuestMounts {
             return GuestMounts::Open;
         }
         match make_ns(config, exe) {
-            Ok(fd) => GuestMounts::Confined(fd),
+            Ok((mnt, user)) => GuestMounts::Confined { mnt, user },
             Err(e) => {
                 let why = format!("{e:#}");
                 tracing::error!(event = "guest-mounts-failed", error = %why);
@@ -78,12 +83,12 @@ impl GuestMounts {
         }
     }
 
-    /// The namespace a program run for another node enters (None: its node's own), or why
-    /// it cannot run.
-    pub fn for_guest(&self) -> std::result::Result<Option<RawFd>, String> {
+    /// The mount and user namespaces a program run for another node enters (None: its
+    /// node's own), or why it cannot run.
+    pub fn for_guest(&self) -> std::result::Result<Option<(RawFd, RawFd)>, String> {
         match self {
             GuestMounts::Open => Ok(None),
-            GuestMounts::Confined(fd) => Ok(Some(fd.as_raw_fd())),
+            GuestMounts::Confined { mnt, user } => Ok(Some((mnt.as_raw_fd(), user.as_raw_fd()))),
             GuestMounts::Broken(why) => Err(format!(
                 "this node confines guests, but could not make their file system: {why}"
             )),
@@ -91,7 +96,7 @@ impl GuestMounts {
     }
 }
 
-fn make_ns(config: &Config, exe: &Path) -> Result<OwnedFd> {
+fn make_ns(config: &Config, exe: &Path) -> Result<(OwnedFd, OwnedFd)> {
     let mut child = Command::new(exe)
         .arg("__guest-mounts")
         .args(args(config))
@@ -133,5 +138,7 @@ fn make_ns(config: &Config, exe: &Path) -> Result<OwnedFd> {
     if !out.status.success() {
         bail!("helper {pid} ended with {}", out.status);
     }
-    Ok(ns)
+    let user = ferry_sys::mounts::owner_user_ns(ns.as_raw_fd())
+        .map_err(|e| anyhow::anyhow!("the user namespace of helper {pid}'s mounts: {e}"))?;
+    Ok((ns, user))
 }

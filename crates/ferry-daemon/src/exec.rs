@@ -846,12 +846,13 @@ impl Program {
             message: format!("node {here}: {what}"),
             exit_code: code,
         };
-        let mount_ns = if guest {
-            node.guest_mounts
+        let (mount_ns, user_ns) = match guest {
+            true => node
+                .guest_mounts
                 .for_guest()
                 .map_err(|why| fail(125, why))?
-        } else {
-            None
+                .unzip(),
+            false => (None, None),
         };
         let Some(cmd) = spec.argv.first() else {
             return Err(fail(125, "no command given".into()));
@@ -946,6 +947,7 @@ impl Program {
             // runtime.
             parent_death_signal: libc::SIGKILL,
             mount_ns,
+            user_ns,
         };
         // A program run for another node gets PID, IPC and mount namespaces of its own (a
         // /proc showing only its own processes; when confined, its own /tmp, /run and

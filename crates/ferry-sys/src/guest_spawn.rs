@@ -271,6 +271,7 @@ fn init_child(
         init.exe,
         init.null,
         s.mount_ns.unwrap_or(init.null),
+        s.user_ns.unwrap_or(init.null),
     ];
     close_all_but(&mut keep);
     for fd in 0..3 {
