@@ -252,3 +252,31 @@ pub fn owner_user_ns(ns: RawFd) -> SysResult<OwnedFd> {
     // SAFETY: the kernel just made this descriptor for us.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
+
+/// Moves this process (single-threaded) into a new network namespace and brings its loopback
+/// up: the only interface there (a confined guest's network).
+pub fn unshare_loopback_only() -> SysResult<()> {
+    // SAFETY: plain integer argument.
+    let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    check("unshare(CLONE_NEWNET)", r as libc::c_long)?;
+    // SAFETY: plain integer arguments.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    let s = check("socket (to bring lo up)", s as libc::c_long)?;
+    // SAFETY: the kernel just made this descriptor for us.
+    let s = unsafe { OwnedFd::from_raw_fd(s as RawFd) };
+    // SAFETY: a zeroed ifreq is valid; its name is set below.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, b) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+        *d = *b as libc::c_char;
+    }
+    // SAFETY: ifr is a valid ifreq naming "lo"; SIOCGIFFLAGS fills its flags.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) };
+    check("ioctl(SIOCGIFFLAGS, lo)", r as libc::c_long)?;
+    // SAFETY: reading and writing the flags member of the union SIOCGIFFLAGS just filled.
+    unsafe {
+        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: ifr is a valid ifreq naming "lo" with its new flags.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) };
+    check("ioctl(SIOCSIFFLAGS, lo up)", r as libc::c_long).map(drop)
+}

@@ -80,9 +80,10 @@ pub enum Step {
     MountNs,
     Namespaces,
     UserNs,
+    NetNs,
 }
 
-const STEPS: [Step; 16] = [
+const STEPS: [Step; 17] = [
     Step::Fork,
     Step::Session,
     Step::Stdio,
@@ -99,6 +100,7 @@ const STEPS: [Step; 16] = [
     Step::MountNs,
     Step::Namespaces,
     Step::UserNs,
+    Step::NetNs,
 ];
 
 impl Step {
@@ -124,6 +126,7 @@ impl Step {
             Step::MountNs => "enter the guests' mount namespace",
             Step::Namespaces => "make the guest's own PID and mount namespaces",
             Step::UserNs => "enter the guests' user namespace",
+            Step::NetNs => "enter the guests' network namespace",
         }
     }
 }

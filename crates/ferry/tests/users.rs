@@ -32,11 +32,16 @@ fn main() {
             2,
             &[],
             Isolation::default_for_tests(),
-            &["--control-mode", "0666", "--confine-guests"],
+            &[
+                "--control-mode",
+                "0666",
+                "--confine-guests",
+                "--confine-network",
+            ],
         )))
     };
     type Test = fn(&Cluster) -> Result<(), Failed>;
-    let tests: [(&str, Test); 11] = [
+    let tests: [(&str, Test); 12] = [
         ("a_user_moves_checkpoints_and_restores_their_own", own),
         ("a_user_cannot_touch_another_users_or_roots", others),
         ("an_image_claiming_root_is_refused", image_claims_root),
@@ -56,6 +61,10 @@ fn main() {
         (
             "a_root_guest_cannot_unmount_what_hides_the_node",
             guest_cannot_unmount,
+        ),
+        (
+            "a_program_run_for_another_node_reaches_no_network_but_a_loopback",
+            run_guest_network,
         ),
         (
             "a_program_run_for_another_node_sees_no_process_but_its_own",
@@ -727,6 +736,61 @@ fn guest_cannot_unmount(c: &Cluster) -> Result<(), Failed> {
     };
     drop(shell);
     nothing_revealed(c, "the root guest on b", &out)
+}
+
+/// On a node with `confine_network`, a program run there for another node has a network of
+/// its own: its only interface is a loopback, up, which it can use (a server and its client
+/// on 127.0.0.1), and its node's daemon, reachable from the node itself, is not reachable
+/// from it.
+fn run_guest_network(c: &Cluster) -> Result<(), Failed> {
+    let dir = common::scratch("users", "run-network");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let listen = c.listen_addr("b");
+    let (addr, port) = listen
+        .rsplit_once(':')
+        .ok_or("no port in b's listen address")?;
+    let script = format!(
+        "ip -o link show | cut -d' ' -f2-3; \
+         python3 -c 'import socket as s; l=s.create_server((\"127.0.0.1\", 0)); \
+         c=s.create_connection(l.getsockname()); a=l.accept()[0]; c.sendall(b\"x\"); \
+         print(\"lo=\" + a.recv(1).decode())'; \
+         bash -c 'exec 3<>/dev/tcp/{addr}/{port}' 2>/dev/null; echo daemon=$?"
+    );
+    for uid in [0, ALICE] {
+        let o = ferry_as_in(
+            c,
+            uid,
+            Some(&dir),
+            &["run", "--on", "b", "--", "sh", "-c", &script],
+        );
+        let out = String::from_utf8_lossy(&o.stdout);
+        let lines: Vec<&str> = out.lines().collect();
+        let links: Vec<&&str> = lines.iter().filter(|l| l.ends_with('>')).collect();
+        check(
+            links.len() == 1
+                && links[0].starts_with("lo: <")
+                && links[0].contains(",UP")
+                && lines.contains(&"lo=x")
+                && lines.contains(&"daemon=1"),
+            || {
+                format!(
+                    "uid {uid}'s program on b: {} (want one link, lo, up and working, and b's \
+                     daemon at {listen} unreachable)",
+                    describe(&o)
+                )
+            },
+        )?;
+    }
+    // From b itself (its init's namespaces), its daemon is there.
+    let init = c.init_pid("b").ok_or("node b has no init")?;
+    let o = Command::new("nsenter")
+        .args(["-t", &init.to_string(), "-n", "--", "bash", "-c"])
+        .arg(format!("exec 3<>/dev/tcp/{addr}/{port}"))
+        .output()
+        .unwrap();
+    check(o.status.success(), || {
+        format!("b's daemon from b itself: {}", describe(&o))
+    })
 }
 
 // ---- Programs run for another node: namespaces of their own -----------------------------

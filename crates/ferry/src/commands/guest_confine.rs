@@ -37,11 +37,18 @@ pub struct Args {
     /// Directories of the node's own hidden even where they would show.
     #[arg(long)]
     pub hide: Vec<PathBuf>,
+    /// Make a network namespace too, its loopback up (`confine_network`).
+    #[arg(long)]
+    pub network: bool,
 }
 
 pub fn hold(a: Args) -> Result<()> {
     mounts::unshare_mount_ns().context("make a mount namespace")?;
     confine(a.shared.as_deref(), &a.hide).context("confine the guests' file system")?;
+    if a.network {
+        ferry_sys::mounts::unshare_loopback_only()
+            .context("make the guests' network (a loopback only)")?;
+    }
     println!("R");
     let mut line = String::new();
     if std::io::stdin().lock().read_line(&mut line).is_err() {
