@@ -118,8 +118,9 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--runs must be at least 1 and --command not empty");
     }
     let ferry = ferry_binary(a.ferry.as_deref())?;
+    // Not under /tmp: a confined guest's /tmp is its own, over any shared tree lying there.
     let shared =
-        std::env::temp_dir().join(format!("ferry-bench-remote-shared.{}", std::process::id()));
+        Path::new("/var/tmp").join(format!("ferry-bench-remote-shared.{}", std::process::id()));
     let shared_arg = shared.to_string_lossy().into_owned();
     let mut extra = Vec::new();
     if a.confine || a.confine_network {
