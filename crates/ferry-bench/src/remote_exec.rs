@@ -39,23 +39,32 @@ pub struct Args {
     /// MiB of stdout for the streaming measurement (0: skip it).
     #[arg(long, default_value_t = 512)]
     stream_mib: u64,
+    /// The nodes confine guests (`ferry cluster up --confine-guests`), the runs starting in a
+    /// fresh shared tree (else `--no-confine-guests`, from this directory).
+    #[arg(long)]
+    confine: bool,
+    /// And give programs run for another node a network of their own (`--confine-network`;
+    /// implies --confine).
+    #[arg(long)]
+    confine_network: bool,
 }
 
 /// The local cluster of two nodes, stopped however the benchmark ends.
 pub(crate) fn cluster_up(ferry: &Path, port: u16) -> Result<Cluster> {
+    cluster_up_with(ferry, port, &[])
+}
+
+/// `cluster_up` with more arguments for `ferry cluster up`.
+fn cluster_up_with(ferry: &Path, port: u16, extra: &[&str]) -> Result<Cluster> {
+    let port = port.to_string();
+    // One network stack and file system for both nodes, as when docs/benchmarks.md
+    // was measured (and the benchmark's files may lie in /tmp).
+    let mut args = vec!["--nodes", "2", "--port", &port, "--isolation", "shared"];
+    args.extend_from_slice(extra);
     Cluster::up_fresh(
         ferry,
         &format!("ferry-bench-remote.{}", std::process::id()),
-        // One network stack and file system for both nodes, as when docs/benchmarks.md
-        // was measured (and the benchmark's files may lie in /tmp).
-        &[
-            "--nodes",
-            "2",
-            "--port",
-            &port.to_string(),
-            "--isolation",
-            "shared",
-        ],
+        &args,
         &[],
     )
 }
@@ -109,7 +118,23 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--runs must be at least 1 and --command not empty");
     }
     let ferry = ferry_binary(a.ferry.as_deref())?;
-    let cluster = cluster_up(&ferry, a.port)?;
+    // Not under /tmp: a confined guest's /tmp is its own, over any shared tree lying there.
+    let shared =
+        Path::new("/var/tmp").join(format!("ferry-bench-remote-shared.{}", std::process::id()));
+    let shared_arg = shared.to_string_lossy().into_owned();
+    let mut extra = Vec::new();
+    if a.confine || a.confine_network {
+        std::fs::create_dir_all(&shared)
+            .with_context(|| format!("make the shared tree {}", shared.display()))?;
+        extra.extend(["--confine-guests", "--shared", shared_arg.as_str()]);
+        // A confined guest finds only the shared tree: the runs start there.
+        std::env::set_current_dir(&shared)
+            .with_context(|| format!("enter the shared tree {}", shared.display()))?;
+    }
+    if a.confine_network {
+        extra.push("--confine-network");
+    }
+    let cluster = cluster_up_with(&ferry, a.port, &extra)?;
     let cmd: Vec<&str> = a.command.iter().map(String::as_str).collect();
     let line = cmd.join(" ");
     let on = |node: &str| {
@@ -157,9 +182,14 @@ pub fn run(a: Args) -> Result<()> {
     let (cpus, kernel) = cpus_and_kernel();
     let _ = writeln!(
         out,
-        "machine: {cpus} CPUs, kernel {kernel}; ferry: {}; {} runs each\n",
+        "machine: {cpus} CPUs, kernel {kernel}; ferry: {}; {} runs each; cluster up {}\n",
         ferry.display(),
-        a.runs
+        a.runs,
+        if extra.is_empty() {
+            "--no-confine-guests".to_string()
+        } else {
+            extra.join(" ")
+        }
     );
     out.push_str(&markdown(&lines));
     let _ = writeln!(
@@ -197,6 +227,7 @@ pub fn run(a: Args) -> Result<()> {
         out.push_str(&markdown(&lines));
     }
     drop(cluster);
+    let _ = std::fs::remove_dir_all(&shared);
     print!("{out}");
     Ok(())
 }

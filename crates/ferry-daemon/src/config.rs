@@ -26,7 +26,8 @@
 //! ```
 //!
 //! `confine_guests = false` (default true) lets guests see this node's whole file system
-//! (docs/security.md, "Guests are confined"); `control_mode = "0660"` and `control_group =
+//! (docs/security.md, "Guests are confined"); `confine_network = true` (default false) gives
+//! programs run here for other nodes a network of their own, a loopback only; `control_mode = "0660"` and `control_group =
 //! "ferry"` open the control socket to users (default 0600, root only).
 //!
 //! and a `[balance]` table (automatic load balancing: `ferry_policy::balance::BalanceConfig`,
@@ -114,6 +115,11 @@ pub struct Config {
     /// confined"). Absent: true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confine_guests: Option<bool>,
+    /// Whether a program run here for another node (`ferry run`, `ferry make`'s recipes) on a
+    /// node that confines guests gets a network of its own with nothing but a loopback
+    /// (docs/security.md, "Guests are confined"). Absent: false (it uses this node's network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confine_network: Option<bool>,
     /// The control socket's mode, in octal ("0660": its group may use the daemon; "0666":
     /// every local user may). Absent: "0600", root only. Whoever reaches the socket is served
     /// as who they are (docs/security.md, "Users who are not root").

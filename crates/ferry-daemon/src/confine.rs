@@ -23,6 +23,11 @@ pub fn confines(config: &Config) -> bool {
     config.confine_guests.unwrap_or(true)
 }
 
+/// Whether programs run here for other nodes get a network of their own (a loopback only).
+pub fn confines_network(config: &Config) -> bool {
+    confines(config) && config.confine_network.unwrap_or(false)
+}
+
 /// The confinement's arguments: the shared tree, and what the node keeps to itself (its data
 /// directory and the directories of its credentials), hidden wherever they would show.
 pub fn args(config: &Config) -> Vec<String> {
@@ -52,11 +57,18 @@ pub fn guest_init_args(config: &Config) -> Vec<String> {
 
 /// The mount namespace programs run here for other nodes enter: made once, by
 /// `ferry __guest-mounts` (which unshares, confines, says so and exits), and held by its nsfs
-/// descriptor alone.
+/// descriptor alone; with the user namespace that owns it (its mounts are locked together),
+/// which every such program enters before it runs (its capabilities, even root's, then count
+/// only there).
 pub enum GuestMounts {
     /// Guests are not confined here.
     Open,
-    Confined(OwnedFd),
+    Confined {
+        mnt: OwnedFd,
+        user: OwnedFd,
+        /// With `confine_network`: the programs' network namespace (a loopback only).
+        net: Option<OwnedFd>,
+    },
     /// Guests should be confined but their namespace could not be made: programs from other
     /// nodes are refused, never run unconfined.
     Broken(String),
@@ -69,7 +81,7 @@ impl GuestMounts {
             return GuestMounts::Open;
         }
         match make_ns(config, exe) {
-            Ok(fd) => GuestMounts::Confined(fd),
+            Ok((mnt, user, net)) => GuestMounts::Confined { mnt, user, net },
             Err(e) => {
                 let why = format!("{e:#}");
                 tracing::error!(event = "guest-mounts-failed", error = %why);
@@ -78,12 +90,16 @@ impl GuestMounts {
         }
     }
 
-    /// The namespace a program run for another node enters (None: its node's own), or why
+    /// The namespaces a program run for another node enters (None: its node's own), or why
     /// it cannot run.
-    pub fn for_guest(&self) -> std::result::Result<Option<RawFd>, String> {
+    pub fn for_guest(&self) -> std::result::Result<Option<GuestNs>, String> {
         match self {
             GuestMounts::Open => Ok(None),
-            GuestMounts::Confined(fd) => Ok(Some(fd.as_raw_fd())),
+            GuestMounts::Confined { mnt, user, net } => Ok(Some(GuestNs {
+                mnt: mnt.as_raw_fd(),
+                user: user.as_raw_fd(),
+                net: net.as_ref().map(|n| n.as_raw_fd()),
+            })),
             GuestMounts::Broken(why) => Err(format!(
                 "this node confines guests, but could not make their file system: {why}"
             )),
@@ -91,10 +107,22 @@ impl GuestMounts {
     }
 }
 
-fn make_ns(config: &Config, exe: &Path) -> Result<OwnedFd> {
+/// The namespaces of a program run for another node (nsfs descriptors the daemon holds).
+#[derive(Debug, Clone, Copy)]
+pub struct GuestNs {
+    pub mnt: RawFd,
+    pub user: RawFd,
+    pub net: Option<RawFd>,
+}
+
+type Namespaces = (OwnedFd, OwnedFd, Option<OwnedFd>);
+
+fn make_ns(config: &Config, exe: &Path) -> Result<Namespaces> {
+    let network = confines_network(config);
     let mut child = Command::new(exe)
         .arg("__guest-mounts")
         .args(args(config))
+        .args(network.then_some("--network"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -104,13 +132,16 @@ fn make_ns(config: &Config, exe: &Path) -> Result<OwnedFd> {
     let mut word = String::new();
     let read =
         BufReader::new(child.stdout.take().context("the helper's stdout")?).read_line(&mut word);
-    let ns = if read.is_ok() && word.trim() == "R" {
+    let open = |what: &str| {
         ferry_sys::fdops::open_path(
-            &format!("/proc/{pid}/ns/mnt"),
+            &format!("/proc/{pid}/ns/{what}"),
             libc::O_RDONLY | libc::O_CLOEXEC,
             0,
         )
-        .map_err(|e| anyhow::anyhow!("open the mount namespace of helper {pid}: {e}"))
+        .map_err(|e| anyhow::anyhow!("open the {what} namespace of helper {pid}: {e}"))
+    };
+    let ns = if read.is_ok() && word.trim() == "R" {
+        open("mnt").and_then(|m| Ok((m, network.then(|| open("net")).transpose()?)))
     } else {
         Err(anyhow::anyhow!(
             "the helper did not confine its mount namespace"
@@ -133,5 +164,8 @@ fn make_ns(config: &Config, exe: &Path) -> Result<OwnedFd> {
     if !out.status.success() {
         bail!("helper {pid} ended with {}", out.status);
     }
-    Ok(ns)
+    let (mnt, net) = ns;
+    let user = ferry_sys::mounts::owner_user_ns(mnt.as_raw_fd())
+        .map_err(|e| anyhow::anyhow!("the user namespace of helper {pid}'s mounts: {e}"))?;
+    Ok((mnt, user, net))
 }

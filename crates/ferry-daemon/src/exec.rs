@@ -846,13 +846,15 @@ impl Program {
             message: format!("node {here}: {what}"),
             exit_code: code,
         };
-        let mount_ns = if guest {
-            node.guest_mounts
+        let guest_ns = match guest {
+            true => node
+                .guest_mounts
                 .for_guest()
-                .map_err(|why| fail(125, why))?
-        } else {
-            None
+                .map_err(|why| fail(125, why))?,
+            false => None,
         };
+        let mount_ns = guest_ns.map(|g| g.mnt);
+        let user_ns = guest_ns.map(|g| g.user);
         let Some(cmd) = spec.argv.first() else {
             return Err(fail(125, "no command given".into()));
         };
@@ -946,6 +948,7 @@ impl Program {
             // runtime.
             parent_death_signal: libc::SIGKILL,
             mount_ns,
+            user_ns,
         };
         // A program run for another node gets PID, IPC and mount namespaces of its own (a
         // /proc showing only its own processes; when confined, its own /tmp, /run and
@@ -953,6 +956,7 @@ impl Program {
         let started = if guest {
             let own = ferry_sys::guest_spawn::OwnNamespaces {
                 private_tmp: mount_ns.is_some(),
+                net_ns: guest_ns.and_then(|g| g.net),
                 init_exe: &node.exe,
             };
             ferry_sys::guest_spawn::spawn_guest(&s, &own).map(|g| (g.pid, Some((g.init, g.status))))

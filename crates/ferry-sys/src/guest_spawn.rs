@@ -44,6 +44,9 @@ pub struct OwnNamespaces<'a> {
     pub private_tmp: bool,
     /// The `ferry` binary, exec'd as the init of a program that runs on.
     pub init_exe: &'a Path,
+    /// A network namespace (an nsfs descriptor) the init enters first (a confined guest's,
+    /// a loopback only); else the program uses its node's network.
+    pub net_ns: Option<RawFd>,
 }
 
 /// Where to look for a PID free in both namespaces for the program's process, and the largest
@@ -271,11 +274,19 @@ fn init_child(
         init.exe,
         init.null,
         s.mount_ns.unwrap_or(init.null),
+        s.user_ns.unwrap_or(init.null),
+        ns.net_ns.unwrap_or(init.null),
     ];
     close_all_but(&mut keep);
     for fd in 0..3 {
         // SAFETY: dup2 of a descriptor we hold onto 0, 1 or 2 (the program's are its own).
         unsafe { libc::dup2(init.null, fd) };
+    }
+    if let Some(n) = ns.net_ns {
+        // SAFETY: setns on a descriptor we hold; plain integer arguments.
+        if unsafe { libc::setns(n, libc::CLONE_NEWNET) } < 0 {
+            fail(Step::NetNs);
+        }
     }
     if let Some(m) = s.mount_ns {
         // SAFETY: setns on a descriptor we hold; this process has its own fs_struct.

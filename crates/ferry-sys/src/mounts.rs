@@ -166,3 +166,117 @@ pub fn pivot_root_to(new_root: &Path) -> SysResult<()> {
     }
     Ok(())
 }
+
+/// `NS_GET_USERNS` (`_IO(0xb7, 0x1)`): the user namespace that owns the namespace an nsfs
+/// descriptor names.
+const NS_GET_USERNS: libc::c_ulong = 0xb701;
+
+/// The largest identity mapping a user namespace can have (every uid or gid but -1).
+pub const IDENTITY_MAP: &str = "0 0 4294967295\n";
+
+/// Moves this process (single-threaded, root) into a copy of its mount namespace that is owned
+/// by a new user namespace, and returns a descriptor of that user namespace (an identity
+/// mapping of every uid and gid, written by us from its parent, so files and permissions are
+/// as before). The kernel copies the mounts into a namespace of a less privileged owner as
+/// one locked whole (`MNT_LOCKED`): from then on no one, root included, can unmount, move or
+/// take apart a mount under another, nor make a read-only, nosuid or nodev mount otherwise,
+/// so nothing a mount covers can be revealed from inside.
+///
+/// A short-lived child is cloned with `CLONE_NEWUSER | CLONE_NEWNS`; we map its user
+/// namespace, join its mount namespace, and let it go. This process stays in its own user
+/// namespace, with its capabilities over the new one (its parent's).
+pub fn lock_mounts() -> SysResult<OwnedFd> {
+    let (r, w) = crate::fdops::pipe2(libc::O_CLOEXEC)?;
+    // SAFETY: a raw clone (no C library fork handlers, no new stack: the child runs on its
+    // copy of ours, like fork) of a single-threaded process; the child only closes, reads and
+    // exits, all async-signal-safe, on descriptors made above.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    } as i32;
+    if pid < 0 {
+        return Err(SysError::last("clone(CLONE_NEWUSER|CLONE_NEWNS)"));
+    }
+    if pid == 0 {
+        // SAFETY: see above; the child waits for our end of the pipe to close, then exits.
+        unsafe {
+            libc::close(w.as_raw_fd());
+            let mut b = [0u8; 1];
+            while libc::read(r.as_raw_fd(), b.as_mut_ptr().cast(), 1) < 0 {}
+            libc::_exit(0)
+        }
+    }
+    drop(r);
+    let joined = (|| {
+        for map in ["uid_map", "gid_map"] {
+            std::fs::write(format!("/proc/{pid}/{map}"), IDENTITY_MAP).map_err(|e| {
+                SysError::new(
+                    "write the new user namespace's id map",
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                )
+            })?;
+        }
+        let open = |what: &str| {
+            crate::fdops::open_path(
+                &format!("/proc/{pid}/ns/{what}"),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+                0,
+            )
+        };
+        let mnt = open("mnt")?;
+        let user = open("user")?;
+        // SAFETY: setns on a descriptor we hold; this process is single-threaded (its own
+        // fs_struct), as entering a mount namespace requires.
+        let rc = unsafe { libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) };
+        check("setns (the locked mount namespace)", rc as libc::c_long)?;
+        Ok(user)
+    })();
+    drop(w);
+    let mut status = 0;
+    // SAFETY: status is a valid out-pointer; pid is our child.
+    unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+    joined
+}
+
+/// The user namespace that owns the namespace `ns` (an nsfs descriptor) names.
+pub fn owner_user_ns(ns: RawFd) -> SysResult<OwnedFd> {
+    // SAFETY: NS_GET_USERNS takes no argument and returns a new descriptor.
+    let r = unsafe { libc::ioctl(ns, NS_GET_USERNS as _) };
+    let fd = check("ioctl(NS_GET_USERNS)", r as libc::c_long)?;
+    // SAFETY: the kernel just made this descriptor for us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Moves this process (single-threaded) into a new network namespace and brings its loopback
+/// up: the only interface there (a confined guest's network).
+pub fn unshare_loopback_only() -> SysResult<()> {
+    // SAFETY: plain integer argument.
+    let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    check("unshare(CLONE_NEWNET)", r as libc::c_long)?;
+    // SAFETY: plain integer arguments.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    let s = check("socket (to bring lo up)", s as libc::c_long)?;
+    // SAFETY: the kernel just made this descriptor for us.
+    let s = unsafe { OwnedFd::from_raw_fd(s as RawFd) };
+    // SAFETY: a zeroed ifreq is valid; its name is set below.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, b) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+        *d = *b as libc::c_char;
+    }
+    // SAFETY: ifr is a valid ifreq naming "lo"; SIOCGIFFLAGS fills its flags.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) };
+    check("ioctl(SIOCGIFFLAGS, lo)", r as libc::c_long)?;
+    // SAFETY: reading and writing the flags member of the union SIOCGIFFLAGS just filled.
+    unsafe {
+        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: ifr is a valid ifreq naming "lo" with its new flags.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) };
+    check("ioctl(SIOCSIFFLAGS, lo up)", r as libc::c_long).map(drop)
+}

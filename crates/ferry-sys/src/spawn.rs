@@ -54,6 +54,11 @@ pub struct Spawn {
     /// root and working directory become that namespace's root, and `cwd` is then looked up
     /// there (a guest's confined file system).
     pub mount_ns: Option<RawFd>,
+    /// A user namespace (an nsfs descriptor) the child enters, while still root, so that its
+    /// capabilities count only there (a confined guest's, whose mounts it owns and has locked):
+    /// a user's child before its credentials change, root's after its limits are set (which
+    /// may raise a hard limit, as root, the caller, may).
+    pub user_ns: Option<RawFd>,
 }
 
 /// The step of the child's setup that failed.
@@ -74,9 +79,11 @@ pub enum Step {
     Exec,
     MountNs,
     Namespaces,
+    UserNs,
+    NetNs,
 }
 
-const STEPS: [Step; 15] = [
+const STEPS: [Step; 17] = [
     Step::Fork,
     Step::Session,
     Step::Stdio,
@@ -92,6 +99,8 @@ const STEPS: [Step; 15] = [
     Step::Exec,
     Step::MountNs,
     Step::Namespaces,
+    Step::UserNs,
+    Step::NetNs,
 ];
 
 impl Step {
@@ -116,6 +125,8 @@ impl Step {
             Step::Exec => "execute",
             Step::MountNs => "enter the guests' mount namespace",
             Step::Namespaces => "make the guest's own PID and mount namespaces",
+            Step::UserNs => "enter the guests' user namespace",
+            Step::NetNs => "enter the guests' network namespace",
         }
     }
 }
@@ -313,6 +324,41 @@ pub(crate) fn child(
             fail(Step::Rlimit);
         }
     }
+    let enter_user_ns = || {
+        if let Some(ns) = s.user_ns {
+            // Entering fills the bounding set; it is put back as it was (so the program holds
+            // no capability its node's root lacks, and a capture of it restores anywhere).
+            let mut bounding = 0u64;
+            for cap in 0..64 {
+                // SAFETY: plain integer arguments; -1 (EINVAL) past the last capability.
+                if unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) } == 1
+                {
+                    bounding |= 1 << cap;
+                }
+            }
+            // SAFETY: setns on a descriptor the caller holds; this child is single-threaded
+            // with its own fs_struct, as entering a user namespace requires.
+            if unsafe { libc::setns(ns, libc::CLONE_NEWUSER) } < 0 {
+                fail(Step::UserNs);
+            }
+            for cap in 0..64 {
+                // SAFETY: plain integer arguments.
+                let now =
+                    unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) };
+                if now == 1 && bounding & (1 << cap) == 0 {
+                    // SAFETY: plain integer arguments (CAP_SETPCAP is ours in the namespace).
+                    if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) }
+                        < 0
+                    {
+                        fail(Step::UserNs);
+                    }
+                }
+            }
+        }
+    };
+    if s.uid != 0 {
+        enter_user_ns();
+    }
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         // SAFETY: groups points at groups.len() gids.
@@ -338,6 +384,9 @@ pub(crate) fn child(
         if unsafe { libc::prlimit64(0, resource as _, &lim, std::ptr::null_mut()) } < 0 {
             fail(Step::Rlimit);
         }
+    }
+    if s.uid == 0 {
+        enter_user_ns();
     }
     if s.parent_death_signal != 0 {
         // Set after the uid change, which clears it.

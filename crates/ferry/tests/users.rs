@@ -32,11 +32,16 @@ fn main() {
             2,
             &[],
             Isolation::default_for_tests(),
-            &["--control-mode", "0666", "--confine-guests"],
+            &[
+                "--control-mode",
+                "0666",
+                "--confine-guests",
+                "--confine-network",
+            ],
         )))
     };
     type Test = fn(&Cluster) -> Result<(), Failed>;
-    let tests: [(&str, Test); 9] = [
+    let tests: [(&str, Test); 12] = [
         ("a_user_moves_checkpoints_and_restores_their_own", own),
         ("a_user_cannot_touch_another_users_or_roots", others),
         ("an_image_claiming_root_is_refused", image_claims_root),
@@ -48,6 +53,18 @@ fn main() {
         (
             "a_program_run_for_another_node_sees_only_the_shared_tree_and_the_system",
             run_guest_confined,
+        ),
+        (
+            "a_root_program_run_for_another_node_cannot_unmount_what_hides_the_node",
+            run_guest_cannot_unmount,
+        ),
+        (
+            "a_root_guest_cannot_unmount_what_hides_the_node",
+            guest_cannot_unmount,
+        ),
+        (
+            "a_program_run_for_another_node_reaches_no_network_but_a_loopback",
+            run_guest_network,
         ),
         (
             "a_program_run_for_another_node_sees_no_process_but_its_own",
@@ -616,6 +633,164 @@ fn guest_confined(c: &Cluster) -> Result<(), Failed> {
             )
         },
     )
+}
+
+/// A root script that tries to reveal what the confinement hides on b: its data directory
+/// (which lies in the shared tree here) and this machine's /root, by unmounting what covers
+/// them (plainly, then lazily) and by moving it away; it then counts what it sees there and
+/// names its user namespace. (One command after the other, no pipeline: a body's forks are made
+/// one at a time.)
+fn unmount_script(c: &Cluster) -> String {
+    let data = c.dir.join("b");
+    let data = data.display();
+    format!(
+        "mkdir -p /tmp/m; for d in {data} /root; do umount $d; umount -l $d; \
+         mount --move $d /tmp/m; done 2>/dev/null; \
+         ls -A {data} > /tmp/data; ls -A /root > /tmp/root; \
+         printf data=; wc -l < /tmp/data; printf root=; wc -l < /tmp/root; \
+         printf userns=; readlink /proc/self/ns/user"
+    )
+}
+
+/// What `unmount_script` printed says nothing was revealed.
+fn nothing_revealed(c: &Cluster, who: &str, out: &str) -> Result<(), Failed> {
+    let data = c.dir.join("b");
+    let there = std::fs::read_dir(&data).map(|d| d.count()).unwrap_or(0);
+    check(there > 0, || {
+        format!("b's data directory {} is empty here", data.display())
+    })?;
+    let lines: Vec<&str> = out.lines().collect();
+    check(
+        lines.contains(&"data=0") && lines.contains(&"root=0"),
+        || format!("{who}: {out:?} (want data=0 and root=0: nothing revealed)"),
+    )
+}
+
+/// The user namespace `unmount_script` named.
+fn user_ns(out: &str) -> Option<&str> {
+    out.lines().find_map(|l| l.strip_prefix("userns="))
+}
+
+/// A program run on b for a as root (`ferry run --on b`) cannot unmount or move the mounts that
+/// hide b's data directory and this machine's /root: it holds capabilities only in the guests'
+/// user namespace (an identity mapping), which owns their locked mounts.
+fn run_guest_cannot_unmount(c: &Cluster) -> Result<(), Failed> {
+    let dir = common::scratch("users", "run-unmount");
+    let script = unmount_script(c);
+    let o = ferry_as_in(
+        c,
+        0,
+        Some(&dir),
+        &["run", "--on", "b", "--", "sh", "-c", &script],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    nothing_revealed(c, "root's program on b", &out)?;
+    // Its user namespace is not the machine's (nor node b's, which is the machine's).
+    let ours = std::fs::read_link("/proc/self/ns/user").unwrap();
+    check(
+        user_ns(&out).is_some_and(|u| u.starts_with("user:[") && Path::new(u) != ours),
+        || {
+            format!(
+                "root's program on b: {} (want a user namespace other than {})",
+                describe(&o),
+                ours.display()
+            )
+        },
+    )
+}
+
+/// A root shell moved from a to b cannot unmount or move the mounts that hide b's data
+/// directory and this machine's /root: the guest's mounts are locked together.
+fn guest_cannot_unmount(c: &Cluster) -> Result<(), Failed> {
+    let dir = common::scratch("users", "unmount");
+    let script = format!(
+        "while [ ! -e go ]; do sleep 0.05; done; ({}) > out.part 2>&1; mv out.part out; \
+         exec sleep 1000",
+        unmount_script(c)
+    );
+    let child = Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let shell = Sleeper(child);
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = shell.pid().to_string();
+    let o = ferry_as(c, 0, &["migrate", &pid, "--to", "b"]);
+    check(o.status.success(), || {
+        format!("migrate to b: {}", describe(&o))
+    })?;
+    std::fs::write(dir.join("go"), "").unwrap();
+    let t0 = Instant::now();
+    let out = loop {
+        if let Ok(s) = std::fs::read_to_string(dir.join("out")) {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            return Err("the guest wrote nothing in 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(shell);
+    nothing_revealed(c, "the root guest on b", &out)
+}
+
+/// On a node with `confine_network`, a program run there for another node has a network of
+/// its own: its only interface is a loopback, up, which it can use (a server and its client
+/// on 127.0.0.1), and its node's daemon, reachable from the node itself, is not reachable
+/// from it.
+fn run_guest_network(c: &Cluster) -> Result<(), Failed> {
+    let dir = common::scratch("users", "run-network");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let listen = c.listen_addr("b");
+    let (addr, port) = listen
+        .rsplit_once(':')
+        .ok_or("no port in b's listen address")?;
+    let script = format!(
+        "ip -o link show | cut -d' ' -f2-3; \
+         python3 -c 'import socket as s; l=s.create_server((\"127.0.0.1\", 0)); \
+         c=s.create_connection(l.getsockname()); a=l.accept()[0]; c.sendall(b\"x\"); \
+         print(\"lo=\" + a.recv(1).decode())'; \
+         bash -c 'exec 3<>/dev/tcp/{addr}/{port}' 2>/dev/null; echo daemon=$?"
+    );
+    for uid in [0, ALICE] {
+        let o = ferry_as_in(
+            c,
+            uid,
+            Some(&dir),
+            &["run", "--on", "b", "--", "sh", "-c", &script],
+        );
+        let out = String::from_utf8_lossy(&o.stdout);
+        let lines: Vec<&str> = out.lines().collect();
+        let links: Vec<&&str> = lines.iter().filter(|l| l.ends_with('>')).collect();
+        check(
+            links.len() == 1
+                && links[0].starts_with("lo: <")
+                && links[0].contains(",UP")
+                && lines.contains(&"lo=x")
+                && lines.contains(&"daemon=1"),
+            || {
+                format!(
+                    "uid {uid}'s program on b: {} (want one link, lo, up and working, and b's \
+                     daemon at {listen} unreachable)",
+                    describe(&o)
+                )
+            },
+        )?;
+    }
+    // From b itself (its init's namespaces), its daemon is there.
+    let init = c.init_pid("b").ok_or("node b has no init")?;
+    let o = Command::new("nsenter")
+        .args(["-t", &init.to_string(), "-n", "--", "bash", "-c"])
+        .arg(format!("exec 3<>/dev/tcp/{addr}/{port}"))
+        .output()
+        .unwrap();
+    check(o.status.success(), || {
+        format!("b's daemon from b itself: {}", describe(&o))
+    })
 }
 
 // ---- Programs run for another node: namespaces of their own -----------------------------

@@ -116,6 +116,10 @@ pub struct UpArgs {
     /// all trust each other.
     #[arg(long)]
     pub no_confine_guests: bool,
+    /// Give programs run on a node for another (`ferry run`, `ferry make`'s recipes) a network
+    /// of their own, a loopback only (each node's `confine_network`; with confined guests).
+    #[arg(long, conflicts_with = "no_confine_guests")]
+    pub confine_network: bool,
     /// Seconds a node must stay declared down, and silent, before the others act on its death
     /// (each node's `dead_after_secs`) [default: 6].
     #[arg(long, value_name = "SECS")]
@@ -370,6 +374,7 @@ fn start(a: &UpArgs, dir: &Path) -> Result<()> {
             control_mode: a.control_mode.clone(),
             control_group: a.control_group.clone(),
             confine_guests: Some(!a.no_confine_guests),
+            confine_network: a.confine_network.then_some(true),
             dead_after_secs: a.dead_after,
             checkpoint_every_secs: a.checkpoint_every,
             recover_on: a.recover_on.clone(),

@@ -12,6 +12,10 @@
 //! - what the node keeps to itself inside those trees (`--hide`: its data directory, its
 //!   credentials) is hidden under an empty tmpfs.
 //!
+//! Last, the namespace is replaced by a copy of it owned by a user namespace of its own (an
+//! identity mapping): the kernel locks the copied mounts together (`MNT_LOCKED`), so no
+//! process inside, root included, can unmount or move what covers the node's files.
+//!
 //! The root and the shared tree are the node's own mounts, so a directory or file there has
 //! the device and inode the home captured (a working directory of `/` or in the shared tree
 //! is found again); anything else of the node (its /root, its /tmp, /home, /var, /srv ...) is
@@ -33,11 +37,18 @@ pub struct Args {
     /// Directories of the node's own hidden even where they would show.
     #[arg(long)]
     pub hide: Vec<PathBuf>,
+    /// Make a network namespace too, its loopback up (`confine_network`).
+    #[arg(long)]
+    pub network: bool,
 }
 
 pub fn hold(a: Args) -> Result<()> {
     mounts::unshare_mount_ns().context("make a mount namespace")?;
     confine(a.shared.as_deref(), &a.hide).context("confine the guests' file system")?;
+    if a.network {
+        ferry_sys::mounts::unshare_loopback_only()
+            .context("make the guests' network (a loopback only)")?;
+    }
     println!("R");
     let mut line = String::new();
     if std::io::stdin().lock().read_line(&mut line).is_err() {
@@ -170,5 +181,7 @@ pub fn confine(shared: Option<&Path>, hide: &[PathBuf]) -> Result<()> {
         mounts::remount_read_only(m).with_context(|| format!("make {} read-only", m.display()))?;
     }
     mounts::pivot_root_to(&new).context("enter the guest's root")?;
+    // Locked together: not even root can unmount or move what covers the node's own files.
+    mounts::lock_mounts().context("lock the guest's mounts (a user namespace of their own)")?;
     Ok(())
 }

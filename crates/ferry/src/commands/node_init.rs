@@ -186,6 +186,7 @@ fn start_daemon(exe: &Path, config: &Path, log: i32) -> Result<i32> {
         sig_blocked: 0,
         parent_death_signal: 0,
         mount_ns: None,
+        user_ns: None,
     };
     ferry_sys::spawn::spawn(&spawn).map_err(|e| anyhow::anyhow!("start the node daemon: {e}"))
 }
