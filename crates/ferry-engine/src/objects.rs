@@ -27,6 +27,8 @@ pub struct CaptureObjects {
     keys: HashMap<(u64, u64), u32>,
     ghost_keys: HashMap<(u64, u64), u32>,
     sources: HashMap<ObjectRef, File>,
+    /// The kernel AIO rings seen so far (by inode), and the process mapping each.
+    pub(crate) aio_rings: HashMap<u64, i32>,
 }
 
 impl CaptureObjects {

@@ -184,6 +184,35 @@ fn refuse(pid: i32, what: String, why: &str) -> Error {
     }
 }
 
+/// A kernel AIO ring mapped by two processes of the tree: a child forked after `io_setup`
+/// keeps its parent's ring mapped without the context, and which of them owns it nothing
+/// outside them tells (`resources/aio.rs`, which the capture checks again).
+fn check_aio_rings(pids: &[i32]) -> Result<()> {
+    let mut seen: HashMap<u64, i32> = HashMap::new();
+    for &pid in pids {
+        let Ok(maps) = procfs::read(pid, "maps") else {
+            continue;
+        };
+        for line in maps.lines().filter(|l| l.ends_with(" /[aio] (deleted)")) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let Some(ino) = cols.get(4).and_then(|c| c.parse::<u64>().ok()) else {
+                continue;
+            };
+            if let Some(other) = seen.insert(ino, pid).filter(|o| *o != pid) {
+                return Err(refuse(
+                    pid,
+                    format!("kernel AIO context {} (its ring)", cols[0]),
+                    &format!(
+                        "PID {other} maps the same ring: one of them has it from a fork, \
+                         without the context, and which one cannot be told from outside"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Process-wide state the capture would refuse: seccomp strict mode or filters that differ
 /// between threads, and a session whose leader is gone.
 fn check_process(pid: i32, status: &[(String, String)], pids: &[i32], root_sid: i32) -> Result<()> {
@@ -385,6 +414,7 @@ pub fn check_with(root: i32, relay_pipes: bool, standins: &HashMap<u64, u32>) ->
             }
         }
     }
+    check_aio_rings(&pids)?;
     if !relay_pipes {
         check_pipes(&pids, &pipes, standins)?;
     }

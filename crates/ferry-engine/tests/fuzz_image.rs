@@ -230,6 +230,17 @@ fn synthetic_image() -> Vec<u8> {
                     ),
                     vma(0x30000, Backing::Shmem { object: 0 }),
                     vma(0x40000, Backing::Vdso),
+                    // Two completions, wrapping round the ring's end.
+                    vma(
+                        0x50000,
+                        Backing::AioRing(AioRing {
+                            nr: 255,
+                            head: 254,
+                            tail: 1,
+                            events: vec![7; 64],
+                            ..Default::default()
+                        }),
+                    ),
                 ],
                 threads: vec![thread(100), thread(102)],
                 sigactions: vec![SigAction::default(); 64],
@@ -299,6 +310,12 @@ fn index_as_readers_do(t: &Tree) {
                 }
                 Backing::File { ghost: Some(g), .. } => {
                     let _ = &t.ghosts[*g as usize];
+                }
+                Backing::AioRing(r) => {
+                    // What the restore writes into the ring's slots lies within the mapping.
+                    let pending = (r.tail as u64 + r.nr as u64 - r.head as u64) % r.nr as u64;
+                    let _ = &r.events[..(pending * 32) as usize];
+                    assert!(v.start + 32 + r.nr as u64 * 32 <= v.end);
                 }
                 _ => {}
             }

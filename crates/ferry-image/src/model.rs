@@ -332,6 +332,29 @@ pub enum Backing {
     Vvar,
     VvarVclock,
     Vsyscall,
+    /// The ring of a kernel AIO context (`io_setup`; `/[aio] (deleted)` in /proc/PID/maps),
+    /// whose address is the context's id. Its pages are not stored: the restore makes a
+    /// context with a ring of the same size, moves it here and puts back the completions the
+    /// process had not reaped.
+    AioRing(AioRing),
+}
+
+/// What a kernel AIO context's ring held at the capture: its header (`struct aio_ring`) and
+/// the completions between its head and tail (`struct io_event`s, 32 bytes each, oldest
+/// first). Requests still in flight are not in it (the kernel shows them nowhere).
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct AioRing {
+    /// `nr`: the number of `io_event` slots (the ring's size, less its 32-byte header).
+    pub nr: u32,
+    pub head: u32,
+    pub tail: u32,
+    pub magic: u32,
+    pub compat_features: u32,
+    pub incompat_features: u32,
+    pub header_length: u32,
+    /// The unreaped completions, from `head` to `tail` (wrapping at `nr`).
+    #[serde(with = "serde_bytes")]
+    pub events: Vec<u8>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]

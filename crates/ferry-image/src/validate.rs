@@ -182,6 +182,27 @@ pub fn validate(t: &Tree) -> Result<(), String> {
             match &v.backing {
                 Backing::Shmem { object } => shmem_ref(what(), *object)?,
                 Backing::File { ghost: Some(g), .. } => ghost_ref(what(), *g)?,
+                Backing::AioRing(r) => {
+                    let slots = (v.end - v.start).saturating_sub(32) / 32;
+                    let pending = (r.tail as u64 + r.nr as u64).saturating_sub(r.head as u64)
+                        % (r.nr as u64).max(1);
+                    if r.nr == 0
+                        || r.nr as u64 != slots
+                        || r.head >= r.nr
+                        || r.tail >= r.nr
+                        || r.events.len() as u64 != pending * 32
+                    {
+                        return Err(format!(
+                            "{}: AIO ring of {} events (head {}, tail {}, {} bytes of events) \
+                             does not fit its mapping",
+                            what(),
+                            r.nr,
+                            r.head,
+                            r.tail,
+                            r.events.len()
+                        ));
+                    }
+                }
                 _ => {}
             }
         }
@@ -311,6 +332,39 @@ mod tests {
     #[test]
     fn a_consistent_tree_is_accepted() {
         validate(&good()).unwrap();
+    }
+
+    #[test]
+    fn an_aio_ring_must_fit_its_mapping() {
+        // Two pages: 255 slots after the header; three completions wrapping round the end.
+        let ring = || AioRing {
+            nr: 255,
+            head: 254,
+            tail: 2,
+            events: vec![0; 3 * 32],
+            ..Default::default()
+        };
+        let mut t = good();
+        t.processes[0].vmas[0].backing = Backing::AioRing(ring());
+        validate(&t).unwrap();
+        let with = |f: fn(&mut AioRing)| {
+            move |t: &mut Tree| {
+                let mut r = ring();
+                f(&mut r);
+                t.processes[0].vmas[0].backing = Backing::AioRing(r);
+            }
+        };
+        refused(with(|r| r.nr = 127), "AIO ring of 127 events");
+        refused(with(|r| r.nr = 0), "AIO ring of 0 events");
+        refused(with(|r| r.head = 255), "head 255");
+        refused(with(|r| r.tail = 300), "tail 300");
+        refused(
+            with(|r| {
+                r.events.pop();
+            }),
+            "95 bytes of events",
+        );
+        refused(with(|r| r.events.clear()), "0 bytes of events");
     }
 
     #[test]

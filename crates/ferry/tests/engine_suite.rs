@@ -338,6 +338,8 @@ fn lazy_trial(name: &str) -> bool {
             "sig_handlers",
             "sys_blocked_read",
             "fd_pipe_buffered",
+            "proc_aio_kernel",
+            "proc_aio_posix",
         ]
         .contains(&name)
 }

@@ -50,6 +50,9 @@ pub fn capture(pid: i32, maps: &[MapEntry], objects: &mut CaptureObjects) -> Res
                 object: objects.shmem_for_mapping(pid, m)?,
             },
             _ if m.ino == 0 => Backing::Anonymous,
+            _ if super::aio::is_ring(m) => {
+                Backing::AioRing(super::aio::capture(pid, m, &mut objects.aio_rings)?)
+            }
             _ if m.name.starts_with('/') => {
                 let ghost = if m.deleted() {
                     Some(objects.ghost_for_mapping(pid, m)?)
@@ -412,8 +415,10 @@ pub fn write_pages<W: Write>(
             // The reader may have stopped after its last run: a buffer it will not need.
             let _ = to_reader.send(buf);
         }
-        Ok(())
-    })
+        Ok::<(), Error>(())
+    })?;
+    // A kernel AIO context whose ring moved since the capture read it had requests in flight.
+    super::aio::check_quiet(pid, vmas)
 }
 
 /// Splits a run of memory read at `addr` at its zero pages, which are not stored, and seals
@@ -650,6 +655,8 @@ pub fn restore_mappings_keeping(
         }
         let fd = match &v.backing {
             Backing::Vdso | Backing::Vvar | Backing::VvarVclock | Backing::Vsyscall => continue,
+            // Once every other mapping is made (below).
+            Backing::AioRing(_) => continue,
             Backing::Anonymous => {
                 flags |= libc::MAP_ANONYMOUS as u64;
                 if v.growsdown {
@@ -708,7 +715,15 @@ pub fn restore_mappings_keeping(
             flush(&mut calls, &mut whose, &mut held)?;
         }
     }
-    flush(&mut calls, &mut whose, &mut held)
+    flush(&mut calls, &mut whose, &mut held)?;
+    // Kernel AIO contexts last: io_setup puts each new ring in a free gap, which must not be
+    // one an image's mapping is still to fill, before it moves to its old address.
+    for v in vmas {
+        if let Backing::AioRing(r) = &v.backing {
+            super::aio::restore(h, v, r)?;
+        }
+    }
+    Ok(())
 }
 
 /// The recreated memfd process `p` runs from, when its executable is a memfd (a program

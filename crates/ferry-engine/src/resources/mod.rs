@@ -1,6 +1,7 @@
 //! One module per kind of process state. Each holds both directions for its kind: `capture`
 //! from a frozen process into the image model, and `restore` into a process being rebuilt.
 
+pub mod aio;
 pub mod anon_inodes;
 pub mod cgroups;
 pub mod files;

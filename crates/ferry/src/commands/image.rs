@@ -139,6 +139,13 @@ pub fn run(c: Command) -> Result<()> {
                 Backing::File { ghost: Some(_), .. } => "deleted file".to_string(),
                 Backing::File { .. } => "file".to_string(),
                 Backing::Shmem { object } => format!("shmem#{object}"),
+                Backing::AioRing(r) => format!(
+                    "aio ring: {} events, head {}, tail {}, {} unreaped",
+                    r.nr,
+                    r.head,
+                    r.tail,
+                    r.events.len() / 32
+                ),
                 other => format!("{other:?}").to_lowercase(),
             };
             println!(
