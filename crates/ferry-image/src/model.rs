@@ -332,6 +332,11 @@ pub enum Backing {
     Vvar,
     VvarVclock,
     Vsyscall,
+    /// The rings of packet socket `ino` (`PacketState::rx_ring`, `tx_ring`), mapped whole:
+    /// mapped again from the rebuilt socket, whose rings hold the frames' contents.
+    PacketRing {
+        ino: u64,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]

@@ -182,6 +182,22 @@ pub fn validate(t: &Tree) -> Result<(), String> {
             match &v.backing {
                 Backing::Shmem { object } => shmem_ref(what(), *object)?,
                 Backing::File { ghost: Some(g), .. } => ghost_ref(what(), *g)?,
+                Backing::PacketRing { ino } => {
+                    let has_rings = t.files.iter().any(|f| match &f.kind {
+                        crate::FileKind::Socket(s) if s.ino == *ino => s
+                            .packet
+                            .as_ref()
+                            .is_some_and(|p| p.rx_ring.is_some() || p.tx_ring.is_some()),
+                        _ => false,
+                    });
+                    if !has_rings {
+                        return Err(format!(
+                            "{}: maps the rings of socket:[{ino}], which the image does not \
+                             hold as a packet socket with rings",
+                            what()
+                        ));
+                    }
+                }
                 _ => {}
             }
         }

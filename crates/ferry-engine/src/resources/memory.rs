@@ -50,6 +50,11 @@ pub fn capture(pid: i32, maps: &[MapEntry], objects: &mut CaptureObjects) -> Res
                 object: objects.shmem_for_mapping(pid, m)?,
             },
             _ if m.ino == 0 => Backing::Anonymous,
+            // A packet socket's rings (checked once its socket is captured:
+            // sockets::check_ring_mappings).
+            name if name.starts_with("socket:[") && m.shared() => {
+                Backing::PacketRing { ino: m.ino }
+            }
             _ if m.name.starts_with('/') => {
                 let ghost = if m.deleted() {
                     Some(objects.ghost_for_mapping(pid, m)?)
@@ -667,6 +672,15 @@ pub fn restore_mappings_keeping(
                 h.batch(&after, |_| format!("advise {:x}-{:x}", v.start, v.end))?;
                 continue;
             }
+            Backing::PacketRing { ino } => Some(std::fs::File::from(
+                crate::resources::sockets::ring_socket(*ino).ok_or_else(|| Error::Restore {
+                    pid,
+                    what: format!(
+                        "map {:x}-{:x}: socket:[{ino}] was not rebuilt with its rings",
+                        v.start, v.end
+                    ),
+                })?,
+            )),
             Backing::Shmem { object } => Some(
                 objects
                     .shmem_file(*object)?
