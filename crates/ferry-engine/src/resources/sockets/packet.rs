@@ -17,8 +17,12 @@
 //! brings the kernel to the same frame by having it take that many frames first (received
 //! from a packet socket of ours over the loopback interface, or sent over it from the ring),
 //! then writes every frame back, status words included, and maps the ring at its old address
-//! in the process (`Backing::PacketRing`). TPACKET_V3 rings are refused: the kernel fills
-//! them block by block, and where it is inside its current block can be neither read nor set.
+//! in the process (`Backing::PacketRing`). A TPACKET_V3 receive ring is filled block by block:
+//! the block the kernel fills now is the one opened last (the highest sequence number), and it
+//! must be empty (a block with packets is retired by the ring's timer, which the capture waits
+//! for); the restore takes the new ring through as many blocks as the old one had filled (a
+//! frame sent into each, each block given straight back), so that the kernel fills the same
+//! block next, under the same sequence number. TPACKET_V3 transmit rings are refused.
 
 use super::*;
 use ferry_image::{Backing, PacketFrame, PacketMembership, PacketRing};
@@ -52,6 +56,9 @@ const TX_DATA_OFFSET: usize = 32;
 /// The EtherType of the frames the restore has a rebuilt ring take to reach its place (the
 /// second one IEEE 802 keeps for local experiments).
 const ADVANCE_ETHERTYPE: u16 = 0x88b6;
+/// The most blocks a rebuilt TPACKET_V3 ring is taken through to reach its block and
+/// sequence number (3,000 take about a second in a debug build); past that, only to its block.
+const V3_MAX_BLOCKS: u64 = 4096;
 /// How long the restore waits for the kernel to take those frames.
 const ADVANCE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -147,8 +154,8 @@ impl Cap<'_> {
                 protocol: bound_proto,
                 interface,
                 fanout,
-                rx_ring,
-                tx_ring,
+                rx_ring: rx_ring.map(Box::new),
+                tx_ring: tx_ring.map(Box::new),
                 memberships,
             }),
             ..Default::default()
@@ -222,10 +229,13 @@ impl Cap<'_> {
             return Ok((None, None));
         }
         if version == TPACKET_V3 {
-            return Err(self.refuse(
-                "it has a TPACKET_V3 ring: the kernel fills such a ring block by block, and \
-                 where it is inside its current block can be neither read nor set again",
-            ));
+            if diag.tx_ring.is_some() {
+                return Err(self.refuse(
+                    "it has a TPACKET_V3 transmit ring, which cannot be checkpointed yet",
+                ));
+            }
+            let req = diag.rx_ring.expect("a ring");
+            return Ok((Some(self.v3_ring(&req)?), None));
         }
         let rx_bytes = diag.rx_ring.map(|r| r.bytes()).unwrap_or(0);
         let tx_bytes = diag.tx_ring.map(|r| r.bytes()).unwrap_or(0);
@@ -284,6 +294,97 @@ impl Cap<'_> {
     }
 }
 
+/// TPACKET_V3 block descriptor fields (`struct tpacket_block_desc`, its `tpacket_hdr_v1`).
+const BLOCK_STATUS: usize = 8;
+const BLOCK_NUM_PKTS: usize = 12;
+const BLOCK_SEQ: usize = 24;
+
+/// A word of a block (or frame) as read: `(status, packets, sequence number)` of a TPACKET_V3
+/// block.
+fn block_fields(b: &[u8]) -> (u32, u32, u64) {
+    let w = |at: usize| u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+    (
+        w(BLOCK_STATUS),
+        w(BLOCK_NUM_PKTS),
+        u64::from_ne_bytes(b[BLOCK_SEQ..BLOCK_SEQ + 8].try_into().expect("8 bytes")),
+    )
+}
+
+/// The block a TPACKET_V3 ring's kernel fills now: the one opened last (the highest sequence
+/// number), with its index and sequence number.
+fn v3_active(blocks: &[Vec<u8>]) -> Option<(usize, u64)> {
+    blocks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (i, block_fields(b).2))
+        .max_by_key(|&(_, seq)| seq)
+}
+
+impl Cap<'_> {
+    /// A TPACKET_V3 receive ring: its blocks, and the block the kernel fills now, which must be
+    /// open and empty (a block with packets is retired by the kernel's timer, waited for here;
+    /// where the kernel is inside a block it fills cannot be set again).
+    fn v3_ring(&self, req: &sk::PacketRingReq) -> Result<PacketRing> {
+        let map = sk::SharedMap::new(self.s, req.bytes(), false)
+            .ctx(self.pid, || self.what("map its ring"))?;
+        let read = || -> Vec<Vec<u8>> {
+            (0..req.block_nr as usize)
+                .map(|i| {
+                    let mut b = vec![0u8; req.block_size as usize];
+                    map.read(i * req.block_size as usize, &mut b);
+                    b
+                })
+                .collect()
+        };
+        // The timer retires a block with packets within two of its periods.
+        let wait = std::time::Duration::from_millis(u64::from(req.retire_tmo.max(1)) * 3 + 100);
+        let t0 = std::time::Instant::now();
+        let (blocks, head, seq) = loop {
+            let blocks = read();
+            let (head, seq) =
+                v3_active(&blocks).ok_or_else(|| self.refuse("its ring has no block"))?;
+            let (status, pkts, _) = block_fields(&blocks[head]);
+            if status & TP_STATUS_USER != 0 {
+                return Err(self.refuse(
+                    "its TPACKET_V3 ring is full (every block is the program's): where the \
+                     kernel goes on once a block is given back cannot be set again; retry once \
+                     the program has read some",
+                ));
+            }
+            if pkts == 0 {
+                break (blocks, head, seq);
+            }
+            if t0.elapsed() > wait {
+                return Err(self.refuse(format!(
+                    "packets keep arriving in the block its TPACKET_V3 ring fills (block {head}, \
+                     {pkts} packets): where the kernel is inside a block cannot be set again"
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        };
+        Ok(PacketRing {
+            block_size: req.block_size,
+            block_nr: req.block_nr,
+            frame_size: req.frame_size,
+            frame_nr: req.frame_nr,
+            retire_tmo: req.retire_tmo,
+            sizeof_priv: req.sizeof_priv,
+            features: req.features,
+            head: head as u32,
+            seq,
+            frames: blocks
+                .into_iter()
+                .enumerate()
+                .filter(|(_, b)| !memory_is_zero(b))
+                .map(|(i, bytes)| PacketFrame {
+                    index: i as u32,
+                    bytes,
+                })
+                .collect(),
+        })
+    }
+}
+
 /// Refuses a process mapping packet rings that cannot be mapped again as they are: part of a
 /// ring only, or the rings of a socket the tree does not hold (its descriptors closed).
 pub fn check_ring_mappings(tree: &Tree) -> Result<()> {
@@ -320,7 +421,7 @@ pub fn check_ring_mappings(tree: &Tree) -> Result<()> {
 
 /// The bytes the rings of a packet socket take in a mapping of it.
 fn ring_bytes(p: &PacketState) -> usize {
-    let b = |r: &Option<PacketRing>| {
+    let b = |r: &Option<Box<PacketRing>>| {
         r.as_ref()
             .map(|r| r.block_size as usize * r.block_nr as usize)
             .unwrap_or(0)
@@ -393,6 +494,9 @@ impl Builder<'_> {
         let s = self.sock(i);
         let p = s.packet.as_ref().expect("a ring socket");
         let f = self.fd(i);
+        if opt_int(s, SOL_PACKET, PACKET_VERSION) == Some(TPACKET_V3) {
+            return self.set_up_v3_ring(i);
+        }
         let geometry = |r: &PacketRing| sk::PacketRingReq {
             block_size: r.block_size,
             block_nr: r.block_nr,
@@ -530,8 +634,151 @@ impl Builder<'_> {
         })
     }
 
+    /// [`Self::set_up_rings`] for a TPACKET_V3 receive ring: the kernel opens block 0 with
+    /// sequence number 1 and moves on a block at a time (when a packet does not fit in the
+    /// block it fills, or when the block's timer retires it), so it is brought to the image's
+    /// block and sequence number by as many blocks as it had filled: large frames sent to it
+    /// over the loopback interface, each closing a block (handed straight back to it), and the
+    /// timer for the last one, so that the block it fills is empty, as it was.
+    fn set_up_v3_ring(&mut self, i: usize) -> Result<()> {
+        let s = self.sock(i);
+        let p = s.packet.as_ref().expect("a ring socket");
+        let r = p.rx_ring.as_ref().expect("a V3 ring is a receive ring");
+        let f = self.fd(i);
+        let req = sk::PacketRingReq {
+            block_size: r.block_size,
+            block_nr: r.block_nr,
+            frame_size: r.frame_size,
+            frame_nr: r.frame_nr,
+            retire_tmo: r.retire_tmo,
+            sizeof_priv: r.sizeof_priv,
+            features: r.features,
+        };
+        sk::setsockopt(f, SOL_PACKET, PACKET_RX_RING, &req.to_setsockopt(true))
+            .map_err(|e| self.err(i, format!("set up its ring (PACKET_RX_RING, V3): {e}")))?;
+        let bs = r.block_size as usize;
+        let map = sk::SharedMap::new(f, bs * r.block_nr as usize, true)
+            .map_err(|e| self.err(i, format!("map its ring: {e}")))?;
+        let fields = |b: usize| {
+            let mut h = [0u8; 32];
+            map.read(b * bs, &mut h);
+            block_fields(&h)
+        };
+        let current = || {
+            (0..r.block_nr as usize)
+                .map(|b| (b, fields(b).2))
+                .max_by_key(|&(_, seq)| seq)
+                .unwrap_or((0, 0))
+        };
+        let drop_all = [0x06u8, 0, 0, 0, 0, 0, 0, 0];
+        // As many blocks as it had filled, or (past V3_MAX_BLOCKS) only as many as bring it
+        // to the same block: its sequence numbers then count on from a lower one.
+        let target = if r.seq.saturating_sub(1) > V3_MAX_BLOCKS {
+            (r.seq - 1) % u64::from(r.block_nr.max(1)) + 1
+        } else {
+            r.seq
+        };
+        if target > 1 {
+            let lo = sk::interface_index("lo").map_err(|e| {
+                self.err(
+                    i,
+                    format!("find the loopback interface, to bring its ring to its place: {e}"),
+                )
+            })?;
+            sk::bind(f, &sockaddr_ll(ADVANCE_ETHERTYPE.to_be(), lo)).map_err(|e| {
+                self.err(
+                    i,
+                    format!("bind to the loopback interface for a moment: {e}"),
+                )
+            })?;
+            let sender = sk::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0)
+                .map_err(|e| self.err(i, format!("a packet socket to fill its ring: {e}")))?;
+            // A frame too large for two to share a block (the kernel cuts what does not fit).
+            let len = (bs / 2 + 64).clamp(64, 65000);
+            let mut frame = vec![0u8; len];
+            frame[12..14].copy_from_slice(&ADVANCE_ETHERTYPE.to_be_bytes());
+            let mut to = sockaddr_ll(ADVANCE_ETHERTYPE.to_be(), lo);
+            to[11] = 6; // sll_halen
+            let give_back = || {
+                for b in 0..r.block_nr as usize {
+                    if fields(b).0 & TP_STATUS_USER != 0 {
+                        map.store_u32(b * bs + BLOCK_STATUS, 0);
+                    }
+                }
+            };
+            let packets = |b: usize| fields(b).1;
+            // Block by block up to the image's: a frame into the block before it, which the
+            // timer then retires (a frame that does not fit closes a block at once).
+            loop {
+                let (b, seq) = current();
+                if seq >= target {
+                    break;
+                }
+                give_back();
+                if seq + 1 == target && packets(b) > 0 {
+                    self.wait_ring(i, "its ring's timer to retire a block", || {
+                        current().1 != seq
+                    })?;
+                    continue;
+                }
+                let had = packets(b);
+                sk::send(sender.as_raw_fd(), &frame, Some(&to), &[], 0).map_err(|e| {
+                    self.err(i, format!("send a frame over the loopback interface: {e}"))
+                })?;
+                self.wait_ring(i, "its ring to take the frame sent to it", || {
+                    let (nb, nseq) = current();
+                    nseq != seq || packets(nb) != had
+                })?;
+            }
+        }
+        sk::attach_filter(f, &drop_all)
+            .map_err(|e| self.err(i, format!("attach a filter holding packets back: {e}")))?;
+        let (b, seq) = current();
+        if (b as u32, seq) != (r.head, target) || fields(b).1 != 0 {
+            return Err(self.err(
+                i,
+                format!(
+                    "its ring came to block {b} (sequence number {seq}, {} packets), not to \
+                     block {} (sequence number {target}, empty)",
+                    fields(b).1,
+                    r.head,
+                ),
+            ));
+        }
+        let _ = sk::getsockopt(f, SOL_PACKET, PACKET_STATISTICS, 12);
+        let zero = vec![0u8; bs];
+        for n in 0..r.block_nr as usize {
+            if n != b {
+                map.write(n * bs, &zero);
+            }
+        }
+        for fr in &r.frames {
+            if fr.index >= r.block_nr || fr.bytes.len() != bs {
+                return Err(self.err(i, format!("ring block {} is malformed", fr.index)));
+            }
+            // The status word last, as the kernel writes it.
+            let at = fr.index as usize * bs;
+            map.write(at, &fr.bytes[..BLOCK_STATUS]);
+            map.write(at + BLOCK_STATUS + 4, &fr.bytes[BLOCK_STATUS + 4..]);
+            let status = u32::from_ne_bytes(
+                fr.bytes[BLOCK_STATUS..BLOCK_STATUS + 4]
+                    .try_into()
+                    .expect("4 bytes"),
+            );
+            map.store_u32(at + BLOCK_STATUS, status);
+        }
+        Ok(())
+    }
+
     fn wait_ring(&self, i: usize, what: &str, done: impl Fn() -> bool) -> Result<()> {
         let t0 = std::time::Instant::now();
+        // (The loopback interface delivers at once, as a rule: a few turns before sleeping.)
+        for _ in 0..200 {
+            if done() {
+                return Ok(());
+            }
+            std::thread::yield_now();
+        }
         while !done() {
             if t0.elapsed() > ADVANCE_WAIT {
                 return Err(self.err(
