@@ -728,7 +728,9 @@ pub fn open_descriptions(
                     .get(&d.id)
                     .map(|(p, _)| crate::reopen::creds_of(p))
                     .unwrap_or_default();
-                super::anon_inodes::open(d, &creds)?
+                // (A mount is marked in the tree's own mount namespace.)
+                let root = guest.map(|g| format!("/proc/{}/root", g.init_host_pid()));
+                super::anon_inodes::open(d, &creds, root.as_deref())?
             }
             FileKind::Socket(_) => super::sockets::open(d, tree, guest.map(|g| g.pidfd()), &out)?,
             FileKind::Tty(_) => super::tty::open(d, tree, &dev, objects.caller())?,
