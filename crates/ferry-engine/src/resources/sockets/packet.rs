@@ -403,9 +403,11 @@ pub fn check_ring_mappings(tree: &Tree) -> Result<()> {
                 _ => None,
             });
             let Some(ps) = rings.filter(|ps| ps.rx_ring.is_some() || ps.tx_ring.is_some()) else {
-                return Err(unsupported(
-                    "the rings of a packet socket that no descriptor of the tree holds".into(),
-                ));
+                return Err(unsupported(format!(
+                    "a mapping of socket:[{ino}], which is not the rings of a packet socket the \
+                     tree holds (only those are mapped again: any other mapping of a socket, or \
+                     the rings of one whose descriptors were closed, is not)"
+                )));
             };
             let size = ring_bytes(ps);
             if v.offset != 0 || v.end - v.start != size as u64 {
