@@ -244,6 +244,7 @@ pub fn capture_keeping<W: Write>(
     }
     refuse_orphaned_groups(&tree)?;
     fdcap.finish(&mut tree)?;
+    crate::resources::sockets::check_ring_mappings(&tree)?;
     crate::resources::sockets::finish_capture(frozen, &mut tree)?;
     report.relays = relayed_pipes(&tree, &frozen.relay_standins)?;
     tree.shmem = objects.shmem.clone();

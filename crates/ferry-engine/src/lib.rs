@@ -12,6 +12,7 @@
 //! - [`late`] makes system calls inside a rebuilt process just before it runs (what had to
 //!   wait for the original of a migration to be gone: a lock, an abstract socket name).
 //! - [`names`] moves the files of a tree's bound UNIX sockets aside while it migrates.
+//! - [`leases`] lets go of a tree's write leases while it migrates (taken back if it fails).
 //! - [`lazy`] hands a rebuilt tree's private anonymous memory to a page server that fills
 //!   it as the tree runs (copy-on-reference).
 //! - [`restore`] reads an image completely, checks it, and rebuilds the tree through
@@ -28,6 +29,7 @@ pub mod guest_ns;
 pub mod husk;
 pub mod late;
 pub mod lazy;
+pub mod leases;
 pub mod names;
 pub mod objects;
 pub mod owner;

@@ -67,7 +67,8 @@ pub struct InotifyWatch {
     /// Device (user-space encoding) and inode of the watched object when it was captured.
     pub dev: u64,
     pub ino: u64,
-    /// The object's file handle (name_to_handle_at(2)), for diagnostics.
+    /// The object's file handle (name_to_handle_at(2)), for diagnostics (empty for a mount or
+    /// filesystem mark).
     pub handle_type: i32,
     #[serde(with = "serde_bytes")]
     pub handle: Vec<u8>,
@@ -85,10 +86,32 @@ pub struct FanotifyDesc {
     pub marks: Vec<FanotifyMark>,
 }
 
-/// One inode mark of a fanotify group.
+/// What a fanotify mark is on.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub enum FanotifyTarget {
+    /// A file or directory (an inode mark).
+    #[default]
+    Inode,
+    /// The mount whose root is `path` (FAN_MARK_MOUNT).
+    Mount,
+    /// The filesystem of `path` (FAN_MARK_FILESYSTEM).
+    Filesystem,
+}
+
+impl FanotifyTarget {
+    fn is_inode(&self) -> bool {
+        *self == FanotifyTarget::Inode
+    }
+}
+
+/// One mark of a fanotify group.
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
 pub struct FanotifyMark {
-    /// The marked file or directory.
+    /// What is marked (left out for an inode mark).
+    #[serde(default, skip_serializing_if = "FanotifyTarget::is_inode")]
+    pub target: FanotifyTarget,
+    /// The marked file or directory; for a mount or filesystem mark, the mount's root as the
+    /// process saw it (the mount point).
     pub path: String,
     /// Device (user-space encoding) and inode of the marked object when it was captured.
     pub dev: u64,
@@ -97,7 +120,8 @@ pub struct FanotifyMark {
     pub mflags: u32,
     pub mask: u64,
     pub ignored_mask: u64,
-    /// The object's file handle (name_to_handle_at(2)), for diagnostics.
+    /// The object's file handle (name_to_handle_at(2)), for diagnostics (empty for a mount or
+    /// filesystem mark).
     pub handle_type: i32,
     #[serde(with = "serde_bytes")]
     pub handle: Vec<u8>,

@@ -337,6 +337,11 @@ pub enum Backing {
     /// context with a ring of the same size, moves it here and puts back the completions the
     /// process had not reaped.
     AioRing(AioRing),
+    /// The rings of packet socket `ino` (`PacketState::rx_ring`, `tx_ring`), mapped whole:
+    /// mapped again from the rebuilt socket, whose rings hold the frames' contents.
+    PacketRing {
+        ino: u64,
+    },
 }
 
 /// What a kernel AIO context's ring held at the capture: its header (`struct aio_ring`) and

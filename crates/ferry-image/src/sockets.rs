@@ -73,6 +73,64 @@ pub struct PacketState {
     pub interface: Option<String>,
     /// PACKET_FANOUT: the fanout group it is in (id | mode << 16 | flags), 0 for none.
     pub fanout: u32,
+    /// Its receive ring (PACKET_RX_RING), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_ring: Option<Box<PacketRing>>,
+    /// Its transmit ring (PACKET_TX_RING), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_ring: Option<Box<PacketRing>>,
+    /// Its memberships (PACKET_ADD_MEMBERSHIP), in the order sock_diag lists them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memberships: Vec<PacketMembership>,
+}
+
+/// A packet socket's ring (TPACKET_V1 or V2: frames, each with a status word the program and
+/// the kernel hand back and forth; TPACKET_V3: blocks of frames, each block with its status
+/// word): its geometry (`struct tpacket_req3`), where the kernel takes the next frame (block)
+/// from, and the frames (blocks) that hold anything.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct PacketRing {
+    pub block_size: u32,
+    pub block_nr: u32,
+    pub frame_size: u32,
+    pub frame_nr: u32,
+    /// TPACKET_V3: the block retire timeout (ms), the private area's size and the features
+    /// asked for (`struct tpacket_req3`); 0 otherwise.
+    #[serde(default)]
+    pub retire_tmo: u32,
+    #[serde(default)]
+    pub sizeof_priv: u32,
+    #[serde(default)]
+    pub features: u32,
+    /// The frame the kernel fills (receive) or sends (transmit) next; TPACKET_V3: the block it
+    /// fills now (open, empty).
+    pub head: u32,
+    /// TPACKET_V3: the sequence number of that block (the next blocks count on from it).
+    #[serde(default)]
+    pub seq: u64,
+    /// Every frame (TPACKET_V3: block) not all zero, by index, with its bytes (header and data,
+    /// `frame_size`; TPACKET_V3: `block_size`).
+    pub frames: Vec<PacketFrame>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct PacketFrame {
+    pub index: u32,
+    #[serde(with = "serde_bytes")]
+    pub bytes: Vec<u8>,
+}
+
+/// A membership of a packet socket (`struct packet_mreq`), taken `count` times.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct PacketMembership {
+    /// The interface, by name.
+    pub interface: String,
+    /// PACKET_MR_MULTICAST (0), PACKET_MR_PROMISC (1), PACKET_MR_ALLMULTI (2),
+    /// PACKET_MR_UNICAST (3).
+    pub mr_type: u16,
+    #[serde(with = "serde_bytes")]
+    pub addr: Vec<u8>,
+    pub count: u32,
 }
 
 /// What a netlink socket is bound and connected to.

@@ -203,6 +203,22 @@ pub fn validate(t: &Tree) -> Result<(), String> {
                         ));
                     }
                 }
+                Backing::PacketRing { ino } => {
+                    let has_rings = t.files.iter().any(|f| match &f.kind {
+                        crate::FileKind::Socket(s) if s.ino == *ino => s
+                            .packet
+                            .as_ref()
+                            .is_some_and(|p| p.rx_ring.is_some() || p.tx_ring.is_some()),
+                        _ => false,
+                    });
+                    if !has_rings {
+                        return Err(format!(
+                            "{}: maps the rings of socket:[{ino}], which the image does not \
+                             hold as a packet socket with rings",
+                            what()
+                        ));
+                    }
+                }
                 _ => {}
             }
         }

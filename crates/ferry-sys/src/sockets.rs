@@ -683,12 +683,149 @@ pub fn interface_index(name: &str) -> SysResult<u32> {
 /// What sock_diag says of a packet socket beyond what getsockopt can read.
 #[derive(Debug, Clone, Default)]
 pub struct PacketDiag {
-    /// A receive ring (PACKET_RX_RING) is set up.
-    pub rx_ring: bool,
-    /// A transmit ring (PACKET_TX_RING) is set up.
-    pub tx_ring: bool,
+    /// The receive ring (PACKET_RX_RING), if one is set up.
+    pub rx_ring: Option<PacketRingReq>,
+    /// The transmit ring (PACKET_TX_RING), if one is set up.
+    pub tx_ring: Option<PacketRingReq>,
     /// Memberships taken with PACKET_ADD_MEMBERSHIP.
-    pub memberships: usize,
+    pub mclist: Vec<PacketMc>,
+}
+
+/// A ring's geometry as sock_diag reports it (`struct packet_diag_ring`), the fields of
+/// `struct tpacket_req3` in the same order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PacketRingReq {
+    pub block_size: u32,
+    pub block_nr: u32,
+    pub frame_size: u32,
+    pub frame_nr: u32,
+    pub retire_tmo: u32,
+    pub sizeof_priv: u32,
+    pub features: u32,
+}
+
+impl PacketRingReq {
+    /// The bytes of the ring in a mapping of the socket.
+    pub fn bytes(&self) -> usize {
+        self.block_size as usize * self.block_nr as usize
+    }
+
+    /// `struct tpacket_req` (TPACKET_V1, V2) or `struct tpacket_req3` (V3), for setsockopt.
+    pub fn to_setsockopt(&self, v3: bool) -> Vec<u8> {
+        let mut f = vec![
+            self.block_size,
+            self.block_nr,
+            self.frame_size,
+            self.frame_nr,
+        ];
+        if v3 {
+            f.extend([self.retire_tmo, self.sizeof_priv, self.features]);
+        }
+        f.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+}
+
+/// One membership of a packet socket (`struct packet_diag_mclist`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PacketMc {
+    pub ifindex: u32,
+    /// How many times it was added.
+    pub count: u32,
+    /// PACKET_MR_MULTICAST, PACKET_MR_PROMISC, PACKET_MR_ALLMULTI, PACKET_MR_UNICAST.
+    pub mr_type: u16,
+    /// The address (as long as its `alen`).
+    pub addr: Vec<u8>,
+}
+
+/// A shared mapping of a descriptor in this process (a packet socket's rings), unmapped when
+/// dropped. The kernel may write into it at any time: it is read and written by copies only.
+pub struct SharedMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl SharedMap {
+    /// Maps `len` bytes of `fd` from offset 0, shared, readable (and writable if asked).
+    pub fn new(fd: RawFd, len: usize, writable: bool) -> SysResult<SharedMap> {
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        // SAFETY: a new mapping chosen by the kernel; nothing else refers to its range.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(SysError::last("mmap (MAP_SHARED)"));
+        }
+        Ok(SharedMap { ptr: p.cast(), len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `buf.len()` bytes from `offset` (panics past the end).
+    pub fn read(&self, offset: usize, buf: &mut [u8]) {
+        assert!(offset + buf.len() <= self.len, "read past a shared mapping");
+        // SAFETY: the range is inside the mapping, which lives as long as self; the bytes are
+        // copied (the kernel may change them meanwhile, which only makes the copy stale).
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), buf.as_mut_ptr(), buf.len()) }
+    }
+
+    /// Copies `data` to `offset` (panics past the end; the mapping must be writable).
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        assert!(
+            offset + data.len() <= self.len,
+            "write past a shared mapping"
+        );
+        // SAFETY: the range is inside the mapping, writable when made so (a write to a
+        // read-only one faults, as any would).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) }
+    }
+
+    /// The aligned 32-bit word at `offset`, read once (the kernel writes frame status words).
+    pub fn load_u32(&self, offset: usize) -> u32 {
+        assert!(
+            offset.is_multiple_of(4) && offset + 4 <= self.len,
+            "bad word offset"
+        );
+        // SAFETY: aligned, inside the mapping.
+        unsafe { std::ptr::read_volatile(self.ptr.add(offset).cast::<u32>()) }
+    }
+
+    /// Writes the aligned 32-bit word at `offset` at once.
+    pub fn store_u32(&self, offset: usize, v: u32) {
+        assert!(
+            offset.is_multiple_of(4) && offset + 4 <= self.len,
+            "bad word offset"
+        );
+        // SAFETY: aligned, inside the mapping.
+        unsafe { std::ptr::write_volatile(self.ptr.add(offset).cast::<u32>(), v) }
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A `struct packet_diag_ring` (seven 32-bit words) at `at` of `b`, `len` bytes long.
+fn ring_at(b: &[u8], at: usize, len: usize) -> Option<PacketRingReq> {
+    if len < 28 {
+        return None;
+    }
+    let w = |i: usize| u32_at(b, at + 4 * i);
+    Some(PacketRingReq {
+        block_size: w(0),
+        block_nr: w(1),
+        frame_size: w(2),
+        frame_nr: w(3),
+        retire_tmo: w(4),
+        sizeof_priv: w(5),
+        features: w(6),
+    })
 }
 
 /// Asks sock_diag about the packet socket with inode `ino` among those of our network
@@ -750,10 +887,23 @@ pub fn packet_diag(ino: u64) -> SysResult<Option<PacketDiag>> {
                             break;
                         }
                         match u16_at(p, a + 2) & 0x3fff {
-                            PACKET_DIAG_RX_RING => d.rx_ring = true,
-                            PACKET_DIAG_TX_RING => d.tx_ring = true,
+                            PACKET_DIAG_RX_RING => d.rx_ring = ring_at(p, a + 4, alen - 4),
+                            PACKET_DIAG_TX_RING => d.tx_ring = ring_at(p, a + 4, alen - 4),
                             // struct packet_diag_mclist: 44 bytes each.
-                            PACKET_DIAG_MCLIST => d.memberships = (alen - 4) / 44,
+                            PACKET_DIAG_MCLIST => {
+                                d.mclist = p[a + 4..a + alen]
+                                    .chunks_exact(44)
+                                    .map(|m| {
+                                        let alen = (u16_at(m, 10) as usize).min(32);
+                                        PacketMc {
+                                            ifindex: u32_at(m, 0),
+                                            count: u32_at(m, 4),
+                                            mr_type: u16_at(m, 8),
+                                            addr: m[12..12 + alen].to_vec(),
+                                        }
+                                    })
+                                    .collect()
+                            }
                             _ => {}
                         }
                         a += (alen + 3) & !3;

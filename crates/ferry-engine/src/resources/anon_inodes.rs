@@ -22,17 +22,18 @@
 //! - **inotify**: every watch is resolved to a path at checkpoint (from its file handle) and
 //!   re-added under its original watch descriptor. Events queued but not read yet cannot be
 //!   captured without consuming them: such an instance is refused.
-//! - **fanotify**: a notification group with inode marks; each marked object is resolved to a
-//!   path as an inotify watch is, and marked again (mask, ignored mask) in a group made with
-//!   the same flags, oldest mark first. Permission classes, mount and filesystem marks, and
+//! - **fanotify**: a notification group with inode, mount and filesystem marks; each marked
+//!   object is resolved to a path as an inotify watch is (a mount to its root in the process's
+//!   mountinfo, a filesystem to the root of a mount of it), and marked again (mask, ignored
+//!   mask) in a group made with the same flags, oldest mark first. Permission classes and
 //!   queued events are refused.
 
 use crate::error::{Context, Error, Result};
 use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{
-    EpollDesc, EpollItem, FanotifyDesc, FanotifyMark, FileDesc, FileKind, InotifyDesc,
-    InotifyWatch, Process, SignalfdDesc, TimerfdDesc,
+    EpollDesc, EpollItem, FanotifyDesc, FanotifyMark, FanotifyTarget, FileDesc, FileKind,
+    InotifyDesc, InotifyWatch, Process, SignalfdDesc, TimerfdDesc,
 };
 use ferry_sys::{anon_fds, fdops, pidfd};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -911,6 +912,8 @@ const FAN_CLASS_MASK: u32 = 0xc;
 const FAN_MARK_IGNORED_MASK: u32 = 0x20;
 const FAN_MARK_IGNORED_SURV_MODIFY: u32 = 0x40;
 const FAN_MARK_EVICTABLE: u32 = 0x200;
+const FAN_MARK_MOUNT: u32 = 0x10;
+const FAN_MARK_FILESYSTEM: u32 = 0x100;
 
 fn capture_fanotify(
     pid: i32,
@@ -946,17 +949,26 @@ fn capture_fanotify(
     let mut mounts = MountCache::default();
     let mut marks = Vec::new();
     for (k, v) in info.iter().filter(|(k, _)| k.starts_with("fanotify ")) {
-        match k.as_str() {
+        let target = match k.as_str() {
             "fanotify flags" => continue,
-            "fanotify ino" => {}
+            "fanotify ino" => FanotifyTarget::Inode,
+            "fanotify mnt_id" => FanotifyTarget::Mount,
+            "fanotify sdev" => FanotifyTarget::Filesystem,
             _ => {
                 return Err(refuse(format!(
-                    "its mark \"{k}:{v}\" is a mount or filesystem mark, which Ferry does not \
-                     rebuild yet"
+                    "its mark \"{k}:{v}\" is of a kind Ferry does not know"
                 )))
             }
-        }
+        };
         let f = fields(v);
+        if target != FanotifyTarget::Inode {
+            marks.push(
+                mount_mark(pid, target, &f).map_err(|why| {
+                    refuse(format!("its mark \"{k}:{v}\" cannot be rebuilt: {why}"))
+                })?,
+            );
+            continue;
+        }
         let parsed = (|| {
             let h = field(&f, "f_handle")?;
             let handle = (0..h.len() / 2)
@@ -992,6 +1004,7 @@ fn capture_fanotify(
             ))
         })?;
         marks.push(FanotifyMark {
+            target,
             path,
             dev,
             ino,
@@ -1009,10 +1022,70 @@ fn capture_fanotify(
     })
 }
 
+/// A mount mark (`fanotify mnt_id:ID mflags:.. mask:.. ignored_mask:..`) or a filesystem mark
+/// (`fanotify sdev:DEV ...`) of a group of `pid`: the mount's root, or the root of a mount of
+/// that filesystem (a whole one first), as the process sees it (its mountinfo), with the device
+/// and inode found there.
+fn mount_mark(
+    pid: i32,
+    target: FanotifyTarget,
+    f: &[(&str, &str)],
+) -> std::result::Result<FanotifyMark, String> {
+    let (Some(id), Some(mflags), Some(mask), Some(ignored_mask)) = (
+        hex(f, ""),
+        hex(f, "mflags"),
+        hex(f, "mask"),
+        hex(f, "ignored_mask"),
+    ) else {
+        return Err("its fields are unreadable".into());
+    };
+    let mflags = mflags as u32;
+    if mflags & !(FAN_MARK_IGNORED_SURV_MODIFY | FAN_MARK_EVICTABLE) != 0 {
+        return Err(format!("mark flags {mflags:#x} Ferry does not rebuild"));
+    }
+    let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .map_err(|e| format!("read /proc/{pid}/mountinfo: {e}"))?;
+    let mounts: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<&str>>())
+        .filter(|f| f.len() > 4)
+        .collect();
+    let found = match target {
+        FanotifyTarget::Mount => mounts
+            .iter()
+            .find(|m| m[0].parse::<u64>().ok() == Some(id))
+            .ok_or_else(|| format!("mount {id} is not in the process's mount namespace"))?,
+        _ => {
+            let dev = user_dev(id);
+            let want = format!("{}:{}", libc::major(dev), libc::minor(dev));
+            mounts
+                .iter()
+                .filter(|m| m[2] == want)
+                .min_by_key(|m| m[3] != "/")
+                .ok_or_else(|| format!("no mount of device {want} is in its mount namespace"))?
+        }
+    };
+    let path = unescape(found[4]);
+    let md = std::fs::metadata(format!("/proc/{pid}/root{path}"))
+        .map_err(|e| format!("stat {path}: {e}"))?;
+    Ok(FanotifyMark {
+        target,
+        path,
+        dev: md.dev(),
+        ino: md.ino(),
+        mflags,
+        mask,
+        ignored_mask,
+        handle_type: 0,
+        handle: Vec::new(),
+    })
+}
+
 fn open_fanotify(
     d: &FileDesc,
     n: &FanotifyDesc,
     creds: &ferry_sys::fsid::FsCreds,
+    mount_root: Option<&str>,
 ) -> Result<OwnedFd> {
     let me = std::process::id() as i32;
     // With the very flags of the original (fdinfo shows them), FAN_CLOEXEC and FAN_NONBLOCK
@@ -1032,12 +1105,27 @@ fn open_fanotify(
     let raw = fd.as_raw_fd();
     // fdinfo lists a group's marks newest first: added oldest first, they list as they did.
     for m in n.marks.iter().rev() {
+        // A mount is found in the tree's mount namespace (its path from that root, which is
+        // ours to open: the process's rights are for its files).
+        let root = match (m.target, mount_root) {
+            (FanotifyTarget::Mount, Some(r)) => {
+                Some(std::fs::File::open(r).map_err(|e| Error::Restore {
+                    pid: me,
+                    what: format!("file {}: open {r} to mark {} again: {e}", d.id, m.path),
+                })?)
+            }
+            _ => None,
+        };
         // Added with the process's rights (the kernel checks read permission on the marked
         // object as the caller), on the object captured, found without following links.
         let added = ferry_sys::fsid::with_fs_creds(creds, || -> std::result::Result<(), String> {
+            let (dirfd, path) = match &root {
+                Some(r) => (r.as_raw_fd(), format!(".{}", m.path)),
+                None => (libc::AT_FDCWD, m.path.clone()),
+            };
             let o = ferry_sys::fsid::openat2(
-                libc::AT_FDCWD,
-                &m.path,
+                dirfd,
+                &path,
                 libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                 0,
                 libc::RESOLVE_NO_SYMLINKS,
@@ -1058,7 +1146,12 @@ fn open_fanotify(
                     m.dev
                 ));
             }
-            let evictable = m.mflags & FAN_MARK_EVICTABLE;
+            let evictable = m.mflags & FAN_MARK_EVICTABLE
+                | match m.target {
+                    FanotifyTarget::Inode => 0,
+                    FanotifyTarget::Mount => FAN_MARK_MOUNT,
+                    FanotifyTarget::Filesystem => FAN_MARK_FILESYSTEM,
+                };
             if m.mask != 0 {
                 anon_fds::fanotify_mark(raw, libc::FAN_MARK_ADD | evictable, m.mask, &through)
                     .map_err(|e| e.to_string())?;
@@ -1093,7 +1186,14 @@ fn open_fanotify(
 
 /// Recreates the open file description `d` in this (the restoring) process; what it does by
 /// path (inotify watches) with the file-system rights `creds` of the process holding it.
-pub fn open(d: &FileDesc, creds: &ferry_sys::fsid::FsCreds) -> Result<OwnedFd> {
+///
+/// `mount_root`: where the tree's mount namespace is seen from here (`/proc/PID/root` of a
+/// process in it), when it is rebuilt in one of its own: fanotify mount marks are made there.
+pub fn open(
+    d: &FileDesc,
+    creds: &ferry_sys::fsid::FsCreds,
+    mount_root: Option<&str>,
+) -> Result<OwnedFd> {
     let me = std::process::id() as i32;
     match &d.kind {
         FileKind::Epoll(e) => {
@@ -1119,7 +1219,7 @@ pub fn open(d: &FileDesc, creds: &ferry_sys::fsid::FsCreds) -> Result<OwnedFd> {
             format!("recreate signalfd {} (mask {:#x})", d.id, s.sigmask)
         }),
         FileKind::Inotify(n) => open_inotify(d, n, creds),
-        FileKind::Fanotify(n) => open_fanotify(d, n, creds),
+        FileKind::Fanotify(n) => open_fanotify(d, n, creds, mount_root),
         _ => Err(Error::BadImage(format!(
             "file {}: {:?} is not an anonymous-inode descriptor",
             d.id, d.kind

@@ -728,7 +728,9 @@ pub fn open_descriptions(
                     .get(&d.id)
                     .map(|(p, _)| crate::reopen::creds_of(p))
                     .unwrap_or_default();
-                super::anon_inodes::open(d, &creds)?
+                // (A mount is marked in the tree's own mount namespace.)
+                let root = guest.map(|g| format!("/proc/{}/root", g.init_host_pid()));
+                super::anon_inodes::open(d, &creds, root.as_deref())?
             }
             FileKind::Socket(_) => super::sockets::open(d, tree, guest.map(|g| g.pidfd()), &out)?,
             FileKind::Tty(_) => super::tty::open(d, tree, &dev, objects.caller())?,
@@ -942,12 +944,25 @@ pub fn restore_owners(
             continue;
         }
         let name = file_name(d);
+        // The owner as `struct f_owner_ex` (set below, and again after a lease taken at
+        // resume, which makes its taker the owner).
+        let owner = d.owner.map(|o| {
+            let ty = match o.kind {
+                OwnerKind::Thread => fdops::F_OWNER_TID,
+                OwnerKind::Process => fdops::F_OWNER_PID,
+                OwnerKind::Group => fdops::F_OWNER_PGRP,
+            };
+            let mut b = [0u8; 8];
+            b[0..4].copy_from_slice(&ty.to_ne_bytes());
+            b[4..8].copy_from_slice(&o.pid.to_ne_bytes());
+            b
+        });
         for l in d
             .locks
             .iter()
             .filter(|l| l.kind == ferry_image::LockKind::Lease)
         {
-            super::locks::take_lease(h, fd.fd, l, &name)?;
+            super::locks::take_lease(h, fd.fd, l, &name, owner)?;
         }
         let inj = h.injector();
         let failed = |what: String, r: i64| Error::Restore {
@@ -958,15 +973,7 @@ pub fn restore_owners(
                 std::io::Error::from_raw_os_error(-r as i32)
             ),
         };
-        if let Some(o) = d.owner {
-            let ty = match o.kind {
-                OwnerKind::Thread => fdops::F_OWNER_TID,
-                OwnerKind::Process => fdops::F_OWNER_PID,
-                OwnerKind::Group => fdops::F_OWNER_PGRP,
-            };
-            let mut b = [0u8; 8];
-            b[0..4].copy_from_slice(&ty.to_ne_bytes());
-            b[4..8].copy_from_slice(&o.pid.to_ne_bytes());
+        if let (Some(o), Some(b)) = (d.owner, owner) {
             let arg = inj.write_scratch(0, &b)?;
             let r = inj.syscall_raw(
                 "fcntl(F_SETOWN_EX)",

@@ -66,14 +66,6 @@ fn parse(line: &str) -> std::result::Result<FileLock, String> {
                 "READ" => false,
                 _ => return Err("that is a lease of an unknown type".into()),
             };
-            if write {
-                return Err(
-                    "that is a write lease: the restore opens the file again, which \
-                            breaks a write lease the original still holds (frozen until the \
-                            commit, in a migration) and waits for the break"
-                        .into(),
-                );
-            }
             return Ok(FileLock {
                 kind: LockKind::Lease,
                 write,
@@ -174,13 +166,17 @@ pub struct Deferred {
     posix: Vec<DeferredPosix>,
 }
 
-/// A POSIX lock process `pid` (`host` here) is to take through its descriptor `fd`.
+/// A POSIX lock (or a write lease) process `pid` (`host` here) is to take through its
+/// descriptor `fd`.
 struct DeferredPosix {
     pid: i32,
     host: i32,
     fd: i32,
     lock: FileLock,
     path: String,
+    /// For a lease: the signal-driven I/O owner (`struct f_owner_ex`) to set again after it
+    /// (F_SETLEASE makes the caller the owner), if the description had one.
+    owner: Option<[u8; 8]>,
 }
 
 impl Deferred {
@@ -228,6 +224,23 @@ fn take_posix_at_resume(d: &DeferredPosix, deadline: Instant, wait: Duration) ->
     let what = format!("fd {}: take the {} of {}", d.fd, describe(&d.lock), d.path);
     crate::late::with_injector(d.pid, d.host, &what, |inj| loop {
         if try_take_posix(inj, d.pid, d.fd, &d.lock, &d.path)? {
+            if let Some(owner) = d.owner {
+                let arg = inj.write_scratch(0, &owner)?;
+                let r = inj.syscall_raw(
+                    "fcntl(F_SETOWN_EX)",
+                    libc::SYS_fcntl,
+                    &[d.fd as u64, ferry_sys::fdops::F_SETOWN_EX as u64, arg],
+                )?;
+                if r < 0 {
+                    return Err(Error::Restore {
+                        pid: d.pid,
+                        what: format!(
+                            "{what}: set its signal-driven I/O owner again: {}",
+                            std::io::Error::from_raw_os_error(-r as i32)
+                        ),
+                    });
+                }
+            }
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -243,9 +256,13 @@ fn take_posix_at_resume(d: &DeferredPosix, deadline: Instant, wait: Duration) ->
     })
 }
 
-/// Tries once to take POSIX lock `l` in process `pid` (injecting through `inj`), through its
-/// descriptor `fd` (of `path`): Ok(false) if another process holds it.
+/// Tries once to take POSIX lock (or lease) `l` in process `pid` (injecting through `inj`),
+/// through its descriptor `fd` (of `path`): Ok(false) if another process holds it (or, for
+/// a lease, has the file open in a way it forbids).
 fn try_take_posix(inj: &Injector, pid: i32, fd: i32, l: &FileLock, path: &str) -> Result<bool> {
+    if l.kind == LockKind::Lease {
+        return try_take_lease(inj, pid, fd, l, path);
+    }
     let arg = inj.write_scratch(0, &flock_struct(l))?;
     let r = inj.syscall_raw(
         "fcntl(F_SETLK)",
@@ -306,6 +323,7 @@ pub fn take_posix(h: &Husk, fd: i32, locks: &[FileLock], path: &str) -> Result<(
                     fd,
                     lock: l.clone(),
                     path: path.to_string(),
+                    owner: None,
                 })
             });
         }
@@ -315,30 +333,70 @@ pub fn take_posix(h: &Husk, fd: i32, locks: &[FileLock], path: &str) -> Result<(
 
 /// Takes lease `l` again in rebuilt process `h`, through its descriptor `fd` of `path` (an
 /// injected fcntl F_SETLEASE: the lease's signals go to that process, naming `fd`, as they
-/// did for the process that took it).
-pub fn take_lease(h: &Husk, fd: i32, l: &FileLock, path: &str) -> Result<()> {
+/// did for the process that took it). A write lease that another process's open still
+/// forbids (the original of a migration on one machine, which let go of it but still has the
+/// file open until the commit point) is taken at resume instead, once the original is gone,
+/// and `owner` (a `struct f_owner_ex`, if the description had an owner) set again after it.
+pub fn take_lease(
+    h: &Husk,
+    fd: i32,
+    l: &FileLock,
+    path: &str,
+    owner: Option<[u8; 8]>,
+) -> Result<()> {
+    if try_take_lease(h.injector(), h.pid, fd, l, path)? {
+        return Ok(());
+    }
+    if !l.write {
+        return Err(Error::Restore {
+            pid: h.pid,
+            what: format!(
+                "fd {fd}: take the {} of {path} again: another process has the file open in \
+                 a way the lease forbids",
+                describe(l)
+            ),
+        });
+    }
+    DEFERRED.with(|d| {
+        d.borrow_mut().posix.push(DeferredPosix {
+            pid: h.pid,
+            host: h.host,
+            fd,
+            lock: l.clone(),
+            path: path.to_string(),
+            owner,
+        })
+    });
+    Ok(())
+}
+
+/// Tries once to take lease `l` through `fd`: Ok(false) if another process has the file open
+/// in a way the lease forbids.
+fn try_take_lease(inj: &Injector, pid: i32, fd: i32, l: &FileLock, path: &str) -> Result<bool> {
     let arg = if l.write {
         libc::F_WRLCK
     } else {
         libc::F_RDLCK
     };
-    let r = h.injector().syscall_raw(
+    let r = inj.syscall_raw(
         "fcntl(F_SETLEASE)",
         libc::SYS_fcntl,
         &[fd as u64, libc::F_SETLEASE as u64, arg as u64],
     )?;
+    if r == -(libc::EAGAIN as i64) {
+        return Ok(false);
+    }
     if r < 0 {
-        let why = if r == -(libc::EAGAIN as i64) {
-            "another process has the file open in a way the lease forbids".to_string()
-        } else {
-            std::io::Error::from_raw_os_error(-r as i32).to_string()
-        };
         return Err(Error::Restore {
-            pid: h.pid,
-            what: format!("fd {fd}: take the {} of {path} again: {why}", describe(l)),
+            pid,
+            what: format!(
+                "fd {fd}: take the {} of {path} again: {}",
+                describe(l),
+                std::io::Error::from_raw_os_error(-r as i32)
+            ),
         });
     }
-    Ok(())
+    Ok(true)
 }
 
 /// The leases of this machine (/proc/locks), as (device, inode, write), read once for a
@@ -379,7 +437,8 @@ mod tests {
         assert_eq!((l.kind, l.start, l.end), (LockKind::Ofd, 200, Some(299)));
         let l = parse("4: LEASE  ACTIVE    READ 1 fe:00:1 0 EOF").unwrap();
         assert_eq!((l.kind, l.write), (LockKind::Lease, false));
-        assert!(parse("4: LEASE  ACTIVE    WRITE 1 fe:00:1 0 EOF").is_err());
+        let l = parse("4: LEASE  ACTIVE    WRITE 1 fe:00:1 0 EOF").unwrap();
+        assert_eq!((l.kind, l.write), (LockKind::Lease, true));
         assert!(parse("4: LEASE  BREAKING  READ 1 fe:00:1 0 EOF").is_err());
         assert!(parse("4: DELEG  ACTIVE    READ 1 fe:00:1 0 EOF").is_err());
         assert!(parse("garbage").is_err());

@@ -53,6 +53,11 @@ pub fn capture(pid: i32, maps: &[MapEntry], objects: &mut CaptureObjects) -> Res
             _ if super::aio::is_ring(m) => {
                 Backing::AioRing(super::aio::capture(pid, m, &mut objects.aio_rings)?)
             }
+            // A packet socket's rings (checked once its socket is captured:
+            // sockets::check_ring_mappings).
+            name if name.starts_with("socket:[") && m.shared() => {
+                Backing::PacketRing { ino: m.ino }
+            }
             _ if m.name.starts_with('/') => {
                 let ghost = if m.deleted() {
                     Some(objects.ghost_for_mapping(pid, m)?)
@@ -674,6 +679,15 @@ pub fn restore_mappings_keeping(
                 h.batch(&after, |_| format!("advise {:x}-{:x}", v.start, v.end))?;
                 continue;
             }
+            Backing::PacketRing { ino } => Some(std::fs::File::from(
+                crate::resources::sockets::ring_socket(*ino).ok_or_else(|| Error::Restore {
+                    pid,
+                    what: format!(
+                        "map {:x}-{:x}: socket:[{ino}] was not rebuilt with its rings",
+                        v.start, v.end
+                    ),
+                })?,
+            )),
             Backing::Shmem { object } => Some(
                 objects
                     .shmem_file(*object)?

@@ -6,6 +6,7 @@
 use anyhow::{Context, Result};
 use ferry_engine::checkpoint::capture_keeping;
 use ferry_engine::freeze::FrozenTree;
+use ferry_engine::leases::WriteLeasesAside;
 use ferry_engine::names::SocketFilesAside;
 use ferry_transport::frame::blocking::{read_frame, write_end, write_msg, DataReader, DataWriter};
 use ferry_transport::{Frame, Msg};
@@ -347,12 +348,15 @@ pub fn capture_worker(
     let framed = BufWriter::with_capacity(1 << 20, DataWriter(&mut out));
     // The socket files go aside once the tree is captured and before its image leaves: the
     // destination rebuilds as the image streams in, binding them as soon as it has the tree.
+    // So do its write leases: the destination opens their files again as it rebuilds.
     let mut aside = None;
+    let mut leases = None;
     let lazily: Option<ferry_engine::checkpoint::KeepRanges<'_>> = hybrid.then_some(&lazily);
     // (A lazy or hybrid move does not look for copy-on-write sharing: see capture_keeping.)
     let captured = capture_keeping(&frozen, framed, &keep, lazily, lazy, None, || {
         timeline.push(stamp("source: non-memory state captured"));
         aside = Some(SocketFilesAside::set_aside(&frozen)?);
+        leases = Some(WriteLeasesAside::set_aside(&frozen)?);
         Ok(())
     })
     .map_err(anyhow::Error::from)
@@ -367,11 +371,14 @@ pub fn capture_worker(
         Ok(report)
     });
     timeline.push(stamp("source: image written"));
-    let (report, aside) = match (captured, aside) {
-        (Ok(r), Some(aside)) => (r, aside),
-        (r, aside) => {
-            // The original gets its socket files back before it runs again.
+    let (report, aside, leases) = match (captured, aside, leases) {
+        (Ok(r), Some(aside), Some(leases)) => (r, aside, leases),
+        (r, aside, leases) => {
+            // The original gets its socket files and write leases back before it runs again.
             if let Some(Err(e)) = aside.map(|a| a.put_back()) {
+                log::error!("PID {pid}: {e}");
+            }
+            if let Some(Err(e)) = leases.map(|l| l.put_back(&frozen)) {
                 log::error!("PID {pid}: {e}");
             }
             frozen.thaw();
@@ -474,8 +481,11 @@ pub fn capture_worker(
             let _ = write_msg(&mut out, &Msg::Killed);
         }
         _ => {
-            // The original gets its socket files back before it runs again.
+            // The original gets its socket files and write leases back before it runs again.
             if let Err(e) = aside.put_back() {
+                log::error!("PID {pid}: {e}");
+            }
+            if let Err(e) = leases.put_back(&frozen) {
                 log::error!("PID {pid}: {e}");
             }
             frozen.thaw();

@@ -446,6 +446,94 @@ pub(super) fn tcp_connection_after_abort() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A process holding a write lease on `leased` (opened read-write), which reports every 20 ms
+/// in `DIR/status`: "ROUND LEASE PID", LEASE as F_GETLEASE reads it (1: F_WRLCK).
+pub(super) const WRITE_LEASE: &str = "import fcntl,os,time\n\
+    fd=os.open('leased',os.O_RDWR|os.O_CREAT,0o644)\n\
+    fcntl.fcntl(fd,fcntl.F_SETLEASE,fcntl.F_WRLCK)\n\
+    n=0\n\
+    while True:\n\
+    \x20   l=fcntl.fcntl(fd,fcntl.F_GETLEASE)\n\
+    \x20   open('status.tmp','w').write('%d %d %d'%(n,l,os.getpid()))\n\
+    \x20   os.rename('status.tmp','status')\n\
+    \x20   n+=1; time.sleep(0.02)\n";
+
+/// Waits until the [`WRITE_LEASE`] process in `dir` has reported `more` rounds more, the last
+/// one as PID `pid` holding its write lease.
+fn write_lease_held(dir: &Path, pid: i32, more: u64, when: &str) -> Result<(), Failed> {
+    let status = || -> Option<(u64, i32, i32)> {
+        let text = std::fs::read_to_string(dir.join("status")).ok()?;
+        let mut w = text.split_whitespace();
+        Some((
+            w.next()?.parse().ok()?,
+            w.next()?.parse().ok()?,
+            w.next()?.parse().ok()?,
+        ))
+    };
+    let start = status().map_or(0, |s| s.0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match status() {
+            Some((n, lease, p)) if n >= start + more => {
+                if (lease, p) != (libc::F_WRLCK, pid) {
+                    return Err(format!(
+                        "{when}: round {n}: F_GETLEASE says {lease} (not F_WRLCK, {}), as PID {p} \
+                         (expected {pid})",
+                        libc::F_WRLCK
+                    )
+                    .into());
+                }
+                return Ok(());
+            }
+            _ if Instant::now() > deadline => {
+                return Err(format!("{when}: the process stalled at {:?}", status()).into())
+            }
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// A write lease: the source lets go of it while the copy is rebuilt (the copy opens the file
+/// again on the same kernel); the destination aborts after rebuilding, and the original must
+/// hold its lease again; then a migration that commits gives the lease to the copy.
+pub(super) fn write_lease_after_abort() -> Result<(), Failed> {
+    let c = Cluster::up_with(
+        "lease",
+        3,
+        &[("FAILPOINTS", "b:abort-after-rebuilt=return")],
+    );
+    let dir = scratch("migration", "lease");
+    let (out, err) = victim_output(&dir, "write-lease");
+    let child = Command::new("python3")
+        .args(["-c", WRITE_LEASE])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("start python3");
+    let server = UnixServer(child);
+    let pid = server.0.id() as i32;
+    write_lease_held(&dir, pid, 2, "before")?;
+
+    let e = migrate(&c, "a", pid, "b").expect_err("b aborts after rebuilding");
+    assert!(e.contains("abort-after-rebuilt"), "{e}");
+    assert!(pid_alive(pid), "the original died in an aborted migration");
+    write_lease_held(&dir, pid, 5, "after the abort")?;
+
+    let r = migrate(&c, "a", pid, "c").map_err(|e| format!("a -> c: {e}"))?;
+    write_lease_held(&dir, pid, 5, "in the copy")?;
+    kill_on(
+        &c,
+        "c",
+        r["dest_pid"]
+            .as_i64()
+            .ok_or(format!("no dest_pid in {r}"))?,
+    );
+    drop(server);
+    Ok(())
+}
+
 /// Speaks TLS to `addr` with openssl, offering `cert`/`key` (or none), sends `payload`, and
 /// returns what openssl printed.
 pub(super) fn openssl_send(

@@ -61,6 +61,10 @@ fn main() {
             "tcp_connection_works_on_after_an_abort_and_moves",
             tcp_connection_after_abort,
         ),
+        Trial::test(
+            "write_lease_comes_back_after_an_abort_and_moves",
+            write_lease_after_abort,
+        ),
         Trial::test("foreign_certificate_and_garbage_refused", hostile_peers),
         Trial::test(
             "unmovable_state_refused_and_left_running",

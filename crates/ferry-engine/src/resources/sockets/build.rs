@@ -366,6 +366,7 @@ impl<'a> Builder<'a> {
     /// Every socket not made as part of a pair; TCP and UDP ones completely. Established TCP
     /// connections come last, so that the tree's listeners have their ports first.
     fn create_rest(&mut self) -> Result<()> {
+        self.packet_rings()?;
         for i in 0..self.socks.len() {
             if self.fds[i].is_some() || self.sock(i).tcp.is_some() {
                 continue;

@@ -93,6 +93,7 @@ pub use addr::{decode_addr, describe, encode_addr};
 pub use build::{after_install, open, take_relayed};
 pub use capture::{classify, finish_capture};
 pub use deferred::Deferred;
+pub use packet::{check_ring_mappings, ring_socket};
 pub use relayed::{name_bytes, relayed_files, relayed_names, RelayedNames};
 pub use scm::InFlight;
 pub(crate) use scm::{holders_in_flight, may_fly, name_carrier};
