@@ -665,6 +665,7 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
             write_msg(&mut conn.stream, &reply).await?;
             Ok(())
         }
+        m @ Msg::HomeCall { .. } => crate::deputies::serve_calls(node, conn, m).await,
         Msg::CheckpointBody { pid } => {
             crate::recovery::serve_checkpoint(node, &mut conn, pid).await
         }

@@ -104,7 +104,7 @@ impl Forks {
 
     /// Logs `text`, and has the node's daemon log it ("NS log TEXT" on the report socket): this
     /// init's own stderr is /dev/null.
-    fn say(&self, text: &str) {
+    pub fn say(&self, text: &str) {
         log::warn!("guest init: {text}");
         if let Some((sock, ns)) = &self.report {
             let _ = sock.send(format!("{ns} log {text}").as_bytes());
@@ -121,6 +121,20 @@ impl Forks {
 
     /// Asks home, through the daemon, for the PID of a child of `parent`.
     fn ask_home(&self, parent: i32) -> Result<i32, String> {
+        let text = self.ask(&format!("fork {parent}"))?;
+        match text.split_at_checked(1) {
+            Some(("P", pid)) => pid
+                .trim()
+                .parse::<i32>()
+                .map_err(|_| format!("a bad answer {text:?}")),
+            Some(("E", why)) => Err(why.to_string()),
+            _ => Err("the daemon closed the question unanswered".into()),
+        }
+    }
+
+    /// Asks the daemon `question` ("NS QUESTION" on the report socket, with one end of a
+    /// socket pair for the answer) and returns its answer, waiting 45 s at most.
+    pub fn ask(&self, question: &str) -> Result<String, String> {
         let (sock, ns) = self
             .report
             .as_ref()
@@ -132,7 +146,7 @@ impl Forks {
         .map_err(|e| format!("make a socket pair: {e}"))?;
         ferry_sys::sockets::send(
             sock.as_raw_fd(),
-            format!("{ns} fork {parent}\n").as_bytes(),
+            format!("{ns} {question}\n").as_bytes(),
             None,
             &[theirs.as_raw_fd()],
             0,
@@ -146,15 +160,7 @@ impl Forks {
         }
         let r = ferry_sys::sockets::recv(ours.as_raw_fd(), 4096, 0)
             .map_err(|e| format!("read the answer: {e}"))?;
-        let text = String::from_utf8_lossy(&r.data).into_owned();
-        match text.split_at_checked(1) {
-            Some(("P", pid)) => pid
-                .trim()
-                .parse::<i32>()
-                .map_err(|_| format!("a bad answer {text:?}")),
-            Some(("E", why)) => Err(why.to_string()),
-            _ => Err("the daemon closed the question unanswered".into()),
-        }
+        Ok(String::from_utf8_lossy(&r.data).into_owned())
     }
 
     /// Prepares clone call `n` (already known to be one of CLONES): `Ok(None)` lets a thread

@@ -11,7 +11,7 @@
 //! In a body's namespaces (`--home`), it is also the supervisor of Ferry's seccomp filter: the
 //! listeners of the tree's processes come through the hold socket (SCM_RIGHTS), and it answers
 //! `getppid`, `getpgrp`, `getpgid` and `getsid` with the values the home gave (see
-//! [`Supervisor`]), and `getsockname` and `getpeername` of the tree's relayed sockets with the
+//! [`Supervisor`]), signals to processes at home (super::guest_kills), and `getsockname` and `getpeername` of the tree's relayed sockets with the
 //! names they had at home (their filters hand those over only in processes that hold one). It names its UTS namespace after the home (`--hostname`). If it dies, the
 //! kernel kills every process of its namespace: no body ever sees ENOSYS from a call nobody
 //! answers.
@@ -75,7 +75,7 @@ fn parse_home(s: &str) -> Result<HomeIds> {
 
 /// Parent, process group and session of thread `tid` (this namespace's numbers), from
 /// /proc/TID/stat: the cheapest of /proc's files that has them.
-fn ids_of(tid: i32) -> Option<(i32, i32, i32)> {
+pub(crate) fn ids_of(tid: i32) -> Option<(i32, i32, i32)> {
     let s = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
     // "tid (comm) state ppid pgrp session ...": comm may hold anything but its last ')'.
     let mut f = s[s.rfind(')')? + 1..].split_whitespace().skip(1);
@@ -329,6 +329,26 @@ impl Supervisor {
         Answer::Value(0)
     }
 
+    /// A signal sent by a process of the body (`n`, from `listener`): one to a process of the
+    /// body's namespace goes on in the kernel, any other is made at home by the caller's
+    /// deputy (super::guest_kills).
+    fn kill(&self, n: &ferry_sys::seccomp::Notif, listener: i32) -> Answer {
+        use super::guest_kills::{at_home, target, Target};
+        let args: [u64; 6] = n.args;
+        match target(n.nr as i64, &args, n.pid, self.home.root, self.home.pgid) {
+            Target::Here => Answer::Kernel,
+            Target::Home { info } => {
+                let Some(pid) = tgid_of(n.pid) else {
+                    return Answer::Errno(libc::ESRCH);
+                };
+                match at_home(&self.forks, n, listener, pid, info) {
+                    Ok(v) => Answer::Value(v),
+                    Err(e) => Answer::Errno(e),
+                }
+            }
+        }
+    }
+
     /// The answer to notification `n`: a value, or an errno.
     fn answer(&self, n: &ferry_sys::seccomp::Notif) -> std::result::Result<i64, i32> {
         let h = self.home;
@@ -395,6 +415,8 @@ impl Supervisor {
                 }
                 Err(e) => Answer::Errno(e),
             }
+        } else if super::guest_kills::is_kill(nr) {
+            self.kill(&n, fd)
         } else if nr == libc::SYS_getsockname || nr == libc::SYS_getpeername {
             self.name(&n, fd)
         } else if nr == libc::SYS_fstat || nr == libc::SYS_newfstatat || nr == libc::SYS_statx {

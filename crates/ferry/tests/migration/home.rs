@@ -887,7 +887,7 @@ until('end')
 "#;
 
 /// Waits up to 20 s for `cond`.
-fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<(), Failed> {
+pub(super) fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<(), Failed> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cond() {
         if Instant::now() > deadline {

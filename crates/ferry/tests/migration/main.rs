@@ -13,11 +13,13 @@
 mod common;
 mod faults;
 mod home;
+mod kills;
 mod onward;
 mod relays;
 
 use faults::*;
 use home::*;
+use kills::*;
 use onward::*;
 use relays::*;
 
@@ -166,6 +168,10 @@ fn main() {
         Trial::test(
             "a_moved_process_keeps_its_home_identities",
             keeps_home_identities,
+        ),
+        Trial::test(
+            "a_body_signals_processes_at_home_as_it_did_there",
+            a_body_signals_processes_at_home,
         ),
         Trial::test(
             "a_body_whose_supervisor_dies_is_killed_and_its_parent_told",
