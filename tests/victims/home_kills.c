@@ -13,6 +13,9 @@
  *   sigqueue PID SIG V    sigqueue(PID, SIG, V)
  *   loop PID COUNT        COUNT times kill(PID, 0); appends "N RC ERRNO NS" with NS the
  *                         nanoseconds per call
+ *   setpgid PID PGID      setpgid(PID, PGID)
+ *   setsid                setsid()
+ *   getpgrp, getsid       getpgrp(), getsid(0) (RC is the group or session)
  * Each SIGUSR1 it receives appends a line "usr1" to DIR/sigs. On DIR/done it exits with 3.
  */
 #define _GNU_SOURCE
@@ -93,7 +96,7 @@ int main(int argc, char **argv) {
         snprintf(p, sizeof p, "%s/%s", dir, ask);
         char cmd[64] = "", a[64] = "", b[64] = "", c[64] = "";
         f = fopen(p, "r");
-        if (!f || fscanf(f, "%63s %63s %63s %63s", cmd, a, b, c) < 2) {
+        if (!f || fscanf(f, "%63s %63s %63s %63s", cmd, a, b, c) < 1) {
             if (f)
                 fclose(f);
             usleep(10000);
@@ -116,6 +119,14 @@ int main(int argc, char **argv) {
         } else if (strcmp(cmd, "sigqueue") == 0) {
             union sigval v = {.sival_int = atoi(c)};
             rc = sigqueue(pid_of(a), atoi(b), v);
+        } else if (strcmp(cmd, "setpgid") == 0) {
+            rc = setpgid(pid_of(a), atoi(b));
+        } else if (strcmp(cmd, "setsid") == 0) {
+            rc = setsid();
+        } else if (strcmp(cmd, "getpgrp") == 0) {
+            rc = getpgrp();
+        } else if (strcmp(cmd, "getsid") == 0) {
+            rc = getsid(0);
         } else if (strcmp(cmd, "loop") == 0) {
             pid_t t = pid_of(a);
             long count = atol(b);
@@ -133,7 +144,7 @@ int main(int argc, char **argv) {
         } else {
             rc = -2;
         }
-        err = rc ? errno : 0;
+        err = rc < 0 ? errno : 0;
         snprintf(line, sizeof line, "%d %ld %d\n", n, rc, err);
         append("out", line);
         n++;

@@ -1071,6 +1071,22 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
             tokio::spawn(async move { calls::answer_body(&node, q, answer).await });
             continue;
         }
+        if let Some((ns, ppid, pgid, sid)) = ids_report(&line) {
+            // The root's group or session at home changed (a setpgid or setsid of its own,
+            // made there too): its next move carries the new ones.
+            let guest =
+                node.guests.list().into_iter().find(|g| {
+                    g.home_ids.is_some() && pid_ns(g.pid).as_deref() == Some(ns.as_str())
+                });
+            if let Some(mut g) = guest {
+                if let Some(h) = g.home_ids.as_mut() {
+                    (h.ppid, h.pgid, h.sid) = (ppid, pgid, sid);
+                }
+                tracing::info!(event = "body-ids", ns = %ns, pid = g.pid, ppid, pgid, sid);
+                node.guests.add(g);
+            }
+            continue;
+        }
         let Some((home, msg)) = node.bodies.report(&line) else {
             continue;
         };
@@ -1100,6 +1116,20 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
             }
         });
     }
+}
+
+/// A guest init's report "NS ids PPID PGID SID": its tree's root has these at home now.
+fn ids_report(line: &str) -> Option<(String, i32, i32, i32)> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let [ns, "ids", ppid, pgid, sid] = f[..] else {
+        return None;
+    };
+    Some((
+        ns.to_string(),
+        ppid.parse().ok()?,
+        pgid.parse().ok()?,
+        sid.parse().ok()?,
+    ))
 }
 
 /// A guest init's question "NS fork PID": process PID of its body is forking.

@@ -573,7 +573,7 @@ impl Deputies {
     }
 
     /// Body `pid` made a call only its home can answer (one of [`HOME_CALLS`]: a signal to a
-    /// process at home): its deputy makes it here, injected, with `args` (six at most) and, for
+    /// process at home, or a change of its group or session): its deputy makes it here, injected, with `args` (six at most) and, for
     /// a call that takes a siginfo, `data` (its bytes, from the body) in the deputy's scratch
     /// page, its pointer argument pointing there. The kernel checks the deputy's credentials,
     /// the process's own at home, as it would have had it never left, and the signal's sender
@@ -1059,9 +1059,12 @@ impl Deputies {
     }
 }
 
-/// The calls a body's deputy makes at home for it ([`Deputies::call`]): x86_64 number, name,
+/// The calls a body's deputy makes at home for it ([`Deputies::call`]: a signal to a process
+/// at home, a change of its group or session): x86_64 number, name,
 /// and the argument that points to a siginfo, for those that take one.
-pub const HOME_CALLS: [(i64, &str, Option<usize>); 5] = [
+pub const HOME_CALLS: [(i64, &str, Option<usize>); 7] = [
+    (libc::SYS_setpgid, "setpgid", None),
+    (libc::SYS_setsid, "setsid", None),
     (libc::SYS_kill, "kill", None),
     (libc::SYS_tkill, "tkill", None),
     (libc::SYS_tgkill, "tgkill", None),

@@ -235,6 +235,16 @@ pub const KILLS: [(u32, &str); 5] = [
     (libc::SYS_rt_tgsigqueueinfo as u32, "rt_tgsigqueueinfo"),
 ];
 
+/// The calls that change a process's group or session: handed to the supervisor, which has
+/// the caller's deputy make the same call at home first (so the home's job control and
+/// `getpgid` from home see the change, or the home's kernel refuses it), then lets it go on in
+/// the kernel, or, for the tree's root, whose group and session in the body stand for its home
+/// ones, answers with what home said and keeps the new values.
+pub const GROUPS: [(u32, &str); 2] = [
+    (libc::SYS_setpgid as u32, "setpgid"),
+    (libc::SYS_setsid as u32, "setsid"),
+];
+
 /// Handed to the supervisor too, but only by the filter of a process that holds a relayed
 /// socket (`SocketDesc::relayed`): the supervisor answers them with the original's names (and
 /// inode, for fstat) for that socket and lets them run in the kernel for anything else.
@@ -276,7 +286,8 @@ fn insn(code: u16, jt: u8, jf: u8, k: u32) -> [u8; 8] {
     b
 }
 
-/// Ferry's filter: the calls of [`FORWARDED`], [`CLONES`] and [`KILLS`] (native x86_64 ones),
+/// Ferry's filter: the calls of [`FORWARDED`], [`CLONES`], [`KILLS`] and [`GROUPS`] (native
+/// x86_64 ones),
 /// and with `names` those of
 /// [`NAMES`] and [`NAMES_AT`], go to the supervisor; everything else is allowed in the kernel.
 /// Always the same bytes for the same `names`, so that a capture knows it.
@@ -285,6 +296,7 @@ pub fn forwarding_program(names: bool) -> Vec<u8> {
         .iter()
         .chain(CLONES.iter())
         .chain(KILLS.iter())
+        .chain(GROUPS.iter())
         .chain(NAMES.iter().filter(|_| names))
         .map(|(nr, _)| *nr)
         .collect();
@@ -420,6 +432,7 @@ mod tests {
                 .into_iter()
                 .chain(super::CLONES)
                 .chain(super::KILLS)
+                .chain(super::GROUPS)
             {
                 assert_eq!(call(nr as i64, [0; 6]), NOTIF);
                 // i386's numbers mean other calls.
@@ -448,10 +461,11 @@ mod tests {
                 assert_eq!(call(nr, at(empty)), ALLOW);
             }
         }
-        // Without names: the forwarded calls, the clones and the kills, nothing else.
+        // Without names: the forwarded calls, the clones, the kills and the group calls,
+        // nothing else.
         assert_eq!(
             super::forwarding_program(false).len() / 8,
-            3 + 4 + 4 + 5 + 2
+            3 + 4 + 4 + 5 + 2 + 2
         );
     }
 }

@@ -119,6 +119,14 @@ impl Forks {
         }
     }
 
+    /// Tells the daemon the tree's root has this parent, group and session at home now (they
+    /// travel with the body's next move).
+    pub fn tell_ids(&self, ppid: i32, pgid: i32, sid: i32) {
+        if let Some((sock, ns)) = &self.report {
+            let _ = sock.send(format!("{ns} ids {ppid} {pgid} {sid}\n").as_bytes());
+        }
+    }
+
     /// Asks home, through the daemon, for the PID of a child of `parent`.
     fn ask_home(&self, parent: i32) -> Result<i32, String> {
         let text = self.ask(&format!("fork {parent}"))?;

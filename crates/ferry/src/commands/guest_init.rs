@@ -349,6 +349,53 @@ impl Supervisor {
         }
     }
 
+    /// setpgid or setsid by a process of the body (`n`, from `listener`): its deputy makes the
+    /// same call at home first, so the home's job control and `getpgid` from home follow; if
+    /// the home's kernel refuses, so does this. Then the call goes on in the kernel here, but
+    /// for the tree's root: its group and session here (its own, numbered as itself) stand for
+    /// its home ones, so it stays in them, and they stand for the new ones from now on (told
+    /// to the daemon, for the body's next move). A process joining the root's group by its home
+    /// number (which is no group here) is refused (EPERM) before home is asked: the body's
+    /// kernel could not follow.
+    fn group(&mut self, n: &ferry_sys::seccomp::Notif, listener: i32) -> Answer {
+        let Some(pid) = tgid_of(n.pid) else {
+            return Answer::Errno(libc::ESRCH);
+        };
+        let h = self.home;
+        let setsid = n.nr as i64 == libc::SYS_setsid;
+        // setpgid(0 or PID, 0 or PGID): which process, and which group.
+        let target = match n.args[0] as i32 {
+            0 => pid,
+            t => t,
+        };
+        let group = match n.args[1] as i32 {
+            0 => target,
+            g => g,
+        };
+        if !setsid && target != h.root && group == h.pgid && h.pgid != h.root {
+            self.forks.say(&format!(
+                "PID {pid} moves PID {target} into group {group}, the tree's group at home, which                  the body's namespace numbers {}: not followed; the call fails with EPERM",
+                h.root
+            ));
+            return Answer::Errno(libc::EPERM);
+        }
+        let done = match super::guest_kills::at_home(&self.forks, n, listener, pid, None) {
+            Ok(v) => v,
+            Err(e) => return Answer::Errno(e),
+        };
+        if setsid && pid == h.root {
+            self.home.sid = done as i32;
+            self.home.pgid = done as i32;
+        } else if !setsid && target == h.root {
+            self.home.pgid = group;
+        } else {
+            return Answer::Kernel;
+        }
+        self.forks
+            .tell_ids(self.home.ppid, self.home.pgid, self.home.sid);
+        Answer::Value(done)
+    }
+
     /// The answer to notification `n`: a value, or an errno.
     fn answer(&self, n: &ferry_sys::seccomp::Notif) -> std::result::Result<i64, i32> {
         let h = self.home;
@@ -417,6 +464,8 @@ impl Supervisor {
             }
         } else if super::guest_kills::is_kill(nr) {
             self.kill(&n, fd)
+        } else if nr == libc::SYS_setpgid || nr == libc::SYS_setsid {
+            self.group(&n, fd)
         } else if nr == libc::SYS_getsockname || nr == libc::SYS_getpeername {
             self.name(&n, fd)
         } else if nr == libc::SYS_fstat || nr == libc::SYS_newfstatat || nr == libc::SYS_statx {

@@ -110,8 +110,8 @@ fn uids_of(tid: i32) -> Option<[u32; 3]> {
     Some([*v.first()?, *v.get(1)?, *v.get(2)?])
 }
 
-/// Has the caller's deputy at home make signal call `n` (which [`target`] sent home): its
-/// result, a value or an errno. `listener`: the notification's listener; `pid`: the caller's
+/// Has the caller's deputy at home make call `n` (a signal call [`target`] sent home, or a
+/// group or session change): its result, a value or an errno. `listener`: the notification's listener; `pid`: the caller's
 /// process (this namespace's number, its home PID).
 pub fn at_home(
     forks: &super::guest_forks::Forks,
@@ -145,8 +145,8 @@ pub fn at_home(
         Ok(t) => t,
         Err(why) => {
             forks.say(&format!(
-                "PID {pid} signals a process at home (call {}), but home could not be asked: \
-                 {why}; the call fails with EPERM",
+                "PID {pid} makes call {}, which its deputy makes at home, but home could not be \
+                 asked: {why}; the call fails with EPERM",
                 n.nr
             ));
             return Err(libc::EPERM);
@@ -166,16 +166,16 @@ pub fn at_home(
         },
         Some(("E", why)) => {
             forks.say(&format!(
-                "PID {pid} signals a process at home (call {}), refused there: {why}; the call \
-                 fails with EPERM",
+                "PID {pid} makes call {}, which its deputy makes at home, refused there: {why}; \
+                 the call fails with EPERM",
                 n.nr
             ));
             Err(libc::EPERM)
         }
         _ => {
             forks.say(&format!(
-                "PID {pid} signals a process at home (call {}): the daemon closed the question \
-                 unanswered; the call fails with EPERM",
+                "PID {pid} makes call {}, which its deputy makes at home: the daemon closed the \
+                 question unanswered; the call fails with EPERM",
                 n.nr
             ));
             Err(libc::EPERM)

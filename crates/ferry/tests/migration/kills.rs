@@ -1,7 +1,7 @@
 //! Signals a moved process sends to processes at home (docs/syscalls.md, `kill`): its home
 //! parent, a sibling of its shell job, its process group there, a process it may not signal,
 //! one that does not exist. Each must do at home what it did before the move, and return the
-//! same.
+//! same. And a group it makes in the body (`setpgid`) is made at home too.
 
 use super::*;
 
@@ -28,7 +28,9 @@ while True:\n\
 /// the sender's home PID and uid), its process group (`kill(-pgrp)` and `kill(0)`: the shell,
 /// the sibling and itself), a process of root's (EPERM) and no process (ESRCH), and itself (in
 /// the body); every call returns the same moved as at home. Then it ends, and the shell's
-/// `wait` sees its status. Prints what a forwarded `kill(ppid, 0)` costs.
+/// `wait` sees its status. Prints what a forwarded `kill(ppid, 0)` costs. Moved, it then makes
+/// itself a group leader: its deputy leads that group at home, `getpgrp` answers it, and
+/// `kill(0)` reaches only itself.
 pub(super) fn a_body_signals_processes_at_home() -> Result<(), Failed> {
     use std::os::unix::fs::PermissionsExt;
     let c = Cluster::up("kills", 2);
@@ -177,6 +179,50 @@ pub(super) fn a_body_signals_processes_at_home() -> Result<(), Failed> {
     );
     assert!(cost_moved.starts_with("0 0 "), "{cost_moved}");
     assert!(cost_local.starts_with("0 0 "), "{cost_local}");
+    // Its own process group, made in the body: made at home too (the deputy leads it there),
+    // and getpgrp answers it; its session stays the shell's. A signal to its group now
+    // reaches only itself, not the shell or the sibling.
+    assert_eq!(run(22, "setpgid 0 0")?, "0 0", "setpgid(0, 0) moved");
+    let pgid_home = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap()
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .parse::<i32>()
+        .unwrap();
+    assert_eq!(
+        pgid_home, pid,
+        "the deputy's group at home after setpgid in the body"
+    );
+    assert_eq!(run(23, "getpgrp")?, format!("{pid} 0"), "getpgrp moved");
+    assert_eq!(run(24, "getsid")?, format!("{sh} 0"), "getsid moved");
+    let (t, s, m) = (
+        lines("trapped").len(),
+        lines("sibsigs").len(),
+        lines("sigs").len(),
+    );
+    assert_eq!(run(25, &format!("kill0 {}", usr.0))?, "0 0");
+    grows("sigs", m, "kill(0) in its own group: itself")?;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        lines("trapped").len(),
+        t,
+        "kill(0) in its own group reached the shell"
+    );
+    assert_eq!(
+        lines("sibsigs").len(),
+        s,
+        "kill(0) in its own group reached the sibling"
+    );
+    // A group leader may not make a session: the home's kernel says so.
+    assert_eq!(
+        run(26, "setsid")?,
+        "-1 1",
+        "setsid of a group leader, moved"
+    );
     std::fs::write(dir.join("done"), "").unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while shell.0.try_wait().unwrap().is_none() {
@@ -187,6 +233,5 @@ pub(super) fn a_body_signals_processes_at_home() -> Result<(), Failed> {
     }
     let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
     assert_eq!(status.trim(), "3", "what the shell's wait got");
-    let _ = sh;
     Ok(())
 }
