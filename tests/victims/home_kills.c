@@ -15,7 +15,8 @@
  *                         nanoseconds per call
  *   setpgid PID PGID      setpgid(PID, PGID)
  *   setsid                setsid()
- *   getpgrp, getsid       getpgrp(), getsid(0) (RC is the group or session)
+ *   getppid, getpgrp, getsid  getppid(), getpgrp(), getsid(0) (RC is the parent, group or
+ *                         session)
  * Each SIGUSR1 it receives appends a line "usr1" to DIR/sigs. On DIR/done it exits with 3.
  */
 #define _GNU_SOURCE
@@ -125,6 +126,8 @@ int main(int argc, char **argv) {
             rc = setsid();
         } else if (strcmp(cmd, "getpgrp") == 0) {
             rc = getpgrp();
+        } else if (strcmp(cmd, "getppid") == 0) {
+            rc = getppid();
         } else if (strcmp(cmd, "getsid") == 0) {
             rc = getsid(0);
         } else if (strcmp(cmd, "loop") == 0) {

@@ -357,6 +357,9 @@ pub fn adopt(
         // Forks asked of the worker, answered in order.
         let mut forking: std::collections::VecDeque<(i32, oneshot::Sender<Result<i32>>)> =
             Default::default();
+        // The root's parent, group and session at home, as its body's node last heard them:
+        // a change (its parent died, a setpgid from home) is told there (`BodyIds`).
+        let mut ids = crate::migrate::home_ids(root);
         // Calls asked of the worker, answered in order.
         let mut calling: std::collections::VecDeque<(i32, oneshot::Sender<calls::Answer>)> =
             Default::default();
@@ -395,6 +398,28 @@ pub fn adopt(
                             Ok(_) => continue,
                             Err(e) => tracing::warn!(event = "recovery-failed", root,
                                 error = %format!("{e:#}")),
+                        }
+                    }
+                    if let (Some(b), false) = (&body, dead || body_lost) {
+                        let now = crate::migrate::home_ids(root);
+                        let changed = match (&ids, &now) {
+                            (Some(a), Some(n)) => {
+                                (a.ppid, a.pgid, a.sid) != (n.ppid, n.pgid, n.sid)
+                            }
+                            _ => false,
+                        };
+                        if let (true, Some(n)) = (changed, now.clone()) {
+                            tracing::info!(event = "deputy-ids", root, ppid = n.ppid,
+                                pgid = n.pgid, sid = n.sid, body = %b);
+                            let (node, b) = (node.clone(), b.clone());
+                            tokio::spawn(async move {
+                                let msg = Msg::BodyIds { pid: root, ids: n };
+                                if let Err(e) = ask(&node, &b, msg).await {
+                                    tracing::warn!(event = "body-ids-failed", root,
+                                        error = %format!("{e:#}"));
+                                }
+                            });
+                            ids = now;
                         }
                     }
                     let every = match every {
@@ -766,6 +791,9 @@ pub struct Bodies {
     held: Mutex<HashMap<String, (String, i32)>>,
     /// Connections to homes kept open for the bodies' calls (`HomeCall`), by home node.
     call_links: calls::Links,
+    /// "pid:[inode]" -> the socket its guest init listens on for its root's new identities at
+    /// home (`BodyIds`), given by the init ("NS watch").
+    watchers: Mutex<HashMap<String, std::os::fd::OwnedFd>>,
 }
 
 /// Per thread of a body (its TID there): calls answered, and nanoseconds spent on them.
@@ -979,6 +1007,7 @@ impl Bodies {
         if pid == root && ended {
             m.remove(ns);
             self.calls.lock().expect("bodies lock").remove(ns);
+            self.watchers.lock().expect("bodies lock").remove(ns);
         }
         if status & 0xff == 0x7f && (status >> 8) & 0xff == libc::SIGSTOP {
             let alias = self
@@ -1074,16 +1103,20 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
         if let Some((ns, ppid, pgid, sid)) = ids_report(&line) {
             // The root's group or session at home changed (a setpgid or setsid of its own,
             // made there too): its next move carries the new ones.
-            let guest =
-                node.guests.list().into_iter().find(|g| {
-                    g.home_ids.is_some() && pid_ns(g.pid).as_deref() == Some(ns.as_str())
-                });
-            if let Some(mut g) = guest {
-                if let Some(h) = g.home_ids.as_mut() {
-                    (h.ppid, h.pgid, h.sid) = (ppid, pgid, sid);
+            record_ids(&node, &ns, ppid, pgid, sid);
+            continue;
+        }
+        if let [ns, "watch"] = line.split_whitespace().collect::<Vec<_>>()[..] {
+            match rights.pop() {
+                Some(fd) => {
+                    node.bodies
+                        .watchers
+                        .lock()
+                        .expect("bodies lock")
+                        .insert(ns.to_string(), fd);
                 }
-                tracing::info!(event = "body-ids", ns = %ns, pid = g.pid, ppid, pgid, sid);
-                node.guests.add(g);
+                None => tracing::warn!(event = "body-watch", ns = %ns,
+                    "a guest init's watch without its socket"),
             }
             continue;
         }
@@ -1116,6 +1149,58 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
             }
         });
     }
+}
+
+/// The root of the body in PID namespace `ns` has parent `ppid`, group `pgid` and session `sid`
+/// at home now: recorded with the guest, whose next move carries them.
+fn record_ids(node: &Node, ns: &str, ppid: i32, pgid: i32, sid: i32) {
+    let guest = node
+        .guests
+        .list()
+        .into_iter()
+        .find(|g| g.home_ids.is_some() && pid_ns(g.pid).as_deref() == Some(ns));
+    if let Some(mut g) = guest {
+        if let Some(h) = g.home_ids.as_mut() {
+            if (h.ppid, h.pgid, h.sid) == (ppid, pgid, sid) {
+                return;
+            }
+            (h.ppid, h.pgid, h.sid) = (ppid, pgid, sid);
+        }
+        tracing::info!(event = "body-ids", ns = %ns, pid = g.pid, ppid, pgid, sid);
+        node.guests.add(g);
+    }
+}
+
+/// Home `from` says the root of its tree `root` has `ids` at home now: recorded, and told to
+/// the body's guest init (on the socket it gave, "I PPID PGID SID").
+fn body_ids(
+    node: &Node,
+    from: &str,
+    root: i32,
+    ids: &ferry_transport::message::HomeIds,
+) -> Result<()> {
+    let ns = {
+        let m = node.bodies.map.lock().expect("bodies lock");
+        m.iter()
+            .find(|(_, (home, r))| home == from && *r == root)
+            .map(|(ns, _)| ns.clone())
+    }
+    .ok_or_else(|| anyhow!("no body of PID {root} from {from} runs here"))?;
+    record_ids(node, &ns, ids.ppid, ids.pgid, ids.sid);
+    let w = node.bodies.watchers.lock().expect("bodies lock");
+    let fd = w
+        .get(&ns)
+        .ok_or_else(|| anyhow!("the guest init of PID {root} from {from} watches nothing"))?;
+    use std::os::fd::AsRawFd;
+    ferry_sys::sockets::send(
+        fd.as_raw_fd(),
+        format!("I {} {} {}", ids.ppid, ids.pgid, ids.sid).as_bytes(),
+        None,
+        &[],
+        libc::MSG_DONTWAIT,
+    )
+    .map(|_| ())
+    .map_err(|e| anyhow!("tell the guest init of PID {root}: {e}"))
 }
 
 /// A guest init's report "NS ids PPID PGID SID": its tree's root has these at home now.
@@ -1271,6 +1356,7 @@ pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
         }),
         Msg::BodyStatus { pid, status, root } => node.deputies.body_ended(from, pid, status, root),
         Msg::BodyMoved { pid, node: to } => moved(node, from, pid, &to),
+        Msg::BodyIds { pid, ids } => body_ids(node, from, pid, &ids),
         other => Err(anyhow!("unexpected {}", kind(&other))),
     };
     match r {
@@ -1359,6 +1445,11 @@ pub fn watch_supervisor(node: Arc<Node>, host_pid: i32) {
         }
         let gone = node.bodies.map.lock().expect("bodies lock").remove(&ns);
         node.bodies.calls.lock().expect("bodies lock").remove(&ns);
+        node.bodies
+            .watchers
+            .lock()
+            .expect("bodies lock")
+            .remove(&ns);
         node.bodies.held.lock().expect("bodies lock").remove(&ns);
         let Some((home, root)) = gone else {
             return;

@@ -659,7 +659,8 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
         | Msg::FenceBody { .. }
         | Msg::BodyStatus { .. }
         | Msg::BodyMoved { .. }
-        | Msg::ForkDeputy { .. }) => {
+        | Msg::ForkDeputy { .. }
+        | Msg::BodyIds { .. }) => {
             let peer = conn.peer.clone();
             let reply = crate::deputies::serve_peer(node, &peer, m).await;
             write_msg(&mut conn.stream, &reply).await?;

@@ -428,6 +428,14 @@ pub enum Msg {
         data: ByteBuf,
         uids: [u32; 3],
     },
+    /// Home to the node running the body of the tree whose root is home PID `pid`: the root's
+    /// parent, group or session at home changed (its parent died and it was reparented, or it
+    /// was moved to another group from home): its guest init answers `getppid`, `getpgid`,
+    /// `getsid` with these from now on. `Done` or `Error`.
+    BodyIds {
+        pid: i32,
+        ids: HomeIds,
+    },
     /// Answer to `HomeCall`: what the call returned at home (a value, or -errno), or why it
     /// was not made (`error`; the body's call then fails with EPERM).
     HomeCalled {

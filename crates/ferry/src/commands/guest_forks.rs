@@ -127,6 +127,29 @@ impl Forks {
         }
     }
 
+    /// Gives the daemon one end of a socket pair ("NS watch" on the report socket) on which
+    /// it tells this init the root's new identities at home ("I PPID PGID SID"); returns the
+    /// other end. None without a daemon.
+    pub fn watch_home(&self) -> Option<OwnedFd> {
+        let (sock, ns) = self.report.as_ref()?;
+        let (ours, theirs) = ferry_sys::sockets::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+        )
+        .map_err(|e| log::warn!("guest init: make a socket pair to watch home: {e}"))
+        .ok()?;
+        ferry_sys::sockets::send(
+            sock.as_raw_fd(),
+            format!("{ns} watch\n").as_bytes(),
+            None,
+            &[theirs.as_raw_fd()],
+            0,
+        )
+        .map_err(|e| log::warn!("guest init: ask the daemon to tell home's changes: {e}"))
+        .ok()?;
+        Some(ours)
+    }
+
     /// Asks home, through the daemon, for the PID of a child of `parent`.
     fn ask_home(&self, parent: i32) -> Result<i32, String> {
         let text = self.ask(&format!("fork {parent}"))?;

@@ -119,6 +119,11 @@ struct Supervisor {
     inbox: Vec<u8>,
     /// The processes the body makes, and those whose end is told home from here.
     forks: super::guest_forks::Forks,
+    /// Where the daemon tells the root's new parent, group and session at home ("I PPID PGID
+    /// SID"), and when it was last asked for (asked again a few seconds after it hangs up: a
+    /// daemon that restarted).
+    watch: Option<std::os::fd::OwnedFd>,
+    watch_asked: Option<std::time::Instant>,
 }
 
 /// How a forwarded call is answered: a value, an errno, or by the kernel itself
@@ -180,6 +185,7 @@ impl Supervisor {
             // The tree is whole: the ends of its processes this init is not the parent of
             // are told home from here.
             self.forks.watch_tree(self.home.root);
+            self.watch_home();
         }
         self.listeners.extend(rights);
     }
@@ -327,6 +333,51 @@ impl Supervisor {
             return Answer::Errno(libc::EFAULT);
         }
         Answer::Value(0)
+    }
+
+    /// Asks the daemon to tell the root's changes at home, unless it already does or was
+    /// asked less than 5 s ago.
+    fn watch_home(&mut self) {
+        if self.watch.is_some()
+            || self
+                .watch_asked
+                .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(5))
+        {
+            return;
+        }
+        self.watch_asked = Some(std::time::Instant::now());
+        self.watch = self.forks.watch_home();
+    }
+
+    /// Reads what the daemon said on the watch socket (`events`: what poll said of it): the
+    /// root's parent, group and session at home, from now on.
+    fn watched_home(&mut self, events: i16) {
+        let Some(fd) = self.watch.as_ref().map(|w| w.as_raw_fd()) else {
+            return;
+        };
+        if events & libc::POLLIN != 0 {
+            if let Ok(r) = ferry_sys::sockets::recv(fd, 256, libc::MSG_DONTWAIT) {
+                let text = String::from_utf8_lossy(&r.data);
+                let v: Vec<i32> = text
+                    .strip_prefix("I ")
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                if let [ppid, pgid, sid] = v[..] {
+                    (self.home.ppid, self.home.pgid, self.home.sid) = (ppid, pgid, sid);
+                    return;
+                }
+                if !r.data.is_empty() {
+                    log::warn!("guest init: a bad word from the daemon: {text:?}");
+                    return;
+                }
+            }
+        }
+        if events & (libc::POLLHUP | libc::POLLERR) != 0 || events & libc::POLLIN != 0 {
+            // Hung up (or end of file): its daemon is gone; asked again later.
+            self.watch = None;
+        }
     }
 
     /// A signal sent by a process of the body (`n`, from `listener`): one to a process of the
@@ -587,6 +638,8 @@ pub fn run(a: Args) -> Result<()> {
                     ns.clone(),
                 ))
             })),
+            watch: None,
+            watch_asked: None,
         }),
         None => None,
     };
@@ -629,9 +682,16 @@ pub fn run(a: Args) -> Result<()> {
         fds[1] = hold.as_ref().map_or(-1, |h| h.as_raw_fd());
         let listening = sup.as_ref().map_or(0, |s| s.listeners.len());
         let watching = sup.as_ref().map_or(0, |s| s.forks.watched.len());
+        if let Some(s) = sup.as_mut() {
+            if s.watch.is_none() && !s.listeners.is_empty() {
+                s.watch_home();
+            }
+        }
         if let Some(s) = &sup {
             fds.extend(s.listeners.iter().map(|l| l.as_raw_fd()));
             fds.extend(s.forks.watched.iter().map(|(_, w)| w.as_raw_fd()));
+            // Last: the daemon's word of home's changes.
+            fds.push(s.watch.as_ref().map_or(-1, |w| w.as_raw_fd()));
         }
         let events = match ns::poll_events(&fds, 1000) {
             Ok(r) => r,
@@ -681,6 +741,11 @@ pub fn run(a: Args) -> Result<()> {
                     s.forks.ended(i);
                 }
             }
+            if let Some(&ev) = events.get(2 + listening + watching) {
+                if ev != 0 {
+                    s.watched_home(ev);
+                }
+            }
         }
     }
 }
@@ -705,6 +770,8 @@ mod tests {
             sockfs: 0,
             inbox: Vec::new(),
             forks: crate::commands::guest_forks::Forks::new(None),
+            watch: None,
+            watch_asked: None,
         }
     }
 

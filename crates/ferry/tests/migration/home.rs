@@ -899,7 +899,7 @@ pub(super) fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<(), Fail
 }
 
 /// PPid of `pid` at home (this machine), 0 if it is gone.
-fn ppid_here(pid: i32) -> i32 {
+pub(super) fn ppid_here(pid: i32) -> i32 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {

@@ -235,3 +235,72 @@ pub(super) fn a_body_signals_processes_at_home() -> Result<(), Failed> {
     assert_eq!(status.trim(), "3", "what the shell's wait got");
     Ok(())
 }
+
+/// `home_kills` run by a shell at home (as root), moved to b; then the shell is killed, and
+/// the deputy reparented at home (to init, or a subreaper): the body's `getppid` follows,
+/// answering its new parent at home, as it would have had it never left.
+pub(super) fn a_body_follows_its_home_parents_death() -> Result<(), Failed> {
+    let c = Cluster::up("homeparent", 2);
+    let dir = scratch("migration", "homeparent");
+    let victim = victim_binary("home_kills");
+    let mut shell = UnixServer(
+        Command::new("bash")
+            .args(["-c", "\"$1\" \"$2\" & wait", "shell"])
+            .arg(&victim)
+            .arg(&dir)
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let sh = shell.0.id() as i32;
+    let pid = pid_from(&dir.join("pid"), "home_kills")?;
+    let n = std::cell::Cell::new(0usize);
+    let run = |cmd: &str| -> Result<String, Failed> {
+        n.set(n.get() + 1);
+        let n = n.get();
+        let tmp = dir.join("ask.tmp");
+        std::fs::write(&tmp, cmd).unwrap();
+        std::fs::rename(&tmp, dir.join(format!("ask{n}"))).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let prefix = format!("{n} ");
+        loop {
+            let out = std::fs::read_to_string(dir.join("out")).unwrap_or_default();
+            if let Some(l) = out.lines().find(|l| l.starts_with(&prefix)) {
+                return Ok(l[prefix.len()..].to_string());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no answer to {cmd:?}: {out:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    assert_eq!(run("getppid")?, format!("{sh} 0"), "getppid moved");
+    shell.0.kill().unwrap();
+    shell.0.wait().unwrap();
+    eventually("the deputy reparented at home", || {
+        let parent = ppid_here(pid);
+        parent != sh && parent != 0
+    })?;
+    let parent = ppid_here(pid);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = run("getppid")?;
+        if got == format!("{parent} 0") {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the body's getppid says {got:?}, its deputy's parent at home is {parent}"
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::write(dir.join("done"), "").unwrap();
+    eventually("the body's end", || !pid_alive(pid))?;
+    Ok(())
+}

@@ -174,6 +174,10 @@ fn main() {
             a_body_signals_processes_at_home,
         ),
         Trial::test(
+            "a_body_follows_its_home_parents_death",
+            a_body_follows_its_home_parents_death,
+        ),
+        Trial::test(
             "a_body_whose_supervisor_dies_is_killed_and_its_parent_told",
             supervisor_dies,
         ),
