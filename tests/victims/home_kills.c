@@ -15,6 +15,7 @@
  *                         nanoseconds per call
  *   setpgid PID PGID      setpgid(PID, PGID)
  *   setsid                setsid()
+ *   fork                  forks a child that pauses until killed (RC is its PID)
  *   getppid, getpgrp, getsid  getppid(), getpgrp(), getsid(0) (RC is the parent, group or
  *                         session)
  * Each SIGUSR1 it receives appends a line "usr1" to DIR/sigs. On DIR/done it exits with 3.
@@ -126,6 +127,12 @@ int main(int argc, char **argv) {
             rc = setsid();
         } else if (strcmp(cmd, "getpgrp") == 0) {
             rc = getpgrp();
+        } else if (strcmp(cmd, "fork") == 0) {
+            rc = fork();
+            if (rc == 0) {
+                for (;;)
+                    pause();
+            }
         } else if (strcmp(cmd, "getppid") == 0) {
             rc = getppid();
         } else if (strcmp(cmd, "getsid") == 0) {

@@ -36,6 +36,10 @@ pub struct Forks {
     report: Option<(std::os::unix::net::UnixDatagram, String)>,
     /// Processes of the tree whose end is told home from here: PID, pidfd.
     pub watched: Vec<(i32, OwnedFd)>,
+    /// Those of them found stopped (group-stop) at the last look, and when that was: their
+    /// stops and continues are told home too (the kernel tells only their parents).
+    stopped: std::collections::HashSet<i32>,
+    looked: Option<std::time::Instant>,
 }
 
 /// What a clone call needs once it has been let go: the PID its child is to get.
@@ -84,6 +88,8 @@ impl Forks {
             last_pid,
             report,
             watched: Vec::new(),
+            stopped: Default::default(),
+            looked: None,
         }
     }
 
@@ -331,6 +337,43 @@ impl Forks {
         }
     }
 
+    /// Looks (at most five times a second) whether a watched process stopped or continued
+    /// since the last look, and tells home (its deputy stops or continues the same way). A
+    /// process of the body can only be stopped by SIGSTOP here (its group is orphaned in the
+    /// body's namespace, so the kernel discards SIGTSTP, SIGTTIN and SIGTTOU), or by a stop
+    /// signal from home delivered as SIGSTOP, which the daemon reports as the signal home sent:
+    /// the stop is told as SIGSTOP's. A process stopped by a tracer (ferry capturing the body) is
+    /// neither.
+    pub fn look_for_stops(&mut self) {
+        if self.watched.is_empty()
+            || self
+                .looked
+                .is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(200))
+        {
+            return;
+        }
+        self.looked = Some(std::time::Instant::now());
+        let pids: Vec<i32> = self.watched.iter().map(|(p, _)| *p).collect();
+        for pid in pids {
+            let Some((state, _, _)) = stat_of(pid) else {
+                continue;
+            };
+            let was = self.stopped.contains(&pid);
+            match state {
+                'T' if !was => {
+                    self.stopped.insert(pid);
+                    self.tell_end(pid, (libc::SIGSTOP << 8) | 0x7f);
+                }
+                't' | 'T' | 'Z' | 'X' => {}
+                _ if was => {
+                    self.stopped.remove(&pid);
+                    self.tell_end(pid, 0xffff);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// The init reaped (and reported) these: no longer watched.
     pub fn reaped(&mut self, pids: &[i32]) {
         self.watched.retain(|(w, _)| !pids.contains(w));
@@ -340,6 +383,7 @@ impl Forks {
     /// child, which the init reaps and reports), and it is no longer watched.
     pub fn ended(&mut self, i: usize) {
         let (pid, fd) = self.watched.remove(i);
+        self.stopped.remove(&pid);
         match stat_of(pid) {
             Some((_, 1, _)) => {}
             Some(('Z', _, status)) => self.tell_end(pid, status),

@@ -693,7 +693,10 @@ pub fn run(a: Args) -> Result<()> {
             // Last: the daemon's word of home's changes.
             fds.push(s.watch.as_ref().map_or(-1, |w| w.as_raw_fd()));
         }
-        let events = match ns::poll_events(&fds, 1000) {
+        // While it watches processes of the tree it is not the parent of, it looks at them
+        // five times a second for stops and continues.
+        let wait = if watching > 0 { 200 } else { 1000 };
+        let events = match ns::poll_events(&fds, wait) {
             Ok(r) => r,
             Err(e) => {
                 log::warn!("guest init: {e}");
@@ -746,6 +749,7 @@ pub fn run(a: Args) -> Result<()> {
                     s.watched_home(ev);
                 }
             }
+            s.forks.look_for_stops();
         }
     }
 }

@@ -304,3 +304,100 @@ pub(super) fn a_body_follows_its_home_parents_death() -> Result<(), Failed> {
     eventually("the body's end", || !pid_alive(pid))?;
     Ok(())
 }
+
+/// Runs `home_kills`'s commands (its `askN` files, its `out` lines).
+struct Asker {
+    dir: PathBuf,
+    n: std::cell::Cell<usize>,
+}
+
+impl Asker {
+    fn run(&self, cmd: &str) -> Result<String, Failed> {
+        self.n.set(self.n.get() + 1);
+        let n = self.n.get();
+        let tmp = self.dir.join("ask.tmp");
+        std::fs::write(&tmp, cmd).unwrap();
+        std::fs::rename(&tmp, self.dir.join(format!("ask{n}"))).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let prefix = format!("{n} ");
+        loop {
+            let out = std::fs::read_to_string(self.dir.join("out")).unwrap_or_default();
+            if let Some(l) = out.lines().find(|l| l.starts_with(&prefix)) {
+                return Ok(l[prefix.len()..].to_string());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no answer to {cmd:?}: {out:?}").into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The state letter of process `pid` at home ('?' if it is gone).
+fn state_here(pid: i32) -> char {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()?
+                .split_whitespace()
+                .next()?
+                .chars()
+                .next()
+        })
+        .unwrap_or('?')
+}
+
+/// A child `home_kills` forks after its move to b is stopped there by SIGSTOP (from its
+/// parent, in the body): its deputy at home stops too (held in its stop by the deputies'
+/// tracer), and continues with it on SIGCONT; killed, its deputy ends.
+pub(super) fn a_forked_childs_stop_and_continue_show_at_home() -> Result<(), Failed> {
+    let c = Cluster::up("childstop", 2);
+    let dir = scratch("migration", "childstop");
+    let victim = victim_binary("home_kills");
+    let _shell = UnixServer(
+        Command::new("bash")
+            .args(["-c", "\"$1\" \"$2\" & wait", "shell"])
+            .arg(&victim)
+            .arg(&dir)
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "home_kills")?;
+    migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
+    let a = Asker {
+        dir: dir.clone(),
+        n: Default::default(),
+    };
+    let out = a.run("fork")?;
+    let child: i32 = out
+        .split_whitespace()
+        .next()
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("fork: {out:?}"))?;
+    assert!(child > 0, "fork: {out:?}");
+    eventually("the child's deputy at home", || ppid_here(child) == pid)?;
+    assert_eq!(state_here(child), 'S', "the child's deputy, parked");
+    assert_eq!(a.run(&format!("kill {child} {}", libc::SIGSTOP))?, "0 0");
+    let stopped = || matches!(state_here(child), 'T' | 't');
+    eventually("the child's deputy stopped at home", stopped)?;
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        stopped(),
+        "the child's deputy at home: {}",
+        state_here(child)
+    );
+    assert_eq!(a.run(&format!("kill {child} {}", libc::SIGCONT))?, "0 0");
+    eventually("the child's deputy continued at home", || {
+        matches!(state_here(child), 'S' | 'R')
+    })?;
+    assert_eq!(a.run(&format!("kill {child} {}", libc::SIGKILL))?, "0 0");
+    eventually("the child's deputy gone", || state_here(child) == '?')?;
+    std::fs::write(dir.join("done"), "").unwrap();
+    eventually("the body's end", || !pid_alive(pid))?;
+    Ok(())
+}

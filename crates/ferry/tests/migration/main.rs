@@ -178,6 +178,10 @@ fn main() {
             a_body_follows_its_home_parents_death,
         ),
         Trial::test(
+            "a_forked_childs_stop_and_continue_show_at_home",
+            a_forked_childs_stop_and_continue_show_at_home,
+        ),
+        Trial::test(
             "a_body_whose_supervisor_dies_is_killed_and_its_parent_told",
             supervisor_dies,
         ),
