@@ -24,7 +24,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
 mod calls;
+mod ids;
 pub use calls::serve_link as serve_calls;
+use ids::{body_ids, ids_report, record_ids};
 
 /// The name of the report socket in a daemon's data directory.
 pub const REPORT_SOCKET: &str = "guests.sock";
@@ -358,8 +360,10 @@ pub fn adopt(
         let mut forking: std::collections::VecDeque<(i32, oneshot::Sender<Result<i32>>)> =
             Default::default();
         // The root's parent, group and session at home, as its body's node last heard them:
-        // a change (its parent died, a setpgid from home) is told there (`BodyIds`).
-        let mut ids = crate::migrate::home_ids(root);
+        // a change (its parent died, a setpgid from home) is told there (`BodyIds`). Not for a
+        // tree numbered apart from this node (a `ferry run` program's: its numbers here are
+        // not those its body knows).
+        let mut ids = crate::migrate::home_ids(root).filter(|_| own.is_empty());
         // Calls asked of the worker, answered in order.
         let mut calling: std::collections::VecDeque<(i32, oneshot::Sender<calls::Answer>)> =
             Default::default();
@@ -1149,72 +1153,6 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
             }
         });
     }
-}
-
-/// The root of the body in PID namespace `ns` has parent `ppid`, group `pgid` and session `sid`
-/// at home now: recorded with the guest, whose next move carries them.
-fn record_ids(node: &Node, ns: &str, ppid: i32, pgid: i32, sid: i32) {
-    let guest = node
-        .guests
-        .list()
-        .into_iter()
-        .find(|g| g.home_ids.is_some() && pid_ns(g.pid).as_deref() == Some(ns));
-    if let Some(mut g) = guest {
-        if let Some(h) = g.home_ids.as_mut() {
-            if (h.ppid, h.pgid, h.sid) == (ppid, pgid, sid) {
-                return;
-            }
-            (h.ppid, h.pgid, h.sid) = (ppid, pgid, sid);
-        }
-        tracing::info!(event = "body-ids", ns = %ns, pid = g.pid, ppid, pgid, sid);
-        node.guests.add(g);
-    }
-}
-
-/// Home `from` says the root of its tree `root` has `ids` at home now: recorded, and told to
-/// the body's guest init (on the socket it gave, "I PPID PGID SID").
-fn body_ids(
-    node: &Node,
-    from: &str,
-    root: i32,
-    ids: &ferry_transport::message::HomeIds,
-) -> Result<()> {
-    let ns = {
-        let m = node.bodies.map.lock().expect("bodies lock");
-        m.iter()
-            .find(|(_, (home, r))| home == from && *r == root)
-            .map(|(ns, _)| ns.clone())
-    }
-    .ok_or_else(|| anyhow!("no body of PID {root} from {from} runs here"))?;
-    record_ids(node, &ns, ids.ppid, ids.pgid, ids.sid);
-    let w = node.bodies.watchers.lock().expect("bodies lock");
-    let fd = w
-        .get(&ns)
-        .ok_or_else(|| anyhow!("the guest init of PID {root} from {from} watches nothing"))?;
-    use std::os::fd::AsRawFd;
-    ferry_sys::sockets::send(
-        fd.as_raw_fd(),
-        format!("I {} {} {}", ids.ppid, ids.pgid, ids.sid).as_bytes(),
-        None,
-        &[],
-        libc::MSG_DONTWAIT,
-    )
-    .map(|_| ())
-    .map_err(|e| anyhow!("tell the guest init of PID {root}: {e}"))
-}
-
-/// A guest init's report "NS ids PPID PGID SID": its tree's root has these at home now.
-fn ids_report(line: &str) -> Option<(String, i32, i32, i32)> {
-    let f: Vec<&str> = line.split_whitespace().collect();
-    let [ns, "ids", ppid, pgid, sid] = f[..] else {
-        return None;
-    };
-    Some((
-        ns.to_string(),
-        ppid.parse().ok()?,
-        pgid.parse().ok()?,
-        sid.parse().ok()?,
-    ))
 }
 
 /// A guest init's question "NS fork PID": process PID of its body is forking.
