@@ -16,6 +16,7 @@
  *   setpgid PID PGID      setpgid(PID, PGID)
  *   setsid                setsid()
  *   fork                  forks a child that pauses until killed (RC is its PID)
+ *   setuid UID            setresuid(UID, UID, UID)
  *   getppid, getpgrp, getsid  getppid(), getpgrp(), getsid(0) (RC is the parent, group or
  *                         session)
  * Each SIGUSR1 it receives appends a line "usr1" to DIR/sigs. On DIR/done it exits with 3.
@@ -127,6 +128,8 @@ int main(int argc, char **argv) {
             rc = setsid();
         } else if (strcmp(cmd, "getpgrp") == 0) {
             rc = getpgrp();
+        } else if (strcmp(cmd, "setuid") == 0) {
+            rc = setresuid(atoi(a), atoi(a), atoi(a));
         } else if (strcmp(cmd, "fork") == 0) {
             rc = fork();
             if (rc == 0) {

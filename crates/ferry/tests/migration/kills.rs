@@ -238,10 +238,13 @@ pub(super) fn a_body_signals_processes_at_home() -> Result<(), Failed> {
 
 /// `home_kills` run by a shell at home (as root), moved to b; then the shell is killed, and
 /// the deputy reparented at home (to init, or a subreaper): the body's `getppid` follows,
-/// answering its new parent at home, as it would have had it never left.
+/// answering its new parent at home, as it would have had it never left. Then it drops its
+/// uids over there: its signals to home are refused (EPERM, and b's log says why).
 pub(super) fn a_body_follows_its_home_parents_death() -> Result<(), Failed> {
+    use std::os::unix::fs::PermissionsExt;
     let c = Cluster::up("homeparent", 2);
     let dir = scratch("migration", "homeparent");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let victim = victim_binary("home_kills");
     let mut shell = UnixServer(
         Command::new("bash")
@@ -300,6 +303,19 @@ pub(super) fn a_body_follows_its_home_parents_death() -> Result<(), Failed> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Its uids changed in the body (a root dropping them after the move): its deputy at home
+    // keeps those it left with, and a signal to home is refused (EPERM), never sent with them.
+    // (Its answers go on to a file it made as root.)
+    std::fs::set_permissions(dir.join("out"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert_eq!(run("setuid 61012")?, "0 0", "setresuid moved");
+    assert_eq!(
+        run("kill ppid 0")?,
+        "-1 1",
+        "kill(ppid) with other uids than its deputy's"
+    );
+    eventually("b's log says why", || {
+        c.log("b").contains("body-call-refused") && c.log("b").contains("is not followed")
+    })?;
     std::fs::write(dir.join("done"), "").unwrap();
     eventually("the body's end", || !pid_alive(pid))?;
     Ok(())
