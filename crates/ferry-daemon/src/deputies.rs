@@ -363,7 +363,13 @@ pub fn adopt(
         // a change (its parent died, a setpgid from home) is told there (`BodyIds`). Not for a
         // tree numbered apart from this node (a `ferry run` program's: its numbers here are
         // not those its body knows).
-        let mut ids = crate::migrate::home_ids(root).filter(|_| own.is_empty());
+        // What the body's node was last told, and whether a telling is on its way (one that
+        // fails is tried again at the next tick).
+        let told = Arc::new(Mutex::new(
+            crate::migrate::home_ids(root).filter(|_| own.is_empty()),
+        ));
+        let telling = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tell_tries = Arc::new(std::sync::atomic::AtomicU32::new(0));
         // Calls asked of the worker, answered in order.
         let mut calling: std::collections::VecDeque<(i32, oneshot::Sender<calls::Answer>)> =
             Default::default();
@@ -404,26 +410,45 @@ pub fn adopt(
                                 error = %format!("{e:#}")),
                         }
                     }
-                    if let (Some(b), false) = (&body, dead || body_lost) {
+                    let busy = telling.load(std::sync::atomic::Ordering::Relaxed);
+                    if let (Some(b), false) = (&body, dead || body_lost || busy) {
                         let now = crate::migrate::home_ids(root);
-                        let changed = match (&ids, &now) {
+                        let changed = match (&*told.lock().expect("told lock"), &now) {
                             (Some(a), Some(n)) => {
                                 (a.ppid, a.pgid, a.sid) != (n.ppid, n.pgid, n.sid)
                             }
                             _ => false,
                         };
-                        if let (true, Some(n)) = (changed, now.clone()) {
+                        if let (true, Some(n)) = (changed, now) {
                             tracing::info!(event = "deputy-ids", root, ppid = n.ppid,
                                 pgid = n.pgid, sid = n.sid, body = %b);
+                            telling.store(true, std::sync::atomic::Ordering::Relaxed);
                             let (node, b) = (node.clone(), b.clone());
+                            let (told, telling) = (told.clone(), telling.clone());
+                            let tries = tell_tries.clone();
                             tokio::spawn(async move {
-                                let msg = Msg::BodyIds { pid: root, ids: n };
-                                if let Err(e) = ask(&node, &b, msg).await {
-                                    tracing::warn!(event = "body-ids-failed", root,
-                                        error = %format!("{e:#}"));
+                                use std::sync::atomic::Ordering::Relaxed;
+                                let msg = Msg::BodyIds { pid: root, ids: n.clone() };
+                                match ask(&node, &b, msg).await {
+                                    Ok(()) => {
+                                        tries.store(0, Relaxed);
+                                        *told.lock().expect("told lock") = Some(n);
+                                    }
+                                    Err(e) => {
+                                        // Tried again each second, for half a minute.
+                                        let t = tries.fetch_add(1, Relaxed) + 1;
+                                        if t == 1 || t >= 30 {
+                                            tracing::warn!(event = "body-ids-failed", root,
+                                                tries = t, error = %format!("{e:#}"));
+                                        }
+                                        if t >= 30 {
+                                            tries.store(0, Relaxed);
+                                            *told.lock().expect("told lock") = Some(n);
+                                        }
+                                    }
                                 }
+                                telling.store(false, Relaxed);
                             });
-                            ids = now;
                         }
                     }
                     let every = match every {
