@@ -5,9 +5,10 @@
 //! wire.
 //!
 //! The trials are in `faults.rs` (failures around the commit point, hostile peers, refusals),
-//! `relays.rs` (pipes, UNIX and TCP peers relayed from home) and `home.rs` (what the deputy
-//! keeps: a parent's wait, terminals, identities, coming home); this file has the moves around
-//! the cluster and the shared helpers.
+//! `relays.rs` (pipes, UNIX and TCP peers relayed from home), `home.rs` (what the deputy
+//! keeps: a parent's wait, terminals, identities, coming home) and `kills.rs` (a body's
+//! signals to processes at home, its group changes made there, its home parent's death, its
+//! children's stops); this file has the moves around the cluster and the shared helpers.
 
 #[path = "../common/mod.rs"]
 mod common;
