@@ -425,7 +425,8 @@ impl Supervisor {
         };
         if !setsid && target != h.root && group == h.pgid && h.pgid != h.root {
             self.forks.say(&format!(
-                "PID {pid} moves PID {target} into group {group}, the tree's group at home, which                  the body's namespace numbers {}: not followed; the call fails with EPERM",
+                "PID {pid} moves PID {target} into group {group}, the tree's group at home, which \
+                 the body's namespace numbers {}: not followed; the call fails with EPERM",
                 h.root
             ));
             return Answer::Errno(libc::EPERM);
