@@ -23,6 +23,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
+mod calls;
+mod ids;
+pub use calls::serve_link as serve_calls;
+use ids::{body_ids, ids_report, record_ids};
+
 /// The name of the report socket in a daemon's data directory.
 pub const REPORT_SOCKET: &str = "guests.sock";
 
@@ -34,6 +39,9 @@ enum Cmd {
     Release(oneshot::Sender<Result<Vec<i32>>>),
     /// The body of this deputy forks: fork a deputy from it (`ForkDeputy`), and say its PID.
     Fork(i32, oneshot::Sender<Result<i32>>),
+    /// The body of this deputy makes a call only its home answers (`HomeCall`, to be passed on
+    /// with this deputy's PID): what it returned, or why it was not made.
+    Call(i32, Box<Msg>, oneshot::Sender<calls::Answer>),
 }
 
 struct Entry {
@@ -215,33 +223,8 @@ impl Deputies {
     /// child is to have the same one). From then on it is a deputy of the tree like the others.
     pub async fn fork(&self, from: &str, pid: i32, root: Option<i32>) -> Result<i32> {
         let (tx, rx) = oneshot::channel();
-        // A body in the lazy phase of its move forks before its home knows it there: the
-        // original is still frozen at the source, not yet a deputy (a move from home), or the
-        // deputy still names the node the body left (a move on, told by `BodyMoved` once the
-        // phase is over). The fork waits for that, as long as a lazy phase may last.
-        let waited = std::time::Instant::now();
-        loop {
-            let not_yet = {
-                let m = self.map.lock().expect("deputies lock");
-                match Self::deputy_of(&m, root, pid).map(|d| (d, &m[&d])) {
-                    None => anyhow!("PID {pid} is no deputy here"),
-                    Some((_, e)) if e.body_node != from => anyhow!(
-                        "node {from} forked from PID {pid}, whose body runs on {}",
-                        e.body_node
-                    ),
-                    Some((d, e)) => {
-                        e.to_worker
-                            .send(Cmd::Fork(d, tx))
-                            .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))?;
-                        break;
-                    }
-                }
-            };
-            if waited.elapsed() >= FORK_WAITS_FOR_HOME {
-                return Err(not_yet);
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        self.to_deputy(from, pid, root, "forked from", |d| Cmd::Fork(d, tx))
+            .await?;
         let child = tokio::time::timeout(std::time::Duration::from_secs(10), rx)
             .await
             .map_err(|_| anyhow!("no deputy was forked from PID {pid} within 10 s"))?
@@ -251,6 +234,47 @@ impl Deputies {
             Some(_) => self.own_of(child).map_or(child, |(own, _)| own),
             None => child,
         })
+    }
+
+    /// Sends the deputy of `pid` (as in [`Deputies::fork`]) the command `cmd` makes from its
+    /// PID, once its body is known to run on `from`. A body in the lazy phase of its move calls
+    /// before its home knows it there: the original is still frozen at the source, not yet a
+    /// deputy (a move from home), or the deputy still names the node the body left (a move on,
+    /// told by `BodyMoved` once the phase is over). The command waits for that, as long as a
+    /// lazy phase may last. `what`: what the body did, for the error.
+    async fn to_deputy(
+        &self,
+        from: &str,
+        pid: i32,
+        root: Option<i32>,
+        what: &str,
+        cmd: impl FnOnce(i32) -> Cmd,
+    ) -> Result<()> {
+        let mut cmd = Some(cmd);
+        let waited = std::time::Instant::now();
+        loop {
+            let not_yet = {
+                let m = self.map.lock().expect("deputies lock");
+                match Self::deputy_of(&m, root, pid).map(|d| (d, &m[&d])) {
+                    None => anyhow!("PID {pid} is no deputy here"),
+                    Some((_, e)) if e.body_node != from => anyhow!(
+                        "node {from} {what} PID {pid}, whose body runs on {}",
+                        e.body_node
+                    ),
+                    Some((d, e)) => {
+                        let make = cmd.take().expect("sent once");
+                        return e
+                            .to_worker
+                            .send(make(d))
+                            .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"));
+                    }
+                }
+            };
+            if waited.elapsed() >= FORK_WAITS_FOR_HOME {
+                return Err(not_yet);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 
     /// The tree of deputy `pid` left node `from` for `to`.
@@ -335,6 +359,20 @@ pub fn adopt(
         // Forks asked of the worker, answered in order.
         let mut forking: std::collections::VecDeque<(i32, oneshot::Sender<Result<i32>>)> =
             Default::default();
+        // The root's parent, group and session at home, as its body's node last heard them:
+        // a change (its parent died, a setpgid from home) is told there (`BodyIds`). Not for a
+        // tree numbered apart from this node (a `ferry run` program's: its numbers here are
+        // not those its body knows).
+        // What the body's node was last told, and whether a telling is on its way (one that
+        // fails is tried again at the next tick).
+        let told = Arc::new(Mutex::new(
+            crate::migrate::home_ids(root).filter(|_| own.is_empty()),
+        ));
+        let telling = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tell_tries = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        // Calls asked of the worker, answered in order.
+        let mut calling: std::collections::VecDeque<(i32, oneshot::Sender<calls::Answer>)> =
+            Default::default();
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -370,6 +408,47 @@ pub fn adopt(
                             Ok(_) => continue,
                             Err(e) => tracing::warn!(event = "recovery-failed", root,
                                 error = %format!("{e:#}")),
+                        }
+                    }
+                    let busy = telling.load(std::sync::atomic::Ordering::Relaxed);
+                    if let (Some(b), false) = (&body, dead || body_lost || busy) {
+                        let now = crate::migrate::home_ids(root);
+                        let changed = match (&*told.lock().expect("told lock"), &now) {
+                            (Some(a), Some(n)) => {
+                                (a.ppid, a.pgid, a.sid) != (n.ppid, n.pgid, n.sid)
+                            }
+                            _ => false,
+                        };
+                        if let (true, Some(n)) = (changed, now) {
+                            tracing::info!(event = "deputy-ids", root, ppid = n.ppid,
+                                pgid = n.pgid, sid = n.sid, body = %b);
+                            telling.store(true, std::sync::atomic::Ordering::Relaxed);
+                            let (node, b) = (node.clone(), b.clone());
+                            let (told, telling) = (told.clone(), telling.clone());
+                            let tries = tell_tries.clone();
+                            tokio::spawn(async move {
+                                use std::sync::atomic::Ordering::Relaxed;
+                                let msg = Msg::BodyIds { pid: root, ids: n.clone() };
+                                match ask(&node, &b, msg).await {
+                                    Ok(()) => {
+                                        tries.store(0, Relaxed);
+                                        *told.lock().expect("told lock") = Some(n);
+                                    }
+                                    Err(e) => {
+                                        // Tried again each second, for half a minute.
+                                        let t = tries.fetch_add(1, Relaxed) + 1;
+                                        if t == 1 || t >= 30 {
+                                            tracing::warn!(event = "body-ids-failed", root,
+                                                tries = t, error = %format!("{e:#}"));
+                                        }
+                                        if t >= 30 {
+                                            tries.store(0, Relaxed);
+                                            *told.lock().expect("told lock") = Some(n);
+                                        }
+                                    }
+                                }
+                                telling.store(false, Relaxed);
+                            });
                         }
                     }
                     let every = match every {
@@ -467,6 +546,16 @@ pub fn adopt(
                             let _ = tx.send(Err(anyhow!("{message}")));
                         }
                     }
+                    Ok(Frame::Msg(Msg::HomeCalled { pid, ret, error })) => {
+                        let asked = calling.iter().position(|(p, _)| *p == pid)
+                            .and_then(|i| calling.remove(i));
+                        if let Some((_, tx)) = asked {
+                            let _ = tx.send(match error {
+                                None => Ok(ret),
+                                Some(e) => Err(e),
+                            });
+                        }
+                    }
                     Ok(Frame::Msg(Msg::DeputiesReleased { pids })) => {
                         tracing::info!(event = "deputies-released", root, pids = ?pids);
                         if let Some(tx) = releasing.take() {
@@ -494,6 +583,14 @@ pub fn adopt(
                             Ok(()) => forking.push_back((parent, tx)),
                             Err(e) => {
                                 let _ = tx.send(Err(anyhow!("the deputies' worker: {e}")));
+                            }
+                        }
+                    }
+                    Some(Cmd::Call(deputy, msg, tx)) => {
+                        match write_msg(&mut worker.tx, &msg).await {
+                            Ok(()) => calling.push_back((deputy, tx)),
+                            Err(e) => {
+                                let _ = tx.send(Err(format!("the deputies' worker: {e}")));
                             }
                         }
                     }
@@ -721,6 +818,11 @@ pub struct Bodies {
     /// init is gone (`map` forgets a tree as its root ends, while processes it forked may run
     /// on there): what a fence kills ([`Bodies::fence`]).
     held: Mutex<HashMap<String, (String, i32)>>,
+    /// Connections to homes kept open for the bodies' calls (`HomeCall`), by home node.
+    call_links: calls::Links,
+    /// "pid:[inode]" -> the socket its guest init listens on for its root's new identities at
+    /// home (`BodyIds`), given by the init ("NS watch").
+    watchers: Mutex<HashMap<String, std::os::fd::OwnedFd>>,
 }
 
 /// Per thread of a body (its TID there): calls answered, and nanoseconds spent on them.
@@ -934,6 +1036,7 @@ impl Bodies {
         if pid == root && ended {
             m.remove(ns);
             self.calls.lock().expect("bodies lock").remove(ns);
+            self.watchers.lock().expect("bodies lock").remove(ns);
         }
         if status & 0xff == 0x7f && (status >> 8) & 0xff == libc::SIGSTOP {
             let alias = self
@@ -1016,6 +1119,36 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
             });
             continue;
         }
+        if let Some(q) = calls::question(&line) {
+            let Some(answer) = rights.pop() else {
+                tracing::warn!(event = "body-call", report = %line.trim(),
+                    "a call's question without the socket for its answer");
+                continue;
+            };
+            let node = node.clone();
+            tokio::spawn(async move { calls::answer_body(&node, q, answer).await });
+            continue;
+        }
+        if let Some((ns, ppid, pgid, sid)) = ids_report(&line) {
+            // The root's group or session at home changed (a setpgid or setsid of its own,
+            // made there too): its next move carries the new ones.
+            record_ids(&node, &ns, ppid, pgid, sid);
+            continue;
+        }
+        if let [ns, "watch"] = line.split_whitespace().collect::<Vec<_>>()[..] {
+            match rights.pop() {
+                Some(fd) => {
+                    node.bodies
+                        .watchers
+                        .lock()
+                        .expect("bodies lock")
+                        .insert(ns.to_string(), fd);
+                }
+                None => tracing::warn!(event = "body-watch", ns = %ns,
+                    "a guest init's watch without its socket"),
+            }
+            continue;
+        }
         let Some((home, msg)) = node.bodies.report(&line) else {
             continue;
         };
@@ -1060,8 +1193,34 @@ fn fork_question(line: &str) -> Option<(String, i32)> {
 /// of it is forking, and returns the child's PID at home. On a connection opened ahead of time
 /// (`exec::Spares`, as remote runs use) when there is one: the fork waits for no handshake.
 async fn fork_for_body(node: &Arc<Node>, ns: &str, pid: i32) -> Result<i32> {
-    // A tree that has just been rebuilt here runs before it is recorded as a body (a
-    // recovered tree, a body just moved in): its first fork waits for that.
+    let (home, root) = home_of(node, ns).await?;
+    let me = node.name().to_string();
+    if home == me {
+        return node.deputies.fork(&me, pid, Some(root)).await;
+    }
+    let ask = Msg::ForkDeputy {
+        pid,
+        root: Some(root),
+    };
+    let limit = FORK_WAITS_FOR_HOME + std::time::Duration::from_secs(10);
+    let answer = tokio::time::timeout(limit, ask_home(node, &home, ask))
+        .await
+        .map_err(|_| {
+            anyhow!(
+                "home {home} gave no deputy for a child of PID {pid} within {} s",
+                limit.as_secs()
+            )
+        })??;
+    match answer {
+        Msg::DeputyForked { pid: child, .. } => Ok(child),
+        other => bail!("home {home} answered {}", kind(&other)),
+    }
+}
+
+/// The home node of the body in PID namespace `ns`, and its root's home PID. A tree that has
+/// just been rebuilt here runs before it is recorded as a body (a recovered tree, a body just
+/// moved in): its first question waits for that (10 s at most).
+async fn home_of(node: &Arc<Node>, ns: &str) -> Result<(String, i32)> {
     let recorded = async {
         loop {
             if let Some(x) = node
@@ -1077,62 +1236,37 @@ async fn fork_for_body(node: &Arc<Node>, ns: &str, pid: i32) -> Result<i32> {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     };
-    let (home, root) = tokio::time::timeout(std::time::Duration::from_secs(10), recorded)
+    tokio::time::timeout(std::time::Duration::from_secs(10), recorded)
         .await
         .ok()
         .flatten()
-        .ok_or_else(|| anyhow!("no body with a home runs in {ns}"))?;
-    let me = node.name().to_string();
-    if home == me {
-        return node.deputies.fork(&me, pid, Some(root)).await;
-    }
-    let ask = async {
-        let spare = node.exec_spares.take(&home);
-        node.exec_spares.refill(node.clone(), &home);
-        // A spare the peer has closed meanwhile fails before anything was asked of it: then
-        // on a fresh connection.
-        if let Some(mut conn) = spare {
-            if write_msg(
-                &mut conn.stream,
-                &Msg::ForkDeputy {
-                    pid,
-                    root: Some(root),
-                },
-            )
-            .await
-            .is_ok()
-            {
-                match read_msg(&mut conn.stream).await {
-                    Ok(Msg::DeputyForked { pid: child, .. }) => return Ok(child),
-                    Ok(Msg::Error { message }) => bail!("home {home}: {message}"),
-                    Ok(other) => bail!("home {home} answered {}", kind(&other)),
-                    Err(_) => {}
-                }
+        .ok_or_else(|| anyhow!("no body with a home runs in {ns}"))
+}
+
+/// Asks `home` (another node) `msg` for a body here and returns its answer (an `Error` is
+/// returned as an error). On a connection opened ahead of time (`exec::Spares`, as remote
+/// runs use) when there is one: the question waits for no handshake.
+async fn ask_home(node: &Arc<Node>, home: &str, msg: Msg) -> Result<Msg> {
+    let spare = node.exec_spares.take(home);
+    node.exec_spares.refill(node.clone(), home);
+    // A spare the peer has closed meanwhile fails before anything was asked of it: then on a
+    // fresh connection.
+    if let Some(mut conn) = spare {
+        if write_msg(&mut conn.stream, &msg).await.is_ok() {
+            match read_msg(&mut conn.stream).await {
+                Ok(Msg::Error { message }) => bail!("home {home}: {message}"),
+                Ok(answer) => return Ok(answer),
+                Err(_) => {}
             }
         }
-        let mut conn = node.dial(&home).await?;
-        write_msg(
-            &mut conn.stream,
-            &Msg::ForkDeputy {
-                pid,
-                root: Some(root),
-            },
-        )
-        .await?;
-        match read_msg(&mut conn.stream).await {
-            Ok(Msg::DeputyForked { pid: child, .. }) => Ok(child),
-            Ok(Msg::Error { message }) => bail!("home {home}: {message}"),
-            Ok(other) => bail!("home {home} answered {}", kind(&other)),
-            Err(e) => bail!("home {home} did not answer: {e}"),
-        }
-    };
-    let limit = FORK_WAITS_FOR_HOME + std::time::Duration::from_secs(10);
-    tokio::time::timeout(limit, ask).await.map_err(|_| {
-        anyhow!(
-            "home {home} gave no deputy for a child of PID {pid} within {} s",
-            limit.as_secs()
-        )
-    })?
+    }
+    let mut conn = node.dial(home).await?;
+    write_msg(&mut conn.stream, &msg).await?;
+    match read_msg(&mut conn.stream).await {
+        Ok(Msg::Error { message }) => bail!("home {home}: {message}"),
+        Ok(answer) => Ok(answer),
+        Err(e) => bail!("home {home} did not answer: {e}"),
+    }
 }
 
 /// How long a fork in a body waits for its home to know the body where it runs (the lazy phase
@@ -1185,6 +1319,7 @@ pub async fn serve_peer(node: &Node, from: &str, msg: Msg) -> Msg {
         }),
         Msg::BodyStatus { pid, status, root } => node.deputies.body_ended(from, pid, status, root),
         Msg::BodyMoved { pid, node: to } => moved(node, from, pid, &to),
+        Msg::BodyIds { pid, ids } => body_ids(node, from, pid, &ids),
         other => Err(anyhow!("unexpected {}", kind(&other))),
     };
     match r {
@@ -1273,6 +1408,11 @@ pub fn watch_supervisor(node: Arc<Node>, host_pid: i32) {
         }
         let gone = node.bodies.map.lock().expect("bodies lock").remove(&ns);
         node.bodies.calls.lock().expect("bodies lock").remove(&ns);
+        node.bodies
+            .watchers
+            .lock()
+            .expect("bodies lock")
+            .remove(&ns);
         node.bodies.held.lock().expect("bodies lock").remove(&ns);
         let Some((home, root)) = gone else {
             return;

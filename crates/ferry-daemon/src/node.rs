@@ -661,12 +661,14 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
         | Msg::FenceBody { .. }
         | Msg::BodyStatus { .. }
         | Msg::BodyMoved { .. }
-        | Msg::ForkDeputy { .. }) => {
+        | Msg::ForkDeputy { .. }
+        | Msg::BodyIds { .. }) => {
             let peer = conn.peer.clone();
             let reply = crate::deputies::serve_peer(node, &peer, m).await;
             write_msg(&mut conn.stream, &reply).await?;
             Ok(())
         }
+        m @ Msg::HomeCall { .. } => crate::deputies::serve_calls(node, conn, m).await,
         Msg::CheckpointBody { pid } => {
             crate::recovery::serve_checkpoint(node, &mut conn, pid).await
         }

@@ -572,6 +572,95 @@ impl Deputies {
         Ok(child)
     }
 
+    /// Body `pid` made a call only its home can answer (one of [`HOME_CALLS`]: a signal to a
+    /// process at home, or a change of its group or session): its deputy makes it here, injected, with `args` (six at most) and, for
+    /// a call that takes a siginfo, `data` (its bytes, from the body) in the deputy's scratch
+    /// page, its pointer argument pointing there. The kernel checks the deputy's credentials,
+    /// the process's own at home, as it would have had it never left, and the signal's sender
+    /// is its PID here. `uids` are the caller's (real, effective, saved) in the body: a body
+    /// whose uids are no longer its deputy's is refused (`Refused`), rather than send with
+    /// rights it no longer has. Returns what the call returned (a value or -errno). A signal
+    /// the deputy sends itself (its own process group's) is held back and forwarded to the body
+    /// as any other.
+    pub fn call(
+        &mut self,
+        pid: i32,
+        nr: i64,
+        args: &[u64],
+        data: &[u8],
+        uids: [u32; 3],
+    ) -> Result<i64> {
+        let &(_, name, info_arg) = HOME_CALLS
+            .iter()
+            .find(|(n, _, _)| *n == nr)
+            .ok_or_else(|| Error::Refused(format!("system call {nr} is not one made at home")))?;
+        if args.len() > 6 || data.len() > 128 || info_arg.is_some_and(|k| k >= args.len()) {
+            return Err(Error::Refused(format!(
+                "{name}: {} arguments and {} bytes of data",
+                args.len(),
+                data.len()
+            )));
+        }
+        let i = self
+            .procs
+            .iter()
+            .position(|d| d.pid == pid)
+            .ok_or(Error::Unknown(pid))?;
+        {
+            let d = &self.procs[i];
+            if d.ending.is_some() || d.stopped || d.stopping.is_some() {
+                return Err(Error::Refused(format!(
+                    "deputy {pid} is stopped, stopping or ending with its body: no {name} from it"
+                )));
+            }
+        }
+        let theirs = uids_of(pid).ok_or(Error::Unknown(pid))?;
+        if theirs != uids {
+            return Err(Error::Refused(format!(
+                "the body of PID {pid} has uids {uids:?} (real, effective, saved), its deputy \
+                 {theirs:?}: a credential change in a body is not followed at home, so its \
+                 {name} is not made there"
+            )));
+        }
+        let (at, template) = {
+            let d = &self.procs[i];
+            (d.syscall_at, d.template)
+        };
+        if !self.interrupt(i)? {
+            return Err(Error::Refused(format!("deputy {pid} ended")));
+        }
+        let i = self
+            .procs
+            .iter()
+            .position(|d| d.pid == pid)
+            .ok_or(Error::Unknown(pid))?;
+        // Its signals blocked meanwhile (one it sends itself waits, pending, for the parking,
+        // which unblocks them: then it is held back and forwarded as usual).
+        let made = ptrace::set_sigmask(pid, u64::MAX)
+            .map_err(sys_err(pid, format!("block its signals for {name}")))
+            .and_then(|()| self.injector(i))
+            .and_then(|(pid, inj)| {
+                let mut a = [0u64; 6];
+                a[..args.len()].copy_from_slice(args);
+                if let Some(k) = info_arg {
+                    let mut info = [0u8; 128];
+                    info[..data.len()].copy_from_slice(data);
+                    a[k] = inj
+                        .write_scratch(0, &info)
+                        .map_err(inj_err(pid, "write a siginfo"))?;
+                }
+                let r = inj
+                    .syscall_raw(name, nr, &a[..])
+                    .map_err(inj_err(pid, name))?;
+                inj.finish().map_err(inj_err(pid, "finish"))?;
+                Ok(r)
+            });
+        let parked = self.park(pid, pid, at, &template);
+        let r = made?;
+        parked?;
+        Ok(r)
+    }
+
     fn handle(&mut self, tid: i32, status: i32) {
         let Some(i) = self.owner(tid) else {
             return;
@@ -968,6 +1057,29 @@ impl Deputies {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
+}
+
+/// The calls a body's deputy makes at home for it ([`Deputies::call`]: a signal to a process
+/// at home, a change of its group or session): x86_64 number, name,
+/// and the argument that points to a siginfo, for those that take one.
+pub const HOME_CALLS: [(i64, &str, Option<usize>); 7] = [
+    (libc::SYS_setpgid, "setpgid", None),
+    (libc::SYS_setsid, "setsid", None),
+    (libc::SYS_kill, "kill", None),
+    (libc::SYS_tkill, "tkill", None),
+    (libc::SYS_tgkill, "tgkill", None),
+    (libc::SYS_rt_sigqueueinfo, "rt_sigqueueinfo", Some(2)),
+    (libc::SYS_rt_tgsigqueueinfo, "rt_tgsigqueueinfo", Some(3)),
+];
+
+/// The real, effective and saved uids of process `pid`.
+fn uids_of(pid: i32) -> Option<[u32; 3]> {
+    let s = procfs::status(pid).ok()?;
+    let v: Vec<u32> = procfs::field(&s, "Uid")
+        .split_whitespace()
+        .filter_map(|u| u.parse().ok())
+        .collect();
+    Some([*v.first()?, *v.get(1)?, *v.get(2)?])
 }
 
 /// Whether the process group of `pid` is orphaned: no member has a parent in another group of

@@ -411,6 +411,39 @@ pub enum Msg {
         home_node: String,
         home_pid: i32,
     },
+    /// Body's node to home, and a daemon to its deputies' worker: process `pid` of a body made
+    /// system call `nr` with `args`, one that only its home can answer (a signal to a process
+    /// there: `kill`, `tkill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo`): its deputy
+    /// makes it at home, injected, and the result goes back (`HomeCalled`). `data`: the
+    /// siginfo the call's pointer argument names, read from the body. `uids`: the calling
+    /// thread's real, effective and saved uids in the body, which must be its deputy's. `root`
+    /// as in `ForkDeputy` (None to the worker, `pid` then being the deputy's).
+    HomeCall {
+        pid: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        root: Option<i32>,
+        nr: i64,
+        args: Vec<u64>,
+        #[serde(default)]
+        data: ByteBuf,
+        uids: [u32; 3],
+    },
+    /// Home to the node running the body of the tree whose root is home PID `pid`: the root's
+    /// parent, group or session at home changed (its parent died and it was reparented, or it
+    /// was moved to another group from home): its guest init answers `getppid`, `getpgid`,
+    /// `getsid` with these from now on. `Done` or `Error`.
+    BodyIds {
+        pid: i32,
+        ids: HomeIds,
+    },
+    /// Answer to `HomeCall`: what the call returned at home (a value, or -errno), or why it
+    /// was not made (`error`; the body's call then fails with EPERM).
+    HomeCalled {
+        pid: i32,
+        ret: i64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
 }
 
 /// A pipe the moving tree shares with a process outside it: a descriptor through which the

@@ -221,6 +221,30 @@ pub const CLONES: [(u32, &str); 4] = [
     (libc::SYS_vfork as u32, "vfork"),
 ];
 
+/// The calls that send a signal to a PID: handed to the supervisor, which lets one whose target
+/// is a process of the body's own PID namespace (the tree, known by its home PIDs) go on in the
+/// kernel (SECCOMP_USER_NOTIF_FLAG_CONTINUE), and sends any other home: there the caller's
+/// deputy makes the same call (injected), with the process's credentials at home, and its
+/// result is the caller's. `pidfd_open` is not among them: a pidfd of a process at home cannot
+/// be handed to a body on another node (docs/limitations.md).
+pub const KILLS: [(u32, &str); 5] = [
+    (libc::SYS_kill as u32, "kill"),
+    (libc::SYS_tkill as u32, "tkill"),
+    (libc::SYS_tgkill as u32, "tgkill"),
+    (libc::SYS_rt_sigqueueinfo as u32, "rt_sigqueueinfo"),
+    (libc::SYS_rt_tgsigqueueinfo as u32, "rt_tgsigqueueinfo"),
+];
+
+/// The calls that change a process's group or session: handed to the supervisor, which has
+/// the caller's deputy make the same call at home first (so the home's job control and
+/// `getpgid` from home see the change, or the home's kernel refuses it), then lets it go on in
+/// the kernel, or, for the tree's root, whose group and session in the body stand for its home
+/// ones, answers with what home said and keeps the new values.
+pub const GROUPS: [(u32, &str); 2] = [
+    (libc::SYS_setpgid as u32, "setpgid"),
+    (libc::SYS_setsid as u32, "setsid"),
+];
+
 /// Handed to the supervisor too, but only by the filter of a process that holds a relayed
 /// socket (`SocketDesc::relayed`): the supervisor answers them with the original's names (and
 /// inode, for fstat) for that socket and lets them run in the kernel for anything else.
@@ -262,13 +286,17 @@ fn insn(code: u16, jt: u8, jf: u8, k: u32) -> [u8; 8] {
     b
 }
 
-/// Ferry's filter: the calls of [`FORWARDED`] (native x86_64 ones), and with `names` those of
+/// Ferry's filter: the calls of [`FORWARDED`], [`CLONES`], [`KILLS`] and [`GROUPS`] (native
+/// x86_64 ones),
+/// and with `names` those of
 /// [`NAMES`] and [`NAMES_AT`], go to the supervisor; everything else is allowed in the kernel.
 /// Always the same bytes for the same `names`, so that a capture knows it.
 pub fn forwarding_program(names: bool) -> Vec<u8> {
     let calls: Vec<u32> = FORWARDED
         .iter()
         .chain(CLONES.iter())
+        .chain(KILLS.iter())
+        .chain(GROUPS.iter())
         .chain(NAMES.iter().filter(|_| names))
         .map(|(nr, _)| *nr)
         .collect();
@@ -400,7 +428,12 @@ mod tests {
             let prog = super::forwarding_program(names);
             assert_eq!(prog.len() % 8, 0);
             let call = |nr: i64, args: [u64; 6]| run(&prog, x86, nr as u32, args);
-            for (nr, _) in super::FORWARDED.into_iter().chain(super::CLONES) {
+            for (nr, _) in super::FORWARDED
+                .into_iter()
+                .chain(super::CLONES)
+                .chain(super::KILLS)
+                .chain(super::GROUPS)
+            {
                 assert_eq!(call(nr as i64, [0; 6]), NOTIF);
                 // i386's numbers mean other calls.
                 assert_eq!(run(&prog, 0x4000_0003, nr, [0; 6]), ALLOW);
@@ -428,7 +461,11 @@ mod tests {
                 assert_eq!(call(nr, at(empty)), ALLOW);
             }
         }
-        // Without names: the forwarded calls and the clones, nothing else.
-        assert_eq!(super::forwarding_program(false).len() / 8, 3 + 4 + 4 + 2);
+        // Without names: the forwarded calls, the clones, the kills and the group calls,
+        // nothing else.
+        assert_eq!(
+            super::forwarding_program(false).len() / 8,
+            3 + 4 + 4 + 5 + 2 + 2
+        );
     }
 }

@@ -36,6 +36,10 @@ pub struct Forks {
     report: Option<(std::os::unix::net::UnixDatagram, String)>,
     /// Processes of the tree whose end is told home from here: PID, pidfd.
     pub watched: Vec<(i32, OwnedFd)>,
+    /// Those of them found stopped (group-stop) at the last look, and when that was: their
+    /// stops and continues are told home too (the kernel tells only their parents).
+    stopped: std::collections::HashSet<i32>,
+    looked: Option<std::time::Instant>,
 }
 
 /// What a clone call needs once it has been let go: the PID its child is to get.
@@ -84,6 +88,8 @@ impl Forks {
             last_pid,
             report,
             watched: Vec::new(),
+            stopped: Default::default(),
+            looked: None,
         }
     }
 
@@ -104,7 +110,7 @@ impl Forks {
 
     /// Logs `text`, and has the node's daemon log it ("NS log TEXT" on the report socket): this
     /// init's own stderr is /dev/null.
-    fn say(&self, text: &str) {
+    pub fn say(&self, text: &str) {
         log::warn!("guest init: {text}");
         if let Some((sock, ns)) = &self.report {
             let _ = sock.send(format!("{ns} log {text}").as_bytes());
@@ -119,8 +125,53 @@ impl Forks {
         }
     }
 
+    /// Tells the daemon the tree's root has this parent, group and session at home now (they
+    /// travel with the body's next move).
+    pub fn tell_ids(&self, ppid: i32, pgid: i32, sid: i32) {
+        if let Some((sock, ns)) = &self.report {
+            let _ = sock.send(format!("{ns} ids {ppid} {pgid} {sid}\n").as_bytes());
+        }
+    }
+
+    /// Gives the daemon one end of a socket pair ("NS watch" on the report socket) on which
+    /// it tells this init the root's new identities at home ("I PPID PGID SID"); returns the
+    /// other end. None without a daemon.
+    pub fn watch_home(&self) -> Option<OwnedFd> {
+        let (sock, ns) = self.report.as_ref()?;
+        let (ours, theirs) = ferry_sys::sockets::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+        )
+        .map_err(|e| log::warn!("guest init: make a socket pair to watch home: {e}"))
+        .ok()?;
+        ferry_sys::sockets::send(
+            sock.as_raw_fd(),
+            format!("{ns} watch\n").as_bytes(),
+            None,
+            &[theirs.as_raw_fd()],
+            0,
+        )
+        .map_err(|e| log::warn!("guest init: ask the daemon to tell home's changes: {e}"))
+        .ok()?;
+        Some(ours)
+    }
+
     /// Asks home, through the daemon, for the PID of a child of `parent`.
     fn ask_home(&self, parent: i32) -> Result<i32, String> {
+        let text = self.ask(&format!("fork {parent}"))?;
+        match text.split_at_checked(1) {
+            Some(("P", pid)) => pid
+                .trim()
+                .parse::<i32>()
+                .map_err(|_| format!("a bad answer {text:?}")),
+            Some(("E", why)) => Err(why.to_string()),
+            _ => Err("the daemon closed the question unanswered".into()),
+        }
+    }
+
+    /// Asks the daemon `question` ("NS QUESTION" on the report socket, with one end of a
+    /// socket pair for the answer) and returns its answer, waiting 45 s at most.
+    pub fn ask(&self, question: &str) -> Result<String, String> {
         let (sock, ns) = self
             .report
             .as_ref()
@@ -132,7 +183,7 @@ impl Forks {
         .map_err(|e| format!("make a socket pair: {e}"))?;
         ferry_sys::sockets::send(
             sock.as_raw_fd(),
-            format!("{ns} fork {parent}\n").as_bytes(),
+            format!("{ns} {question}\n").as_bytes(),
             None,
             &[theirs.as_raw_fd()],
             0,
@@ -146,15 +197,7 @@ impl Forks {
         }
         let r = ferry_sys::sockets::recv(ours.as_raw_fd(), 4096, 0)
             .map_err(|e| format!("read the answer: {e}"))?;
-        let text = String::from_utf8_lossy(&r.data).into_owned();
-        match text.split_at_checked(1) {
-            Some(("P", pid)) => pid
-                .trim()
-                .parse::<i32>()
-                .map_err(|_| format!("a bad answer {text:?}")),
-            Some(("E", why)) => Err(why.to_string()),
-            _ => Err("the daemon closed the question unanswered".into()),
-        }
+        Ok(String::from_utf8_lossy(&r.data).into_owned())
     }
 
     /// Prepares clone call `n` (already known to be one of CLONES): `Ok(None)` lets a thread
@@ -294,6 +337,43 @@ impl Forks {
         }
     }
 
+    /// Looks (at most five times a second) whether a watched process stopped or continued
+    /// since the last look, and tells home (its deputy stops or continues the same way). A
+    /// process of the body can only be stopped by SIGSTOP here (its group is orphaned in the
+    /// body's namespace, so the kernel discards SIGTSTP, SIGTTIN and SIGTTOU), or by a stop
+    /// signal from home delivered as SIGSTOP, which the daemon reports as the signal home sent:
+    /// the stop is told as SIGSTOP's. A process stopped by a tracer (ferry capturing the body) is
+    /// neither.
+    pub fn look_for_stops(&mut self) {
+        if self.watched.is_empty()
+            || self
+                .looked
+                .is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(200))
+        {
+            return;
+        }
+        self.looked = Some(std::time::Instant::now());
+        let pids: Vec<i32> = self.watched.iter().map(|(p, _)| *p).collect();
+        for pid in pids {
+            let Some((state, _, _)) = stat_of(pid) else {
+                continue;
+            };
+            let was = self.stopped.contains(&pid);
+            match state {
+                'T' if !was => {
+                    self.stopped.insert(pid);
+                    self.tell_end(pid, (libc::SIGSTOP << 8) | 0x7f);
+                }
+                't' | 'T' | 'Z' | 'X' => {}
+                _ if was => {
+                    self.stopped.remove(&pid);
+                    self.tell_end(pid, 0xffff);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// The init reaped (and reported) these: no longer watched.
     pub fn reaped(&mut self, pids: &[i32]) {
         self.watched.retain(|(w, _)| !pids.contains(w));
@@ -303,6 +383,7 @@ impl Forks {
     /// child, which the init reaps and reports), and it is no longer watched.
     pub fn ended(&mut self, i: usize) {
         let (pid, fd) = self.watched.remove(i);
+        self.stopped.remove(&pid);
         match stat_of(pid) {
             Some((_, 1, _)) => {}
             Some(('Z', _, status)) => self.tell_end(pid, status),

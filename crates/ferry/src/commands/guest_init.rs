@@ -11,7 +11,7 @@
 //! In a body's namespaces (`--home`), it is also the supervisor of Ferry's seccomp filter: the
 //! listeners of the tree's processes come through the hold socket (SCM_RIGHTS), and it answers
 //! `getppid`, `getpgrp`, `getpgid` and `getsid` with the values the home gave (see
-//! [`Supervisor`]), and `getsockname` and `getpeername` of the tree's relayed sockets with the
+//! [`Supervisor`]), signals to processes at home (super::guest_kills), and `getsockname` and `getpeername` of the tree's relayed sockets with the
 //! names they had at home (their filters hand those over only in processes that hold one). It names its UTS namespace after the home (`--hostname`). If it dies, the
 //! kernel kills every process of its namespace: no body ever sees ENOSYS from a call nobody
 //! answers.
@@ -75,7 +75,7 @@ fn parse_home(s: &str) -> Result<HomeIds> {
 
 /// Parent, process group and session of thread `tid` (this namespace's numbers), from
 /// /proc/TID/stat: the cheapest of /proc's files that has them.
-fn ids_of(tid: i32) -> Option<(i32, i32, i32)> {
+pub(crate) fn ids_of(tid: i32) -> Option<(i32, i32, i32)> {
     let s = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
     // "tid (comm) state ppid pgrp session ...": comm may hold anything but its last ')'.
     let mut f = s[s.rfind(')')? + 1..].split_whitespace().skip(1);
@@ -119,6 +119,11 @@ struct Supervisor {
     inbox: Vec<u8>,
     /// The processes the body makes, and those whose end is told home from here.
     forks: super::guest_forks::Forks,
+    /// Where the daemon tells the root's new parent, group and session at home ("I PPID PGID
+    /// SID"), and when it was last asked for (asked again a few seconds after it hangs up: a
+    /// daemon that restarted).
+    watch: Option<std::os::fd::OwnedFd>,
+    watch_asked: Option<std::time::Instant>,
 }
 
 /// How a forwarded call is answered: a value, an errno, or by the kernel itself
@@ -180,6 +185,7 @@ impl Supervisor {
             // The tree is whole: the ends of its processes this init is not the parent of
             // are told home from here.
             self.forks.watch_tree(self.home.root);
+            self.watch_home();
         }
         self.listeners.extend(rights);
     }
@@ -329,6 +335,119 @@ impl Supervisor {
         Answer::Value(0)
     }
 
+    /// Asks the daemon to tell the root's changes at home, unless it already does or was
+    /// asked less than 5 s ago.
+    fn watch_home(&mut self) {
+        if self.watch.is_some()
+            || self
+                .watch_asked
+                .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(5))
+        {
+            return;
+        }
+        self.watch_asked = Some(std::time::Instant::now());
+        self.watch = self.forks.watch_home();
+    }
+
+    /// Reads what the daemon said on the watch socket (`events`: what poll said of it): the
+    /// root's parent, group and session at home, from now on.
+    fn watched_home(&mut self, events: i16) {
+        let Some(fd) = self.watch.as_ref().map(|w| w.as_raw_fd()) else {
+            return;
+        };
+        if events & libc::POLLIN != 0 {
+            if let Ok(r) = ferry_sys::sockets::recv(fd, 256, libc::MSG_DONTWAIT) {
+                let text = String::from_utf8_lossy(&r.data);
+                let v: Vec<i32> = text
+                    .strip_prefix("I ")
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                if let [ppid, pgid, sid] = v[..] {
+                    (self.home.ppid, self.home.pgid, self.home.sid) = (ppid, pgid, sid);
+                    return;
+                }
+                if !r.data.is_empty() {
+                    log::warn!("guest init: a bad word from the daemon: {text:?}");
+                    return;
+                }
+            }
+        }
+        if events & (libc::POLLHUP | libc::POLLERR) != 0 || events & libc::POLLIN != 0 {
+            // Hung up (or end of file): its daemon is gone; asked again later.
+            self.watch = None;
+        }
+    }
+
+    /// A signal sent by a process of the body (`n`, from `listener`): one to a process of the
+    /// body's namespace goes on in the kernel, any other is made at home by the caller's
+    /// deputy (super::guest_kills).
+    fn kill(&self, n: &ferry_sys::seccomp::Notif, listener: i32) -> Answer {
+        use super::guest_kills::{at_home, target, Target};
+        let args: [u64; 6] = n.args;
+        match target(n.nr as i64, &args, n.pid, self.home.root, self.home.pgid) {
+            Target::Here => Answer::Kernel,
+            Target::Home { info } => {
+                let Some(pid) = tgid_of(n.pid) else {
+                    return Answer::Errno(libc::ESRCH);
+                };
+                match at_home(&self.forks, n, listener, pid, info) {
+                    Ok(v) => Answer::Value(v),
+                    Err(e) => Answer::Errno(e),
+                }
+            }
+        }
+    }
+
+    /// setpgid or setsid by a process of the body (`n`, from `listener`): its deputy makes the
+    /// same call at home first, so the home's job control and `getpgid` from home follow; if
+    /// the home's kernel refuses, so does this. Then the call goes on in the kernel here, but
+    /// for the tree's root: its group and session here (its own, numbered as itself) stand for
+    /// its home ones, so it stays in them, and they stand for the new ones from now on (told
+    /// to the daemon, for the body's next move). A process joining the root's group by its home
+    /// number (which is no group here) is refused (EPERM) before home is asked: the body's
+    /// kernel could not follow.
+    fn group(&mut self, n: &ferry_sys::seccomp::Notif, listener: i32) -> Answer {
+        let Some(pid) = tgid_of(n.pid) else {
+            return Answer::Errno(libc::ESRCH);
+        };
+        let h = self.home;
+        let setsid = n.nr as i64 == libc::SYS_setsid;
+        // setpgid(0 or PID, 0 or PGID): which process, and which group.
+        let target = match n.args[0] as i32 {
+            0 => pid,
+            t => t,
+        };
+        let group = match n.args[1] as i32 {
+            0 => target,
+            g => g,
+        };
+        if !setsid && target != h.root && group == h.pgid && h.pgid != h.root {
+            self.forks.say(&format!(
+                "PID {pid} moves PID {target} into group {group}, the tree's group at home, which \
+                 the body's namespace numbers {}: not followed; the call fails with EPERM",
+                h.root
+            ));
+            return Answer::Errno(libc::EPERM);
+        }
+        let done = match super::guest_kills::at_home(&self.forks, n, listener, pid, None) {
+            Ok(v) => v,
+            Err(e) => return Answer::Errno(e),
+        };
+        if setsid && pid == h.root {
+            self.home.sid = done as i32;
+            self.home.pgid = done as i32;
+        } else if !setsid && target == h.root {
+            self.home.pgid = group;
+        } else {
+            return Answer::Kernel;
+        }
+        self.forks
+            .tell_ids(self.home.ppid, self.home.pgid, self.home.sid);
+        Answer::Value(done)
+    }
+
     /// The answer to notification `n`: a value, or an errno.
     fn answer(&self, n: &ferry_sys::seccomp::Notif) -> std::result::Result<i64, i32> {
         let h = self.home;
@@ -395,6 +514,10 @@ impl Supervisor {
                 }
                 Err(e) => Answer::Errno(e),
             }
+        } else if super::guest_kills::is_kill(nr) {
+            self.kill(&n, fd)
+        } else if nr == libc::SYS_setpgid || nr == libc::SYS_setsid {
+            self.group(&n, fd)
         } else if nr == libc::SYS_getsockname || nr == libc::SYS_getpeername {
             self.name(&n, fd)
         } else if nr == libc::SYS_fstat || nr == libc::SYS_newfstatat || nr == libc::SYS_statx {
@@ -516,6 +639,8 @@ pub fn run(a: Args) -> Result<()> {
                     ns.clone(),
                 ))
             })),
+            watch: None,
+            watch_asked: None,
         }),
         None => None,
     };
@@ -558,11 +683,21 @@ pub fn run(a: Args) -> Result<()> {
         fds[1] = hold.as_ref().map_or(-1, |h| h.as_raw_fd());
         let listening = sup.as_ref().map_or(0, |s| s.listeners.len());
         let watching = sup.as_ref().map_or(0, |s| s.forks.watched.len());
+        if let Some(s) = sup.as_mut() {
+            if s.watch.is_none() && !s.listeners.is_empty() {
+                s.watch_home();
+            }
+        }
         if let Some(s) = &sup {
             fds.extend(s.listeners.iter().map(|l| l.as_raw_fd()));
             fds.extend(s.forks.watched.iter().map(|(_, w)| w.as_raw_fd()));
+            // Last: the daemon's word of home's changes.
+            fds.push(s.watch.as_ref().map_or(-1, |w| w.as_raw_fd()));
         }
-        let events = match ns::poll_events(&fds, 1000) {
+        // While it watches processes of the tree it is not the parent of, it looks at them
+        // five times a second for stops and continues.
+        let wait = if watching > 0 { 200 } else { 1000 };
+        let events = match ns::poll_events(&fds, wait) {
             Ok(r) => r,
             Err(e) => {
                 log::warn!("guest init: {e}");
@@ -610,6 +745,12 @@ pub fn run(a: Args) -> Result<()> {
                     s.forks.ended(i);
                 }
             }
+            if let Some(&ev) = events.get(2 + listening + watching) {
+                if ev != 0 {
+                    s.watched_home(ev);
+                }
+            }
+            s.forks.look_for_stops();
         }
     }
 }
@@ -634,6 +775,8 @@ mod tests {
             sockfs: 0,
             inbox: Vec::new(),
             forks: crate::commands::guest_forks::Forks::new(None),
+            watch: None,
+            watch_asked: None,
         }
     }
 

@@ -12,6 +12,7 @@ pub mod evict;
 pub mod guest_confine;
 pub mod guest_forks;
 pub mod guest_init;
+pub mod guest_kills;
 pub mod hosts;
 pub mod image;
 pub mod make;

@@ -750,6 +750,32 @@ fn serve_deputies(
                         }
                     });
                 }
+                Some(Msg::HomeCall {
+                    pid,
+                    nr,
+                    args,
+                    data,
+                    uids,
+                    ..
+                }) => {
+                    // A body's signal to a process at home, made by its deputy: answered at the
+                    // top of the loop, in order with what else happened.
+                    untold.push(match deputies.call(pid, nr, &args, &data, uids) {
+                        Ok(ret) => Msg::HomeCalled {
+                            pid,
+                            ret,
+                            error: None,
+                        },
+                        Err(e) => {
+                            log::warn!("deputies: call {nr} of PID {pid} at home: {e}");
+                            Msg::HomeCalled {
+                                pid,
+                                ret: -(libc::EPERM as i64),
+                                error: Some(format!("{e}")),
+                            }
+                        }
+                    });
+                }
                 Some(Msg::ReleaseDeputies) => {
                     // Coming home: the restore worker takes them over, once none is between
                     // a stop and a continue its body reported (the last report may still be on

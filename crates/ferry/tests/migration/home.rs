@@ -887,7 +887,7 @@ until('end')
 "#;
 
 /// Waits up to 20 s for `cond`.
-fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<(), Failed> {
+pub(super) fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<(), Failed> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cond() {
         if Instant::now() > deadline {
@@ -899,7 +899,7 @@ fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<(), Failed> {
 }
 
 /// PPid of `pid` at home (this machine), 0 if it is gone.
-fn ppid_here(pid: i32) -> i32 {
+pub(super) fn ppid_here(pid: i32) -> i32 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {

@@ -5,19 +5,22 @@
 //! wire.
 //!
 //! The trials are in `faults.rs` (failures around the commit point, hostile peers, refusals),
-//! `relays.rs` (pipes, UNIX and TCP peers relayed from home) and `home.rs` (what the deputy
-//! keeps: a parent's wait, terminals, identities, coming home); this file has the moves around
-//! the cluster and the shared helpers.
+//! `relays.rs` (pipes, UNIX and TCP peers relayed from home), `home.rs` (what the deputy
+//! keeps: a parent's wait, terminals, identities, coming home) and `kills.rs` (a body's
+//! signals to processes at home, its group changes made there, its home parent's death, its
+//! children's stops); this file has the moves around the cluster and the shared helpers.
 
 #[path = "../common/mod.rs"]
 mod common;
 mod faults;
 mod home;
+mod kills;
 mod onward;
 mod relays;
 
 use faults::*;
 use home::*;
+use kills::*;
 use onward::*;
 use relays::*;
 
@@ -170,6 +173,18 @@ fn main() {
         Trial::test(
             "a_moved_process_keeps_its_home_identities",
             keeps_home_identities,
+        ),
+        Trial::test(
+            "a_body_signals_processes_at_home_as_it_did_there",
+            a_body_signals_processes_at_home,
+        ),
+        Trial::test(
+            "a_body_follows_its_home_parents_death",
+            a_body_follows_its_home_parents_death,
+        ),
+        Trial::test(
+            "a_forked_childs_stop_and_continue_show_at_home",
+            a_forked_childs_stop_and_continue_show_at_home,
         ),
         Trial::test(
             "a_body_whose_supervisor_dies_is_killed_and_its_parent_told",
