@@ -73,9 +73,53 @@ pub fn clear_stale_runs(runs_root: &Path) {
         let name = e.file_name();
         if let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) {
             if !Path::new(&format!("/proc/{pid}")).exists() {
+                detach_mounts_under(&e.path());
                 let _ = fs::remove_dir_all(e.path());
             }
         }
+    }
+}
+
+/// Detaches every mount of our mount namespace whose mount point is `dir` or below it,
+/// deepest first: what a test program mounted in its directory (fd_fanotify_mount's tmpfs)
+/// and left behind when it was killed, or when its copy was rebuilt in a mount namespace of
+/// its own and unmounted them only there.
+pub fn detach_mounts_under(dir: &Path) {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    // Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
+    let unescape = |f: &str| {
+        let b = f.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'\\' && i + 3 < b.len() {
+                if let Ok(v) = u8::from_str_radix(&f[i + 1..i + 4], 8) {
+                    out.push(v);
+                    i += 4;
+                    continue;
+                }
+            }
+            out.push(b[i]);
+            i += 1;
+        }
+        std::path::PathBuf::from(std::ffi::OsString::from_vec(out))
+    };
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let mut points: Vec<std::path::PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    for p in points {
+        let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+            continue;
+        };
+        // SAFETY: umount2 reads a NUL-terminated path; MNT_DETACH only unhooks that mount.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     }
 }
 

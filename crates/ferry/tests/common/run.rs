@@ -885,6 +885,7 @@ impl Run {
             sleep(Duration::from_millis(5));
         }
         reap_zombies();
+        super::detach_mounts_under(&self.base);
     }
 
     /// Passed: clean up, and drop the run directory unless asked to keep it.
