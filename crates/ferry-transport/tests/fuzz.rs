@@ -114,7 +114,18 @@ fn messages() -> Vec<Msg> {
             }],
             timeline: vec![ferry_transport::message::Stamp::now("rebuilt")],
         }),
-        Msg::RelayOpen { pid: 7, pipe: 1 },
+        Msg::RelayOpen {
+            pid: 7,
+            pipe: 1,
+            at: None,
+        },
+        Msg::RelayOpen {
+            pid: 7,
+            pipe: 1,
+            at: Some(4096),
+        },
+        Msg::RelayAt { at: 9 },
+        Msg::RelayAck { at: 10 },
         Msg::Commit,
         Msg::Resumed,
         Msg::Abort {

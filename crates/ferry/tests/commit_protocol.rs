@@ -75,6 +75,10 @@ fn main() {
             "a_ferry_run_program_is_checkpointed_at_its_own_interval_and_recovered",
             run_program_checkpointed,
         ),
+        Trial::test(
+            "a_pipeline_stage_keeps_its_relays_through_a_home_daemon_restart",
+            relays_survive_home_restart,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -1188,4 +1192,126 @@ fn is_deputy(pid: i32) -> bool {
         .map(|m| m.lines().count())
         .unwrap_or(usize::MAX);
     traced && mappings <= 8
+}
+
+/// The middle stage of a shell pipeline (`seq | stage | reader`, all at a) moves to b while
+/// lines flow through it, both its stdin and stdout relayed by a; then a's daemon is killed
+/// outright (SIGKILL) and restarted while the stage reads and writes. The relays' home ends and
+/// buffers outlive the daemon in their holders, the restarted daemon takes them back, and b
+/// dials again: the reader gets every line once, in order, and the shell's `wait` (pipefail)
+/// gets the moved stage's own exit status. Before, the stage saw end of file and the reader
+/// lost what was in flight.
+fn relays_survive_home_restart() -> Result<(), Failed> {
+    let c = shared("cp-relay-restart", &[]);
+    let dir = scratch("commit_protocol", "relay-restart");
+    let middle = "import sys,os,time\n\
+        open(sys.argv[1]+'/pid.tmp','w').write(str(os.getpid()))\n\
+        os.rename(sys.argv[1]+'/pid.tmp', sys.argv[1]+'/pid')\n\
+        for l in sys.stdin:\n\
+        \x20   print(int(l)*2, flush=True)\n\
+        \x20   time.sleep(0.0005)\n\
+        sys.exit(3)\n";
+    let reader = "import sys\n\
+        n=0\n\
+        for l in sys.stdin:\n\
+        \x20   n+=1\n\
+        \x20   assert int(l)==2*n, (l, n)\n\
+        \x20   open(sys.argv[1]+'/lines','w').write(str(n)) if n % 500 == 0 else None\n\
+        open(sys.argv[1]+'/lines','w').write(str(n))\n";
+    let script = "set -o pipefail; seq 1 20000 \
+        | python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\"";
+    let mut sh = Reaped(
+        Command::new("bash")
+            .args(["-c", script, "relay-restart"])
+            .arg(&dir)
+            .arg(middle)
+            .arg(reader)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("sh.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b"]);
+    let lines = || {
+        std::fs::read_to_string(dir.join("lines"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pid: i32 = loop {
+        if let Some(p) = std::fs::read_to_string(dir.join("pid"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            break p;
+        }
+        if Instant::now() > deadline {
+            return Err("the middle stage did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    if let Err(e) = migrate(&c, "a", pid, "b") {
+        return Err(format!("the middle stage did not move: {e}").into());
+    }
+    // Lines flow through b before a's daemon dies.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lines() < 1000 {
+        if Instant::now() > deadline {
+            return Err(format!("no lines through the relays\n{}", logs()).into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = Command::new("kill")
+        .args(["-9", &c.daemon_pid("a").to_string()])
+        .status();
+    wait_daemon_gone(&c, "a");
+    let at_kill = lines();
+    std::thread::sleep(Duration::from_secs(1));
+    restart(&c, "a");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let st = loop {
+        if let Some(st) = sh.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the pipeline did not end; the reader read {} lines ({at_kill} when a died)\n{}",
+                lines(),
+                logs()
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = std::fs::read_to_string(dir.join("sh.err")).unwrap_or_default();
+    if at_kill >= 20000 {
+        return Err("the pipeline was done before a's daemon died: nothing tested".into());
+    }
+    if lines() != 20000 || st.code() != Some(3) {
+        return Err(format!(
+            "the reader read {} lines, not 20000 once in order ({at_kill} when a died), and \
+             the shell saw {st:?}, not the stage's 3: {err}\n{}",
+            lines(),
+            logs()
+        )
+        .into());
+    }
+    let a = c.log("a");
+    if !a.contains("relay-recovered") {
+        return Err(format!("a's log says nothing of its relays taken up again\n{a}").into());
+    }
+    Ok(())
+}
+
+/// A child killed and reaped when dropped (a test that fails leaves nothing running).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -1,0 +1,213 @@
+//! What a pipe's relay keeps at home so that it outlives its home daemon (a crash, a restart).
+//!
+//! Each relayed pipe's home end has a buffer beside it (a memfd), and both are held by a small
+//! holder process (`sleep infinity`, its stdin the pipe's end, its stdout the buffer), started
+//! by the daemon in a process group of its own: it does not die with the daemon. The relay's
+//! state is in the two descriptions themselves, so that nothing the daemon knew only in its
+//! memory is needed to go on:
+//! - the body reads (home reads its pipe): the daemon moves what it reads from the pipe into
+//!   the buffer with `splice` (one call: the bytes leave the pipe and the buffer's position
+//!   advances together), and sends from the buffer; the position is how many bytes home took
+//!   from its pipe. The body's node acknowledges what it wrote into the body's stand-in
+//!   (`RelayAck`), and home frees the buffer below that;
+//! - the body writes (home writes its pipe): what comes from the body's node is written at the
+//!   buffer's end, and acknowledged; the buffer's size is how much home received, and its
+//!   position, advanced by `splice` into the pipe, how much it wrote into the pipe.
+//!
+//! A relay the body reads also keeps the offset its body's node last acknowledged in a second
+//! memfd (the holder's stderr): a node the body moves on to is sent from there.
+//!
+//! Which relays there are, with their holder's PID and start time, is recorded durably
+//! (crate::state::RELAY); a restarted daemon takes both descriptions back from the holder with
+//! pidfd_getfd and waits for the body's node, which dials again and says where it stands
+//! (`RelayOpen::at`). A holder is ended (SIGKILL) when its relay ends, which closes the home's
+//! end as the relay itself would.
+
+use crate::node::Node;
+use crate::state;
+use anyhow::{anyhow, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+/// A pipe's relay's buffer at home, and the process holding it and the home's end.
+pub struct Keep {
+    /// The buffer (see the module's comment).
+    pub buf: OwnedFd,
+    /// On a relay the body reads: the offset its body's node acknowledged (8 bytes, native
+    /// order, in a memfd the holder keeps too), what a node the body moves on to is sent from.
+    pub marks: OwnedFd,
+    holder: Option<Holder>,
+    store: Arc<state::Store>,
+}
+
+struct Holder {
+    pid: i32,
+    pidfd: OwnedFd,
+}
+
+/// A relay kept at home, as recorded for this daemon's successor.
+#[derive(Serialize, Deserialize)]
+struct RelayRecord {
+    /// Home PID of the tree's root, and the relay's id (`RelayOpen`).
+    pid: i32,
+    pipe: u32,
+    /// The node running the body.
+    body_node: String,
+    holder_pid: i32,
+    holder_start: u64,
+}
+
+fn key(pid: i32, pipe: u32) -> String {
+    format!("{pid}-{pipe}")
+}
+
+impl Keep {
+    /// A buffer for the home's end `end` of relay `pipe` of the tree rooted at home PID
+    /// `pid`, whose body runs on `body_node`, and a holder holding both, recorded. Without a
+    /// holder (it could not be started, logged) the relay works as well but does not outlive
+    /// this daemon.
+    pub fn new(node: &Node, pid: i32, pipe: u32, body_node: &str, end: &OwnedFd) -> Result<Keep> {
+        let buf =
+            ferry_sys::fdops::memfd_create(&format!("ferry-relay-{pid}-{pipe}"), libc::MFD_CLOEXEC)
+                .map_err(|e| anyhow!("make the buffer of relay {pipe} of PID {pid}: {e}"))?;
+        let marks = ferry_sys::fdops::memfd_create(
+            &format!("ferry-relay-acked-{pid}-{pipe}"),
+            libc::MFD_CLOEXEC,
+        )
+        .map_err(|e| anyhow!("make the offsets of relay {pipe} of PID {pid}: {e}"))?;
+        {
+            use std::os::unix::fs::FileExt as _;
+            std::fs::File::from(marks.try_clone().context("copy the relay's offsets")?)
+                .write_all_at(&0u64.to_ne_bytes(), 0)
+                .context("write the relay's offsets")?;
+        }
+        let holder = match spawn_holder(end, &buf, &marks) {
+            Ok(h) => {
+                let rec = RelayRecord {
+                    pid,
+                    pipe,
+                    body_node: body_node.to_string(),
+                    holder_pid: h.pid,
+                    holder_start: state::start_time(h.pid).unwrap_or(0),
+                };
+                node.store.put_or_log(state::RELAY, &key(pid, pipe), &rec);
+                Some(h)
+            }
+            Err(e) => {
+                tracing::warn!(event = "relay-holder-failed", pid, pipe,
+                    error = %format!("{e:#}"), "this relay ends if the daemon does");
+                None
+            }
+        };
+        Ok(Keep {
+            buf,
+            marks,
+            holder,
+            store: node.store.clone(),
+        })
+    }
+
+    /// The relay's body moved on to `body_node`: its record follows.
+    pub fn moved(&self, pid: i32, pipe: u32, body_node: &str) {
+        if let Some(h) = &self.holder {
+            let rec = RelayRecord {
+                pid,
+                pipe,
+                body_node: body_node.to_string(),
+                holder_pid: h.pid,
+                holder_start: state::start_time(h.pid).unwrap_or(0),
+            };
+            self.store.put_or_log(state::RELAY, &key(pid, pipe), &rec);
+        }
+    }
+
+    /// The relay is over: its holder ends (closing the home's end with it) and its record
+    /// goes.
+    pub fn release(self, pid: i32, pipe: u32) {
+        if let Some(h) = self.holder {
+            if let Err(e) = ferry_sys::pidfd::pidfd_send_signal(&h.pidfd, libc::SIGKILL) {
+                tracing::warn!(event = "relay-holder-unkilled", pid, pipe, holder = h.pid,
+                    error = %e);
+            }
+            self.store.remove_or_log(state::RELAY, &key(pid, pipe));
+        }
+    }
+
+    /// A copy of the buffer's descriptor (the same description).
+    pub fn buf(&self) -> Result<OwnedFd> {
+        self.buf.try_clone().context("keep the relay's buffer")
+    }
+
+    /// A copy of the offsets' descriptor.
+    pub fn marks(&self) -> Result<OwnedFd> {
+        self.marks.try_clone().context("keep the relay's offsets")
+    }
+}
+
+/// Starts a holder of `end` (its stdin), `buf` (its stdout) and `marks` (its stderr), in a
+/// process group of its own.
+fn spawn_holder(end: &OwnedFd, buf: &OwnedFd, marks: &OwnedFd) -> Result<Holder> {
+    use std::os::unix::process::CommandExt;
+    let child = std::process::Command::new("sleep")
+        .arg("infinity")
+        .stdin(end.try_clone().context("copy the home's end")?)
+        .stdout(buf.try_clone().context("copy the buffer")?)
+        .stderr(marks.try_clone().context("copy the offsets")?)
+        .process_group(0)
+        .spawn()
+        .context("start a relay holder (sleep infinity)")?;
+    let pid = child.id() as i32;
+    // The daemon's reaper collects it.
+    drop(child);
+    let pidfd = ferry_sys::pidfd::pidfd_open(pid)
+        .map_err(|e| anyhow!("open a pidfd of relay holder {pid}: {e}"))?;
+    Ok(Holder { pid, pidfd })
+}
+
+/// At start: every relay an earlier run of this daemon kept whose holder still runs waits
+/// again for its body's node, which dials again; the others' records go.
+pub fn recover(node: &Arc<Node>) {
+    for (k, r) in node.store.load::<RelayRecord>(state::RELAY) {
+        let taken = (|| -> Result<(OwnedFd, Keep)> {
+            if state::start_time(r.holder_pid) != Some(r.holder_start) {
+                anyhow::bail!("its holder {} is gone", r.holder_pid);
+            }
+            let pidfd = ferry_sys::pidfd::pidfd_open(r.holder_pid)
+                .map_err(|e| anyhow!("open a pidfd of holder {}: {e}", r.holder_pid))?;
+            let take = |n: i32| {
+                ferry_sys::pidfd::pidfd_getfd(&pidfd, n)
+                    .map_err(|e| anyhow!("take fd {n} of holder {}: {e}", r.holder_pid))
+            };
+            let end = take(0)?;
+            let buf = take(1)?;
+            let marks = take(2)?;
+            Ok((
+                end,
+                Keep {
+                    buf,
+                    marks,
+                    holder: Some(Holder {
+                        pid: r.holder_pid,
+                        pidfd,
+                    }),
+                    store: node.store.clone(),
+                },
+            ))
+        })();
+        match taken {
+            Ok((end, keep)) => {
+                let at = ferry_sys::fdops::lseek(keep.buf.as_raw_fd(), 0, libc::SEEK_CUR);
+                tracing::warn!(event = "relay-recovered", pid = r.pid, pipe = r.pipe,
+                    body = %r.body_node, holder = r.holder_pid, at = ?at.ok());
+                node.relays
+                    .park_kept(r.pid, r.pipe, &r.body_node, end, keep);
+            }
+            Err(e) => {
+                tracing::warn!(event = "relay-lost", pid = r.pid, pipe = r.pipe,
+                    body = %r.body_node, error = %format!("{e:#}"));
+                node.store.remove_or_log(state::RELAY, &k);
+            }
+        }
+    }
+}
