@@ -52,9 +52,11 @@ pub struct HomeRelays {
     /// (home PID of the tree's root, pipe) -> the body's node, the home's end, what goes to
     /// that node first (returned by the node the body left), which parking this is, and whom
     /// a socket's end sends as.
-    waiting: Mutex<HashMap<(i32, u32), Waiting>>,
+    pub(crate) waiting: Mutex<HashMap<(i32, u32), Waiting>>,
     relayed: Mutex<HashMap<i32, Arc<AtomicU64>>>,
     serial: AtomicU64,
+    /// The marks (crate::relay_keep) of each pipe's relay kept here, by (home PID, relay).
+    pub(crate) marks: Mutex<HashMap<(i32, u32), OwnedFd>>,
 }
 
 /// A home end taken by its body's node: the end, what goes first, whom it sends as, and a
@@ -63,15 +65,15 @@ type Taken = (OwnedFd, Prefix, Option<Sender>, Option<Keep>);
 
 /// What goes to a relay's new node first (returned by the node its body left), as it came: for
 /// a relay of messages (datagrams, seqpacket), one message each.
-type Prefix = Vec<Vec<u8>>;
+pub(crate) type Prefix = Vec<Vec<u8>>;
 
-struct Waiting {
-    node: String,
-    fd: OwnedFd,
-    prefix: Prefix,
+pub(crate) struct Waiting {
+    pub(crate) node: String,
+    pub(crate) fd: OwnedFd,
+    pub(crate) prefix: Prefix,
     serial: u64,
-    sender: Option<Sender>,
-    keep: Option<Keep>,
+    pub(crate) sender: Option<Sender>,
+    pub(crate) keep: Option<Keep>,
 }
 
 impl HomeRelays {
@@ -129,6 +131,10 @@ impl HomeRelays {
                 k.release(root, pipe);
             }
         }
+        self.marks
+            .lock()
+            .expect("relays lock")
+            .retain(|k, _| k.0 != root);
     }
 
     /// Keeps the home's end `fd` of relay `pipe` of home PID `pid` for node `body_node`, which
@@ -136,7 +142,7 @@ impl HomeRelays {
     /// has not asked for it within a minute. A socket's end sends as `sender`; a pipe's comes
     /// with its buffer and holder.
     #[allow(clippy::too_many_arguments)]
-    fn park_as(
+    pub(crate) fn park_as(
         self: &Arc<Self>,
         pid: i32,
         pipe: u32,
@@ -147,6 +153,12 @@ impl HomeRelays {
         keep: Option<Keep>,
     ) {
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        if let Some(m) = keep.as_ref().and_then(|k| k.marks().ok()) {
+            self.marks
+                .lock()
+                .expect("relays lock")
+                .insert((pid, pipe), m);
+        }
         self.waiting.lock().expect("relays lock").insert(
             (pid, pipe),
             Waiting {
@@ -549,6 +561,7 @@ where
     match home_pump(stream, ours, buf, marks, at, Some(counter)).await {
         Ok(HomeEnd::Closed(bytes)) => {
             tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
+            node.relays.unmark(pid, pipe);
             keep.release(pid, pipe);
         }
         Ok(HomeEnd::Handoff { bytes, to, acked }) => {
@@ -563,6 +576,7 @@ where
             node.relays.park_kept(pid, pipe, peer, fd, keep);
         }
         Err(e) => {
+            node.relays.unmark(pid, pipe);
             keep.release(pid, pipe);
             return Err(e);
         }
@@ -1047,7 +1061,7 @@ where
                         // Nothing to stop while the body is captured: what it reads or writes
                         // meanwhile stays in its pty, which the handoff empties.
                         Some(Ctl::Pause(ack)) => {
-                            let _ = ack.send(Ok(()));
+                            let _ = ack.send(Ok(0));
                         }
                         Some(Ctl::Resume) => {}
                         Some(Ctl::Handoff { to, peer, done }) => {

@@ -34,8 +34,8 @@ use std::sync::Arc;
 pub struct Keep {
     /// The buffer (see the module's comment).
     pub buf: OwnedFd,
-    /// On a relay the body reads: the offset its body's node acknowledged (8 bytes, native
-    /// order, in a memfd the holder keeps too), what a node the body moves on to is sent from.
+    /// The relay's marks (three offsets of 8 bytes, native order, in a memfd the holder keeps
+    /// too): [`ACKED`], [`FLOOR`], [`REWIND`].
     pub marks: OwnedFd,
     holder: Option<Holder>,
     store: Arc<state::Store>,
@@ -58,6 +58,32 @@ struct RelayRecord {
     holder_start: u64,
 }
 
+/// Mark: on a relay the body reads, the offset its body's node last acknowledged (what a node
+/// the body moves on to is sent from).
+pub const ACKED: usize = 0;
+/// Mark: on a relay the body reads, the offset below which the buffer may be freed (what the
+/// last checkpoint of the body needs: crate::recovery); [`NONE`]: what is acknowledged.
+pub const FLOOR: usize = 1;
+/// Mark: on a relay the body writes, where the stream of a body rebuilt from a checkpoint
+/// starts (its next open): what it writes again below what home received is dropped.
+pub const REWIND: usize = 2;
+/// An unset mark.
+pub const NONE: u64 = u64::MAX;
+
+/// Mark `i` of `marks`.
+pub fn read_mark(marks: &OwnedFd, i: usize) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt as _;
+    let mut b = [0u8; 8];
+    std::fs::File::from(marks.try_clone()?).read_exact_at(&mut b, (i * 8) as u64)?;
+    Ok(u64::from_ne_bytes(b))
+}
+
+/// Sets mark `i` of `marks` (one write: a daemon dying meanwhile leaves the old or the new).
+pub fn write_mark(marks: &OwnedFd, i: usize, v: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt as _;
+    std::fs::File::from(marks.try_clone()?).write_all_at(&v.to_ne_bytes(), (i * 8) as u64)
+}
+
 fn key(pid: i32, pipe: u32) -> String {
     format!("{pid}-{pipe}")
 }
@@ -76,11 +102,8 @@ impl Keep {
             libc::MFD_CLOEXEC,
         )
         .map_err(|e| anyhow!("make the offsets of relay {pipe} of PID {pid}: {e}"))?;
-        {
-            use std::os::unix::fs::FileExt as _;
-            std::fs::File::from(marks.try_clone().context("copy the relay's offsets")?)
-                .write_all_at(&0u64.to_ne_bytes(), 0)
-                .context("write the relay's offsets")?;
+        for (i, v) in [(ACKED, 0), (FLOOR, NONE), (REWIND, NONE)] {
+            write_mark(&marks, i, v).context("write the relay's offsets")?;
         }
         let holder = match spawn_holder(end, &buf, &marks) {
             Ok(h) => {
@@ -209,5 +232,83 @@ pub fn recover(node: &Arc<Node>) {
                 node.store.remove_or_log(state::RELAY, &k);
             }
         }
+    }
+}
+
+/// The relays' marks as a checkpoint of their body and a recovery use them.
+impl crate::relay::HomeRelays {
+    /// Relay `pipe` of `pid` ended here.
+    pub(crate) fn unmark(&self, pid: i32, pipe: u32) {
+        self.marks.lock().expect("relays lock").remove(&(pid, pipe));
+    }
+
+    /// The marks of the pipes' relays of the tree rooted at `root`, by relay.
+    fn marks_of(&self, root: i32) -> Vec<(u32, OwnedFd)> {
+        self.marks
+            .lock()
+            .expect("relays lock")
+            .iter()
+            .filter(|(k, _)| k.0 == root)
+            .filter_map(|(k, m)| m.try_clone().ok().map(|m| (k.1, m)))
+            .collect()
+    }
+
+    /// A checkpoint of the body of `root` begins: each of its relays the body reads keeps its
+    /// buffer from what is acknowledged now on (the body is frozen later, at or past that),
+    /// until [`HomeRelays::set_floor`] says where the image stands.
+    pub fn hold_floor(&self, root: i32) {
+        use crate::relay_keep::{read_mark, write_mark, ACKED, FLOOR, NONE};
+        for (_, m) in self.marks_of(root) {
+            if read_mark(&m, FLOOR).is_ok_and(|f| f == NONE) {
+                if let Ok(a) = read_mark(&m, ACKED) {
+                    let _ = write_mark(&m, FLOOR, a);
+                }
+            }
+        }
+    }
+
+    /// The last image of `root` stands at `offsets` (relay, `RelayOpen::at`): its relays keep
+    /// their buffers from there.
+    pub fn set_floor(&self, root: i32, offsets: &[(u32, u64)]) {
+        use crate::relay_keep::{write_mark, FLOOR};
+        for (pipe, m) in self.marks_of(root) {
+            if let Some(&(_, at)) = offsets.iter().find(|o| o.0 == pipe) {
+                let _ = write_mark(&m, FLOOR, at);
+            }
+        }
+    }
+
+    /// The tree rooted at `root` is rebuilt on node `to` from an image that stood at
+    /// `offsets`: each of its relays waiting here goes to `to`, and starts where the image
+    /// stands (a relay the body reads is sent from there; on one it writes, what it writes
+    /// again is dropped up to what this home received). Returns the relays that could not
+    /// (not waiting here, or not in the image), by id.
+    pub fn rewind_tree(self: &Arc<Self>, root: i32, to: &str, offsets: &[(u32, u64)]) -> Vec<u32> {
+        use crate::relay_keep::{write_mark, ACKED, REWIND};
+        let mut missed = Vec::new();
+        for (pipe, m) in self.marks_of(root) {
+            let x = self
+                .waiting
+                .lock()
+                .expect("relays lock")
+                .remove(&(root, pipe));
+            let (Some(x), Some(&(_, at))) = (x, offsets.iter().find(|o| o.0 == pipe)) else {
+                missed.push(pipe);
+                continue;
+            };
+            let reads = ferry_sys::fdops::get_fl(x.fd.as_raw_fd())
+                .is_ok_and(|fl| fl & libc::O_ACCMODE == libc::O_RDONLY);
+            let r = write_mark(&m, if reads { ACKED } else { REWIND }, at);
+            if let Err(e) = r {
+                tracing::warn!(event = "relay-rewind-failed", pid = root, pipe, error = %e);
+            }
+            tracing::info!(event = "relay-rewound", pid = root, pipe, to = %to, at,
+                from = %x.node);
+            match x.keep {
+                Some(k) => self.park_kept(root, pipe, to, x.fd, k),
+                None => self.park_as(root, pipe, to, x.fd, x.prefix, x.sender, None),
+            }
+        }
+        missed
     }
 }

@@ -41,9 +41,10 @@ const CONTROL_WAIT: Duration = Duration::from_secs(10);
 /// What a body's node asks of one of its pipes' pumps.
 pub enum Ctl {
     /// Stop moving bytes between the stand-in and the connection (the body is about to be
-    /// captured); answered once nothing is in flight between them, or with why the relay
-    /// cannot follow the body.
-    Pause(oneshot::Sender<Result<(), String>>),
+    /// captured); answered once nothing is in flight between them, with where a pipe's relay
+    /// stands in its stream (`RelayOpen::at`; 0 for a terminal's or a socket's), or with why
+    /// the relay cannot follow the body.
+    Pause(oneshot::Sender<Result<u64, String>>),
     /// The move failed: go on.
     Resume,
     /// The body moved on to node `to` (paused first): hand the relay over. `peer`: for a
@@ -90,6 +91,8 @@ pub struct Paused {
     relays: Vec<(u32, u64, mpsc::UnboundedSender<Ctl>)>,
     /// `--relay-socket` arguments for the capture worker.
     sockets: Vec<String>,
+    /// Where each pipe's relay stood when paused (`RelayOpen::at`), by relay id.
+    offsets: Vec<(u32, u64)>,
     handed: bool,
 }
 
@@ -176,6 +179,7 @@ impl BodyRelays {
         let mut paused = Paused {
             relays: Vec::new(),
             sockets: Vec::new(),
+            offsets: Vec::new(),
             handed: false,
         };
         for (pipe, ino, ctl, names) in list {
@@ -193,7 +197,10 @@ impl BodyRelays {
                 continue;
             }
             match tokio::time::timeout(CONTROL_WAIT, rx).await {
-                Ok(Ok(Ok(()))) => {
+                Ok(Ok(Ok(at))) => {
+                    if pipe & (ferry_image::RELAY_TTY | ferry_image::RELAY_SOCKET) == 0 {
+                        paused.offsets.push((pipe, at));
+                    }
                     if let Some(line) = names {
                         paused
                             .sockets
@@ -219,6 +226,19 @@ impl BodyRelays {
 }
 
 impl Paused {
+    /// Where each pipe's relay stood when paused, by relay id.
+    pub fn offsets(&self) -> Vec<(u32, u64)> {
+        self.offsets.clone()
+    }
+
+    /// Whether a terminal's or a socket's relay is among them.
+    pub fn two_way(&self) -> Option<u32> {
+        self.relays
+            .iter()
+            .map(|r| r.0)
+            .find(|p| p & (ferry_image::RELAY_TTY | ferry_image::RELAY_SOCKET) != 0)
+    }
+
     /// `--relay-standin` arguments for the capture worker: INO:ID.
     pub fn worker_args(&self) -> Vec<String> {
         self.relays
@@ -389,19 +409,19 @@ where
     }
     if acc == libc::O_RDONLY {
         // Ours to read (into the buffer, `pos` bytes taken so far) and send from the buffer.
+        use crate::relay_keep::{read_mark, write_mark, ACKED, FLOOR};
         let mut taken = pos;
-        let marks = std::fs::File::from(marks);
-        let mut mark = [0u8; 8];
-        marks
-            .read_exact_at(&mut mark, 0)
-            .context("read the relay's acknowledged offset")?;
-        // A node dialling again says where it stands; a new one (the body moved on) gets what
-        // the last acknowledged.
-        let mut acked = at.unwrap_or(u64::from_ne_bytes(mark)).min(taken);
+        let mark = read_mark(&marks, ACKED).context("read the relay's acknowledged offset")?;
+        // A node dialling again says where it stands; a new one (the body moved on, or was
+        // rebuilt from a checkpoint) gets what the last acknowledged (or the checkpoint had).
+        let mut acked = at.unwrap_or(mark).min(taken);
         let note = |acked: u64| {
-            if let Err(e) = marks.write_all_at(&acked.to_ne_bytes(), 0) {
+            if let Err(e) = write_mark(&marks, ACKED, acked) {
                 tracing::warn!(event = "relay-offset-unwritten", error = %e);
             }
+            // What the body's last checkpoint needs stays.
+            let floor = read_mark(&marks, FLOOR).unwrap_or(0);
+            let _ = ferry_sys::fdops::punch_hole(b, acked.min(floor) & !4095);
         };
         note(acked);
         let mut sent = acked;
@@ -433,7 +453,6 @@ where
                     Some(Ok(Frame::Msg(Msg::RelayAck { at }))) => {
                         acked = acked.max(at.min(sent));
                         note(acked);
-                        let _ = ferry_sys::fdops::punch_hole(b, acked & !4095);
                     }
                     Some(Ok(Frame::Msg(Msg::RelayHandoff { to }))) => {
                         // Our last data frame is before this marker. What the body's node
@@ -490,7 +509,25 @@ where
         .context("read the relay buffer's size")?
         .len();
     let mut written = pos;
-    net!(write_msg(&mut tx, &Msg::RelayAt { at: received }).await, 0);
+    // Where the body's node's stream stands: what home received, but for a body rebuilt from
+    // a checkpoint (it writes again what it wrote since: dropped up to what home received),
+    // or a node dialling again that had sent less than that (the same, during such a replay).
+    let rewind = crate::relay_keep::read_mark(&marks, crate::relay_keep::REWIND)
+        .context("read the relay's marks")?;
+    let mut incoming = match at {
+        Some(at) => at.min(received),
+        None if rewind != crate::relay_keep::NONE => {
+            crate::relay_keep::write_mark(
+                &marks,
+                crate::relay_keep::REWIND,
+                crate::relay_keep::NONE,
+            )
+            .context("write the relay's marks")?;
+            rewind.min(received)
+        }
+        None => received,
+    };
+    net!(write_msg(&mut tx, &Msg::RelayAt { at: incoming }).await, 0);
     net!(tx.flush().await, 0);
     let pipe = pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?;
     let mut tick = tokio::time::interval(READERS_POLL);
@@ -506,9 +543,15 @@ where
         tokio::select! {
             f = heard.recv(), if !ending && received - written < WINDOW => match f {
                 Some(Ok(Frame::Data(d))) => {
-                    file.write_all_at(&d, received).context("keep relayed bytes in the relay's buffer")?;
-                    received += d.len() as u64;
-                    net!(write_msg(&mut tx, &Msg::RelayAck { at: received }).await, 0);
+                    let end = incoming + d.len() as u64;
+                    if end > received {
+                        let new = &d[(received - incoming) as usize..];
+                        file.write_all_at(new, received)
+                            .context("keep relayed bytes in the relay's buffer")?;
+                        received = end;
+                    }
+                    incoming = end;
+                    net!(write_msg(&mut tx, &Msg::RelayAck { at: incoming }).await, 0);
                     net!(tx.flush().await, 0);
                 }
                 Some(Ok(Frame::End)) => ending = true,
@@ -752,7 +795,7 @@ where
                         Some(Ctl::Pause(ack)) => {
                             // Each chunk read is sent whole before this is looked at again.
                             st.paused = true;
-                            let _ = ack.send(Ok(()));
+                            let _ = ack.send(Ok(st.at.unwrap_or(0)));
                         }
                         Some(Ctl::Resume) | None => st.paused = false,
                         Some(Ctl::Handoff { to, done, .. }) => {
@@ -820,7 +863,7 @@ where
                     c = ctl.recv() => match c {
                         Some(Ctl::Pause(ack)) => {
                             st.paused = true;
-                            let _ = ack.send(Ok(()));
+                            let _ = ack.send(Ok(st.at.unwrap_or(0)));
                         }
                         Some(Ctl::Resume) | None => st.paused = false,
                         Some(Ctl::Handoff { to, done, .. }) => {

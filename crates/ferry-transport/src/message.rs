@@ -331,6 +331,12 @@ pub enum Msg {
     RelayAt {
         at: u64,
     },
+    /// After a body's image (`CheckpointBody`), before `Done`: where each of its pipes' relays
+    /// stood in its stream when the body was frozen (relay id, `RelayOpen::at`). Home keeps its
+    /// relays' buffers from there, and a tree rebuilt from that image goes on from there.
+    RelayMarks {
+        relays: Vec<(u32, u64)>,
+    },
     /// Inside a pipe's relay: the bytes of the relay's stream (counted as in `RelayAt`) the
     /// sender has put where they survive its peer's daemon dying: from the body's node, those
     /// written into the body's stand-in; from home, those kept in its relay's buffer, which

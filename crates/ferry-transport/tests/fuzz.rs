@@ -126,6 +126,9 @@ fn messages() -> Vec<Msg> {
         },
         Msg::RelayAt { at: 9 },
         Msg::RelayAck { at: 10 },
+        Msg::RelayMarks {
+            relays: vec![(3, 4096)],
+        },
         Msg::Commit,
         Msg::Resumed,
         Msg::Abort {
