@@ -1,8 +1,9 @@
 //! What a pipe's relay keeps at home so that it outlives its home daemon (a crash, a restart).
 //!
 //! Each relayed pipe's home end has a buffer beside it (a memfd), and both are held by a small
-//! holder process (`sleep infinity`, its stdin the pipe's end, its stdout the buffer), started
-//! by the daemon in a process group of its own: it does not die with the daemon. The relay's
+//! holder process (`tail --pid=ROOT -f /dev/null`, its stdin the pipe's end, its stdout the
+//! buffer), started by the daemon in a process group of its own: it does not die with the
+//! daemon, and ends (within a second) when the tree's root at home, its deputy, does. The relay's
 //! state is in the two descriptions themselves, so that nothing the daemon knew only in its
 //! memory is needed to go on:
 //! - the body reads (home reads its pipe): the daemon moves what it reads from the pipe into
@@ -105,7 +106,7 @@ impl Keep {
         for (i, v) in [(ACKED, 0), (FLOOR, NONE), (REWIND, NONE)] {
             write_mark(&marks, i, v).context("write the relay's offsets")?;
         }
-        let holder = match spawn_holder(end, &buf, &marks) {
+        let holder = match spawn_holder(pid, end, &buf, &marks) {
             Ok(h) => {
                 let rec = RelayRecord {
                     pid,
@@ -169,17 +170,19 @@ impl Keep {
 }
 
 /// Starts a holder of `end` (its stdin), `buf` (its stdout) and `marks` (its stderr), in a
-/// process group of its own.
-fn spawn_holder(end: &OwnedFd, buf: &OwnedFd, marks: &OwnedFd) -> Result<Holder> {
+/// process group of its own, for as long as home PID `root` (the tree's deputy) lives: a relay
+/// whose daemons all went leaves nothing behind once its tree is over.
+fn spawn_holder(root: i32, end: &OwnedFd, buf: &OwnedFd, marks: &OwnedFd) -> Result<Holder> {
     use std::os::unix::process::CommandExt;
-    let child = std::process::Command::new("sleep")
-        .arg("infinity")
+    let child = std::process::Command::new("tail")
+        .arg(format!("--pid={root}"))
+        .args(["-f", "/dev/null"])
         .stdin(end.try_clone().context("copy the home's end")?)
         .stdout(buf.try_clone().context("copy the buffer")?)
         .stderr(marks.try_clone().context("copy the offsets")?)
         .process_group(0)
         .spawn()
-        .context("start a relay holder (sleep infinity)")?;
+        .context("start a relay holder (tail --pid)")?;
     let pid = child.id() as i32;
     // The daemon's reaper collects it.
     drop(child);

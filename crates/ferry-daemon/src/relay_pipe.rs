@@ -532,6 +532,21 @@ where
     let pipe = pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?;
     let mut tick = tokio::time::interval(READERS_POLL);
     let mut ending = false;
+    // Home always reads what the body's node sends (so that its pump, never blocked on the
+    // connection, answers a pause at once); it acknowledges only up to 1 MiB past what is in
+    // its pipe, and the body's node sends at most 1 MiB past what is acknowledged: its reading
+    // of the stand-in stops while home's pipe is full, and the body's writer blocks.
+    let mut acked = incoming;
+    macro_rules! ack {
+        () => {
+            let at = incoming.min(written + WINDOW);
+            if at > acked {
+                acked = at;
+                net!(write_msg(&mut tx, &Msg::RelayAck { at }).await, 0);
+                net!(tx.flush().await, 0);
+            }
+        };
+    }
     loop {
         if ending && written >= received {
             // All the body wrote is in our pipe: the relay is over (closing our end gives
@@ -541,7 +556,7 @@ where
             return Ok(HomeEnd::Closed(total));
         }
         tokio::select! {
-            f = heard.recv(), if !ending && received - written < WINDOW => match f {
+            f = heard.recv(), if !ending => match f {
                 Some(Ok(Frame::Data(d))) => {
                     let end = incoming + d.len() as u64;
                     if end > received {
@@ -551,8 +566,7 @@ where
                         received = end;
                     }
                     incoming = end;
-                    net!(write_msg(&mut tx, &Msg::RelayAck { at: incoming }).await, 0);
-                    net!(tx.flush().await, 0);
+                    ack!();
                 }
                 Some(Ok(Frame::End)) => ending = true,
                 Some(Ok(Frame::Msg(Msg::RelayHandoff { to }))) => {
@@ -572,6 +586,7 @@ where
                         total += n as u64;
                         count(&counter, n);
                         let _ = ferry_sys::fdops::punch_hole(b, written & !4095);
+                        ack!();
                     }
                     // Its readers are gone: so must the writer's data be.
                     Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
