@@ -162,8 +162,16 @@ fn relay_offsets(node: &Node, root: i32, image_bytes: u64) -> Vec<(u32, u64)> {
 
 /// Before the tree of `root` is rebuilt on `to` from its last image: its relays go there,
 /// from where the image stands.
-fn relink(node: &Arc<Node>, root: i32, to: &str, offsets: &[(u32, u64)]) {
-    let missed = node.relays.rewind_tree(root, to, offsets);
+/// Relays still pumped for the dead node (their connections not known broken: a dead machine
+/// says nothing) are cut first, and waited for up to 3 s.
+async fn relink(node: &Arc<Node>, root: i32, dead: &str, to: &str, offsets: &[(u32, u64)]) {
+    node.relays.cut_tree(root, dead);
+    let mut missed = node.relays.rewind_tree(root, to, offsets, None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while !missed.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        missed = node.relays.rewind_tree(root, to, offsets, Some(&missed));
+    }
     if !missed.is_empty() {
         tracing::warn!(event = "relay-not-relinked", root, to = %to, relays = ?missed,
             "not waiting here, or not in the image: the rebuilt body sees end of file or EPIPE there");
@@ -428,7 +436,7 @@ pub async fn recover_anywhere(node: &Arc<Node>, root: i32, dead: &str) -> Result
     }
     let offsets = relay_offsets(node, root, bytes);
     for to in to_try {
-        relink(node, root, &to, &offsets);
+        relink(node, root, dead, &to, &offsets).await;
         match send_image(node, root, dead, &to, &skipped).await {
             Ok(pid) => {
                 tracing::warn!(event = "guest-recovered", root, pid, dead = %dead, node = %to,
@@ -444,7 +452,7 @@ pub async fn recover_anywhere(node: &Arc<Node>, root: i32, dead: &str) -> Result
             }
         }
     }
-    relink(node, root, &me, &offsets);
+    relink(node, root, dead, &me, &offsets).await;
     recover(node, root, dead, &skipped).await?;
     if let Err(e) = crate::deputies::moved(node, dead, root, &me) {
         tracing::warn!(event = "recovered-unrecorded", root, error = %format!("{e:#}"));

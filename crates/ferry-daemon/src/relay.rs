@@ -57,6 +57,16 @@ pub struct HomeRelays {
     serial: AtomicU64,
     /// The marks (crate::relay_keep) of each pipe's relay kept here, by (home PID, relay).
     pub(crate) marks: Mutex<HashMap<(i32, u32), OwnedFd>>,
+    /// The pipes' relays being pumped here, by (home PID, relay): their body's node, and how
+    /// to cut them (crate::relay_keep: a recovery takes them from a dead node).
+    pub(crate) live: Mutex<HashMap<(i32, u32), LivePump>>,
+}
+
+/// A pipe's relay being pumped at home.
+pub(crate) struct LivePump {
+    pub(crate) node: String,
+    serial: u64,
+    pub(crate) cut: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// A home end taken by its body's node: the end, what goes first, whom it sends as, and a
@@ -558,7 +568,29 @@ where
         .with_context(|| format!("keep the home's end of pipe {pipe} of PID {pid}"))?;
     let buf = keep.buf()?;
     let marks = keep.marks()?;
-    match home_pump(stream, ours, buf, marks, at, Some(counter)).await {
+    // A recovery may cut the pump (its body's node is dead, the connection not known broken
+    // yet): the relay's state is in its buffer and marks, whatever point it stops at.
+    let (cut, cut_rx) = tokio::sync::oneshot::channel::<()>();
+    let serial = node.relays.serial.fetch_add(1, Ordering::Relaxed);
+    node.relays.live.lock().expect("relays lock").insert(
+        (pid, pipe),
+        LivePump {
+            node: peer.to_string(),
+            serial,
+            cut: Some(cut),
+        },
+    );
+    let pumped = tokio::select! {
+        r = home_pump(stream, ours, buf, marks, at, Some(counter)) => r,
+        Ok(()) = cut_rx => Ok(HomeEnd::Lost { bytes: 0, acked: 0 }),
+    };
+    {
+        let mut live = node.relays.live.lock().expect("relays lock");
+        if live.get(&(pid, pipe)).is_some_and(|l| l.serial == serial) {
+            live.remove(&(pid, pipe));
+        }
+    }
+    match pumped {
         Ok(HomeEnd::Closed(bytes)) => {
             tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
             node.relays.unmark(pid, pipe);

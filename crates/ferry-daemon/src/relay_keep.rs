@@ -281,15 +281,38 @@ impl crate::relay::HomeRelays {
         }
     }
 
+    /// Cuts the pumps of the relays of `root` whose body's node is `dead` (their connections
+    /// not yet known broken): each waits here for its body's next node.
+    pub fn cut_tree(&self, root: i32, dead: &str) {
+        let mut live = self.live.lock().expect("relays lock");
+        for ((pid, pipe), l) in live.iter_mut() {
+            if *pid == root && l.node == dead {
+                if let Some(cut) = l.cut.take() {
+                    tracing::info!(event = "relay-cut", pid, pipe, body = %dead);
+                    let _ = cut.send(());
+                }
+            }
+        }
+    }
+
     /// The tree rooted at `root` is rebuilt on node `to` from an image that stood at
     /// `offsets`: each of its relays waiting here goes to `to`, and starts where the image
     /// stands (a relay the body reads is sent from there; on one it writes, what it writes
     /// again is dropped up to what this home received). Returns the relays that could not
-    /// (not waiting here, or not in the image), by id.
-    pub fn rewind_tree(self: &Arc<Self>, root: i32, to: &str, offsets: &[(u32, u64)]) -> Vec<u32> {
+    /// (not waiting here, or not in the image), by id (`only`: just these relays).
+    pub fn rewind_tree(
+        self: &Arc<Self>,
+        root: i32,
+        to: &str,
+        offsets: &[(u32, u64)],
+        only: Option<&[u32]>,
+    ) -> Vec<u32> {
         use crate::relay_keep::{write_mark, ACKED, REWIND};
         let mut missed = Vec::new();
         for (pipe, m) in self.marks_of(root) {
+            if only.is_some_and(|o| !o.contains(&pipe)) {
+                continue;
+            }
             let x = self
                 .waiting
                 .lock()
