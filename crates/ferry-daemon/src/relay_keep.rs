@@ -106,6 +106,9 @@ impl Keep {
         for (i, v) in [(ACKED, 0), (FLOOR, NONE), (REWIND, NONE)] {
             write_mark(&marks, i, v).context("write the relay's offsets")?;
         }
+        // The holder's stderr: whatever it might say lands past the marks.
+        ferry_sys::fdops::lseek(marks.as_raw_fd(), 4096, libc::SEEK_SET)
+            .map_err(|e| anyhow!("place the relay's offsets: {e}"))?;
         let holder = match spawn_holder(pid, end, &buf, &marks) {
             Ok(h) => {
                 let rec = RelayRecord {
