@@ -408,6 +408,14 @@ pub(super) fn a_writer_to_a_full_pipe_at_home_moves_around() -> Result<(), Faile
             .spawn()
             .unwrap(),
     );
+    // However the test ends, the reader then reads on to its end of file, and goes.
+    struct Go(PathBuf);
+    impl Drop for Go {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, b"");
+        }
+    }
+    let go = Go(dir.join("go"));
     let pid = pid_from(&dir.join("pid"), "the writer")?;
     for (on, to) in [("a", "b"), ("b", "c"), ("c", "a")] {
         // Long enough for the pipe at home and the relay to fill.
@@ -419,7 +427,7 @@ pub(super) fn a_writer_to_a_full_pipe_at_home_moves_around() -> Result<(), Faile
             )
         })?;
     }
-    std::fs::write(dir.join("go"), b"").unwrap();
+    drop(go);
     let deadline = Instant::now() + Duration::from_secs(60);
     let st = loop {
         if let Some(st) = sh.0.try_wait().unwrap() {
