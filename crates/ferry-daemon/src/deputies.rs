@@ -618,6 +618,7 @@ pub fn adopt(
         }
         node.store.remove_or_log(state::DEPUTY, &root.to_string());
         crate::recovery::forget(&node, root);
+        node.relays.forget_tree(root);
         tracing::info!(event = "deputies-done", root);
     });
 }

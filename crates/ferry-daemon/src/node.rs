@@ -291,6 +291,7 @@ pub async fn run(config: Config, exe: PathBuf) -> Result<()> {
     // What the last run of this daemon left undone, before any peer can ask.
     crate::migrate::recover(&node);
     crate::deputies::recover(&node);
+    crate::relay_keep::recover(&node);
     // Guest inits report here the end of every child they reap (see crate::deputies).
     let reports_path = node.config.data_dir.join(crate::deputies::REPORT_SOCKET);
     let _ = std::fs::remove_file(&reports_path);
@@ -672,7 +673,9 @@ async fn serve_peer(node: &Arc<Node>, mut conn: Conn) -> Result<()> {
         Msg::CheckpointBody { pid } => {
             crate::recovery::serve_checkpoint(node, &mut conn, pid).await
         }
-        Msg::RelayOpen { pid, pipe } => crate::relay::serve_open(node, conn, pid, pipe).await,
+        Msg::RelayOpen { pid, pipe, at } => {
+            crate::relay::serve_open(node, conn, pid, pipe, at).await
+        }
         Msg::LocalProcesses => {
             write_msg(&mut conn.stream, &Msg::Processes(node.local_processes())).await?;
             Ok(())

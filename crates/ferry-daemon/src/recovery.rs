@@ -69,6 +69,8 @@ pub async fn checkpoint(node: &Node, root: i32, body_node: &str) -> Result<u64> 
             .create(dir)
             .with_context(|| format!("create {}", dir.display()))?;
     }
+    // What its relays have not had acknowledged stays until this image says where it stands.
+    node.relays.hold_floor(root);
     let mut conn = node.dial(body_node).await?;
     write_msg(&mut conn.stream, &Msg::CheckpointBody { pid: root }).await?;
     let tmp = dir.join("image.tmp");
@@ -94,7 +96,13 @@ pub async fn checkpoint(node: &Node, root: i32, body_node: &str) -> Result<u64> 
             Frame::Msg(other) => bail!("node {body_node} sent {} in an image", kind(&other)),
         }
     }
-    match read_msg(&mut conn.stream).await {
+    let mut answer = read_msg(&mut conn.stream).await;
+    let mut marks = Vec::new();
+    if let Ok(Msg::RelayMarks { relays }) = &answer {
+        marks = relays.clone();
+        answer = read_msg(&mut conn.stream).await;
+    }
+    match answer {
         Ok(Msg::Done) => {}
         Ok(Msg::Error { message }) => {
             bail!("node {body_node} could not checkpoint PID {root}: {message}")
@@ -108,7 +116,66 @@ pub async fn checkpoint(node: &Node, root: i32, body_node: &str) -> Result<u64> 
     drop(f);
     std::fs::rename(&tmp, &path)
         .with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
+    let offsets = RelayOffsets {
+        image_bytes: size,
+        relays: marks,
+    };
+    write_durably(&dir.join("relays.json"), &serde_json::to_vec(&offsets)?)?;
+    node.relays.set_floor(root, &offsets.relays);
     Ok(size)
+}
+
+/// Where the relays of the body stood in the image of the same size (`RelayMarks`).
+#[derive(Serialize, Deserialize)]
+struct RelayOffsets {
+    image_bytes: u64,
+    relays: Vec<(u32, u64)>,
+}
+
+/// Writes `path` whole or not at all (a temporary file, fsynced, renamed).
+fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        use std::io::Write as _;
+        let mut f =
+            std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+        f.write_all(bytes)
+            .with_context(|| format!("write {}", tmp.display()))?;
+        f.sync_all()
+            .with_context(|| format!("sync {}", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("rename {} to {}", tmp.display(), path.display()))
+}
+
+/// Where the relays of the last image of `root` stood (an image of `image_bytes`); empty if
+/// not known for that image.
+fn relay_offsets(node: &Node, root: i32, image_bytes: u64) -> Vec<(u32, u64)> {
+    let path = image_path(node, root).with_file_name("relays.json");
+    std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<RelayOffsets>(&b).ok())
+        .filter(|o| o.image_bytes == image_bytes)
+        .map(|o| o.relays)
+        .unwrap_or_default()
+}
+
+/// Before the tree of `root` is rebuilt on `to` from its last image: its relays go there,
+/// from where the image stands.
+/// Relays still pumped for the dead node (their connections not known broken: a dead machine
+/// says nothing) are cut first, and waited for up to 3 s.
+async fn relink(node: &Arc<Node>, root: i32, dead: &str, to: &str, offsets: &[(u32, u64)]) {
+    node.relays.cut_tree(root, dead);
+    let mut missed = node.relays.rewind_tree(root, to, offsets, None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while !missed.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        missed = node.relays.rewind_tree(root, to, offsets, Some(&missed));
+    }
+    if !missed.is_empty() {
+        tracing::warn!(event = "relay-not-relinked", root, to = %to, relays = ?missed,
+            "not waiting here, or not in the image: the rebuilt body sees end of file or EPIPE there");
+    }
 }
 
 /// Body side: `home` asks for an image of the body of its PID `pid` running here: captured by a
@@ -131,12 +198,22 @@ async fn stream_body(node: &Arc<Node>, conn: &mut Conn, home: &str, pid: i32) ->
         .bodies
         .host_pid(home, pid, Some(pid))
         .ok_or_else(|| anyhow!("no body of PID {pid} from {home} runs here"))?;
-    let args = vec![
+    let mut args = vec![
         "__capture-worker".to_string(),
         host.to_string(),
         "--memory".into(),
         "eager".into(),
     ];
+    // Its pipes' relays stop while it is captured (their stand-ins' contents go in the image,
+    // and where each relay stands goes home with it); dropped, they go on.
+    let paused = node.body_relays.pause(home, pid).await?;
+    if let Some(r) = paused.two_way() {
+        bail!(
+            "PID {pid} (home {home}) holds a relayed terminal or socket (relay {r}): such a \
+             body cannot be checkpointed yet (docs/limitations.md)"
+        );
+    }
+    args.extend(paused.worker_args());
     let mut worker = Worker::spawn(&node.exe, &args)?;
     match crate::migrate::worker_msg(&mut worker).await? {
         Msg::Movable { .. } => {}
@@ -153,7 +230,13 @@ async fn stream_body(node: &Arc<Node>, conn: &mut Conn, home: &str, pid: i32) ->
             {
                 Frame::Data(d) => write_data(&mut conn.stream, &d).await?,
                 Frame::End => write_end(&mut conn.stream).await?,
-                Frame::Msg(Msg::Captured { .. }) => return Ok(()),
+                Frame::Msg(Msg::Captured { .. }) => {
+                    let relays = paused.offsets();
+                    if !relays.is_empty() {
+                        write_msg(&mut conn.stream, &Msg::RelayMarks { relays }).await?;
+                    }
+                    return Ok(());
+                }
                 Frame::Msg(Msg::Error { message }) => bail!("{message}"),
                 Frame::Msg(_) => {}
             }
@@ -172,6 +255,7 @@ async fn stream_body(node: &Arc<Node>, conn: &mut Conn, home: &str, pid: i32) ->
             Ok(_) => continue,
         }
     }
+    drop(paused);
     streamed
 }
 
@@ -219,6 +303,8 @@ pub async fn recover(
         other => bail!("restore worker said {}", kind(&other)),
     };
     fed.map_err(|e| anyhow!("feed the restore worker: {e}"))?;
+    // Its relays' stand-ins: attached to their home ends here, once it runs.
+    let ends = crate::relay::take_from_worker(worker.pid, &rebuilt.relays)?;
     write_msg(&mut worker.tx, &Msg::Resume).await?;
     match crate::migrate::worker_msg(&mut worker).await? {
         Msg::Resumed => {}
@@ -227,6 +313,7 @@ pub async fn recover(
     }
     let (uid, command) = deputy_identity(root);
     let me = node.name().to_string();
+    crate::relay::dial_home(node.clone(), me.clone(), root, ends);
     let info = ProcInfo {
         home_node: me.clone(),
         node: me.clone(),
@@ -347,7 +434,9 @@ pub async fn recover_anywhere(node: &Arc<Node>, root: i32, dead: &str) -> Result
         tracing::warn!(event = "recovery-skipped", root, node = %name, reason = %why,
             "not taken for the recovery (its gossiped load)");
     }
+    let offsets = relay_offsets(node, root, bytes);
     for to in to_try {
+        relink(node, root, dead, &to, &offsets).await;
         match send_image(node, root, dead, &to, &skipped).await {
             Ok(pid) => {
                 tracing::warn!(event = "guest-recovered", root, pid, dead = %dead, node = %to,
@@ -363,6 +452,7 @@ pub async fn recover_anywhere(node: &Arc<Node>, root: i32, dead: &str) -> Result
             }
         }
     }
+    relink(node, root, dead, &me, &offsets).await;
     recover(node, root, dead, &skipped).await?;
     if let Err(e) = crate::deputies::moved(node, dead, root, &me) {
         tracing::warn!(event = "recovered-unrecorded", root, error = %format!("{e:#}"));

@@ -15,6 +15,7 @@
 //! the far side gets EPIPE, as it would had nothing moved.
 
 use crate::node::Node;
+use crate::relay_keep::Keep;
 use crate::relay_pipe::Ctl;
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_transport::frame::{
@@ -34,7 +35,7 @@ const PEER_POLL: Duration = Duration::from_millis(200);
 /// How long a home end waits for its body's node to connect before it is closed.
 const OPEN_GRACE: Duration = Duration::from_secs(60);
 /// How long a body's node asks again for a relay its home does not have for it yet.
-const OPEN_RETRY: Duration = Duration::from_secs(20);
+pub(crate) const OPEN_RETRY: Duration = Duration::from_secs(20);
 
 /// Who a relay at home sends as (SCM_CREDENTIALS: PID, user and group), on a socket: the
 /// process at home that holds it (its deputy), never the daemon.
@@ -51,51 +52,107 @@ pub struct HomeRelays {
     /// (home PID of the tree's root, pipe) -> the body's node, the home's end, what goes to
     /// that node first (returned by the node the body left), which parking this is, and whom
     /// a socket's end sends as.
-    waiting: Mutex<HashMap<(i32, u32), Waiting>>,
+    pub(crate) waiting: Mutex<HashMap<(i32, u32), Waiting>>,
     relayed: Mutex<HashMap<i32, Arc<AtomicU64>>>,
     serial: AtomicU64,
+    /// The marks (crate::relay_keep) of each pipe's relay kept here, by (home PID, relay).
+    pub(crate) marks: Mutex<HashMap<(i32, u32), OwnedFd>>,
+    /// The pipes' relays being pumped here, by (home PID, relay): their body's node, and how
+    /// to cut them (crate::relay_keep: a recovery takes them from a dead node).
+    pub(crate) live: Mutex<HashMap<(i32, u32), LivePump>>,
 }
 
-/// A home end taken by its body's node: the end, what goes first, whom it sends as.
-type Taken = (OwnedFd, Prefix, Option<Sender>);
+/// A pipe's relay being pumped at home.
+pub(crate) struct LivePump {
+    pub(crate) node: String,
+    serial: u64,
+    pub(crate) cut: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// A home end taken by its body's node: the end, what goes first, whom it sends as, and a
+/// pipe's buffer and holder.
+type Taken = (OwnedFd, Prefix, Option<Sender>, Option<Keep>);
 
 /// What goes to a relay's new node first (returned by the node its body left), as it came: for
 /// a relay of messages (datagrams, seqpacket), one message each.
-type Prefix = Vec<Vec<u8>>;
+pub(crate) type Prefix = Vec<Vec<u8>>;
 
-struct Waiting {
-    node: String,
-    fd: OwnedFd,
-    prefix: Prefix,
+pub(crate) struct Waiting {
+    pub(crate) node: String,
+    pub(crate) fd: OwnedFd,
+    pub(crate) prefix: Prefix,
     serial: u64,
-    sender: Option<Sender>,
+    pub(crate) sender: Option<Sender>,
+    pub(crate) keep: Option<Keep>,
 }
 
 impl HomeRelays {
     /// Keeps `ends` for the tree rooted at home PID `pid`, whose body runs on `body_node`;
     /// an end its body's node has not asked for within a minute is closed.
-    pub fn expect(self: &Arc<Self>, pid: i32, body_node: &str, ends: Vec<HomeOpen>) {
+    /// A pipe's end gets a buffer and a holder (crate::relay_keep), so that its relay outlives
+    /// this daemon.
+    pub fn expect(self: &Arc<Self>, node: &Node, pid: i32, body_node: &str, ends: Vec<HomeOpen>) {
         for (pipe, fd, sender) in ends {
-            self.park_as(pid, pipe, body_node, fd, Vec::new(), sender);
+            let keep = if duplex_of(pipe).is_none() {
+                match Keep::new(node, pid, pipe, body_node, &fd) {
+                    Ok(k) => Some(k),
+                    Err(e) => {
+                        tracing::warn!(event = "relay-keep-failed", pid, pipe,
+                            error = %format!("{e:#}"));
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            self.park_as(pid, pipe, body_node, fd, Vec::new(), sender, keep);
         }
     }
 
-    /// Keeps the home's end `fd` of relay `pipe` of home PID `pid` for node `body_node`, which
-    /// gets `prefix` first (a body moving on: what its last node returned); closed if that node
-    /// has not asked for it within a minute.
-    pub fn park(
+    /// Keeps the home's end `fd` of pipe relay `pipe` of home PID `pid`, with its buffer and
+    /// holder, for node `body_node` (which dials again after a restart of this daemon, or
+    /// asks for it after a move on).
+    pub fn park_kept(
         self: &Arc<Self>,
         pid: i32,
         pipe: u32,
         body_node: &str,
         fd: OwnedFd,
-        prefix: Vec<u8>,
+        keep: Keep,
     ) {
-        self.park_as(pid, pipe, body_node, fd, vec![prefix], None);
+        keep.moved(pid, pipe, body_node);
+        self.park_as(pid, pipe, body_node, fd, Vec::new(), None, Some(keep));
     }
 
-    /// Like [`HomeRelays::park`], for an end that sends as `sender` (a socket's).
-    fn park_as(
+    /// Ends every relay of the tree rooted at home PID `root` still waiting for its body's
+    /// node (its deputies are gone: no body will ask).
+    pub fn forget_tree(&self, root: i32) {
+        let gone: Vec<(u32, Waiting)> = {
+            let mut w = self.waiting.lock().expect("relays lock");
+            let keys: Vec<(i32, u32)> = w.keys().filter(|k| k.0 == root).copied().collect();
+            keys.into_iter()
+                .filter_map(|k| w.remove(&k).map(|x| (k.1, x)))
+                .collect()
+        };
+        for (pipe, x) in gone {
+            tracing::info!(event = "relay-dropped", pid = root, pipe, body = %x.node,
+                "its tree's deputies are gone");
+            if let Some(k) = x.keep {
+                k.release(root, pipe);
+            }
+        }
+        self.marks
+            .lock()
+            .expect("relays lock")
+            .retain(|k, _| k.0 != root);
+    }
+
+    /// Keeps the home's end `fd` of relay `pipe` of home PID `pid` for node `body_node`, which
+    /// gets `prefix` first (a body moving on: what its last node returned); closed if that node
+    /// has not asked for it within a minute. A socket's end sends as `sender`; a pipe's comes
+    /// with its buffer and holder.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn park_as(
         self: &Arc<Self>,
         pid: i32,
         pipe: u32,
@@ -103,8 +160,15 @@ impl HomeRelays {
         fd: OwnedFd,
         prefix: Prefix,
         sender: Option<Sender>,
+        keep: Option<Keep>,
     ) {
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        if let Some(m) = keep.as_ref().and_then(|k| k.marks().ok()) {
+            self.marks
+                .lock()
+                .expect("relays lock")
+                .insert((pid, pipe), m);
+        }
         self.waiting.lock().expect("relays lock").insert(
             (pid, pipe),
             Waiting {
@@ -113,6 +177,7 @@ impl HomeRelays {
                 prefix,
                 serial,
                 sender,
+                keep,
             },
         );
         let me = self.clone();
@@ -120,8 +185,12 @@ impl HomeRelays {
             tokio::time::sleep(OPEN_GRACE).await;
             let mut w = me.waiting.lock().expect("relays lock");
             if w.get(&(pid, pipe)).is_some_and(|x| x.serial == serial) {
-                w.remove(&(pid, pipe));
+                let x = w.remove(&(pid, pipe));
+                drop(w);
                 tracing::warn!(event = "relay-never-opened", pid, pipe);
+                if let Some(k) = x.and_then(|x| x.keep) {
+                    k.release(pid, pipe);
+                }
             }
         });
     }
@@ -140,7 +209,7 @@ impl HomeRelays {
             }
             Some(_) => {
                 let x = w.remove(&(pid, pipe)).expect("just seen");
-                Ok((x.fd, x.prefix, x.sender))
+                Ok((x.fd, x.prefix, x.sender, x.keep))
             }
         }
     }
@@ -353,10 +422,19 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
                     // The body runs a while before its relays do (a node under load).
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
+                if duplex_of(pipe).is_none() {
+                    let ctl = reg.ctl.take();
+                    return crate::relay_pipe::body_relay(&node, &home, pid, pipe, fd, ctl).await;
+                }
                 let deadline = tokio::time::Instant::now() + OPEN_RETRY;
                 let conn = loop {
                     let mut conn = node.dial(&home).await?;
-                    write_msg(&mut conn.stream, &Msg::RelayOpen { pid, pipe }).await?;
+                    let open = Msg::RelayOpen {
+                        pid,
+                        pipe,
+                        at: None,
+                    };
+                    write_msg(&mut conn.stream, &open).await?;
                     match ferry_transport::frame::read_msg(&mut conn.stream).await {
                         Ok(Msg::Done) => break conn,
                         Ok(Msg::Error { message }) => {
@@ -369,16 +447,12 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
                         Err(e) => bail!("node {home} did not answer: {e}"),
                     }
                 };
-                match (duplex_of(pipe), reg.ctl.take()) {
-                    (Some(mode), ctl) => {
-                        let end = pump_duplex(conn.stream, fd, mode, None, None, Vec::new(), ctl);
-                        match end.await? {
-                            DuplexEnd::Closed(n) | DuplexEnd::HandedOff(n) => Ok(n),
-                            DuplexEnd::Handoff { .. } => bail!("relay {pipe} moved on from home"),
-                        }
-                    }
-                    (None, Some(ctl)) => crate::relay_pipe::body_pump(conn.stream, fd, ctl).await,
-                    (None, None) => bail!("relay {pipe} has no control"),
+                let mode = duplex_of(pipe).expect("a two-way relay");
+                let ctl = reg.ctl.take();
+                let end = pump_duplex(conn.stream, fd, mode, None, None, Vec::new(), ctl);
+                match end.await? {
+                    DuplexEnd::Closed(n) | DuplexEnd::HandedOff(n) => Ok(n),
+                    DuplexEnd::Handoff { .. } => bail!("relay {pipe} moved on from home"),
                 }
             }
             .await;
@@ -393,9 +467,16 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
     }
 }
 
-/// At home: node `conn.peer` asks for pipe `pipe` of home PID `pid`.
-pub async fn serve_open(node: &Arc<Node>, mut conn: Conn, pid: i32, pipe: u32) -> Result<()> {
-    let (fd, prefix, sender) = match node.relays.take(&conn.peer, pid, pipe) {
+/// At home: node `conn.peer` asks for pipe `pipe` of home PID `pid`; on a pipe's relay, it
+/// stands at `at` (it dials again).
+pub async fn serve_open(
+    node: &Arc<Node>,
+    mut conn: Conn,
+    pid: i32,
+    pipe: u32,
+    at: Option<u64>,
+) -> Result<()> {
+    let (fd, prefix, sender, keep) = match node.relays.take(&conn.peer, pid, pipe) {
         Ok(x) => x,
         Err(e) => {
             let message = format!("{e:#}");
@@ -403,9 +484,13 @@ pub async fn serve_open(node: &Arc<Node>, mut conn: Conn, pid: i32, pipe: u32) -
             return Err(e);
         }
     };
-    write_msg(&mut conn.stream, &Msg::Done).await?;
     let peer = conn.peer.clone();
-    home_side(node, &peer, conn.stream, pid, pipe, fd, prefix, sender).await
+    if duplex_of(pipe).is_some() {
+        write_msg(&mut conn.stream, &Msg::Done).await?;
+        return home_duplex(node, &peer, conn.stream, pid, pipe, fd, prefix, sender).await;
+    }
+    // A pipe's pump answers with where the relay stands.
+    home_pipe(node, &peer, conn.stream, pid, pipe, fd, keep, at).await
 }
 
 /// At home: the home's end of a two-way relay (a terminal, whose input is read only while the
@@ -448,45 +533,84 @@ where
             if pipe & ferry_image::RELAY_TTY != 0 {
                 remember_tty_start(&fd, false);
             }
-            node.relays.park_as(pid, pipe, &to, fd, prefix, sender);
+            node.relays
+                .park_as(pid, pipe, &to, fd, prefix, sender, None);
         }
     }
     Ok(())
 }
 
-/// At home: pumps a relay between the home's end `fd` and the body on `peer` (`prefix`
-/// first); if the body moves on, the end waits for its next node.
+/// At home: pumps a pipe's relay between the home's end `fd` (with its buffer and holder) and
+/// the body on `peer`, which stands at `at` if it dials again; if the body moves on, or the
+/// connection breaks, the end waits for the body's (next) node.
 #[allow(clippy::too_many_arguments)]
-async fn home_side<S>(
+async fn home_pipe<S>(
     node: &Arc<Node>,
     peer: &str,
     stream: S,
     pid: i32,
     pipe: u32,
     fd: OwnedFd,
-    prefix: Prefix,
-    sender: Option<Sender>,
+    keep: Option<Keep>,
+    at: Option<u64>,
 ) -> Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     use crate::relay_pipe::{home_pump, HomeEnd};
-    if duplex_of(pipe).is_some() {
-        return home_duplex(node, peer, stream, pid, pipe, fd, prefix, sender).await;
-    }
+    let keep = match keep {
+        Some(k) => k,
+        None => Keep::new(node, pid, pipe, peer, &fd)?,
+    };
     let counter = node.relays.counter(pid);
     let ours = fd
         .try_clone()
         .with_context(|| format!("keep the home's end of pipe {pipe} of PID {pid}"))?;
-    match home_pump(stream, ours, prefix.concat(), Some(counter)).await? {
-        HomeEnd::Closed(bytes) => {
-            tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
+    let buf = keep.buf()?;
+    let marks = keep.marks()?;
+    // A recovery may cut the pump (its body's node is dead, the connection not known broken
+    // yet): the relay's state is in its buffer and marks, whatever point it stops at.
+    let (cut, cut_rx) = tokio::sync::oneshot::channel::<()>();
+    let serial = node.relays.serial.fetch_add(1, Ordering::Relaxed);
+    node.relays.live.lock().expect("relays lock").insert(
+        (pid, pipe),
+        LivePump {
+            node: peer.to_string(),
+            serial,
+            cut: Some(cut),
+        },
+    );
+    let pumped = tokio::select! {
+        r = home_pump(stream, ours, buf, marks, at, Some(counter)) => r,
+        Ok(()) = cut_rx => Ok(HomeEnd::Lost { bytes: 0, acked: 0 }),
+    };
+    {
+        let mut live = node.relays.live.lock().expect("relays lock");
+        if live.get(&(pid, pipe)).is_some_and(|l| l.serial == serial) {
+            live.remove(&(pid, pipe));
         }
-        HomeEnd::Handoff { bytes, to, prefix } => {
+    }
+    match pumped {
+        Ok(HomeEnd::Closed(bytes)) => {
+            tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes);
+            node.relays.unmark(pid, pipe);
+            keep.release(pid, pipe);
+        }
+        Ok(HomeEnd::Handoff { bytes, to, acked }) => {
             // The body moved on: its new node asks for this end next.
             tracing::info!(event = "relay-moves-on", from = %peer, to = %to, pid, pipe,
-                bytes, returned = prefix.len());
-            node.relays.park(pid, pipe, &to, fd, prefix);
+                bytes, acked);
+            node.relays.park_kept(pid, pipe, &to, fd, keep);
+        }
+        Ok(HomeEnd::Lost { bytes, acked }) => {
+            // Its node dials again (or its tree's deputies end, and with them this end).
+            tracing::warn!(event = "relay-interrupted", body = %peer, pid, pipe, bytes, acked);
+            node.relays.park_kept(pid, pipe, peer, fd, keep);
+        }
+        Err(e) => {
+            node.relays.unmark(pid, pipe);
+            keep.release(pid, pipe);
+            return Err(e);
         }
     }
     Ok(())
@@ -503,7 +627,7 @@ async fn attach_at_home(
 ) -> Result<u64> {
     let me = node.name().to_string();
     let deadline = tokio::time::Instant::now() + OPEN_RETRY;
-    let (home_fd, prefix, sender) = loop {
+    let (home_fd, prefix, sender, keep) = loop {
         match node.relays.take(&me, pid, pipe) {
             Ok(x) => break x,
             Err(e) if tokio::time::Instant::now() > deadline => return Err(e),
@@ -513,8 +637,12 @@ async fn attach_at_home(
     let (home_end, body_end) = tokio::io::duplex(1 << 16);
     let node2 = node.clone();
     tokio::spawn(async move {
-        let r = home_side(&node2, &me, home_end, pid, pipe, home_fd, prefix, sender);
-        if let Err(e) = r.await {
+        let r = if duplex_of(pipe).is_some() {
+            home_duplex(&node2, &me, home_end, pid, pipe, home_fd, prefix, sender).await
+        } else {
+            home_pipe(&node2, &me, home_end, pid, pipe, home_fd, keep, None).await
+        };
+        if let Err(e) = r {
             tracing::warn!(event = "relay-failed", pid, pipe, error = %format!("{e:#}"));
         }
     });
@@ -525,8 +653,7 @@ async fn attach_at_home(
                 DuplexEnd::Handoff { .. } => bail!("relay {pipe} moved on from home"),
             }
         }
-        (None, Some(ctl)) => crate::relay_pipe::body_pump(body_end, fd, ctl).await,
-        (None, None) => bail!("relay {pipe} has no control"),
+        (None, ctl) => crate::relay_pipe::body_at_home(body_end, fd, ctl).await,
     }
 }
 
@@ -966,7 +1093,7 @@ where
                         // Nothing to stop while the body is captured: what it reads or writes
                         // meanwhile stays in its pty, which the handoff empties.
                         Some(Ctl::Pause(ack)) => {
-                            let _ = ack.send(Ok(()));
+                            let _ = ack.send(Ok(0));
                         }
                         Some(Ctl::Resume) => {}
                         Some(Ctl::Handoff { to, peer, done }) => {

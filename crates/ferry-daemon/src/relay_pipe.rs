@@ -41,9 +41,10 @@ const CONTROL_WAIT: Duration = Duration::from_secs(10);
 /// What a body's node asks of one of its pipes' pumps.
 pub enum Ctl {
     /// Stop moving bytes between the stand-in and the connection (the body is about to be
-    /// captured); answered once nothing is in flight between them, or with why the relay
-    /// cannot follow the body.
-    Pause(oneshot::Sender<Result<(), String>>),
+    /// captured); answered once nothing is in flight between them, with where a pipe's relay
+    /// stands in its stream (`RelayOpen::at`; 0 for a terminal's or a socket's), or with why
+    /// the relay cannot follow the body.
+    Pause(oneshot::Sender<Result<u64, String>>),
     /// The move failed: go on.
     Resume,
     /// The body moved on to node `to` (paused first): hand the relay over. `peer`: for a
@@ -90,6 +91,8 @@ pub struct Paused {
     relays: Vec<(u32, u64, mpsc::UnboundedSender<Ctl>)>,
     /// `--relay-socket` arguments for the capture worker.
     sockets: Vec<String>,
+    /// Where each pipe's relay stood when paused (`RelayOpen::at`), by relay id.
+    offsets: Vec<(u32, u64)>,
     handed: bool,
 }
 
@@ -176,6 +179,7 @@ impl BodyRelays {
         let mut paused = Paused {
             relays: Vec::new(),
             sockets: Vec::new(),
+            offsets: Vec::new(),
             handed: false,
         };
         for (pipe, ino, ctl, names) in list {
@@ -193,7 +197,10 @@ impl BodyRelays {
                 continue;
             }
             match tokio::time::timeout(CONTROL_WAIT, rx).await {
-                Ok(Ok(Ok(()))) => {
+                Ok(Ok(Ok(at))) => {
+                    if pipe & (ferry_image::RELAY_TTY | ferry_image::RELAY_SOCKET) == 0 {
+                        paused.offsets.push((pipe, at));
+                    }
                     if let Some(line) = names {
                         paused
                             .sockets
@@ -219,6 +226,19 @@ impl BodyRelays {
 }
 
 impl Paused {
+    /// Where each pipe's relay stood when paused, by relay id.
+    pub fn offsets(&self) -> Vec<(u32, u64)> {
+        self.offsets.clone()
+    }
+
+    /// Whether a terminal's or a socket's relay is among them.
+    pub fn two_way(&self) -> Option<u32> {
+        self.relays
+            .iter()
+            .map(|r| r.0)
+            .find(|p| p & (ferry_image::RELAY_TTY | ferry_image::RELAY_SOCKET) != 0)
+    }
+
     /// `--relay-standin` arguments for the capture worker: INO:ID.
     pub fn worker_args(&self) -> Vec<String> {
         self.relays
@@ -322,116 +342,266 @@ fn readers_gone(raw: i32) -> bool {
     }
 }
 
+/// How much a relay keeps that its other side has not acknowledged (home: taken from its pipe
+/// and not yet written into the body's stand-in; the body's node: sent and not yet kept at
+/// home), before it stops taking more (its writer then blocks, as it would at home).
+const WINDOW: u64 = 1 << 20;
+/// One read, one frame.
+const CHUNK: usize = 1 << 16;
+/// How long a body's node dials again a home it lost (restarting) before its relay ends.
+const REDIAL_FOR: Duration = Duration::from_secs(300);
+
 /// How a home's pump ended.
 pub enum HomeEnd {
     /// The relay is over (end of file went across, or a side's readers or writers are gone).
     Closed(u64),
-    /// The body moved on to node `to`: the home's end waits for it, and `prefix` (what the
-    /// body's last node had taken and the body had not read) goes to it first.
-    Handoff {
-        bytes: u64,
-        to: String,
-        prefix: Vec<u8>,
-    },
+    /// The body moved on to node `to`: the home's end and buffer wait for it. `acked`: on a
+    /// relay the body reads, what the last node had written into the body's stand-in (its
+    /// next node gets the rest from the buffer).
+    Handoff { bytes: u64, to: String, acked: u64 },
+    /// The connection broke (the body's node went, or the link): the home's end and buffer
+    /// wait for the body's node to dial again.
+    Lost { bytes: u64, acked: u64 },
+}
+
+fn sys(e: ferry_sys::SysError) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e.errno)
 }
 
 /// At home: moves one relayed pipe's data between the home's end `fd` (a description of our
-/// own) and the body's node, `prefix` first (what an earlier node returned at a handoff).
+/// own) and the body's node, through the relay's buffer `buf` and offsets `marks`
+/// (crate::relay_keep). `at`: where the body's node stands (`RelayOpen::at`). Answers the open
+/// with `RelayAt` first.
 pub async fn home_pump<S>(
     stream: S,
     fd: OwnedFd,
-    prefix: Vec<u8>,
+    buf: OwnedFd,
+    marks: OwnedFd,
+    at: Option<u64>,
     counter: Option<Arc<AtomicU64>>,
 ) -> Result<HomeEnd>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    use std::os::unix::fs::FileExt as _;
     let acc = ferry_sys::fdops::get_fl(fd.as_raw_fd())
         .map_err(|e| anyhow!("read the relayed pipe's flags: {e}"))?
         & libc::O_ACCMODE;
+    let raw = fd.as_raw_fd();
+    let b = buf.as_raw_fd();
+    let pos = ferry_sys::fdops::lseek(b, 0, libc::SEEK_CUR)
+        .map_err(|e| anyhow!("read the relay buffer's position: {e}"))? as u64;
+    let file = std::fs::File::from(buf);
     let (rx, mut tx) = tokio::io::split(stream);
     let mut heard = frames(rx);
     let mut total = 0u64;
+    // A failure of the connection is not the relay's end: the body's node dials again.
+    macro_rules! net {
+        ($e:expr, $acked:expr) => {
+            if let Err(e) = $e {
+                tracing::debug!(error = %e, "relay connection lost");
+                return Ok(HomeEnd::Lost {
+                    bytes: total,
+                    acked: $acked,
+                });
+            }
+        };
+    }
     if acc == libc::O_RDONLY {
-        // Ours to read and send. The body's node says nothing until it closes (its readers
-        // are gone, or it has written our end of file into the stand-in) or hands off.
-        let mut pipe = pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?;
-        if !prefix.is_empty() {
-            write_data(&mut tx, &prefix).await?;
-            tx.flush().await?;
-        }
-        let mut buf = vec![0u8; 1 << 16];
+        // Ours to read (into the buffer, `pos` bytes taken so far) and send from the buffer.
+        use crate::relay_keep::{read_mark, write_mark, ACKED, FLOOR};
+        let mut taken = pos;
+        let mark = read_mark(&marks, ACKED).context("read the relay's acknowledged offset")?;
+        // A node dialling again says where it stands; a new one (the body moved on, or was
+        // rebuilt from a checkpoint) gets what the last acknowledged (or the checkpoint had).
+        let mut acked = at.unwrap_or(mark).min(taken);
+        let note = |acked: u64| {
+            if let Err(e) = write_mark(&marks, ACKED, acked) {
+                tracing::warn!(event = "relay-offset-unwritten", error = %e);
+            }
+            // What the body's last checkpoint needs stays.
+            let floor = read_mark(&marks, FLOOR).unwrap_or(0);
+            let _ = ferry_sys::fdops::punch_hole(b, acked.min(floor) & !4095);
+        };
+        note(acked);
+        let mut sent = acked;
+        net!(write_msg(&mut tx, &Msg::RelayAt { at: sent }).await, acked);
+        net!(tx.flush().await, acked);
+        let pipe = pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?;
+        let mut chunk = vec![0u8; CHUNK];
         let mut eof = false;
+        let mut end_sent = false;
         loop {
+            if sent < taken {
+                let n = ((taken - sent) as usize).min(CHUNK);
+                file.read_exact_at(&mut chunk[..n], sent)
+                    .context("read the relay's buffer")?;
+                net!(write_data(&mut tx, &chunk[..n]).await, acked);
+                // A relay is interactive: what was read goes now, not with the next read.
+                net!(tx.flush().await, acked);
+                sent += n as u64;
+                total += n as u64;
+                count(&counter, n);
+            } else if eof && !end_sent {
+                net!(write_end(&mut tx).await, acked);
+                net!(tx.flush().await, acked);
+                end_sent = true;
+            }
             tokio::select! {
                 biased;
                 f = heard.recv() => match f {
+                    Some(Ok(Frame::Msg(Msg::RelayAck { at }))) => {
+                        acked = acked.max(at.min(sent));
+                        note(acked);
+                    }
                     Some(Ok(Frame::Msg(Msg::RelayHandoff { to }))) => {
-                        // Our last data frame is before this marker.
-                        write_msg(&mut tx, &Msg::RelayHandoff { to: to.clone() }).await?;
-                        let mut prefix = Vec::new();
+                        // Our last data frame is before this marker. What the body's node
+                        // took and did not write into the stand-in is still in the buffer,
+                        // past `acked`: its next node gets it from there.
+                        net!(write_msg(&mut tx, &Msg::RelayHandoff { to: to.clone() }).await,
+                            acked);
+                        net!(tx.flush().await, acked);
                         loop {
                             match heard.recv().await {
-                                Some(Ok(Frame::Data(d))) => prefix.extend_from_slice(&d),
+                                Some(Ok(Frame::Data(_))) => {}
+                                Some(Ok(Frame::Msg(Msg::RelayAck { at }))) => {
+                                    acked = acked.max(at.min(sent));
+                                    note(acked);
+                                }
                                 Some(Ok(Frame::End)) => break,
                                 Some(Ok(Frame::Msg(m))) => {
                                     bail!("{} message inside a relay's handoff", kind(&m))
                                 }
-                                Some(Err(e)) => {
-                                    bail!("the body's node left during the handoff: {e}")
-                                }
-                                None => bail!("the body's node left during the handoff"),
+                                Some(Err(_)) | None => break,
                             }
                         }
-                        return Ok(HomeEnd::Handoff { bytes: total, to, prefix });
+                        return Ok(HomeEnd::Handoff { bytes: total, to, acked });
                     }
-                    _ => return Ok(HomeEnd::Closed(total)),
+                    // The body's readers are gone, or it had all and our end of file.
+                    Some(Ok(Frame::End)) => return Ok(HomeEnd::Closed(total)),
+                    Some(Ok(Frame::Data(_))) => bail!("data from the reading side of a relay"),
+                    Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
+                    Some(Err(_)) | None => {
+                        return Ok(HomeEnd::Lost { bytes: total, acked })
+                    }
                 },
-                n = pipe.read(&mut buf), if !eof => {
-                    let n = n.context("read the relayed pipe")?;
-                    if n == 0 {
-                        write_end(&mut tx).await?;
-                        eof = true;
-                        continue;
+                r = pipe.readable(), if !eof && sent >= taken && taken - acked < WINDOW => {
+                    r.context("watch the relayed pipe")?;
+                    let room = (WINDOW - (taken - acked)) as usize;
+                    match pipe.try_io(|| {
+                        ferry_sys::fdops::splice(raw, b, room.min(CHUNK)).map_err(sys)
+                    }) {
+                        Ok(0) => eof = true,
+                        Ok(n) => taken += n as u64,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => {
+                            return Err(e).context("move the relayed pipe's bytes into its buffer")
+                        }
                     }
-                    write_data(&mut tx, &buf[..n]).await?;
-                    // A relay is interactive: what was read goes now, not with the next read.
-                    tx.flush().await?;
-                    total += n as u64;
-                    count(&counter, n);
                 }
             }
         }
     }
-    let mut pipe = pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?;
-    let raw = pipe.as_raw_fd();
+    // The body writes: what comes is kept at the buffer's end (`received`), then moved into
+    // our pipe from the buffer's position (`written`).
+    let mut received = file
+        .metadata()
+        .context("read the relay buffer's size")?
+        .len();
+    let mut written = pos;
+    // Where the body's node's stream stands: what home received, but for a body rebuilt from
+    // a checkpoint (it writes again what it wrote since: dropped up to what home received),
+    // or a node dialling again that had sent less than that (the same, during such a replay).
+    let rewind = crate::relay_keep::read_mark(&marks, crate::relay_keep::REWIND)
+        .context("read the relay's marks")?;
+    let mut incoming = match at {
+        Some(at) => at.min(received),
+        None if rewind != crate::relay_keep::NONE => {
+            crate::relay_keep::write_mark(
+                &marks,
+                crate::relay_keep::REWIND,
+                crate::relay_keep::NONE,
+            )
+            .context("write the relay's marks")?;
+            rewind.min(received)
+        }
+        None => received,
+    };
+    net!(write_msg(&mut tx, &Msg::RelayAt { at: incoming }).await, 0);
+    net!(tx.flush().await, 0);
+    let pipe = pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?;
     let mut tick = tokio::time::interval(READERS_POLL);
+    let mut ending = false;
+    // Home always reads what the body's node sends (so that its pump, never blocked on the
+    // connection, answers a pause at once); it acknowledges only up to 1 MiB past what is in
+    // its pipe, and the body's node sends at most 1 MiB past what is acknowledged: its reading
+    // of the stand-in stops while home's pipe is full, and the body's writer blocks.
+    let mut acked = incoming;
+    macro_rules! ack {
+        () => {
+            let at = incoming.min(written + WINDOW);
+            if at > acked {
+                acked = at;
+                net!(write_msg(&mut tx, &Msg::RelayAck { at }).await, 0);
+                net!(tx.flush().await, 0);
+            }
+        };
+    }
     loop {
+        if ending && written >= received {
+            // All the body wrote is in our pipe: the relay is over (closing our end gives
+            // the readers end of file).
+            let _ = write_end(&mut tx).await;
+            let _ = tx.flush().await;
+            return Ok(HomeEnd::Closed(total));
+        }
         tokio::select! {
-            f = heard.recv() => match f {
+            f = heard.recv(), if !ending => match f {
                 Some(Ok(Frame::Data(d))) => {
-                    match pipe.write_all(&d).await {
-                        Ok(()) => {}
-                        // Its readers are gone: so must the writer's data be.
-                        Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
-                            return Ok(HomeEnd::Closed(total))
-                        }
-                        Err(e) => return Err(e).context("write the relayed pipe"),
+                    let end = incoming + d.len() as u64;
+                    if end > received {
+                        let new = &d[(received - incoming) as usize..];
+                        file.write_all_at(new, received)
+                            .context("keep relayed bytes in the relay's buffer")?;
+                        received = end;
                     }
-                    total += d.len() as u64;
-                    count(&counter, d.len());
+                    incoming = end;
+                    ack!();
                 }
+                Some(Ok(Frame::End)) => ending = true,
                 Some(Ok(Frame::Msg(Msg::RelayHandoff { to }))) => {
-                    return Ok(HomeEnd::Handoff { bytes: total, to, prefix: Vec::new() })
-                }
-                Some(Ok(Frame::End)) | Some(Err(FrameError::Closed)) | None => {
-                    return Ok(HomeEnd::Closed(total))
+                    // Its last frame: all it sent is in the buffer, which the next node's
+                    // connection goes on draining.
+                    return Ok(HomeEnd::Handoff { bytes: total, to, acked: 0 })
                 }
                 Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
-                Some(Err(e)) => bail!("relay stream: {e}"),
+                Some(Err(_)) | None => return Ok(HomeEnd::Lost { bytes: total, acked: 0 }),
             },
+            r = pipe.writable(), if written < received => {
+                r.context("watch the relayed pipe")?;
+                let n = ((received - written) as usize).min(CHUNK);
+                match pipe.try_io(|| ferry_sys::fdops::splice(b, raw, n).map_err(sys)) {
+                    Ok(n) => {
+                        written += n as u64;
+                        total += n as u64;
+                        count(&counter, n);
+                        let _ = ferry_sys::fdops::punch_hole(b, written & !4095);
+                        ack!();
+                    }
+                    // Its readers are gone: so must the writer's data be.
+                    Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
+                        let _ = write_end(&mut tx).await;
+                        let _ = tx.flush().await;
+                        return Ok(HomeEnd::Closed(total));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e).context("write the relayed pipe"),
+                }
+            }
             _ = tick.tick() => {
                 if readers_gone(raw) {
+                    let _ = write_end(&mut tx).await;
+                    let _ = tx.flush().await;
                     return Ok(HomeEnd::Closed(total));
                 }
             }
@@ -439,130 +609,338 @@ where
     }
 }
 
-/// At the body's node: moves one relayed pipe's data between the stand-in's other end `fd`
-/// and the home, obeying `ctl` (pause, resume, handoff). Returns the bytes moved.
-pub async fn body_pump<S>(
-    stream: S,
+/// The body's node's side of one relayed pipe, kept across the connections of its relay (a
+/// home that restarts is dialled again).
+struct BodyPipe {
+    stand_in: StandIn,
+    /// Where this node stands in the relay's stream (`RelayOpen::at`): bytes written into the
+    /// stand-in (the body reads), or sent (the body writes); `None` until home first answered.
+    at: Option<u64>,
+    /// The body reads: home's end of file came.
+    eof: bool,
+    /// The body writes: what was sent and home has not kept yet (from `at` less its length).
+    unacked: Vec<u8>,
+    /// The body writes: the stand-in gave end of file (its writers are gone).
+    drained: bool,
+    paused: bool,
+    total: u64,
+}
+
+enum StandIn {
+    /// The body reads: our end is the stand-in's write end.
+    Reads(pipe::Sender),
+    /// The body writes: our end is its read end.
+    Writes(pipe::Receiver),
+}
+
+/// How one connection of a body's relay ended.
+enum BodyEnd {
+    /// The relay is over (or handed over to the body's next node).
+    Done,
+    /// The connection broke: dial again.
+    Lost(String),
+}
+
+/// At the body's node, after the commit: relays stand-in end `fd` of relay `pipe` of the tree
+/// rooted at home PID `pid` to `home`, obeying `ctl`. If home goes away (its daemon restarts),
+/// it is dialled again for up to five minutes, and the relay goes on where it stood (see
+/// crate::relay_keep): meanwhile the body's pipe I/O waits, and a move of the body is refused.
+/// Returns the bytes moved.
+pub async fn body_relay(
+    node: &Arc<crate::node::Node>,
+    home: &str,
+    pid: i32,
+    pipe: u32,
     fd: OwnedFd,
-    mut ctl: mpsc::UnboundedReceiver<Ctl>,
+    ctl: Option<mpsc::UnboundedReceiver<Ctl>>,
+) -> Result<u64> {
+    let Some(mut ctl) = ctl else {
+        bail!("relay {pipe} has no control")
+    };
+    let mut st = BodyPipe::new(fd)?;
+    let mut deadline = tokio::time::Instant::now() + crate::relay::OPEN_RETRY;
+    loop {
+        let opened = async {
+            let mut conn = node.dial(home).await?;
+            write_msg(
+                &mut conn.stream,
+                &Msg::RelayOpen {
+                    pid,
+                    pipe,
+                    at: st.at,
+                },
+            )
+            .await?;
+            match ferry_transport::frame::read_msg(&mut conn.stream).await {
+                Ok(Msg::RelayAt { at }) => Ok((conn, at)),
+                Ok(Msg::Error { message }) => Err(anyhow!("node {home}: {message}")),
+                Ok(other) => Err(anyhow!("node {home} answered {}", kind(&other))),
+                Err(e) => Err(anyhow!("node {home} did not answer: {e}")),
+            }
+        }
+        .await;
+        match opened {
+            Ok((conn, at)) => {
+                if st.at.is_some() {
+                    tracing::warn!(event = "relay-resumed", home = %home, pid, pipe, at);
+                }
+                match body_pump(conn.stream, &mut st, at, &mut ctl).await? {
+                    BodyEnd::Done => return Ok(st.total),
+                    BodyEnd::Lost(why) => {
+                        tracing::warn!(event = "relay-interrupted", home = %home, pid, pipe,
+                            at = ?st.at, error = %why, "dialling home again");
+                        deadline = tokio::time::Instant::now() + REDIAL_FOR;
+                    }
+                }
+            }
+            Err(e) if tokio::time::Instant::now() > deadline => return Err(e),
+            Err(_) => {
+                let wait = if st.at.is_some() { 300 } else { 50 };
+                let until = tokio::time::Instant::now() + Duration::from_millis(wait);
+                // Meanwhile a move of the body is refused: the relay could not follow it.
+                while let Ok(Some(c)) = tokio::time::timeout_at(until, ctl.recv()).await {
+                    let why = format!("its home {home} cannot be reached (dialled again)");
+                    match c {
+                        Ctl::Pause(ack) => {
+                            let _ = ack.send(Err(why));
+                        }
+                        Ctl::Handoff { done, .. } => {
+                            let _ = done.send(Err(anyhow!(why)));
+                            return Ok(st.total);
+                        }
+                        Ctl::Resume => st.paused = false,
+                    }
+                }
+                tokio::time::sleep_until(until).await;
+            }
+        }
+    }
+}
+
+/// A body at its own home (come home beside its deputies): its pipe's relay over the
+/// in-process stream `stream` to the home's end here.
+pub async fn body_at_home<S>(
+    mut stream: S,
+    fd: OwnedFd,
+    ctl: Option<mpsc::UnboundedReceiver<Ctl>>,
 ) -> Result<u64>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let acc = ferry_sys::fdops::get_fl(fd.as_raw_fd())
-        .map_err(|e| anyhow!("read the relayed pipe's flags: {e}"))?
-        & libc::O_ACCMODE;
+    let Some(mut ctl) = ctl else {
+        bail!("a relay has no control")
+    };
+    let mut st = BodyPipe::new(fd)?;
+    let at = match ferry_transport::frame::read_msg(&mut stream).await {
+        Ok(Msg::RelayAt { at }) => at,
+        Ok(other) => bail!("the home's end answered {}", kind(&other)),
+        Err(e) => bail!("the home's end did not answer: {e}"),
+    };
+    match body_pump(stream, &mut st, at, &mut ctl).await? {
+        BodyEnd::Done => Ok(st.total),
+        BodyEnd::Lost(why) => bail!("the home's end went: {why}"),
+    }
+}
+
+impl BodyPipe {
+    fn new(fd: OwnedFd) -> Result<BodyPipe> {
+        let acc = ferry_sys::fdops::get_fl(fd.as_raw_fd())
+            .map_err(|e| anyhow!("read the relayed pipe's flags: {e}"))?
+            & libc::O_ACCMODE;
+        let stand_in = if acc == libc::O_RDONLY {
+            StandIn::Writes(pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?)
+        } else {
+            StandIn::Reads(pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?)
+        };
+        Ok(BodyPipe {
+            stand_in,
+            at: None,
+            eof: false,
+            unacked: Vec::new(),
+            drained: false,
+            paused: false,
+            total: 0,
+        })
+    }
+}
+
+/// One connection of a body's relay: home answered `RelayAt { at: home_at }`.
+async fn body_pump<S>(
+    stream: S,
+    st: &mut BodyPipe,
+    home_at: u64,
+    ctl: &mut mpsc::UnboundedReceiver<Ctl>,
+) -> Result<BodyEnd>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (rx, mut tx) = tokio::io::split(stream);
     let mut heard = frames(rx);
-    let mut total = 0u64;
-    let mut paused = false;
-    if acc == libc::O_RDONLY {
-        // The body writes: ours to read and send.
-        let mut pipe = pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?;
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            tokio::select! {
-                biased;
-                c = ctl.recv() => match c {
-                    Some(Ctl::Pause(ack)) => {
-                        // Each chunk read is sent whole before this is looked at again.
-                        paused = true;
-                        let _ = ack.send(Ok(()));
-                    }
-                    Some(Ctl::Resume) => paused = false,
-                    Some(Ctl::Handoff { to, done, .. }) => {
-                        let r = async {
-                            write_msg(&mut tx, &Msg::RelayHandoff { to }).await?;
-                            tx.shutdown().await?;
-                            Ok::<_, anyhow::Error>(())
+    macro_rules! net {
+        ($e:expr) => {
+            if let Err(e) = $e {
+                return Ok(BodyEnd::Lost(format!("{e}")));
+            }
+        };
+    }
+    let mut tick = tokio::time::interval(READERS_POLL);
+    match &mut st.stand_in {
+        StandIn::Writes(pipe) => {
+            // The body writes: ours to read and send. Home kept `home_at` bytes: send again
+            // what it did not keep.
+            let sent = st.at.unwrap_or(home_at);
+            let base = sent - st.unacked.len() as u64;
+            if home_at < base || home_at > sent {
+                bail!("home keeps {home_at} bytes of the relay, and this node sent {base}..{sent}");
+            }
+            st.unacked.drain(..(home_at - base) as usize);
+            for c in st.unacked.chunks(CHUNK) {
+                net!(write_data(&mut tx, c).await);
+            }
+            st.at = Some(sent);
+            if st.drained {
+                net!(write_end(&mut tx).await);
+            }
+            net!(tx.flush().await);
+            let mut buf = vec![0u8; CHUNK];
+            loop {
+                tokio::select! {
+                    biased;
+                    c = ctl.recv() => match c {
+                        Some(Ctl::Pause(ack)) => {
+                            // Each chunk read is sent whole before this is looked at again.
+                            st.paused = true;
+                            let _ = ack.send(Ok(st.at.unwrap_or(0)));
                         }
-                        .await;
-                        let _ = done.send(r);
-                        return Ok(total);
+                        Some(Ctl::Resume) | None => st.paused = false,
+                        Some(Ctl::Handoff { to, done, .. }) => {
+                            let r = async {
+                                write_msg(&mut tx, &Msg::RelayHandoff { to }).await?;
+                                tx.shutdown().await?;
+                                Ok::<_, anyhow::Error>(())
+                            }
+                            .await;
+                            let _ = done.send(r);
+                            return Ok(BodyEnd::Done);
+                        }
+                    },
+                    f = heard.recv() => match f {
+                        Some(Ok(Frame::Msg(Msg::RelayAck { at }))) => {
+                            let sent = st.at.unwrap_or(0);
+                            let base = sent - st.unacked.len() as u64;
+                            let upto = at.clamp(base, sent);
+                            st.unacked.drain(..(upto - base) as usize);
+                        }
+                        // Home's readers are gone (so is what we would send), or it wrote
+                        // all we sent after our end of file.
+                        Some(Ok(Frame::End)) => return Ok(BodyEnd::Done),
+                        Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
+                        Some(Ok(Frame::Data(_))) => bail!("data from the reading side of a relay"),
+                        Some(Err(e)) => return Ok(BodyEnd::Lost(e.to_string())),
+                        None => return Ok(BodyEnd::Lost("closed".into())),
+                    },
+                    n = pipe.read(&mut buf),
+                        if !st.paused && !st.drained && (st.unacked.len() as u64) < WINDOW => {
+                        let n = n.context("read the relayed pipe")?;
+                        if n == 0 {
+                            // Home answers our end of file once all is in its pipe.
+                            st.drained = true;
+                            net!(write_end(&mut tx).await);
+                            net!(tx.flush().await);
+                            continue;
+                        }
+                        st.unacked.extend_from_slice(&buf[..n]);
+                        st.at = Some(st.at.unwrap_or(0) + n as u64);
+                        st.total += n as u64;
+                        net!(write_data(&mut tx, &buf[..n]).await);
+                        net!(tx.flush().await);
                     }
-                    None => paused = false,
-                },
-                // Home closed: its readers are gone, and so is what we would send.
-                _ = heard.recv() => return Ok(total),
-                n = pipe.read(&mut buf), if !paused => {
-                    let n = n.context("read the relayed pipe")?;
-                    if n == 0 {
-                        write_end(&mut tx).await?;
-                        return Ok(total);
-                    }
-                    write_data(&mut tx, &buf[..n]).await?;
-                    tx.flush().await?;
-                    total += n as u64;
                 }
             }
         }
-    }
-    // The body reads: what comes from home is written into the stand-in.
-    let mut pipe = pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?;
-    let raw = pipe.as_raw_fd();
-    let mut pending: Vec<u8> = Vec::new();
-    let mut off = 0usize;
-    let mut eof = false;
-    let mut tick = tokio::time::interval(READERS_POLL);
-    loop {
-        if eof && off >= pending.len() && !paused {
-            // Home's end of file, after all it sent: the body sees it once it has read all.
-            return Ok(total);
-        }
-        tokio::select! {
-            biased;
-            c = ctl.recv() => match c {
-                Some(Ctl::Pause(ack)) => {
-                    paused = true;
-                    let _ = ack.send(Ok(()));
+        StandIn::Reads(pipe) => {
+            // The body reads: what comes from home (from `home_at`, where we stand) is
+            // written into the stand-in, and acknowledged once there.
+            st.at = Some(home_at);
+            let raw = pipe.as_raw_fd();
+            let mut pending: Vec<u8> = Vec::new();
+            let mut off = 0usize;
+            loop {
+                if st.eof && off >= pending.len() && !st.paused {
+                    // Home's end of file, after all it sent: the body sees it once it has
+                    // read all. Home ends the relay.
+                    let _ = write_end(&mut tx).await;
+                    let _ = tx.flush().await;
+                    return Ok(BodyEnd::Done);
                 }
-                Some(Ctl::Resume) | None => paused = false,
-                Some(Ctl::Handoff { to, done, .. }) => {
-                    let r = hand_back(&mut tx, &mut heard, to, pending.split_off(off)).await;
-                    let _ = done.send(r);
-                    return Ok(total);
-                }
-            },
-            n = pipe.write(&pending[off..]), if !paused && off < pending.len() => match n {
-                Ok(n) => {
-                    off += n;
-                    total += n as u64;
-                }
-                // Its readers are gone: closing tells home, whose writers then get EPIPE.
-                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => return Ok(total),
-                Err(e) => return Err(e).context("write the relayed pipe"),
-            },
-            f = heard.recv(), if off >= pending.len() && !eof => match f {
-                Some(Ok(Frame::Data(d))) => {
-                    pending = d;
-                    off = 0;
-                }
-                Some(Ok(Frame::End)) => eof = true,
-                Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
-                Some(Err(FrameError::Closed)) | None => return Ok(total),
-                Some(Err(e)) => bail!("relay stream: {e}"),
-            },
-            _ = tick.tick(), if !paused => {
-                if readers_gone(raw) {
-                    return Ok(total);
+                tokio::select! {
+                    biased;
+                    c = ctl.recv() => match c {
+                        Some(Ctl::Pause(ack)) => {
+                            st.paused = true;
+                            let _ = ack.send(Ok(st.at.unwrap_or(0)));
+                        }
+                        Some(Ctl::Resume) | None => st.paused = false,
+                        Some(Ctl::Handoff { to, done, .. }) => {
+                            let r = hand_back(&mut tx, &mut heard, to).await;
+                            let _ = done.send(r);
+                            return Ok(BodyEnd::Done);
+                        }
+                    },
+                    n = pipe.write(&pending[off..]), if !st.paused && off < pending.len() => match n {
+                        Ok(n) => {
+                            off += n;
+                            st.total += n as u64;
+                            let at = st.at.unwrap_or(0) + n as u64;
+                            st.at = Some(at);
+                            net!(write_msg(&mut tx, &Msg::RelayAck { at }).await);
+                            net!(tx.flush().await);
+                        }
+                        // Its readers are gone: telling home ends the relay, and its writers
+                        // then get EPIPE.
+                        Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
+                            let _ = write_end(&mut tx).await;
+                            let _ = tx.flush().await;
+                            return Ok(BodyEnd::Done);
+                        }
+                        Err(e) => return Err(e).context("write the relayed pipe"),
+                    },
+                    f = heard.recv(), if off >= pending.len() && !st.eof => match f {
+                        Some(Ok(Frame::Data(d))) => {
+                            pending = d;
+                            off = 0;
+                        }
+                        Some(Ok(Frame::End)) => st.eof = true,
+                        Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
+                        Some(Err(e)) => return Ok(BodyEnd::Lost(e.to_string())),
+                        None => return Ok(BodyEnd::Lost("closed".into())),
+                    },
+                    _ = tick.tick(), if !st.paused => {
+                        if readers_gone(raw) {
+                            let _ = write_end(&mut tx).await;
+                            let _ = tx.flush().await;
+                            return Ok(BodyEnd::Done);
+                        }
+                    }
                 }
             }
         }
     }
 }
 
-/// A relay the body reads, handed off: asks home to stop, and sends back what came from home
-/// and did not reach the stand-in (`in_hand`, then what home sent before its marker).
+/// A relay the body reads, handed off: asks home to stop, and waits for its marker (what came
+/// from home and did not reach the stand-in is still in home's buffer, past what this node
+/// acknowledged: the body's next node gets it from there).
 async fn hand_back<W: AsyncWrite + Unpin>(
     tx: &mut W,
     heard: &mut mpsc::Receiver<Result<Frame, FrameError>>,
     to: String,
-    mut in_hand: Vec<u8>,
 ) -> Result<()> {
     write_msg(tx, &Msg::RelayHandoff { to }).await?;
+    tx.flush().await?;
     loop {
         match heard.recv().await {
-            Some(Ok(Frame::Data(d))) => in_hand.extend_from_slice(&d),
+            Some(Ok(Frame::Data(_))) => {}
             // Home's end of file came before our handoff: it is still at home (read again).
             Some(Ok(Frame::End)) => {}
             Some(Ok(Frame::Msg(Msg::RelayHandoff { .. }))) => break,
@@ -571,7 +949,6 @@ async fn hand_back<W: AsyncWrite + Unpin>(
             None => bail!("home left during the handoff"),
         }
     }
-    write_data(tx, &in_hand).await?;
     write_end(tx).await?;
     tx.flush().await?;
     Ok(())

@@ -23,6 +23,9 @@ pub const RAN: &str = "ran";
 /// Home side: a body given up for dead on a node, to kill there should it come back
 /// (crate::recovery::fence).
 pub const FENCE: &str = "fence";
+/// Home side: a pipe's relay whose home end and buffer a holder process keeps
+/// (crate::relay_keep).
+pub const RELAY: &str = "relay";
 
 pub struct Store {
     dir: PathBuf,

@@ -59,6 +59,41 @@ pub fn tee(from: RawFd, to: RawFd, len: usize) -> SysResult<usize> {
     check("tee", r as libc::c_long).map(|n| n as usize)
 }
 
+/// Moves up to `len` bytes from `from` to `to` (one of them a pipe) without blocking, in one
+/// call: a file's side without an offset given uses and advances its description's position.
+/// `Ok(0)`: `from` is a pipe at end of file.
+pub fn splice(from: RawFd, to: RawFd, len: usize) -> SysResult<usize> {
+    // SAFETY: plain integer arguments; both offsets are null (the descriptions' positions).
+    let r = unsafe {
+        libc::splice(
+            from,
+            std::ptr::null_mut(),
+            to,
+            std::ptr::null_mut(),
+            len,
+            libc::SPLICE_F_NONBLOCK,
+        )
+    };
+    check("splice", r as libc::c_long).map(|n| n as usize)
+}
+
+/// Frees the bytes of file `fd` below `len` (a hole: they read as zeros), its size unchanged.
+pub fn punch_hole(fd: RawFd, len: u64) -> SysResult<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: plain integer arguments.
+    let r = unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            len as libc::off_t,
+        )
+    };
+    check("fallocate(punch hole)", r as libc::c_long).map(drop)
+}
+
 pub fn pipe2(flags: i32) -> SysResult<(OwnedFd, OwnedFd)> {
     let mut fds = [0i32; 2];
     // SAFETY: fds has room for the two descriptors.

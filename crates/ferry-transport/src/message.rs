@@ -313,9 +313,36 @@ pub enum Msg {
     /// `pipe` (`Pipe::id` of the image, or `Pipe::relay` for a body moving on) of the tree whose
     /// root is home PID `pid`. Answered
     /// `Done` (or `Error`); then data frames flow on it one way, and `End` is end of file.
+    ///
+    /// On a pipe's relay `at` is where the body's node stands in the relay's byte stream when
+    /// it dials again (home restarted, or the connection broke): the bytes it has written into
+    /// the body's stand-in (the body reads), or sent (the body writes); `None` on a first
+    /// open. Home answers a pipe's relay with `RelayAt` instead of `Done`.
     RelayOpen {
         pid: i32,
         pipe: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<u64>,
+    },
+    /// Home's answer to a pipe's `RelayOpen`: where the relay's byte stream stands at home. On
+    /// a relay the body reads, the offset home sends from (the `at` asked, or on a first open
+    /// where the last node's stand-in stopped); on one the body writes, how many bytes home
+    /// has received and kept (the body's node sends again from there).
+    RelayAt {
+        at: u64,
+    },
+    /// After a body's image (`CheckpointBody`), before `Done`: where each of its pipes' relays
+    /// stood in its stream when the body was frozen (relay id, `RelayOpen::at`). Home keeps its
+    /// relays' buffers from there, and a tree rebuilt from that image goes on from there.
+    RelayMarks {
+        relays: Vec<(u32, u64)>,
+    },
+    /// Inside a pipe's relay: the bytes of the relay's stream (counted as in `RelayAt`) the
+    /// sender has put where they survive its peer's daemon dying: from the body's node, those
+    /// written into the body's stand-in; from home, those kept in its relay's buffer, which
+    /// outlives the daemon.
+    RelayAck {
+        at: u64,
     },
     /// Inside a pipe's relay, the body's node to home, after a commit that moved the body on
     /// to node `to`: the relay switches to `to` (which asks for it with `RelayOpen`). On a

@@ -114,7 +114,21 @@ fn messages() -> Vec<Msg> {
             }],
             timeline: vec![ferry_transport::message::Stamp::now("rebuilt")],
         }),
-        Msg::RelayOpen { pid: 7, pipe: 1 },
+        Msg::RelayOpen {
+            pid: 7,
+            pipe: 1,
+            at: None,
+        },
+        Msg::RelayOpen {
+            pid: 7,
+            pipe: 1,
+            at: Some(4096),
+        },
+        Msg::RelayAt { at: 9 },
+        Msg::RelayAck { at: 10 },
+        Msg::RelayMarks {
+            relays: vec![(3, 4096)],
+        },
         Msg::Commit,
         Msg::Resumed,
         Msg::Abort {

@@ -75,6 +75,18 @@ fn main() {
             "a_ferry_run_program_is_checkpointed_at_its_own_interval_and_recovered",
             run_program_checkpointed,
         ),
+        Trial::test(
+            "a_pipeline_stage_keeps_its_relays_through_a_home_daemon_restart",
+            relays_survive_home_restart,
+        ),
+        Trial::test(
+            "a_pipeline_stage_whose_node_dies_is_rebuilt_with_its_relays",
+            relayed_pipeline_recovered_after_node_death,
+        ),
+        Trial::test(
+            "a_pipeline_stage_whose_node_dies_is_rebuilt_elsewhere_with_its_relays",
+            relayed_pipeline_recovered_elsewhere,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -1188,4 +1200,232 @@ fn is_deputy(pid: i32) -> bool {
         .map(|m| m.lines().count())
         .unwrap_or(usize::MAX);
     traced && mappings <= 8
+}
+
+/// A shell pipeline `seq 1 N | stage | reader` started here (a), in `dir`: the stage doubles
+/// each line (and sleeps `pause` seconds), then exits 3; the reader checks each line is the
+/// next one, writes how many it read to `dir/lines` every 500 and at the end.
+struct Pipeline {
+    sh: Reaped,
+    dir: PathBuf,
+    /// The stage's PID.
+    stage: i32,
+}
+
+impl Pipeline {
+    fn start(dir: &Path, n: u32, pause: &str) -> Result<Pipeline, Failed> {
+        let middle = format!(
+            "import sys,os,time\n\
+            open(sys.argv[1]+'/pid.tmp','w').write(str(os.getpid()))\n\
+            os.rename(sys.argv[1]+'/pid.tmp', sys.argv[1]+'/pid')\n\
+            for l in sys.stdin:\n\
+            \x20   print(int(l)*2, flush=True)\n\
+            \x20   time.sleep({pause})\n\
+            sys.exit(3)\n"
+        );
+        let reader = "import sys\n\
+            n=0\n\
+            for l in sys.stdin:\n\
+            \x20   n+=1\n\
+            \x20   assert int(l)==2*n, (l, n)\n\
+            \x20   open(sys.argv[1]+'/lines','w').write(str(n)) if n % 500 == 0 else None\n\
+            open(sys.argv[1]+'/lines','w').write(str(n))\n";
+        let script = format!(
+            "set -o pipefail; seq 1 {n} | python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\""
+        );
+        let sh = Reaped(
+            Command::new("bash")
+                .args(["-c", &script, "pipeline"])
+                .arg(dir)
+                .arg(middle)
+                .arg(reader)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.join("sh.err")).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let stage: i32 = loop {
+            if let Some(p) = std::fs::read_to_string(dir.join("pid"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                break p;
+            }
+            if Instant::now() > deadline {
+                return Err("the middle stage did not start".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        Ok(Pipeline {
+            sh,
+            dir: dir.to_path_buf(),
+            stage,
+        })
+    }
+
+    /// How many lines the reader has read (in steps of 500).
+    fn lines(&self) -> u64 {
+        std::fs::read_to_string(self.dir.join("lines"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits up to `secs` for at least `n` lines read.
+    fn wait_lines(&self, n: u64, secs: u64, logs: &dyn Fn() -> String) -> Result<(), Failed> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while self.lines() < n {
+            if Instant::now() > deadline {
+                return Err(
+                    format!("{} lines through the relays\n{}", self.lines(), logs()).into(),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Waits up to `secs` for the pipeline's end: every one of `n` lines read once, in order,
+    /// and the stage's own exit status (3) seen by the shell. `when`: what happened at
+    /// `at` lines.
+    fn completes(
+        &mut self,
+        n: u64,
+        secs: u64,
+        when: &str,
+        logs: &dyn Fn() -> String,
+    ) -> Result<(), Failed> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let st = loop {
+            if let Some(st) = self.sh.0.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the pipeline did not end; the reader read {} lines ({when})\n{}",
+                    self.lines(),
+                    logs()
+                )
+                .into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let err = std::fs::read_to_string(self.dir.join("sh.err")).unwrap_or_default();
+        if self.lines() != n || st.code() != Some(3) {
+            return Err(format!(
+                "the reader read {} lines, not {n} once in order ({when}), and the shell saw \
+                 {st:?}, not the stage's 3: {err}\n{}",
+                self.lines(),
+                logs()
+            )
+            .into());
+        }
+        Ok(())
+    }
+}
+
+/// The middle stage of a shell pipeline (`seq | stage | reader`, all at a) moves to b while
+/// lines flow through it, both its stdin and stdout relayed by a; then a's daemon is killed
+/// outright (SIGKILL) and restarted while the stage reads and writes. The relays' home ends and
+/// buffers outlive the daemon in their holders, the restarted daemon takes them back, and b
+/// dials again: the reader gets every line once, in order, and the shell's `wait` (pipefail)
+/// gets the moved stage's own exit status. Before, the stage saw end of file and the reader
+/// lost what was in flight.
+fn relays_survive_home_restart() -> Result<(), Failed> {
+    let c = shared("cp-relay-restart", &[]);
+    let dir = scratch("commit_protocol", "relay-restart");
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b"]);
+    let mut p = Pipeline::start(&dir, 20000, "0.0005")?;
+    std::thread::sleep(Duration::from_millis(300));
+    migrate(&c, "a", p.stage, "b").map_err(|e| format!("the middle stage did not move: {e}"))?;
+    // Lines flow through b before a's daemon dies.
+    p.wait_lines(1000, 30, &logs)?;
+    let _ = Command::new("kill")
+        .args(["-9", &c.daemon_pid("a").to_string()])
+        .status();
+    wait_daemon_gone(&c, "a");
+    let at_kill = p.lines();
+    std::thread::sleep(Duration::from_secs(1));
+    restart(&c, "a");
+    p.completes(20000, 90, &format!("{at_kill} when a died"), &logs)?;
+    if at_kill >= 20000 {
+        return Err("the pipeline was done before a's daemon died: nothing tested".into());
+    }
+    let a = c.log("a");
+    if !a.contains("relay-recovered") {
+        return Err(format!("a's log says nothing of its relays taken up again\n{a}").into());
+    }
+    Ok(())
+}
+
+/// The middle stage of a shell pipeline (`seq | stage | reader`) moves from a to b, where a
+/// checkpoints it every 2 s with its relayed stdin and stdout (the stand-ins' contents in the
+/// image, where each relay stood sent home with it); then node b is killed outright (its
+/// init) while lines flow. a rebuilds the stage from its last image, at home, and links its
+/// relays again from where the image stood: the stage reads again from there what it had read
+/// since (a kept it), and what it writes again up to what a had received is dropped (the stage
+/// is deterministic). The reader gets every line once, in order, and the shell sees the stage's
+/// exit status. Before, such a body could not be checkpointed, and b's death lost it.
+fn relayed_pipeline_recovered_after_node_death() -> Result<(), Failed> {
+    relayed_pipeline_recovered_on(2, "a")
+}
+
+/// As above with a third node, c: the stage is rebuilt there (the idlest live node), and its
+/// relays go from a to c.
+fn relayed_pipeline_recovered_elsewhere() -> Result<(), Failed> {
+    relayed_pipeline_recovered_on(3, "c")
+}
+
+fn relayed_pipeline_recovered_on(n: usize, expect_on: &str) -> Result<(), Failed> {
+    let c = Cluster::up_full(
+        &format!("cp-relay-recover{n}"),
+        n,
+        &[],
+        Isolation::Separate,
+        &["--dead-after", "2", "--checkpoint-every", "2"],
+    );
+    let dir = scratch("commit_protocol", &format!("relay-recover{n}"));
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b", "c"][..n]);
+    let mut p = Pipeline::start(&dir, 20000, "0.001")?;
+    std::thread::sleep(Duration::from_millis(300));
+    migrate(&c, "a", p.stage, "b").map_err(|e| format!("the middle stage did not move: {e}"))?;
+    first_checkpoint(&c, 30, &logs)?;
+    p.wait_lines(2000, 30, &logs)?;
+    let init = c.init_pid("b").ok_or("node b has no init")?;
+    let _ = Command::new("kill")
+        .args(["-9", &init.to_string()])
+        .status();
+    let at_kill = p.lines();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !c.log("a").contains("event=\"guest-recovered\"") {
+        if Instant::now() > deadline {
+            return Err(format!("a did not rebuild the stage\n{}", logs()).into());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    p.completes(20000, 120, &format!("{at_kill} when b died"), &logs)?;
+    if at_kill >= 20000 {
+        return Err("the pipeline was done before b died: nothing tested".into());
+    }
+    let said = format!("node={expect_on}");
+    if !c
+        .log("a")
+        .lines()
+        .any(|l| l.contains("event=\"guest-recovered\"") && l.split_whitespace().any(|w| w == said))
+    {
+        return Err(format!("a's log does not say it went to {expect_on}\n{}", logs()).into());
+    }
+    Ok(())
+}
+
+/// A child killed and reaped when dropped (a test that fails leaves nothing running).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -287,7 +287,7 @@ pub(super) async fn send_counted(
     }
     node.fault("exit-after-outcome");
     // Before the destination hears `Commit` and connects for them.
-    node.relays.expect(pid, to, relay_ends);
+    node.relays.expect(&node, pid, to, relay_ends);
     if let Some(p) = paused.take() {
         // The body is frozen here: its relays at home switch to `to`.
         p.handoff(to, pid).await;

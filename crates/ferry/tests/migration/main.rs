@@ -95,6 +95,10 @@ fn main() {
             pipeline_stage_moves_on_with_its_relays,
         ),
         Trial::test(
+            "a_writer_to_a_full_pipe_at_home_moves_a_b_c_a",
+            a_writer_to_a_full_pipe_at_home_moves_around,
+        ),
+        Trial::test(
             "a_job_under_a_terminal_moves_on_from_b_to_c",
             a_job_under_a_terminal_moves_on_from_b_to_c,
         ),

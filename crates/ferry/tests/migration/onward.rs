@@ -372,3 +372,83 @@ fn half_closed_stream_moves_on(kind: &str) -> Result<(), Failed> {
     }
     Ok(())
 }
+
+/// A writer whose stdout is a pipe to a reader at home that does not read yet (its pipe, and
+/// the relay's buffers behind it, full; the writer blocked) moves a -> b -> c -> a, as the
+/// README's demo moves its counter: each move pauses its relay at once and succeeds (before,
+/// the body's node was blocked sending to a home that had stopped reading, and the pause of
+/// the third hop timed out), and once the reader reads it gets every line once, in order.
+pub(super) fn a_writer_to_a_full_pipe_at_home_moves_around() -> Result<(), Failed> {
+    let c = Cluster::up("fullpipe", 3);
+    let dir = scratch("migration", "fullpipe");
+    let writer = "import sys,os\n\
+        open(sys.argv[1]+'/pid.tmp','w').write(str(os.getpid()))\n\
+        os.rename(sys.argv[1]+'/pid.tmp', sys.argv[1]+'/pid')\n\
+        for i in range(1, 2000001):\n\
+        \x20   sys.stdout.write('%d\\n' % i)\n\
+        sys.stdout.flush()\n";
+    let reader = "import sys,os,time\n\
+        while not os.path.exists(sys.argv[1]+'/go'):\n\
+        \x20   time.sleep(0.05)\n\
+        n=0\n\
+        for l in sys.stdin:\n\
+        \x20   n+=1\n\
+        \x20   assert int(l)==n, (l, n)\n\
+        open(sys.argv[1]+'/lines','w').write(str(n))\n";
+    let script = "set -o pipefail; python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\"";
+    let mut sh = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "fullpipe"])
+            .arg(&dir)
+            .arg(writer)
+            .arg(reader)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("sh.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // However the test ends, the reader then reads on to its end of file, and goes.
+    struct Go(PathBuf);
+    impl Drop for Go {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, b"");
+        }
+    }
+    let go = Go(dir.join("go"));
+    let pid = pid_from(&dir.join("pid"), "the writer")?;
+    for (on, to) in [("a", "b"), ("b", "c"), ("c", "a")] {
+        // Long enough for the pipe at home and the relay to fill.
+        std::thread::sleep(Duration::from_millis(1500));
+        migrate(&c, on, pid, to).map_err(|e| {
+            format!(
+                "{on} -> {to}: {e}\n{}",
+                c.log("a") + &c.log("b") + &c.log("c")
+            )
+        })?;
+    }
+    drop(go);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let st = loop {
+        if let Some(st) = sh.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the pipeline did not end; the reader read {:?} lines\n{}",
+                std::fs::read_to_string(dir.join("lines")).ok(),
+                c.log("a") + &c.log("b") + &c.log("c")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = std::fs::read_to_string(dir.join("sh.err")).unwrap_or_default();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("lines")).unwrap_or_default(),
+        "2000000",
+        "the reader did not read every line once, in order: {err}"
+    );
+    assert!(st.success(), "the pipeline failed: {st:?} {err}");
+    Ok(())
+}
