@@ -574,7 +574,7 @@ fn auto_chooses_lazy() -> Result<(), Failed> {
 /// `--memory hybrid`: a process of 96 MiB that rewrites random pages all the time (8 MiB/s,
 /// some dropped) and a quarter of its pages every 20 ms moves a -> b -> a. Each time, the
 /// pre-copy rounds send its memory while it runs, the pages it wrote after the last round
-/// (the quarter at least) are owed after the freeze and come by fault and push, the pages the
+/// (a quarter when it gets a core to itself) are owed after the freeze and come by fault and push, the pages the
 /// rounds sent are in before it runs (never asked of the source again), the report says when
 /// the source was released, and every page checks out.
 fn hybrid_there_and_back() -> Result<(), Failed> {
@@ -599,9 +599,11 @@ fn hybrid_there_and_back() -> Result<(), Failed> {
         assert!(sent > 90 << 20, "the rounds did not send the memory: {r}");
         let l = &r["lazy"];
         let owed = l["owed_bytes"].as_u64().unwrap_or(0);
-        // The swept quarter (24 MiB) at least, and far less than all of it.
+        // What it wrote after the last round's scan, and far less than all of it. (Not "the
+        // swept quarter at least": on a loaded machine the writer, waiting for a core, once
+        // wrote only 320 KiB between the last round and the freeze.)
         assert!(
-            (20 << 20..64 << 20).contains(&owed),
+            (4096..64 << 20).contains(&owed),
             "the pages written since the last round were not (alone) left to the lazy phase: {r}"
         );
         assert!(
