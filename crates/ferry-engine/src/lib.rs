@@ -14,6 +14,8 @@
 //! - [`names`] moves the files of a tree's bound UNIX sockets aside while it migrates.
 //! - [`lazy`] hands a rebuilt tree's private anonymous memory to a page server that fills
 //!   it as the tree runs (copy-on-reference).
+//! - [`premaps`] reads a tree's mappings before its freeze, so that the freeze need not walk
+//!   its page tables (/proc/PID/smaps).
 //! - [`restore`] reads an image completely, checks it, and rebuilds the tree through
 //!   [`husk`]s: processes created under their old PIDs and refilled from outside.
 
@@ -33,6 +35,7 @@ pub mod objects;
 pub mod owner;
 pub mod pidview;
 pub mod preflight;
+pub mod premaps;
 pub mod procfs;
 mod procmake;
 pub mod reopen;

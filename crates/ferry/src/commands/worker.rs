@@ -228,6 +228,9 @@ pub fn capture_worker(
     };
     // The contents of its files, hashed while it still runs (not in the freeze).
     ferry_engine::digests::warm(pid);
+    // Its mappings' flags, read while it still runs (not in the freeze, where smaps would walk
+    // every page): checked in the freeze, read again where they may have changed.
+    let mut premaps = Some(ferry_engine::premaps::PreMaps::take(pid));
     // `auto` moves lazily what an eager move would freeze too long (docs: ARCHITECTURE.md,
     // "Choosing how memory moves").
     let (auto_lazy, auto_hybrid) = match auto_lazy {
@@ -303,6 +306,11 @@ pub fn capture_worker(
         Ok(f) => f,
         Err(e) => return fail(&mut out, &e),
     };
+    // First, before any call is injected into the tree.
+    if let Some(mut pre) = premaps.take() {
+        pre.settle();
+        frozen.premaps = Some(pre);
+    }
     frozen.relay_pipes = relay_pipes;
     frozen.relay_standins = relay_standins;
     frozen.relay_sockets = relay_sockets;
