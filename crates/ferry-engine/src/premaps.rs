@@ -150,36 +150,27 @@ impl PreMaps {
         })
     }
 
-    /// Reads and closes the counters (the tree is frozen: it makes no call now, and the
-    /// capture's own injected calls must not count): a process that made a watched call since
-    /// its early read, or is not the process it was, will be read again.
-    pub fn settle(&mut self) {
-        let mut closing = Vec::new();
+    /// Reads the counters (the tree is frozen: it makes no call now, and the capture's own
+    /// injected calls must not count): a process that made a watched call since its early
+    /// read, or is not the process it was, will be read again. The counters are handed back,
+    /// to be closed once the move no longer waits ([`Retired::close`]): the last close of a
+    /// tracepoint's perf events unregisters its probe, which walks every thread of the machine
+    /// under the task list's lock and waits for RCU grace periods (tens of milliseconds on a
+    /// loaded machine).
+    #[must_use = "the counters count until closed"]
+    pub fn settle(&mut self) -> Retired {
+        let mut retired = Vec::new();
         self.procs.retain(|pid, e| {
             let alive = ferry_sys::pidfd::pidfd_send_signal(&e.pidfd, 0).is_ok();
             let quiet = e.counters.iter().all(|c| c.count().is_ok_and(|n| n == 0));
             if alive && !quiet {
                 log::debug!("PID {pid}: changed its mappings before the freeze; smaps read in it");
             }
-            if !(alive && quiet) {
-                closing.append(&mut e.counters);
-            }
+            retired.append(&mut e.counters);
             alive && quiet
         });
-        // Closed away from the freeze: the last close of a tracepoint's perf events waits for
-        // an RCU grace period (tens of milliseconds on a loaded machine).
-        let counters: Vec<SyscallCounter> = self
-            .procs
-            .values_mut()
-            .flat_map(|e| std::mem::take(&mut e.counters))
-            .collect();
-        let spawned = std::thread::Builder::new()
-            .name("perf-close".into())
-            .spawn(move || drop((counters, closing)));
-        if let Err(e) = spawned {
-            log::debug!("close the system call counters in the freeze: {e}");
-        }
         self.settled = true;
+        Retired(retired)
     }
 
     /// The mappings of frozen process `pid` (read through `host`, a live thread of it) with
@@ -211,4 +202,23 @@ fn same_shape(a: &[MapEntry], b: &[MapEntry]) -> bool {
                 && x.ino == y.ino
                 && x.name == y.name
         })
+}
+
+/// System call counters read already, still open ([`PreMaps::settle`]).
+#[derive(Debug, Default)]
+pub struct Retired(Vec<SyscallCounter>);
+
+impl Retired {
+    /// Closes them in a thread of their own (dropping them closes them here).
+    pub fn close(self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("perf-close".into())
+            .spawn(move || drop(self));
+        if let Err(e) = spawned {
+            log::debug!("close the system call counters: {e}");
+        }
+    }
 }

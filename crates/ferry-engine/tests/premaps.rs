@@ -72,7 +72,7 @@ fn read_through_freeze(dir: &Path, pid: i32, addr: u64) -> (Vec<String>, usize, 
     wait_file(&dir.join("done"), "the child did not act");
     let mut frozen = FrozenTree::freeze(pid).unwrap();
     let mut pre = pre;
-    pre.settle();
+    let counters = pre.settle();
     frozen.premaps = Some(pre);
     let pre = frozen.premaps.as_ref().unwrap();
     let maps = pre.mappings(pid, pid).unwrap();
@@ -81,6 +81,7 @@ fn read_through_freeze(dir: &Path, pid: i32, addr: u64) -> (Vec<String>, usize, 
         pre.read_again.load(Ordering::Relaxed),
     );
     frozen.thaw();
+    counters.close();
     let m = maps
         .iter()
         .find(|m| m.start <= addr && addr < m.end)

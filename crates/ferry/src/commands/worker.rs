@@ -306,9 +306,11 @@ pub fn capture_worker(
         Ok(f) => f,
         Err(e) => return fail(&mut out, &e),
     };
-    // First, before any call is injected into the tree.
+    // First, before any call is injected into the tree; the counters are closed once the
+    // copy runs (closing them is slow, and would slow the rebuild).
+    let mut counters = ferry_engine::premaps::Retired::default();
     if let Some(mut pre) = premaps.take() {
-        pre.settle();
+        counters = pre.settle();
         frozen.premaps = Some(pre);
     }
     frozen.relay_pipes = relay_pipes;
@@ -436,6 +438,7 @@ pub fn capture_worker(
         }
         order = next_command(&mut input);
     }
+    counters.close();
     match order {
         Some(Msg::Kill) => {
             frozen.kill();
