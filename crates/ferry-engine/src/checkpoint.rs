@@ -237,7 +237,11 @@ pub fn capture_keeping<W: Write>(
             p.threads.push(threads::capture(host, t, &inj)?);
             inj.finish()?;
         }
-        p.vmas = memory::capture(host, &procfs::smaps(host)?, &mut objects)?;
+        let maps = match &frozen.premaps {
+            Some(pre) => pre.mappings(fp.pid, host)?,
+            None => procfs::smaps(host)?,
+        };
+        p.vmas = memory::capture(host, &maps, &mut objects)?;
         memory::check_memfd_exe(host, &p)?;
         p.fds = fdcap.capture(host, &mut tree, &mut objects)?;
         tree.processes.push(p);
@@ -284,6 +288,9 @@ pub fn capture_keeping<W: Write>(
         report.cow_bytes += cow.iter().map(|(s, e)| e - s).sum::<u64>();
         tree.processes[i].cow = cow;
     }
+    // Per process, the ranges left out of the image: every page in them is inherited or
+    // shared copy-on-write with the parent, so the image's pages are not looked for there.
+    let mut left_out: Vec<Vec<(u64, u64)>> = vec![Vec::new(); hosts.len()];
     for (i, &host) in hosts.iter().enumerate() {
         let p = &tree.processes[i];
         let kept = match p.zombie_status {
@@ -292,6 +299,7 @@ pub fn capture_keeping<W: Write>(
         };
         if let Some(keep) = kept {
             let inherited = memory::inherited_pages(host, &p.vmas, &keep)?;
+            left_out[i] = keep;
             let p = &mut tree.processes[i];
             p.inherited = memory::without(&inherited, &p.cow);
             report.inherited_bytes += p.inherited.iter().map(|(s, e)| e - s).sum::<u64>();
@@ -309,9 +317,9 @@ pub fn capture_keeping<W: Write>(
     // them, then streams memory into the processes.
     let object_bytes = objects.write_contents(&mut w).map_err(io)?;
     let mut stats = memory::PageStats::default();
-    for (p, host) in tree.processes.iter().zip(hosts) {
+    for ((p, host), left_out) in tree.processes.iter().zip(hosts).zip(&left_out) {
         if p.zombie_status.is_none() {
-            memory::write_pages(host, p, &mut w, &mut stats)?;
+            memory::write_pages(host, p, left_out, &mut w, &mut stats)?;
         }
     }
     let (out, total) = w.finish().map_err(io)?;

@@ -116,6 +116,9 @@ pub struct FrozenTree {
     /// restored thread's does. Without it (`ferry checkpoint --leave-running`), the thread goes
     /// on exactly where it was.
     pub reissue_on_thaw: bool,
+    /// The tree's mappings read before the freeze ([`crate::premaps`]), settled right after
+    /// it: the capture reads /proc/PID/smaps only where they are no longer right.
+    pub premaps: Option<crate::premaps::PreMaps>,
     released: bool,
 }
 

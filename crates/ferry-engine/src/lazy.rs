@@ -217,7 +217,8 @@ pub fn source_ranges_of(vmas: &[ferry_image::Vma]) -> Vec<(u64, u64)> {
 pub fn preflight(root: i32) -> std::result::Result<(), String> {
     let pids = crate::preflight::tree(root).map_err(|e| e.to_string())?;
     for pid in pids {
-        let Ok(maps) = crate::procfs::smaps(pid) else {
+        // (maps, not smaps: names and sharing only, without a walk of every page.)
+        let Ok(maps) = crate::procfs::maps(pid) else {
             continue;
         };
         for m in &maps {

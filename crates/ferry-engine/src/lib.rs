@@ -15,6 +15,8 @@
 //! - [`leases`] lets go of a tree's write leases while it migrates (taken back if it fails).
 //! - [`lazy`] hands a rebuilt tree's private anonymous memory to a page server that fills
 //!   it as the tree runs (copy-on-reference).
+//! - [`premaps`] reads a tree's mappings before its freeze, so that the freeze need not walk
+//!   its page tables (/proc/PID/smaps).
 //! - [`restore`] reads an image completely, checks it, and rebuilds the tree through
 //!   [`husk`]s: processes created under their old PIDs and refilled from outside.
 
@@ -35,6 +37,7 @@ pub mod objects;
 pub mod owner;
 pub mod pidview;
 pub mod preflight;
+pub mod premaps;
 pub mod procfs;
 mod procmake;
 pub mod reopen;

@@ -278,6 +278,15 @@ pub fn smaps(pid: i32) -> Result<Vec<MapEntry>> {
     Ok(out)
 }
 
+/// The mappings of a process from /proc/PID/maps, which the kernel prints without walking
+/// their pages (unlike smaps): no VmFlags, no AnonHugePages.
+pub fn maps(pid: i32) -> Result<Vec<MapEntry>> {
+    Ok(read(pid, "maps")?
+        .lines()
+        .filter_map(parse_map_line)
+        .collect())
+}
+
 /// /proc/PID/fdinfo/FD as key/value pairs (multi-valued keys such as `tfd` repeat).
 pub fn fdinfo(pid: i32, fd: i32) -> Result<Vec<(String, String)>> {
     Ok(read(pid, &format!("fdinfo/{fd}"))?

@@ -12,6 +12,7 @@ pub mod mounts;
 pub mod ns;
 pub mod owner;
 pub mod pagemap;
+pub mod perf;
 pub mod pidfd;
 pub mod proc_mem;
 pub mod process;

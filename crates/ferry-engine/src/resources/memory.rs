@@ -319,7 +319,9 @@ pub struct PageStats {
 }
 
 /// Writes the private pages of every mapping of `pid` that has data of its own, in records
-/// that name the process `image_pid` (its PID as the tree sees it).
+/// that name the process `image_pid` (its PID as the tree sees it). Nothing is looked for in
+/// `left_out` (sorted, disjoint: ranges whose pages are all `proc.inherited` or `proc.cow`):
+/// a lazy migration's private anonymous memory is not walked a second time in the freeze.
 ///
 /// Two buffers take turns: a helper thread reads the next run of memory out of the process
 /// (`process_vm_readv`, or /proc/PID/mem for pages we may not read that way), splits it at zero
@@ -329,6 +331,7 @@ pub struct PageStats {
 pub fn write_pages<W: Write>(
     pid: i32,
     proc: &Process,
+    left_out: &[(u64, u64)],
     out: &mut ImageWriter<W>,
     stats: &mut PageStats,
 ) -> Result<()> {
@@ -349,6 +352,9 @@ pub fn write_pages<W: Write>(
             continue;
         }
         stats.pages_scanned += (v.end - v.start) / PAGE_SIZE;
+        if subtract(&[(v.start, v.end)], left_out).is_empty() {
+            continue;
+        }
         let mut owned = owned_ranges(pid, &pagemap, v)?;
         if !inherited.is_empty() {
             owned = subtract(&owned, inherited);

@@ -229,6 +229,9 @@ pub fn capture_worker(
     };
     // The contents of its files, hashed while it still runs (not in the freeze).
     ferry_engine::digests::warm(pid);
+    // Its mappings' flags, read while it still runs (not in the freeze, where smaps would walk
+    // every page): checked in the freeze, read again where they may have changed.
+    let mut premaps = Some(ferry_engine::premaps::PreMaps::take(pid));
     // `auto` moves lazily what an eager move would freeze too long (docs: ARCHITECTURE.md,
     // "Choosing how memory moves").
     let (auto_lazy, auto_hybrid) = match auto_lazy {
@@ -304,6 +307,13 @@ pub fn capture_worker(
         Ok(f) => f,
         Err(e) => return fail(&mut out, &e),
     };
+    // First, before any call is injected into the tree; the counters are closed once the
+    // copy runs (closing them is slow, and would slow the rebuild).
+    let mut counters = ferry_engine::premaps::Retired::default();
+    if let Some(mut pre) = premaps.take() {
+        counters = pre.settle();
+        frozen.premaps = Some(pre);
+    }
     frozen.relay_pipes = relay_pipes;
     frozen.relay_standins = relay_standins;
     frozen.relay_sockets = relay_sockets;
@@ -435,6 +445,7 @@ pub fn capture_worker(
         }
         order = next_command(&mut input);
     }
+    counters.close();
     match order {
         Some(Msg::Kill) => {
             frozen.kill();
