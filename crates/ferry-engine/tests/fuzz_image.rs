@@ -114,6 +114,12 @@ fn synthetic_image() -> Vec<u8> {
         FileKind::Device {
             path: "/dev/null".into(),
             rdev: 0x103,
+            terminal: None,
+        },
+        FileKind::Device {
+            path: "/dev/console".into(),
+            rdev: 0x501,
+            terminal: Some(0x440),
         },
         FileKind::Pipe { pipe: 0 },
         FileKind::EventFd {

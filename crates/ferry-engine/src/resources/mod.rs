@@ -4,6 +4,7 @@
 pub mod aio;
 pub mod anon_inodes;
 pub mod cgroups;
+pub mod devices;
 pub mod files;
 pub mod jobctl;
 pub mod locks;
