@@ -576,6 +576,10 @@ pub enum FileKind {
         /// same one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         terminal: Option<u64>,
+        /// /dev/kmsg open for reading: its read position, the sequence number of the next
+        /// record it reads (docs/image-format.md).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kmsg_seq: Option<u64>,
     },
     /// One end of pipe `pipe` in `Tree::pipes` (a FIFO when `Pipe::fifo_path` is set); which
     /// end follows from the access mode in `FileDesc::flags`.

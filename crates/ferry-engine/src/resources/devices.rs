@@ -41,14 +41,39 @@ fn kind_of(rdev: u64) -> Option<bool> {
 }
 
 /// Whether description `d` is one of the machine's own devices (this module's).
+/// /dev/kmsg open for reading counts (its position is a sequence number of this boot's log).
 pub fn is_machine_device(d: &FileDesc) -> bool {
-    matches!(&d.kind, FileKind::Device { rdev, .. } if kind_of(*rdev).is_some())
+    matches!(&d.kind, FileKind::Device { rdev, kmsg_seq, .. }
+        if kind_of(*rdev).is_some() || kmsg_seq.is_some())
 }
 
 /// Describes descriptor `fd` of `pid`, a character device at `path`, if it is one of the
 /// machine's devices handled here; `None` for any other device.
 pub fn classify(pid: i32, fd: i32, path: &str, md: &std::fs::Metadata) -> Result<Option<FileKind>> {
     let rdev = md.rdev();
+    if super::kmsg::is_kmsg(rdev) && path == "/dev/kmsg" {
+        let pfd = pidfd::pidfd_open(pid).ctx(pid, || "open a pidfd".into())?;
+        let copy = pidfd::pidfd_getfd(&pfd, fd).ctx(pid, || format!("copy fd {fd} ({path})"))?;
+        let fl = ferry_sys::fdops::get_fl(copy.as_raw_fd())
+            .ctx(pid, || format!("flags of fd {fd} ({path})"))?;
+        // Open for writing only: no position (records written go to the log of wherever the
+        // process runs).
+        let kmsg_seq = if fl & libc::O_ACCMODE == libc::O_WRONLY {
+            None
+        } else {
+            Some(super::kmsg::capture_position(
+                pid,
+                &format!("fd {fd} ({path})"),
+                &copy,
+            )?)
+        };
+        return Ok(Some(FileKind::Device {
+            path: path.into(),
+            rdev,
+            terminal: None,
+            kmsg_seq,
+        }));
+    }
     let Some(terminal) = kind_of(rdev) else {
         return Ok(None);
     };
@@ -57,6 +82,7 @@ pub fn classify(pid: i32, fd: i32, path: &str, md: &std::fs::Metadata) -> Result
             path: path.into(),
             rdev,
             terminal: None,
+            kmsg_seq: None,
         }));
     }
     let pfd = pidfd::pidfd_open(pid).ctx(pid, || "open a pidfd".into())?;
@@ -83,6 +109,7 @@ pub fn classify(pid: i32, fd: i32, path: &str, md: &std::fs::Metadata) -> Result
         path: path.into(),
         rdev,
         terminal: Some(u64::from(real)),
+        kmsg_seq: None,
     }))
 }
 

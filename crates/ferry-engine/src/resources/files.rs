@@ -346,6 +346,7 @@ impl FdCapture {
                     path,
                     rdev: md.rdev(),
                     terminal: None,
+                    kmsg_seq: None,
                 });
             }
             if ft.is_char_device() {
@@ -659,6 +660,15 @@ pub fn open_descriptions(
                 if machine {
                     super::devices::check_machine(tree, d, holder, holder_fd)?;
                 }
+                if let (
+                    FileKind::Device {
+                        kmsg_seq: Some(_), ..
+                    },
+                    Some((p, f)),
+                ) = (&d.kind, holders.get(&d.id))
+                {
+                    super::kmsg::check_reader(p, objects.caller(), &format!("fd {f}"))?;
+                }
                 // The machine's terminals: never made a controlling terminal by this open,
                 // nor held waiting for a serial line's carrier (the process's own O_NONBLOCK
                 // is set below).
@@ -680,6 +690,13 @@ pub fn open_descriptions(
                     });
                 }
                 super::devices::check_opened(d, &fd, holder, holder_fd)?;
+                if let FileKind::Device {
+                    kmsg_seq: Some(seq),
+                    ..
+                } = &d.kind
+                {
+                    super::kmsg::restore_position(holder, &format!("fd {holder_fd}"), &fd, *seq)?;
+                }
                 fd
             }
             FileKind::Pipe { pipe } => {

@@ -7,6 +7,7 @@ pub mod cgroups;
 pub mod devices;
 pub mod files;
 pub mod jobctl;
+pub mod kmsg;
 pub mod locks;
 pub mod memory;
 pub mod process;

@@ -147,6 +147,7 @@ fn capture_dev_tty(pid: i32, fd: i32, path: &str, rdev: u64) -> Result<FileKind>
         path: path.into(),
         rdev,
         terminal: None,
+        kmsg_seq: None,
     })
 }
 
