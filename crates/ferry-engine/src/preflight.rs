@@ -353,6 +353,44 @@ fn check_pipes(
     Ok(())
 }
 
+/// The first descriptor, in the tree rooted at `root`, of a device of this machine that moves
+/// only within it (`resources::devices`): the console, a virtual terminal, a serial tty,
+/// /dev/vcs*, /dev/kmsg open for reading; named ("PID 12 fd 3 (/dev/console)"). Read from
+/// /proc alone, while the tree runs: a migration offers it only to a node on this machine
+/// (its kernel's boot id), before anything is frozen.
+pub fn machine_bound(root: i32) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    for pid in tree(root).ok()? {
+        for fd in procfs::fds(pid).unwrap_or_default() {
+            let Ok(link) = procfs::readlink(pid, &format!("fd/{fd}")) else {
+                continue;
+            };
+            if !link.starts_with("/dev/") {
+                continue;
+            }
+            let Ok(md) = std::fs::metadata(format!("/proc/{pid}/fd/{fd}")) else {
+                continue;
+            };
+            if !md.file_type().is_char_device() {
+                continue;
+            }
+            let rdev = md.rdev();
+            let reads = || {
+                procfs::fdinfo(pid, fd)
+                    .ok()
+                    .and_then(|i| i64::from_str_radix(procfs::field(&i, "flags").trim(), 8).ok())
+                    .is_some_and(|f| f & libc::O_ACCMODE as i64 != libc::O_WRONLY as i64)
+            };
+            if crate::resources::devices::is_machine_rdev(rdev)
+                || (crate::resources::kmsg::is_kmsg(rdev) && reads())
+            {
+                return Some(format!("PID {pid} fd {fd} ({link})"));
+            }
+        }
+    }
+    None
+}
+
 /// Checks the tree rooted at `root` for state the engine refuses, without stopping it.
 pub fn check(root: i32) -> Result<()> {
     check_with(root, false, &HashMap::new())

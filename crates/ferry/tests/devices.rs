@@ -136,3 +136,37 @@ fn vt_as_controlling_terminal_refused() {
     }
     assert!(alive, "the refused process did not run on");
 }
+
+/// A migration to a node on another machine (fail point `b:other-machine`: b says its kernel
+/// boot id is another) of a tree holding the console is refused by the offer, before anything
+/// is frozen, naming the descriptor; the process runs on at home.
+#[test]
+fn console_not_offered_to_another_machine() {
+    let c = common::cluster::Cluster::up_with(
+        "dev-machine",
+        2,
+        &[("FAILPOINTS", "b:other-machine=return")],
+    );
+    let mut child = start("exec 3>/dev/console; exec sleep 100");
+    let pid = child.id();
+    let out = c.run("a", &["migrate", &pid.to_string(), "--to", "b"]);
+    let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.contains(") S ") || s.contains(") R "));
+    let fd3 = std::fs::read_link(format!("/proc/{pid}/fd/3")).map(|p| p.display().to_string());
+    let _ = child.kill();
+    let _ = child.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the migration was not refused");
+    for w in ["fd 3 (/dev/console)", "another machine"] {
+        assert!(err.contains(w), "{w:?} not in the error: {err}");
+    }
+    assert!(alive, "the refused process did not run on");
+    assert_eq!(fd3.ok().as_deref(), Some("/dev/console"));
+    // Refused at the offer: no capture began at a (`migrate-start` is logged once the offer
+    // is taken, before the freeze).
+    let log = c.log("a");
+    assert!(
+        !log.contains("migrate-start"),
+        "the migration started: {log}"
+    );
+}

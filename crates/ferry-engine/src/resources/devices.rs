@@ -40,6 +40,12 @@ fn kind_of(rdev: u64) -> Option<bool> {
     }
 }
 
+/// Whether device number `rdev` is one of the machine's devices handled here (/dev/kmsg
+/// aside).
+pub fn is_machine_rdev(rdev: u64) -> bool {
+    kind_of(rdev).is_some()
+}
+
 /// Whether description `d` is one of the machine's own devices (this module's).
 /// /dev/kmsg open for reading counts (its position is a sequence number of this boot's log).
 pub fn is_machine_device(d: &FileDesc) -> bool {
