@@ -184,6 +184,33 @@ fn refuse(pid: i32, what: String, why: &str) -> Error {
     }
 }
 
+/// A virtual terminal or serial tty held by `pid` (descriptor `fd`, /dev/ttyN or /dev/ttySN)
+/// that is its controlling terminal (`resources/devices.rs`, which the capture checks again,
+/// with /dev/console and /dev/tty0 too).
+fn check_vt_ctty(pid: i32, fd: i32, link: &str) -> Result<()> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(md) = std::fs::metadata(format!("/proc/{pid}/fd/{fd}")) else {
+        return Ok(());
+    };
+    let rdev = md.rdev();
+    if !md.file_type().is_char_device() || libc::major(rdev) != 4 || libc::minor(rdev) == 0 {
+        return Ok(());
+    }
+    let ctty = procfs::read(pid, "stat").ok().and_then(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(4)?.parse::<u64>().ok())
+    });
+    if ctty == Some(rdev) {
+        return Err(refuse(
+            pid,
+            format!("fd {fd} ({link})"),
+            "this terminal (a virtual terminal or serial line) is the process's controlling \
+             terminal, which its session cannot take back yet (only a pty of the tree can be)",
+        ));
+    }
+    Ok(())
+}
+
 /// A kernel AIO ring mapped by two processes of the tree: a child forked after `io_setup`
 /// keeps its parent's ring mapped without the context, and which of them owns it nothing
 /// outside them tells (`resources/aio.rs`, which the capture checks again).
@@ -446,6 +473,9 @@ pub fn check_with(root: i32, relay_pipes: bool, standins: &HashMap<u64, u32>) ->
             }
             if link.starts_with("pipe:[") {
                 pipes.entry(link.clone()).or_insert((pid, fd));
+            }
+            if link.starts_with("/dev/tty") {
+                check_vt_ctty(pid, fd, &link)?;
             }
             if let Some(ino) = socket_ino(&link) {
                 tcp_fds.push((pid, fd, link, ino));

@@ -170,3 +170,27 @@ fn console_not_offered_to_another_machine() {
         "the migration started: {log}"
     );
 }
+
+/// `ferry migrate` of a process whose controlling terminal is a virtual terminal it holds is
+/// refused by the look before freezing, naming it; the process runs on.
+#[test]
+fn vt_as_controlling_terminal_not_migrated() {
+    let c = common::cluster::Cluster::up("dev-ctty", 2);
+    let mut child = start("exec 3<>/dev/tty3; exec sleep 100");
+    let pid = child.id();
+    let out = c.run("a", &["migrate", &pid.to_string(), "--to", "b"]);
+    let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.contains(") S ") || s.contains(") R "));
+    let _ = child.kill();
+    let _ = child.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the migration was not refused");
+    for w in [
+        "fd 3 (/dev/tty3)",
+        "controlling terminal",
+        "refused before freezing anything",
+    ] {
+        assert!(err.contains(w), "{w:?} not in the error: {err}");
+    }
+    assert!(alive, "the refused process did not run on");
+}
