@@ -520,6 +520,9 @@ async fn send_image(
         lazy: false,
         in_place: false,
         recovered: Some(note(dead, skipped)),
+        // A device of this machine in the image: the destination's restore refuses it if it
+        // is another machine (the image's boot id).
+        machine_bound: None,
     };
     node.outcomes
         .begin(id, to, None)

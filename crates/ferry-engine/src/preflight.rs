@@ -184,6 +184,33 @@ fn refuse(pid: i32, what: String, why: &str) -> Error {
     }
 }
 
+/// A virtual terminal or serial tty held by `pid` (descriptor `fd`, /dev/ttyN or /dev/ttySN)
+/// that is its controlling terminal (`resources/devices.rs`, which the capture checks again,
+/// with /dev/console and /dev/tty0 too).
+fn check_vt_ctty(pid: i32, fd: i32, link: &str) -> Result<()> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(md) = std::fs::metadata(format!("/proc/{pid}/fd/{fd}")) else {
+        return Ok(());
+    };
+    let rdev = md.rdev();
+    if !md.file_type().is_char_device() || libc::major(rdev) != 4 || libc::minor(rdev) == 0 {
+        return Ok(());
+    }
+    let ctty = procfs::read(pid, "stat").ok().and_then(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(4)?.parse::<u64>().ok())
+    });
+    if ctty == Some(rdev) {
+        return Err(refuse(
+            pid,
+            format!("fd {fd} ({link})"),
+            "this terminal (a virtual terminal or serial line) is the process's controlling \
+             terminal, which its session cannot take back yet (only a pty of the tree can be)",
+        ));
+    }
+    Ok(())
+}
+
 /// A kernel AIO ring mapped by two processes of the tree: a child forked after `io_setup`
 /// keeps its parent's ring mapped without the context, and which of them owns it nothing
 /// outside them tells (`resources/aio.rs`, which the capture checks again).
@@ -353,6 +380,44 @@ fn check_pipes(
     Ok(())
 }
 
+/// The first descriptor, in the tree rooted at `root`, of a device of this machine that moves
+/// only within it (`resources::devices`): the console, a virtual terminal, a serial tty,
+/// /dev/vcs*, /dev/kmsg open for reading; named ("PID 12 fd 3 (/dev/console)"). Read from
+/// /proc alone, while the tree runs: a migration offers it only to a node on this machine
+/// (its kernel's boot id), before anything is frozen.
+pub fn machine_bound(root: i32) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    for pid in tree(root).ok()? {
+        for fd in procfs::fds(pid).unwrap_or_default() {
+            let Ok(link) = procfs::readlink(pid, &format!("fd/{fd}")) else {
+                continue;
+            };
+            if !link.starts_with("/dev/") {
+                continue;
+            }
+            let Ok(md) = std::fs::metadata(format!("/proc/{pid}/fd/{fd}")) else {
+                continue;
+            };
+            if !md.file_type().is_char_device() {
+                continue;
+            }
+            let rdev = md.rdev();
+            let reads = || {
+                procfs::fdinfo(pid, fd)
+                    .ok()
+                    .and_then(|i| i64::from_str_radix(procfs::field(&i, "flags").trim(), 8).ok())
+                    .is_some_and(|f| f & libc::O_ACCMODE as i64 != libc::O_WRONLY as i64)
+            };
+            if crate::resources::devices::is_machine_rdev(rdev)
+                || (crate::resources::kmsg::is_kmsg(rdev) && reads())
+            {
+                return Some(format!("PID {pid} fd {fd} ({link})"));
+            }
+        }
+    }
+    None
+}
+
 /// Checks the tree rooted at `root` for state the engine refuses, without stopping it.
 pub fn check(root: i32) -> Result<()> {
     check_with(root, false, &HashMap::new())
@@ -408,6 +473,9 @@ pub fn check_with(root: i32, relay_pipes: bool, standins: &HashMap<u64, u32>) ->
             }
             if link.starts_with("pipe:[") {
                 pipes.entry(link.clone()).or_insert((pid, fd));
+            }
+            if link.starts_with("/dev/tty") {
+                check_vt_ctty(pid, fd, &link)?;
             }
             if let Some(ino) = socket_ino(&link) {
                 tcp_fds.push((pid, fd, link, ino));

@@ -114,6 +114,20 @@ fn synthetic_image() -> Vec<u8> {
         FileKind::Device {
             path: "/dev/null".into(),
             rdev: 0x103,
+            terminal: None,
+            kmsg_seq: None,
+        },
+        FileKind::Device {
+            path: "/dev/console".into(),
+            rdev: 0x501,
+            terminal: Some(0x440),
+            kmsg_seq: None,
+        },
+        FileKind::Device {
+            path: "/dev/kmsg".into(),
+            rdev: 0x10b,
+            terminal: None,
+            kmsg_seq: Some(1234),
         },
         FileKind::Pipe { pipe: 0 },
         FileKind::EventFd {

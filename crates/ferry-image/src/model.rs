@@ -565,10 +565,21 @@ pub enum FileKind {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         removed: bool,
     },
-    /// A character or block device opened by path (/dev/null, /dev/zero, /dev/urandom ...).
+    /// A character or block device opened by path (/dev/null, /dev/zero, /dev/urandom ...; the
+    /// machine's own devices: the console, virtual terminals, serial ttys, /dev/vcs*).
     Device {
         path: String,
         rdev: u64,
+        /// A terminal device (the console, /dev/ttyN, /dev/ttySN): the terminal it leads to
+        /// (TIOCGDEV, encoded as `st_rdev`): for /dev/console the active console, for /dev/tty0
+        /// the virtual terminal in the foreground when it was opened. A restore must reach the
+        /// same one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        terminal: Option<u64>,
+        /// /dev/kmsg open for reading: its read position, the sequence number of the next
+        /// record it reads (docs/image-format.md).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kmsg_seq: Option<u64>,
     },
     /// One end of pipe `pipe` in `Tree::pipes` (a FIFO when `Pipe::fifo_path` is set); which
     /// end follows from the access mode in `FileDesc::flags`.

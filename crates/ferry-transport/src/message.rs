@@ -153,6 +153,11 @@ pub enum Msg {
         /// Its memory moves lazily (asked, or chosen by `auto`).
         #[serde(default)]
         lazy: bool,
+        /// A descriptor of a device of this machine the tree holds (the console, a virtual
+        /// terminal, /dev/kmsg open for reading ...), named: it moves only to a node on this
+        /// machine (`MigrateOffer::machine_bound`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        machine: Option<String>,
     },
     /// Daemon to capture worker: freeze and stream the image.
     Go,
@@ -530,6 +535,19 @@ pub struct MigrateOffer {
     /// says of it (listed with it, [`ProcInfo::recovered`]). None for a migration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovered: Option<String>,
+    /// The tree holds a device of the source's machine (its console, a virtual terminal,
+    /// /dev/kmsg open for reading): taken only by a node on the same machine and boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_bound: Option<Box<MachineBound>>,
+}
+
+/// A device of the source's machine held by a tree on offer ([`MigrateOffer::machine_bound`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MachineBound {
+    /// The source's kernel boot id (/proc/sys/kernel/random/boot_id).
+    pub boot_id: String,
+    /// Which descriptor, of which process: "PID 12 fd 3 (/dev/console)".
+    pub what: String,
 }
 
 /// What a signal sent with `sigqueue` (or another negative `si_code`, but SI_TKILL) carried, as

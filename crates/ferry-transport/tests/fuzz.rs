@@ -84,6 +84,10 @@ fn messages() -> Vec<Msg> {
             lazy: true,
             in_place: true,
             recovered: Some("after node b died".into()),
+            machine_bound: Some(Box::new(MachineBound {
+                boot_id: "87299fff-a8d8-4a1d-bba7-fa7becc7a01c".into(),
+                what: "PID 10 fd 3 (/dev/console)".into(),
+            })),
         }),
         Msg::Accept,
         Msg::PageWant {
@@ -257,6 +261,7 @@ fn messages() -> Vec<Msg> {
             command: "x".into(),
             in_place: false,
             lazy: false,
+            machine: Some("PID 10 fd 3 (/dev/console)".into()),
         },
         Msg::Go,
         Msg::Frozen,

@@ -41,8 +41,12 @@ fn main() {
         )))
     };
     type Test = fn(&Cluster) -> Result<(), Failed>;
-    let tests: [(&str, Test); 12] = [
+    let tests: [(&str, Test); 13] = [
         ("a_user_moves_checkpoints_and_restores_their_own", own),
+        (
+            "a_user_cannot_restore_a_kernel_log_reader_without_cap_syslog",
+            kmsg_reader_needs_cap_syslog,
+        ),
         ("a_user_cannot_touch_another_users_or_roots", others),
         ("an_image_claiming_root_is_refused", image_claims_root),
         ("ps_shows_a_user_only_their_own", ps_hides_others),
@@ -317,6 +321,72 @@ fn own(c: &Cluster) -> Result<(), Failed> {
     check(ok, || {
         format!("restored PID {pid}: uids {got:?}, want alice's")
     })
+}
+
+/// Alice's process holds /dev/kmsg open for reading (opened by root, inherited: under
+/// `kernel.dmesg_restrict` she could not open it herself). She may checkpoint it, but her
+/// restore would have Ferry (root's capabilities) open it for her: refused.
+fn kmsg_reader_needs_cap_syslog(c: &Cluster) -> Result<(), Failed> {
+    let restricted =
+        std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict").is_ok_and(|v| v.trim() != "0");
+    if !restricted {
+        return Err("this test needs kernel.dmesg_restrict = 1".into());
+    }
+    let kmsg = std::fs::File::open("/dev/kmsg").map_err(|e| format!("open /dev/kmsg: {e}"))?;
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&kmsg);
+    // At its end: its position is not at risk of being overwritten meanwhile.
+    // SAFETY: lseek on our own descriptor.
+    unsafe { libc::lseek(raw, 0, libc::SEEK_END) };
+    let mut cmd = as_user(ALICE, &["sleep", "1000"]);
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    // SAFETY: dup2 is async-signal-safe; `raw` stays open in the parent until spawn returns.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            // (Through a copy: `raw` may be 3 itself, close-on-exec.)
+            let copy = libc::dup(raw);
+            if copy < 0 || libc::dup2(copy, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut kept = Sleeper(cmd.spawn().unwrap());
+    drop(kmsg);
+    let pid = kept.pid();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5)
+        && !std::fs::read_link(format!("/proc/{pid}/exe"))
+            .unwrap_or_default()
+            .to_string_lossy()
+            .contains("sleep")
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let dir = user_dir("kmsg", ALICE);
+    let img = dir.join("img");
+    let o = ferry_as(
+        c,
+        ALICE,
+        &[
+            "checkpoint",
+            &pid.to_string(),
+            "--dir",
+            img.to_str().unwrap(),
+        ],
+    );
+    check(o.status.success(), || {
+        format!("alice's checkpoint: {}", describe(&o))
+    })?;
+    kept.reap();
+    let o = ferry_as(c, ALICE, &["restore", "--dir", img.to_str().unwrap()]);
+    if o.status.success() {
+        let _ = ferry_sys_kill(pid);
+    }
+    let err = text(&o.stderr);
+    check(
+        !o.status.success() && err.contains("CAP_SYSLOG") && err.contains("fd 3"),
+        || format!("alice's restore of a /dev/kmsg reader: {}", describe(&o)),
+    )
 }
 
 fn ferry_sys_kill(pid: i32) -> bool {

@@ -74,3 +74,11 @@ async fn progress(cli: &mut UnixStream, phase: &str, bytes: u64) {
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
+
+/// This machine's kernel boot id (/proc/sys/kernel/random/boot_id; empty if unreadable).
+pub(crate) fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}

@@ -17,6 +17,27 @@ pub async fn receive(node: Arc<Node>, mut conn: Conn, offer: MigrateOffer) -> Re
         write_msg(&mut conn.stream, &Msg::Refused { reason }).await?;
         return Ok(());
     }
+    // A device of the source's machine (its console, a virtual terminal, its kernel's log)
+    // is that machine's: taken only on the same machine and boot (the nodes of a local
+    // cluster share one kernel). Fail point `other-machine`: this node says it is another.
+    if let Some(m) = &offer.machine_bound {
+        let here = if node.fault_at("other-machine") {
+            "another-machine".to_string()
+        } else {
+            boot_id()
+        };
+        if m.boot_id != here {
+            let reason = format!(
+                "{} is a device of {}'s machine (kernel boot {}), and this node is another \
+                 machine (boot {here}): its console, terminals and kernel log are that \
+                 machine's own",
+                m.what, offer.from_node, m.boot_id
+            );
+            tracing::info!(event = "refused-guest", from = %from, pid = offer.home_pid, reason = %reason);
+            write_msg(&mut conn.stream, &Msg::Refused { reason }).await?;
+            return Ok(());
+        }
+    }
     // A body of the same tree still here is one its home gave up for dead (this node was
     // frozen or cut off meanwhile) and has killed as soon as it hears from us
     // (crate::recovery::fence): the tree must not come back beside it, and be killed for it.

@@ -114,23 +114,26 @@ pub(super) async fn send_counted(
     } else {
         (Worker::spawn(&node.exe, &args)?, None)
     };
-    let (memory_bytes, uid, command, in_place, lazy) = match worker_msg(&mut worker).await? {
-        Msg::Movable {
-            memory_bytes,
-            uid,
-            command,
-            in_place,
-            lazy,
-        } => (
-            memory_bytes,
-            uid,
-            command,
-            in_place,
-            lazy || matches!(memory, "lazy" | "hybrid"),
-        ),
-        Msg::Error { message } => bail!("{message}"),
-        other => bail!("capture worker said {}", kind(&other)),
-    };
+    let (memory_bytes, uid, command, in_place, lazy, machine) =
+        match worker_msg(&mut worker).await? {
+            Msg::Movable {
+                memory_bytes,
+                uid,
+                command,
+                in_place,
+                lazy,
+                machine,
+            } => (
+                memory_bytes,
+                uid,
+                command,
+                in_place,
+                lazy || matches!(memory, "lazy" | "hybrid"),
+                machine,
+            ),
+            Msg::Error { message } => bail!("{message}"),
+            other => bail!("capture worker said {}", kind(&other)),
+        };
     report.preflight_ms = ms(t0);
     if !lazy {
         // (`auto` chose otherwise: the link goes unused.)
@@ -163,6 +166,12 @@ pub(super) async fn send_counted(
         in_place: in_place && guest.as_ref().is_some_and(|g| g.home_node == to),
         // A recovered tree moving on keeps saying so.
         recovered: guest.as_ref().and_then(|g| g.recovered.clone()),
+        machine_bound: machine.map(|what| {
+            Box::new(ferry_transport::message::MachineBound {
+                boot_id: super::boot_id(),
+                what,
+            })
+        }),
     };
     // Until it is decided, a question from the destination decides it: not committed.
     node.outcomes

@@ -345,9 +345,14 @@ impl FdCapture {
                 return Ok(FileKind::Device {
                     path,
                     rdev: md.rdev(),
+                    terminal: None,
+                    kmsg_seq: None,
                 });
             }
             if ft.is_char_device() {
+                if let Some(kind) = super::devices::classify(pid, fd, &path, md)? {
+                    return Ok(kind);
+                }
                 if let Some(kind) =
                     super::tty::classify(pid, fd, &path, md, self.relay_ttys, &self.relay_standins)?
                 {
@@ -649,8 +654,30 @@ pub fn open_descriptions(
             FileKind::PathOnly { path } => by_path(d, path, keep_flags(d.flags), Match::Inode)?,
             // Made in the process itself, once it has its controlling terminal (`install`).
             FileKind::Device { .. } if super::tty::is_dev_tty(d) => continue,
-            FileKind::Device { path, rdev } => {
-                let fd = by_path(d, path, keep_flags(d.flags), Match::Device)?;
+            FileKind::Device { path, rdev, .. } => {
+                let machine = super::devices::is_machine_device(d);
+                let (holder, holder_fd) = holders.get(&d.id).map_or((me, -1), |(p, f)| (p.pid, *f));
+                if machine {
+                    super::devices::check_machine(tree, d, holder, holder_fd)?;
+                }
+                if let (
+                    FileKind::Device {
+                        kmsg_seq: Some(_), ..
+                    },
+                    Some((p, f)),
+                ) = (&d.kind, holders.get(&d.id))
+                {
+                    super::kmsg::check_reader(p, objects.caller(), &format!("fd {f}"))?;
+                }
+                // The machine's terminals: never made a controlling terminal by this open,
+                // nor held waiting for a serial line's carrier (the process's own O_NONBLOCK
+                // is set below).
+                let extra = if machine {
+                    libc::O_NOCTTY | libc::O_NONBLOCK
+                } else {
+                    0
+                };
+                let fd = by_path(d, path, keep_flags(d.flags) | extra, Match::Device)?;
                 let now = std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
                     .ctx(me, || format!("stat {path}"))?;
                 if now.rdev() != *rdev {
@@ -661,6 +688,14 @@ pub fn open_descriptions(
                             now.rdev()
                         ),
                     });
+                }
+                super::devices::check_opened(d, &fd, holder, holder_fd)?;
+                if let FileKind::Device {
+                    kmsg_seq: Some(seq),
+                    ..
+                } = &d.kind
+                {
+                    super::kmsg::restore_position(holder, &format!("fd {holder_fd}"), &fd, *seq)?;
                 }
                 fd
             }
@@ -745,7 +780,10 @@ pub fn open_descriptions(
         };
         if matches!(
             d.kind,
-            FileKind::Regular { .. } | FileKind::Directory { .. } | FileKind::Memfd { .. }
+            FileKind::Regular { .. }
+                | FileKind::Directory { .. }
+                | FileKind::Memfd { .. }
+                | FileKind::Device { .. }
         ) && d.pos != 0
         {
             fdops::lseek(fd.as_raw_fd(), d.pos, libc::SEEK_SET)

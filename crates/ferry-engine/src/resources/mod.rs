@@ -4,8 +4,10 @@
 pub mod aio;
 pub mod anon_inodes;
 pub mod cgroups;
+pub mod devices;
 pub mod files;
 pub mod jobctl;
+pub mod kmsg;
 pub mod locks;
 pub mod memory;
 pub mod process;

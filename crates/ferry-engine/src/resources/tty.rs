@@ -146,12 +146,14 @@ fn capture_dev_tty(pid: i32, fd: i32, path: &str, rdev: u64) -> Result<FileKind>
     Ok(FileKind::Device {
         path: path.into(),
         rdev,
+        terminal: None,
+        kmsg_seq: None,
     })
 }
 
 /// Whether description `d` is /dev/tty (made again inside its process by [`install_dev_tty`]).
 pub fn is_dev_tty(d: &FileDesc) -> bool {
-    matches!(&d.kind, FileKind::Device { path, rdev }
+    matches!(&d.kind, FileKind::Device { path, rdev, .. }
         if path == "/dev/tty"
             && libc::major(*rdev) == TTYAUX_MAJOR
             && libc::minor(*rdev) == TTY_MINOR)

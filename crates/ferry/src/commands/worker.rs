@@ -262,6 +262,7 @@ pub fn capture_worker(
             // attached again there (not rebuilt in their place: docs/limitations.md).
             in_place: !relay_pipes && relay_standins.is_empty() && rebuilt_in_place(pid),
             lazy,
+            machine: ferry_engine::preflight::machine_bound(pid),
         },
     )?;
     if !matches!(next_command(&mut input), Some(Msg::Go)) {
