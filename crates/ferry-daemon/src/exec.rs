@@ -631,6 +631,8 @@ struct Outputs {
     stops: [Option<OwnedFd>; 2],
 }
 
+/// The size a read buffer starts at.
+const FIRST_BUF: usize = 64 << 10;
 /// A read of less than this is a writer's small writes caught as they come.
 const PACE_MIN: usize = 64 << 10;
 /// A wake-up less than this after the previous read finds the program writing steadily.
@@ -748,10 +750,18 @@ fn read_outputs(
             if rev[i] & libc::POLLHUP == 0 && last[i].is_some_and(|t| t.elapsed() < PACE_RECENT) {
                 pace(fd);
             }
+            // Buffers start small (most programs write little: a large zeroed allocation
+            // per run is a mapping made and unmade) and grow to what is there, once each.
+            let want = ferry_sys::fdops::fionread(fd.as_raw_fd())
+                .unwrap_or(0)
+                .clamp(FIRST_BUF, IO_CHUNK);
             let mut buf = spare
                 .take()
                 .or_else(|| back.try_recv().ok())
-                .unwrap_or_else(|| vec![0u8; IO_CHUNK]);
+                .unwrap_or_default();
+            if buf.len() < want {
+                buf.resize(want, 0);
+            }
             let len = match ferry_sys::fdops::read_fd(fd.as_raw_fd(), &mut buf) {
                 Ok(n) => n,
                 Err(e) if e.errno == libc::EAGAIN || e.errno == libc::EINTR => {
