@@ -11,8 +11,9 @@
 //! Remote side ([`serve`]): admission (`ferry_policy::admit`), then the program is forked with
 //! the caller's argv, environment, cwd, umask, rlimits, uid, gid, groups and signal state
 //! (`ferry_sys::spawn`), its stdio pipes or a pty sized like the caller's terminal. Its output
-//! goes back as `Io` frames as it comes; the next read waits until the frame is written, so a
-//! caller that reads slowly slows the program down (the pipe fills) and nothing piles up here.
+//! goes back as `Io` frames as it comes (read by a thread of its own, `Outputs`); at most two
+//! reads wait while a frame is written, so a caller that reads slowly slows the program down
+//! (the pipe fills) and nothing piles up here.
 //! Caller frames: `Io`/`IoEnd` on stream 0 feed stdin, `IoEnd` on 1 or 2 means the caller's
 //! reader went away (the program then gets EPIPE), `Signal` and `Resize`. The daemon's reaper
 //! reports the exit; remaining output is drained, then `IoEnd`s and `Exited`. A caller that
