@@ -39,6 +39,10 @@ pub struct Args {
     /// MiB of stdout for the streaming measurement (0: skip it).
     #[arg(long, default_value_t = 512)]
     stream_mib: u64,
+    /// Rounds of the streaming measurement (each local, then through ferry run; the median is
+    /// reported).
+    #[arg(long, default_value_t = 3)]
+    stream_rounds: usize,
     /// The nodes confine guests (`ferry cluster up --confine-guests`), the runs starting in a
     /// fresh shared tree (else `--no-confine-guests`, from this directory).
     #[arg(long)]
@@ -202,7 +206,7 @@ pub fn run(a: Args) -> Result<()> {
         let n = (a.stream_mib << 20).to_string();
         let head = ["head", "-c", n.as_str(), "/dev/zero"];
         let mut rates: [Vec<f64>; 2] = Default::default();
-        for _ in 0..3 {
+        for _ in 0..a.stream_rounds.max(1) {
             let mut c = Command::new("head");
             c.args(&head[1..]);
             rates[0].push(stream(c, a.stream_mib, "local head")?);
@@ -218,7 +222,7 @@ pub fn run(a: Args) -> Result<()> {
         let lines = vec![
             vec![
                 format!("stdout of head -c {}M /dev/zero, read here", a.stream_mib),
-                "MiB/s (median of 3)".into(),
+                format!("MiB/s (median of {})", a.stream_rounds.max(1)),
             ],
             vec!["local pipe".into(), format!("{l:.0}")],
             vec!["ferry run --on b".into(), format!("{r:.0}")],

@@ -11,8 +11,9 @@
 //! Remote side ([`serve`]): admission (`ferry_policy::admit`), then the program is forked with
 //! the caller's argv, environment, cwd, umask, rlimits, uid, gid, groups and signal state
 //! (`ferry_sys::spawn`), its stdio pipes or a pty sized like the caller's terminal. Its output
-//! goes back as `Io` frames as it comes; the next read waits until the frame is written, so a
-//! caller that reads slowly slows the program down (the pipe fills) and nothing piles up here.
+//! goes back as `Io` frames as it comes (read by a thread of its own, `Outputs`); at most two
+//! reads wait while a frame is written, so a caller that reads slowly slows the program down
+//! (the pipe fills) and nothing piles up here.
 //! Caller frames: `Io`/`IoEnd` on stream 0 feed stdin, `IoEnd` on 1 or 2 means the caller's
 //! reader went away (the program then gets EPIPE), `Signal` and `Resize`. The daemon's reaper
 //! reports the exit; remaining output is drained, then `IoEnd`s and `Exited`. A caller that
@@ -57,6 +58,9 @@ const DRAIN_MAX: Duration = Duration::from_secs(2);
 const LINGER: Duration = Duration::from_secs(5);
 /// Buffer per direction when relaying bytes between the CLI and the remote daemon.
 const RELAY_BUF: usize = 256 << 10;
+/// The send buffer of the CLI's socket while relaying (the kernel doubles it; the default is
+/// about 200 KiB, less than one read of the relay).
+const CLI_SNDBUF: i32 = 1 << 20;
 /// How long the remote daemon may take to answer `Run`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -109,6 +113,14 @@ pub async fn relay(node: Arc<Node>, mut cli: UnixStream, mut spec: RunSpec) -> R
     if !started {
         return Ok(());
     }
+    // The program's output reaches the CLI in pieces as large as this socket's send buffer
+    // holds: room for a whole read of the relay, so that it rarely waits for the CLI to read.
+    let _ = ferry_sys::sockets::setsockopt_int(
+        cli.as_raw_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_SNDBUF,
+        CLI_SNDBUF,
+    );
     // Each direction runs to its own end: the program's last frames must reach the CLI even
     // when the caller's last ones (stdin's end, say) can no longer be delivered.
     let (cli_r, mut cli_w) = cli.split();
@@ -463,19 +475,24 @@ where
         ended.clone(),
     ));
     let tty = prog.master.is_some();
-    let mut out = prog.stdout.take();
-    let mut err = prog.stderr.take();
+    // The program's output is read by a thread of its own (see `Outputs`).
+    let mut outputs = match Outputs::start([prog.stdout.take(), prog.stderr.take()]) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(event = "run-output-failed", pid, error = %e);
+            input.abort();
+            feeder.abort();
+            drop(prog);
+            hang_up(pid, exit.as_mut()).await;
+            return None;
+        }
+    };
     let mut notices = node.run_notices.open(pid);
 
     let status = loop {
         tokio::select! {
-            r = read_opt(&out) => {
-                if forward(&mut wr, 1, r, &mut out).await.is_err() {
-                    break None;
-                }
-            }
-            r = read_opt(&err) => {
-                if forward(&mut wr, 2, r, &mut err).await.is_err() {
+            c = outputs.next() => {
+                if outputs.forward(&mut wr, c).await.is_err() {
                     break None;
                 }
             }
@@ -496,8 +513,8 @@ where
                 }
             }
             ev = ev_rx.recv() => match ev {
-                Some(Event::ReaderClosed(1)) if !tty => out = None,
-                Some(Event::ReaderClosed(2)) => err = None,
+                Some(Event::ReaderClosed(1)) if !tty => outputs.close(1),
+                Some(Event::ReaderClosed(2)) => outputs.close(2),
                 Some(Event::ReaderClosed(_)) => {}
                 Some(Event::Gone(why)) => {
                     tracing::info!(event = "run-caller-gone", pid, why = %why);
@@ -514,7 +531,7 @@ where
         let _ = input.await;
         let _ = feeder.await;
         // Closing the pty master (every copy is gone now) hangs up its session too.
-        drop((out, err, prog));
+        drop((outputs, prog));
         hang_up(pid, exit.as_mut()).await;
         return None;
     };
@@ -527,12 +544,10 @@ where
     let idle = if moved { DRAIN_MAX } else { DRAIN_IDLE };
     let deadline = Instant::now() + DRAIN_MAX;
     let mut caller_ok = true;
-    while (out.is_some() || err.is_some()) && Instant::now() < deadline {
+    while outputs.any_open() && Instant::now() < deadline {
         let step = tokio::time::timeout(idle, async {
-            tokio::select! {
-                r = read_opt(&out) => forward(&mut wr, 1, r, &mut out).await,
-                r = read_opt(&err) => forward(&mut wr, 2, r, &mut err).await,
-            }
+            let c = outputs.next().await;
+            outputs.forward(&mut wr, c).await
         })
         .await;
         match step {
@@ -548,11 +563,10 @@ where
     drop(ev_rx);
     if caller_ok {
         let mut end = Vec::new();
-        if out.is_some() {
-            end.push(Msg::IoEnd { stream: 1 });
-        }
-        if err.is_some() {
-            end.push(Msg::IoEnd { stream: 2 });
+        for stream in [1, 2] {
+            if outputs.is_open(stream) {
+                end.push(Msg::IoEnd { stream });
+            }
         }
         end.push(exited(status));
         for m in &end {
@@ -564,6 +578,7 @@ where
         let _ = tokio::time::timeout(LINGER, &mut input).await;
     }
     input.abort();
+    drop(outputs);
     Some(status)
 }
 
@@ -587,28 +602,204 @@ fn exited(status: i32) -> Msg {
     }
 }
 
-/// Reads the next chunk of `fd`, or waits forever if it is closed.
-async fn read_opt(fd: &Option<Reader>) -> io::Result<Vec<u8>> {
-    match fd {
-        Some(f) => read_chunk(f, IO_CHUNK).await,
-        None => std::future::pending().await,
+/// A read of the program's output: `len` bytes of `buf` (0: that stream's end).
+struct Chunk {
+    stream: u8,
+    buf: Vec<u8>,
+    len: usize,
+}
+
+/// The program's stdout and stderr, read by a thread of its own, which hands what it reads to
+/// the session in chunks of up to [`IO_CHUNK`].
+///
+/// Why a thread: every write into a pipe that anyone ever polled wakes whoever waits on it
+/// (since Linux 5.16, for the sake of edge-triggered epoll). Registered with the runtime's
+/// epoll, a pipe wakes a worker of the daemon for each write the program makes (each 4 KiB
+/// `head` or `cat` writes), even while this side deliberately waits for more. This thread waits
+/// in poll(2) only when it means to read, so it is woken once per read; between reads (see
+/// [`pace`]) it sleeps where the writer's writes do not reach it.
+///
+/// Memory stays bounded: at most three buffers (one being filled, one in the channel, one being
+/// sent); a caller that reads slowly stops the thread, then the pipe fills and the program
+/// blocks. Dropping this ends the thread (its stop pipes hang up), which closes the descriptors.
+struct Outputs {
+    rx: mpsc::Receiver<Chunk>,
+    /// Buffers given back to the thread once sent.
+    back: std::sync::mpsc::Sender<Vec<u8>>,
+    /// Per stream: open (not yet at its end or closed), and the write end of the pipe whose
+    /// hang-up tells the thread to close that stream.
+    open: [bool; 2],
+    stops: [Option<OwnedFd>; 2],
+}
+
+/// The size a read buffer starts at.
+const FIRST_BUF: usize = 64 << 10;
+/// A read of less than this is a writer's small writes caught as they come.
+const PACE_MIN: usize = 64 << 10;
+/// A wake-up less than this after the previous read finds the program writing steadily.
+const PACE_RECENT: Duration = Duration::from_millis(2);
+/// How long such a read waits at most for [`PACE_MIN`] bytes to be there, in steps.
+const PACE_WAIT: Duration = Duration::from_millis(1);
+const PACE_STEP: Duration = Duration::from_micros(250);
+
+impl Outputs {
+    fn start(fds: [Option<OwnedFd>; 2]) -> io::Result<Outputs> {
+        let (tx, rx) = mpsc::channel(1);
+        let (back, back_rx) = std::sync::mpsc::channel();
+        let mut stops = [None, None];
+        let mut stop_rds = [None, None];
+        for (i, fd) in fds.iter().enumerate() {
+            if fd.is_some() {
+                let (r, w) = ferry_sys::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| e.io())?;
+                stops[i] = Some(w);
+                stop_rds[i] = Some(r);
+            }
+        }
+        let open = [fds[0].is_some(), fds[1].is_some()];
+        std::thread::Builder::new()
+            .name("run-output".into())
+            .spawn(move || read_outputs(fds, stop_rds, tx, back_rx))?;
+        Ok(Outputs {
+            rx,
+            back,
+            open,
+            stops,
+        })
+    }
+
+    /// The next chunk; waits forever once every stream is done.
+    async fn next(&mut self) -> Chunk {
+        if !self.any_open() {
+            return std::future::pending().await;
+        }
+        match self.rx.recv().await {
+            Some(c) => c,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Sends `c` to the caller: its bytes as `Io`, or its stream's end as `IoEnd`. Err: the
+    /// caller is gone.
+    async fn forward<W: AsyncWrite + Unpin>(&mut self, wr: &mut W, c: Chunk) -> Result<(), ()> {
+        let i = usize::from(c.stream - 1);
+        if !self.open[i] {
+            // Closed meanwhile: what was still read is dropped.
+            let _ = self.back.send(c.buf);
+            return Ok(());
+        }
+        let r = if c.len > 0 {
+            // The bytes go out as they were read, not copied into an encoded message first.
+            write_io(wr, c.stream, &c.buf[..c.len]).await.map_err(drop)
+        } else {
+            self.open[i] = false;
+            self.stops[i] = None;
+            write_msg(wr, &Msg::IoEnd { stream: c.stream })
+                .await
+                .map_err(drop)
+        };
+        let _ = self.back.send(c.buf);
+        r
+    }
+
+    /// The caller's reader of `stream` went away: its descriptor is closed (the program gets
+    /// EPIPE), without an `IoEnd`.
+    fn close(&mut self, stream: u8) {
+        if let Some(i) = usize::from(stream).checked_sub(1).filter(|i| *i < 2) {
+            self.open[i] = false;
+            self.stops[i] = None;
+        }
+    }
+
+    fn is_open(&self, stream: u8) -> bool {
+        usize::from(stream)
+            .checked_sub(1)
+            .is_some_and(|i| self.open.get(i).copied().unwrap_or(false))
+    }
+
+    fn any_open(&self) -> bool {
+        self.open.iter().any(|o| *o)
     }
 }
 
-/// Sends a chunk of `stream` to the caller; at end-of-file (or a read error) says `IoEnd` and
-/// closes `fd`. Err: the caller is gone.
-async fn forward<W: AsyncWrite + Unpin>(
-    wr: &mut W,
-    stream: u8,
-    r: io::Result<Vec<u8>>,
-    fd: &mut Option<Reader>,
-) -> Result<(), ()> {
-    match r {
-        // The bytes go out as they were read, not copied into an encoded message first.
-        Ok(d) if !d.is_empty() => write_io(wr, stream, &d).await.map_err(drop),
-        _ => {
-            *fd = None;
-            write_msg(wr, &Msg::IoEnd { stream }).await.map_err(drop)
+/// The body of [`Outputs`]' thread.
+fn read_outputs(
+    mut fds: [Option<OwnedFd>; 2],
+    mut stops: [Option<OwnedFd>; 2],
+    tx: mpsc::Sender<Chunk>,
+    back: std::sync::mpsc::Receiver<Vec<u8>>,
+) {
+    let mut last: [Option<Instant>; 2] = [None, None];
+    let mut spare: Option<Vec<u8>> = None;
+    let raw = |f: &Option<OwnedFd>| f.as_ref().map_or(-1, |f| f.as_raw_fd());
+    while fds.iter().any(Option::is_some) {
+        let polled = [raw(&fds[0]), raw(&fds[1]), raw(&stops[0]), raw(&stops[1])];
+        let Ok(rev) = ferry_sys::ns::poll_events(&polled, -1) else {
+            return;
+        };
+        for i in 0..2 {
+            if rev[2 + i] != 0 {
+                // The session closed this stream.
+                fds[i] = None;
+                stops[i] = None;
+            }
+        }
+        for i in 0..2 {
+            let Some(fd) = fds[i].as_ref().filter(|_| rev[i] != 0) else {
+                continue;
+            };
+            // (A writer that closed its end has said all it will.)
+            if rev[i] & libc::POLLHUP == 0 && last[i].is_some_and(|t| t.elapsed() < PACE_RECENT) {
+                pace(fd);
+            }
+            // Buffers start small (most programs write little: a large zeroed allocation
+            // per run is a mapping made and unmade) and grow to what is there, once each.
+            let want = ferry_sys::fdops::fionread(fd.as_raw_fd())
+                .unwrap_or(0)
+                .clamp(FIRST_BUF, IO_CHUNK);
+            let mut buf = spare
+                .take()
+                .or_else(|| back.try_recv().ok())
+                .unwrap_or_default();
+            if buf.len() < want {
+                buf.resize(want, 0);
+            }
+            let len = match ferry_sys::fdops::read_fd(fd.as_raw_fd(), &mut buf) {
+                Ok(n) => n,
+                Err(e) if e.errno == libc::EAGAIN || e.errno == libc::EINTR => {
+                    spare = Some(buf);
+                    continue;
+                }
+                // EIO: a pty master whose slave is closed everywhere; any error ends it.
+                Err(_) => 0,
+            };
+            last[i] = Some(Instant::now());
+            if len == 0 {
+                fds[i] = None;
+                stops[i] = None;
+            }
+            let c = Chunk {
+                stream: i as u8 + 1,
+                buf,
+                len,
+            };
+            if tx.blocking_send(c).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The program wrote a moment ago and may be writing steadily in small pieces: wait until
+/// [`PACE_MIN`] bytes are there, or [`PACE_WAIT`] has passed, so that one read (one frame, one
+/// wake-up of each process down the line) moves many writes. The pipe holds 1 MiB: the writer
+/// does not block meanwhile. Output after a pause (a prompt, a line typed and echoed) is read at
+/// once; a steady writer's is held at most about a millisecond.
+fn pace(fd: &OwnedFd) {
+    let start = Instant::now();
+    while start.elapsed() < PACE_WAIT {
+        match ferry_sys::fdops::fionread(fd.as_raw_fd()) {
+            Ok(n) if n < PACE_MIN => std::thread::sleep(PACE_STEP),
+            _ => return,
         }
     }
 }
@@ -802,8 +993,8 @@ struct Program {
     pid: i32,
     /// Where the caller's stdin goes: a pipe, or the pty master.
     stdin: Option<Writer>,
-    stdout: Option<Reader>,
-    stderr: Option<Reader>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
     /// The pty master, for window sizes and its foreground group.
     master: Option<Arc<OwnedFd>>,
     /// A program run for another node: its init (PID 1 of its namespaces, our child) and the
@@ -894,7 +1085,7 @@ impl Program {
             }
             let slave = OwnedFd::from(slave);
             stdin = Some(writer(m.try_clone().map_err(setup)?).map_err(setup)?);
-            stdout = Some(reader(m.try_clone().map_err(setup)?).map_err(setup)?);
+            stdout = Some(m.try_clone().map_err(setup)?);
             master = Some(Arc::new(m));
             if spec.stderr_tty {
                 child_err = slave.try_clone().map_err(setup)?;
@@ -994,10 +1185,11 @@ impl Program {
 }
 
 /// A pipe for the program's output: (our read end, its write end), enlarged.
-fn pipe_out() -> io::Result<(Reader, OwnedFd)> {
+/// Never registered with the runtime's epoll (see [`Outputs`]).
+fn pipe_out() -> io::Result<(OwnedFd, OwnedFd)> {
     let (r, w) = ferry_sys::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| e.io())?;
     let _ = ferry_sys::fdops::set_pipe_size(r.as_raw_fd(), PIPE_SIZE);
-    Ok((reader(r)?, w))
+    Ok((r, w))
 }
 
 fn spawn_failure(
@@ -1104,16 +1296,24 @@ fn writer(fd: OwnedFd) -> io::Result<Writer> {
 
 /// Up to `cap` bytes; empty at end-of-file (for a pty master: no slave open any more).
 async fn read_chunk(r: &Reader, cap: usize) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    read_into(r, &mut buf, cap).await?;
+    Ok(buf)
+}
+
+/// Replaces what `buf` holds with up to `cap` bytes read from `r`; empty at end-of-file.
+async fn read_into(r: &Reader, buf: &mut Vec<u8>, cap: usize) -> io::Result<()> {
+    buf.clear();
+    buf.reserve(cap);
     loop {
         r.readable().await?;
         // Read into spare capacity: a chunk is not cleared first (at the pipe's full rate,
         // clearing 256 KiB per read cost as much as the read).
-        let mut buf = Vec::with_capacity(cap);
-        match r.try_read_buf(&mut buf) {
-            Ok(_) => return Ok(buf),
+        match r.try_read_buf(buf) {
+            Ok(_) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.raw_os_error() == Some(libc::EIO) => return Ok(Vec::new()),
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => return Ok(()),
             Err(e) => return Err(e),
         }
     }

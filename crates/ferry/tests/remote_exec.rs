@@ -47,13 +47,14 @@ fn main() {
         Some(Arc::new(Cluster::up("remote-exec", 3)))
     };
     type Test = fn(&Cluster) -> Result<(), Failed>;
-    let tests: [(&str, Test); 19] = [
+    let tests: [(&str, Test); 20] = [
         ("exit_codes", exit_codes),
         ("death_by_signal", death_by_signal),
         ("many_short_runs", many_short_runs),
         ("quiet_run_starts_no_thread", quiet_run_starts_no_thread),
         ("stdin_streams", stdin_streams),
         ("stdin_arrives_slowly", stdin_arrives_slowly),
+        ("interactive_output_is_not_held", interactive_output),
         ("large_stdout_bounded_memory", large_stdout),
         ("signals_during_a_stream", signals_during_stream),
         ("stderr_apart_from_stdout", stderr_apart),
@@ -369,6 +370,49 @@ fn stdin_arrives_slowly(c: &Cluster) -> Result<(), Failed> {
     let l = next_line(&lines, "done")?;
     let st = child.wait().unwrap();
     check(l == "done" && st.success(), || format!("{l:?} {st:?}"))
+}
+
+/// A line typed and echoed comes back at once, even while the program also writes small
+/// pieces of output in quick succession (which b's daemon gathers into larger frames: the
+/// gathering must not hold a line back for more than a moment).
+fn interactive_output(c: &Cluster) -> Result<(), Failed> {
+    let (mut child, lines) = spawn_reading(
+        sh_on_b(
+            c,
+            "(while :; do echo tick; sleep 0.001; done) & \
+             while read x; do echo \"got $x\"; done; kill $!; echo done",
+        )
+        .stdin(Stdio::piped()),
+    );
+    let mut stdin = child.stdin.take().unwrap();
+    let mut times = Vec::new();
+    for i in 0..30 {
+        let t = Instant::now();
+        stdin.write_all(format!("{i}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+        loop {
+            let l = next_line(&lines, &format!("got {i}"))?;
+            if l == format!("got {i}") {
+                break;
+            }
+            check(l == "tick", || format!("{l:?} while waiting for got {i}"))?;
+        }
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(stdin);
+    while next_line(&lines, "done")? != "done" {}
+    let st = child.wait().unwrap();
+    let mut sorted = times.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    eprintln!(
+        "    round trip of a line through ferry run --on b: median {median:.2} ms, max {:.2} ms",
+        sorted[sorted.len() - 1]
+    );
+    check(st.success(), || format!("{st:?}"))?;
+    // A few ms on a loaded machine; output held until more came would take far longer.
+    check(median < 25.0, || format!("round trips (ms): {times:.2?}"))
 }
 
 fn large_stdout(c: &Cluster) -> Result<(), Failed> {
