@@ -17,6 +17,7 @@
 use crate::node::Node;
 use crate::relay_keep::Keep;
 use crate::relay_pipe::Ctl;
+use crate::relay_tty;
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_transport::frame::{
     read_frame, write_data, write_end, write_msg, write_record, FrameError,
@@ -302,66 +303,11 @@ pub fn open_home_ends(relays: &[RelayedPipe]) -> Result<Vec<HomeOpen>> {
                 )
             })?;
             if r.tty {
-                remember_tty_start(&fd, false);
+                relay_tty::remember_tty_start(&fd, false);
             }
             Ok((r.pipe, fd, None))
         })
         .collect()
-}
-
-/// A relayed terminal's settings and window size as they were when the tree was frozen (at
-/// home: the home terminal's, read as its relay end is opened; at the body's node: what its pty
-/// was rebuilt with, read as the end is taken from the restore worker, before the body runs),
-/// by terminal (`tty_key`). Each side of the relay sends the other what differs from them, not
-/// from what it first reads itself once the relay runs: by then the body may have set its own
-/// size or settings (a `TIOCSWINSZ` or `tcsetattr` made before its node's relay started), which
-/// would never reach home, and the home's unchanged size, sent as new, would undo it.
-type TtyStart = (Option<ferry_sys::tty::Termios>, Option<[u16; 4]>);
-static TTY_START: Mutex<Option<HashMap<(u64, u64), TtyStart>>> = Mutex::new(None);
-
-/// Which terminal `fd` is, in this daemon: its file system's device and, for a pty master,
-/// its number, else the device it is (a slave's).
-fn tty_key(fd: &OwnedFd) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt as _;
-    let m = fd
-        .try_clone()
-        .map(std::fs::File::from)
-        .ok()?
-        .metadata()
-        .ok()?;
-    match ferry_sys::tty::ptn(fd.as_raw_fd()) {
-        Ok(n) => Some((m.dev(), u64::from(n))),
-        Err(_) => Some((m.dev(), m.rdev() | 1 << 63)),
-    }
-}
-
-/// Records terminal `fd`'s settings (through its slave if `master`) and size as they are now,
-/// the tree frozen.
-fn remember_tty_start(fd: &OwnedFd, master: bool) {
-    let raw = fd.as_raw_fd();
-    let termios = if master {
-        slave_termios(raw)
-    } else {
-        ferry_sys::tty::get_termios(raw).ok()
-    };
-    let start = (termios, ferry_sys::tty::get_winsize(raw).ok());
-    if let Some(key) = tty_key(fd) {
-        TTY_START
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashMap::new)
-            .insert(key, start);
-    }
-}
-
-/// What `remember_tty_start` recorded for terminal `fd`, taken.
-fn take_tty_start(fd: &OwnedFd) -> Option<TtyStart> {
-    let key = tty_key(fd)?;
-    TTY_START
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_mut()?
-        .remove(&key)
 }
 
 /// The inode of descriptor `fd` (0 if it cannot be read).
@@ -371,13 +317,6 @@ pub(crate) fn inode_of(fd: &OwnedFd) -> u64 {
         .map(std::fs::File::from)
         .and_then(|f| f.metadata())
         .map_or(0, |m| m.ino())
-}
-
-/// The settings of the slave of pty master `master` (through a short-lived descriptor of the
-/// slave: one kept open would keep the master from seeing the body's last close).
-fn slave_termios(master: std::os::fd::RawFd) -> Option<ferry_sys::tty::Termios> {
-    let s = ferry_sys::tty::open_peer(master, libc::O_RDWR | libc::O_NOCTTY).ok()?;
-    ferry_sys::tty::get_termios(s.as_raw_fd()).ok()
 }
 
 /// Takes the relay's ends of relayed pipes from the restore worker `worker` (its descriptor
@@ -398,7 +337,7 @@ pub fn take_from_worker(worker: i32, ends: &[(u32, i32)]) -> Result<Vec<(u32, Ow
                 .map(|_| ());
             fl.map_err(|e| anyhow!("make the relay's end of pipe {pipe} non-blocking: {e}"))?;
             if pipe & ferry_image::RELAY_TTY != 0 {
-                remember_tty_start(&fd, true);
+                relay_tty::remember_tty_start(&fd, true);
             }
             Ok((pipe, fd))
         })
@@ -531,7 +470,7 @@ where
             tracing::info!(event = "relay-moves-on", from = %peer, to = %to, pid, pipe,
                 bytes, returned = prefix.iter().map(Vec::len).sum::<usize>());
             if pipe & ferry_image::RELAY_TTY != 0 {
-                remember_tty_start(&fd, false);
+                relay_tty::remember_tty_start(&fd, false);
             }
             node.relays
                 .park_as(pid, pipe, &to, fd, prefix, sender, None);
@@ -657,19 +596,6 @@ async fn attach_at_home(
     }
 }
 
-/// Whether home PID `pid` is in the foreground process group of its controlling terminal
-/// (from its /proc stat: `pgrp` and `tpgid`; a deputy keeps its terminal and its group).
-fn in_foreground(pid: i32) -> Option<bool> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let f: Vec<&str> = stat
-        .get(stat.rfind(')')? + 2..)?
-        .split_whitespace()
-        .collect();
-    let pgrp: i32 = f.get(2)?.parse().ok()?;
-    let tpgid: i32 = f.get(5)?.parse().ok()?;
-    Some(pgrp == tpgid)
-}
-
 /// What a two-way relay's reading thread found.
 enum TtyOut {
     Data(Vec<u8>),
@@ -793,9 +719,9 @@ where
             let body_tty = gate.is_none() && !socket;
             let mut settings = None;
             if !socket {
-                let (termios, size) = take_tty_start(&fd).unwrap_or_default();
+                let (termios, size) = relay_tty::take_tty_start(&fd).unwrap_or_default();
                 if body_tty {
-                    settings = termios.or_else(|| slave_termios(raw));
+                    settings = termios.or_else(|| relay_tty::slave_termios(raw));
                 }
                 match size {
                     Some(size) => {
@@ -850,7 +776,7 @@ where
                 }
                 if body_tty && checked.elapsed() >= Duration::from_millis(20) {
                     checked = std::time::Instant::now();
-                    if let Some(now) = slave_termios(raw) {
+                    if let Some(now) = relay_tty::slave_termios(raw) {
                         if settings.as_ref() != Some(&now) {
                             settings = Some(now.clone());
                             if out_tx.blocking_send(TtyOut::Termios(now)).is_err() {
@@ -872,7 +798,7 @@ where
                             return;
                         }
                     }
-                    match in_foreground(root) {
+                    match relay_tty::in_foreground(root) {
                         Some(true) => {}
                         Some(false) => {
                             std::thread::sleep(Duration::from_millis(50));
@@ -898,7 +824,7 @@ where
                     Err(_) => break,
                 }
                 // The shell may have taken the terminal back while we waited.
-                if gate.is_some_and(|root| in_foreground(root) == Some(false)) {
+                if gate.is_some_and(|root| relay_tty::in_foreground(root) == Some(false)) {
                     continue;
                 }
                 let got = if records {
@@ -1187,7 +1113,7 @@ where
                     let mut back: Prefix = if socket {
                         unread_socket(peer_ino, records, dgram)?
                     } else {
-                        vec![unread_input(fd.as_raw_fd())]
+                        vec![relay_tty::unread_input(fd.as_raw_fd())]
                     };
                     back.extend(left);
                     loop {
@@ -1418,37 +1344,6 @@ fn unread_socket(ino: u64, records: bool, dgram: bool) -> Result<Prefix> {
         out.push(bytes);
     }
     Ok(out)
-}
-
-/// The input the body has not read from its pty (master `master`), read back through its
-/// slave: the body is frozen and moves on, and this goes to its next node. Read with `EXTPROC`
-/// (as the relay sets the pty up: in canonical mode too, a read takes what is there, whole
-/// lines or not).
-fn unread_input(master: std::os::fd::RawFd) -> Vec<u8> {
-    let mut out = Vec::new();
-    let Ok(slave) = ferry_sys::tty::open_peer(
-        master,
-        libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC,
-    ) else {
-        return out;
-    };
-    let raw = slave.as_raw_fd();
-    if let Ok(mut t) = ferry_sys::tty::get_termios(raw) {
-        if t.lflag & libc::EXTPROC == 0 {
-            t.lflag |= libc::EXTPROC;
-            let _ = ferry_sys::tty::set_termios(raw, &t);
-        }
-    }
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        match ferry_sys::fdops::read_fd(raw, &mut buf) {
-            Ok(0) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) if e.errno == libc::EINTR => {}
-            Err(_) => break,
-        }
-    }
-    out
 }
 
 /// How many bytes from the far side a two-way relay holds for its writer at most (a longer
