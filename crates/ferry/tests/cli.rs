@@ -552,20 +552,20 @@ fn a_bad_memory_record_kills_the_half_built_tree() {
 
 #[test]
 fn an_uncapturable_resource_is_named_and_the_process_carries_on() {
-    // A process reading the kernel log (/dev/kmsg, a device whose state, a read position in
-    // the log, the engine does not capture).
+    // A process holding /dev/net/tun (a device whose state, the interface a TUNSETIFF would
+    // attach, the engine does not capture; /dev/kmsg, used here before, moves now).
     let d = scratch("cli", "refusal");
     let mut sh = Command::new("sleep")
         .arg("30")
-        .stdin(std::fs::File::open("/dev/kmsg").expect("open /dev/kmsg"))
+        .stdin(std::fs::File::open("/dev/net/tun").expect("open /dev/net/tun"))
         .spawn()
         .expect("start sleep");
     std::thread::sleep(Duration::from_millis(200));
     let pid = sh.id().to_string();
     let (ok, _, err) = ferry(&["checkpoint", &pid, "--dir", d.join("img").to_str().unwrap()]);
-    assert!(!ok, "a tree reading /dev/kmsg was checkpointed");
+    assert!(!ok, "a tree holding /dev/net/tun was checkpointed");
     assert!(
-        err.contains(&format!("PID {pid}")) && err.contains("fd 0 (/dev/kmsg)"),
+        err.contains(&format!("PID {pid}")) && err.contains("fd 0 (/dev/net/tun)"),
         "{err}"
     );
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

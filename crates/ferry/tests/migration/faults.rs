@@ -626,12 +626,12 @@ pub(super) fn hostile_peers() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A pidfd of an outside process and a kernel log reader cannot move: the migration is refused
+/// A pidfd of an outside process and a holder of /dev/net/tun cannot move: the migration is refused
 /// (the first before the tree is frozen), and the error names the fd or resource.
 pub(super) fn unmovable_refused() -> Result<(), Failed> {
     let c = Cluster::up("unmovable", 2);
     let dir = scratch("migration", "unmovable");
-    let kmsg = std::path::PathBuf::from("/dev/kmsg");
+    let tun = std::path::PathBuf::from("/dev/net/tun");
     // (script, what the refusal must say, whether /proc shows it before anything is frozen)
     let scripts = [
         (
@@ -643,10 +643,11 @@ pub(super) fn unmovable_refused() -> Result<(), Failed> {
             true,
         ),
         (
-            // A reader of the kernel log: the capture finds the device, and thaws the tree.
+            // A holder of /dev/net/tun (a device the engine does not capture; the kernel log
+            // reader used here before moves now): the capture finds it, and thaws the tree.
             "import time,sys\nf=open(sys.argv[1],'rb')\n\
              open('ready','w').close(); time.sleep(60)",
-            "(/dev/kmsg) cannot be checkpointed",
+            "(/dev/net/tun) cannot be checkpointed",
             false,
         ),
     ];
@@ -654,7 +655,7 @@ pub(super) fn unmovable_refused() -> Result<(), Failed> {
         let _ = std::fs::remove_file(dir.join("ready"));
         let mut child = Command::new("python3")
             .args(["-c", script])
-            .arg(&kmsg)
+            .arg(&tun)
             .current_dir(&dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
