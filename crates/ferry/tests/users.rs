@@ -662,33 +662,7 @@ fn guest_confined(c: &Cluster) -> Result<(), Failed> {
          (cat {secret}; echo cat=$?; ls -A /root | wc -l; head -c 4 /etc/passwd; echo; \
           echo passwd=$?) > out.part 2>&1; mv out.part out; exec sleep 1000"
     );
-    let child = Command::new("sh")
-        .args(["-c", &script])
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let shell = Sleeper(child);
-    std::thread::sleep(Duration::from_millis(200));
-    let pid = shell.pid().to_string();
-    let o = ferry_as(c, 0, &["migrate", &pid, "--to", "b"]);
-    check(o.status.success(), || {
-        format!("migrate to b: {}", describe(&o))
-    })?;
-    std::fs::write(dir.join("go"), "").unwrap();
-    let t0 = Instant::now();
-    let out = loop {
-        if let Ok(s) = std::fs::read_to_string(dir.join("out")) {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(10) {
-            return Err("the guest wrote nothing in 10 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    drop(shell);
+    let out = moved_guest_output(c, &dir, &script, 10)?;
     let lines: Vec<&str> = out.lines().collect();
     check(
         out.contains("No such file or directory")
@@ -769,18 +743,13 @@ fn run_guest_cannot_unmount(c: &Cluster) -> Result<(), Failed> {
     )
 }
 
-/// A root shell moved from a to b cannot unmount or move the mounts that hide b's data
-/// directory and this machine's /root: the guest's mounts are locked together.
-fn guest_cannot_unmount(c: &Cluster) -> Result<(), Failed> {
-    let dir = common::scratch("users", "unmount");
-    let script = format!(
-        "while [ ! -e go ]; do sleep 0.05; done; ({}) > out.part 2>&1; mv out.part out; \
-         exec sleep 1000",
-        unmount_script(c)
-    );
+/// Runs `sh -c script` in `dir` as root on a, moves it to b, lets it go on (the file `go`
+/// in `dir`) and returns what it wrote to `out` there within `secs` seconds: what a root guest
+/// on b can see or do. The script ends in a sleep, killed once its output is in.
+fn moved_guest_output(c: &Cluster, dir: &Path, script: &str, secs: u64) -> Result<String, Failed> {
     let child = Command::new("sh")
-        .args(["-c", &script])
-        .current_dir(&dir)
+        .args(["-c", script])
+        .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -799,12 +768,25 @@ fn guest_cannot_unmount(c: &Cluster) -> Result<(), Failed> {
         if let Ok(s) = std::fs::read_to_string(dir.join("out")) {
             break s;
         }
-        if t0.elapsed() > Duration::from_secs(30) {
-            return Err("the guest wrote nothing in 30 s".into());
+        if t0.elapsed() > Duration::from_secs(secs) {
+            return Err(format!("the guest wrote nothing in {secs} s").into());
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     drop(shell);
+    Ok(out)
+}
+
+/// A root shell moved from a to b cannot unmount or move the mounts that hide b's data
+/// directory and this machine's /root: the guest's mounts are locked together.
+fn guest_cannot_unmount(c: &Cluster) -> Result<(), Failed> {
+    let dir = common::scratch("users", "unmount");
+    let script = format!(
+        "while [ ! -e go ]; do sleep 0.05; done; ({}) > out.part 2>&1; mv out.part out; \
+         exec sleep 1000",
+        unmount_script(c)
+    );
+    let out = moved_guest_output(c, &dir, &script, 30)?;
     nothing_revealed(c, "the root guest on b", &out)
 }
 

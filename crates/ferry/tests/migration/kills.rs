@@ -223,17 +223,23 @@ pub(super) fn a_body_signals_processes_at_home() -> Result<(), Failed> {
         "-1 1",
         "setsid of a group leader, moved"
     );
+    let status = job_done(&mut shell, &dir, 20)?;
+    assert_eq!(status.trim(), "3", "what the shell's wait got");
+    Ok(())
+}
+
+/// Tells the job of `shell` in `dir` it is done (the file `done`), waits up to `secs` for
+/// the shell to end, and returns what the shell's `wait` got for it (the file `status`).
+pub(super) fn job_done(shell: &mut UnixServer, dir: &Path, secs: u64) -> Result<String, Failed> {
     std::fs::write(dir.join("done"), "").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(secs);
     while shell.0.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             return Err("the shell never saw its job end".into());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
-    assert_eq!(status.trim(), "3", "what the shell's wait got");
-    Ok(())
+    Ok(std::fs::read_to_string(dir.join("status")).unwrap_or_default())
 }
 
 /// `home_kills` run by a shell at home (as root), moved to b; then the shell is killed, and
@@ -247,14 +253,10 @@ pub(super) fn a_body_follows_its_home_parents_death() -> Result<(), Failed> {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let victim = victim_binary("home_kills");
     let mut shell = UnixServer(
-        Command::new("bash")
-            .args(["-c", "\"$1\" \"$2\" & wait", "shell"])
+        common::bash("\"$1\" \"$2\" & wait", "shell")
             .arg(&victim)
             .arg(&dir)
             .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
@@ -372,14 +374,10 @@ pub(super) fn a_forked_childs_stop_and_continue_show_at_home() -> Result<(), Fai
     let dir = scratch("migration", "childstop");
     let victim = victim_binary("home_kills");
     let _shell = UnixServer(
-        Command::new("bash")
-            .args(["-c", "\"$1\" \"$2\" & wait", "shell"])
+        common::bash("\"$1\" \"$2\" & wait", "shell")
             .arg(&victim)
             .arg(&dir)
             .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
