@@ -216,6 +216,23 @@ fn describe(o: &Output) -> String {
     )
 }
 
+/// Alice checkpoints her process `pid` into `img` (which kills it): it must succeed.
+fn alice_checkpoints(c: &Cluster, pid: i32, img: &Path) -> Result<(), Failed> {
+    let o = ferry_as(
+        c,
+        ALICE,
+        &[
+            "checkpoint",
+            &pid.to_string(),
+            "--dir",
+            img.to_str().unwrap(),
+        ],
+    );
+    check(o.status.success(), || {
+        format!("alice's checkpoint: {}", describe(&o))
+    })
+}
+
 fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), Failed> {
     if ok {
         Ok(())
@@ -278,19 +295,7 @@ fn own(c: &Cluster) -> Result<(), Failed> {
     let img = dir.join("img");
     let mut kept = sleeper(ALICE);
     let pid = kept.pid();
-    let o = ferry_as(
-        c,
-        ALICE,
-        &[
-            "checkpoint",
-            &pid.to_string(),
-            "--dir",
-            img.to_str().unwrap(),
-        ],
-    );
-    check(o.status.success(), || {
-        format!("alice's checkpoint: {}", describe(&o))
-    })?;
+    alice_checkpoints(c, pid, &img)?;
     kept.reap(); // the checkpoint killed it
     let image = img.join("image.ferry");
     let m = std::fs::metadata(&image).map_err(|e| format!("{}: {e}", image.display()))?;
@@ -364,19 +369,7 @@ fn kmsg_reader_needs_cap_syslog(c: &Cluster) -> Result<(), Failed> {
     }
     let dir = user_dir("kmsg", ALICE);
     let img = dir.join("img");
-    let o = ferry_as(
-        c,
-        ALICE,
-        &[
-            "checkpoint",
-            &pid.to_string(),
-            "--dir",
-            img.to_str().unwrap(),
-        ],
-    );
-    check(o.status.success(), || {
-        format!("alice's checkpoint: {}", describe(&o))
-    })?;
+    alice_checkpoints(c, pid, &img)?;
     kept.reap();
     let o = ferry_as(c, ALICE, &["restore", "--dir", img.to_str().unwrap()]);
     if o.status.success() {
@@ -491,19 +484,7 @@ fn image_claims_root(c: &Cluster) -> Result<(), Failed> {
     let img = dir.join("img");
     let mut child = sleeper(ALICE);
     let pid = child.pid();
-    let o = ferry_as(
-        c,
-        ALICE,
-        &[
-            "checkpoint",
-            &pid.to_string(),
-            "--dir",
-            img.to_str().unwrap(),
-        ],
-    );
-    check(o.status.success(), || {
-        format!("alice's checkpoint: {}", describe(&o))
-    })?;
+    alice_checkpoints(c, pid, &img)?;
     child.reap();
     let mut failures = Vec::new();
     for (field, edit) in [
