@@ -137,20 +137,16 @@ pub(super) fn a_body_signals_processes_at_home() -> Result<(), Failed> {
             sib_saw(s, format!("{} {pid} {USER}", usr.0), &what)?;
             grows("sigs", m, &format!("{what}: itself"))?;
         }
-        let s = lines("sibsigs").len();
-        got.push(run(n + 4, &format!("sigqueue {sib} {} 77", usr.1))?);
-        sib_saw(
-            s,
-            format!("{} {pid} {USER}", usr.1),
-            &format!("{moved}: sigqueue"),
-        )?;
-        let s = lines("sibsigs").len();
-        got.push(run(n + 5, &format!("tgkill {sib} {}", usr.1))?);
-        sib_saw(
-            s,
-            format!("{} {pid} {USER}", usr.1),
-            &format!("{moved}: tgkill"),
-        )?;
+        // A queued signal (with a value) and a thread's: each reaches the sibling as itself.
+        for (k, call, value) in [(4, "sigqueue", " 77"), (5, "tgkill", "")] {
+            let s = lines("sibsigs").len();
+            got.push(run(n + k, &format!("{call} {sib} {}{value}", usr.1))?);
+            sib_saw(
+                s,
+                format!("{} {pid} {USER}", usr.1),
+                &format!("{moved}: {call}"),
+            )?;
+        }
         got.push(run(n + 6, &format!("kill {rootpid} {}", libc::SIGTERM))?);
         got.push(run(n + 7, &format!("kill {nopid} 0"))?);
         let m2 = lines("sigs").len().max(m);
