@@ -238,6 +238,19 @@ pub(super) fn job_done(shell: &mut UnixServer, dir: &Path, secs: u64) -> Result<
     Ok(std::fs::read_to_string(dir.join("status")).unwrap_or_default())
 }
 
+/// `home_kills`, writing in `dir`, run by a shell at home (`"$1" "$2" & wait`) in `dir`: the
+/// shell is killed and reaped when dropped.
+fn home_kills_shell(dir: &Path) -> UnixServer {
+    UnixServer(
+        common::bash("\"$1\" \"$2\" & wait", "shell")
+            .arg(victim_binary("home_kills"))
+            .arg(dir)
+            .current_dir(dir)
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// `home_kills` run by a shell at home (as root), moved to b; then the shell is killed, and
 /// the deputy reparented at home (to init, or a subreaper): the body's `getppid` follows,
 /// answering its new parent at home, as it would have had it never left. Then it drops its
@@ -247,15 +260,7 @@ pub(super) fn a_body_follows_its_home_parents_death() -> Result<(), Failed> {
     let c = Cluster::up("homeparent", 2);
     let dir = scratch("migration", "homeparent");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let victim = victim_binary("home_kills");
-    let mut shell = UnixServer(
-        common::bash("\"$1\" \"$2\" & wait", "shell")
-            .arg(&victim)
-            .arg(&dir)
-            .current_dir(&dir)
-            .spawn()
-            .unwrap(),
-    );
+    let mut shell = home_kills_shell(&dir);
     let sh = shell.0.id() as i32;
     let pid = pid_from(&dir.join("pid"), "home_kills")?;
     let n = std::cell::Cell::new(0usize);
@@ -368,15 +373,7 @@ fn state_here(pid: i32) -> char {
 pub(super) fn a_forked_childs_stop_and_continue_show_at_home() -> Result<(), Failed> {
     let c = Cluster::up("childstop", 2);
     let dir = scratch("migration", "childstop");
-    let victim = victim_binary("home_kills");
-    let _shell = UnixServer(
-        common::bash("\"$1\" \"$2\" & wait", "shell")
-            .arg(&victim)
-            .arg(&dir)
-            .current_dir(&dir)
-            .spawn()
-            .unwrap(),
-    );
+    let _shell = home_kills_shell(&dir);
     let pid = pid_from(&dir.join("pid"), "home_kills")?;
     migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
     let a = Asker {
