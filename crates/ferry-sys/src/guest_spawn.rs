@@ -91,16 +91,8 @@ pub struct Guest {
 /// Starts `s` in namespaces of its own (see the module's text). On failure the error's `pid`
 /// is the init, which ends by itself and must be reaped.
 pub fn spawn_guest(s: &Spawn, ns: &OwnNamespaces) -> Result<Guest, SpawnError> {
-    let fail0 = |step: Step, errno: i32| SpawnError {
-        step,
-        errno,
-        pid: 0,
-        candidate: None,
-    };
-    let mut argv: Vec<*const libc::c_char> = s.argv.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = s.envp.iter().map(|a| a.as_ptr()).collect();
-    envp.push(std::ptr::null());
+    let fail0 = SpawnError::before;
+    let (argv, envp) = s.pointers();
     let groups: Vec<libc::gid_t> = s.groups.clone();
     let pipe = || crate::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| fail0(Step::Fork, e.errno));
     let (err_r, err_w) = pipe()?;
