@@ -1064,6 +1064,22 @@ impl Bodies {
 
 /// Serves the report socket: every process a guest init reaps whose home is elsewhere is
 /// reported to its home.
+/// Sends `word` to the guest init waiting on `answer` for body `pid`, without blocking: an
+/// init that no longer waits (killed, or gone on) must not hold up the reports, so its refusal
+/// is only logged, under `event`.
+fn answer_init(answer: &std::os::fd::OwnedFd, word: &str, event: &'static str, pid: i32) {
+    use std::os::fd::AsRawFd;
+    if let Err(e) = ferry_sys::sockets::send(
+        answer.as_raw_fd(),
+        word.as_bytes(),
+        None,
+        &[],
+        libc::MSG_DONTWAIT,
+    ) {
+        tracing::warn!(event, pid, error = %e, "the guest init did not wait for its answer");
+    }
+}
+
 pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
     use std::os::fd::AsRawFd;
     loop {
@@ -1107,16 +1123,7 @@ pub async fn serve_reports(node: Arc<Node>, sock: tokio::net::UnixDatagram) {
                         format!("E{e:#}")
                     }
                 };
-                if let Err(e) = ferry_sys::sockets::send(
-                    answer.as_raw_fd(),
-                    word.as_bytes(),
-                    None,
-                    &[],
-                    libc::MSG_DONTWAIT,
-                ) {
-                    tracing::warn!(event = "body-fork", pid, error = %e,
-                        "the guest init did not wait for its answer");
-                }
+                answer_init(&answer, &word, "body-fork", pid);
             });
             continue;
         }

@@ -47,6 +47,21 @@ struct Holder {
     pidfd: OwnedFd,
 }
 
+impl Holder {
+    /// Records this holder for relay `pipe` of PID `pid`, whose body is on `body_node`, so
+    /// that this daemon's successor finds the relay (and its holder) again.
+    fn record(&self, store: &state::Store, pid: i32, pipe: u32, body_node: &str) {
+        let rec = RelayRecord {
+            pid,
+            pipe,
+            body_node: body_node.to_string(),
+            holder_pid: self.pid,
+            holder_start: state::start_time(self.pid).unwrap_or(0),
+        };
+        store.put_or_log(state::RELAY, &key(pid, pipe), &rec);
+    }
+}
+
 /// A relay kept at home, as recorded for this daemon's successor.
 #[derive(Serialize, Deserialize)]
 struct RelayRecord {
@@ -111,14 +126,7 @@ impl Keep {
             .map_err(|e| anyhow!("place the relay's offsets: {e}"))?;
         let holder = match spawn_holder(pid, end, &buf, &marks) {
             Ok(h) => {
-                let rec = RelayRecord {
-                    pid,
-                    pipe,
-                    body_node: body_node.to_string(),
-                    holder_pid: h.pid,
-                    holder_start: state::start_time(h.pid).unwrap_or(0),
-                };
-                node.store.put_or_log(state::RELAY, &key(pid, pipe), &rec);
+                h.record(&node.store, pid, pipe, body_node);
                 Some(h)
             }
             Err(e) => {
@@ -138,14 +146,7 @@ impl Keep {
     /// The relay's body moved on to `body_node`: its record follows.
     pub fn moved(&self, pid: i32, pipe: u32, body_node: &str) {
         if let Some(h) = &self.holder {
-            let rec = RelayRecord {
-                pid,
-                pipe,
-                body_node: body_node.to_string(),
-                holder_pid: h.pid,
-                holder_start: state::start_time(h.pid).unwrap_or(0),
-            };
-            self.store.put_or_log(state::RELAY, &key(pid, pipe), &rec);
+            h.record(&self.store, pid, pipe, body_node);
         }
     }
 

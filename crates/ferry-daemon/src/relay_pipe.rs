@@ -626,6 +626,28 @@ struct BodyPipe {
     total: u64,
 }
 
+/// Takes the body's node's word `c` while a relay is connected: a pause is answered with
+/// where the relay stands (`at`), a resume (or the node gone) lets it go on. A handoff is left
+/// to the caller, whose side of the relay it concerns: its node and answer come back.
+fn steer(
+    c: Option<Ctl>,
+    paused: &mut bool,
+    at: Option<u64>,
+) -> Option<(String, oneshot::Sender<Result<()>>)> {
+    match c {
+        Some(Ctl::Pause(ack)) => {
+            *paused = true;
+            let _ = ack.send(Ok(at.unwrap_or(0)));
+            None
+        }
+        Some(Ctl::Resume) | None => {
+            *paused = false;
+            None
+        }
+        Some(Ctl::Handoff { to, done, .. }) => Some((to, done)),
+    }
+}
+
 enum StandIn {
     /// The body reads: our end is the stand-in's write end.
     Reads(pipe::Sender),
@@ -806,23 +828,16 @@ where
             loop {
                 tokio::select! {
                     biased;
-                    c = ctl.recv() => match c {
-                        Some(Ctl::Pause(ack)) => {
-                            // Each chunk read is sent whole before this is looked at again.
-                            st.paused = true;
-                            let _ = ack.send(Ok(st.at.unwrap_or(0)));
+                    // Each chunk read is sent whole before a pause is looked at.
+                    c = ctl.recv() => if let Some((to, done)) = steer(c, &mut st.paused, st.at) {
+                        let r = async {
+                            write_msg(&mut tx, &Msg::RelayHandoff { to }).await?;
+                            tx.shutdown().await?;
+                            Ok::<_, anyhow::Error>(())
                         }
-                        Some(Ctl::Resume) | None => st.paused = false,
-                        Some(Ctl::Handoff { to, done, .. }) => {
-                            let r = async {
-                                write_msg(&mut tx, &Msg::RelayHandoff { to }).await?;
-                                tx.shutdown().await?;
-                                Ok::<_, anyhow::Error>(())
-                            }
-                            .await;
-                            let _ = done.send(r);
-                            return Ok(BodyEnd::Done);
-                        }
+                        .await;
+                        let _ = done.send(r);
+                        return Ok(BodyEnd::Done);
                     },
                     f = heard.recv() => match f {
                         Some(Ok(Frame::Msg(Msg::RelayAck { at }))) => {
@@ -875,17 +890,10 @@ where
                 }
                 tokio::select! {
                     biased;
-                    c = ctl.recv() => match c {
-                        Some(Ctl::Pause(ack)) => {
-                            st.paused = true;
-                            let _ = ack.send(Ok(st.at.unwrap_or(0)));
-                        }
-                        Some(Ctl::Resume) | None => st.paused = false,
-                        Some(Ctl::Handoff { to, done, .. }) => {
-                            let r = hand_back(&mut tx, &mut heard, to).await;
-                            let _ = done.send(r);
-                            return Ok(BodyEnd::Done);
-                        }
+                    c = ctl.recv() => if let Some((to, done)) = steer(c, &mut st.paused, st.at) {
+                        let r = hand_back(&mut tx, &mut heard, to).await;
+                        let _ = done.send(r);
+                        return Ok(BodyEnd::Done);
                     },
                     n = pipe.write(&pending[off..]), if !st.paused && off < pending.len() => match n {
                         Ok(n) => {

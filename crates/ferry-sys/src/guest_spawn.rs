@@ -91,16 +91,8 @@ pub struct Guest {
 /// Starts `s` in namespaces of its own (see the module's text). On failure the error's `pid`
 /// is the init, which ends by itself and must be reaped.
 pub fn spawn_guest(s: &Spawn, ns: &OwnNamespaces) -> Result<Guest, SpawnError> {
-    let fail0 = |step: Step, errno: i32| SpawnError {
-        step,
-        errno,
-        pid: 0,
-        candidate: None,
-    };
-    let mut argv: Vec<*const libc::c_char> = s.argv.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = s.envp.iter().map(|a| a.as_ptr()).collect();
-    envp.push(std::ptr::null());
+    let fail0 = SpawnError::before;
+    let (argv, envp) = s.pointers();
     let groups: Vec<libc::gid_t> = s.groups.clone();
     let pipe = || crate::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| fail0(Step::Fork, e.errno));
     let (err_r, err_w) = pipe()?;
@@ -152,16 +144,7 @@ pub fn spawn_guest(s: &Spawn, ns: &OwnNamespaces) -> Result<Guest, SpawnError> {
     // SAFETY: a raw clone (no C library fork handlers) into new PID and IPC namespaces, with
     // no new stack: the child runs on its copy of ours, like fork. It only runs `init_child`,
     // which makes async-signal-safe calls on data prepared above and never returns.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
-    } as i32;
+    let pid = unsafe { crate::process::raw_clone(libc::CLONE_NEWPID | libc::CLONE_NEWIPC) };
     if pid < 0 {
         return Err(fail0(Step::Namespaces, errno()));
     }
@@ -400,16 +383,7 @@ fn fork_program(first: i32, pid_max: i32) -> i32 {
         pid += 1;
     }
     // SAFETY: a raw fork of this single-threaded process.
-    unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            libc::SIGCHLD as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        ) as i32
-    }
+    unsafe { crate::process::raw_clone(0) }
 }
 
 /// How many PIDs the program's process is tried under, from the last one used here on.

@@ -190,16 +190,7 @@ pub fn lock_mounts() -> SysResult<OwnedFd> {
     // SAFETY: a raw clone (no C library fork handlers, no new stack: the child runs on its
     // copy of ours, like fork) of a single-threaded process; the child only closes, reads and
     // exits, all async-signal-safe, on descriptors made above.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
-    } as i32;
+    let pid = unsafe { crate::process::raw_clone(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) };
     if pid < 0 {
         return Err(SysError::last("clone(CLONE_NEWUSER|CLONE_NEWNS)"));
     }

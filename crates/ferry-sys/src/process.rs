@@ -20,6 +20,28 @@ pub fn fork_single_threaded() -> SysResult<Forked> {
     }
 }
 
+/// A raw clone(2) with `flags` (namespaces to make new) and `SIGCHLD` when the child exits:
+/// no C library fork handlers and no new stack, so the child runs on its copy of ours, like
+/// fork. Returns what the system call did: the child's PID, 0 in the child, -1 on error (see
+/// errno).
+///
+/// # Safety
+/// The caller must be single-threaded, and the child may make only async-signal-safe calls
+/// (on data prepared before) until it execs or exits.
+pub(crate) unsafe fn raw_clone(flags: libc::c_int) -> i32 {
+    // SAFETY: integer arguments only; what the child may do is the caller's promise above.
+    unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        ) as i32
+    }
+}
+
 /// Asks the kernel to send `sig` to this process when its parent thread dies.
 pub fn set_parent_death_signal(sig: i32) -> SysResult<()> {
     // SAFETY: plain integer arguments.

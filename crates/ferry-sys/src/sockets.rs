@@ -499,63 +499,35 @@ fn u16_at(b: &[u8], at: usize) -> u16 {
         .unwrap_or(0)
 }
 
-fn parse_unix_diag(p: &[u8]) -> UnixDiag {
-    let mut d = UnixDiag {
-        sock_type: p.get(1).copied().unwrap_or(0),
-        state: p.get(2).copied().unwrap_or(0),
-        ino: u32_at(p, 4),
-        ..Default::default()
-    };
-    let mut at = 16;
-    while at + 4 <= p.len() {
-        let len = u16_at(p, at) as usize;
-        let ty = u16_at(p, at + 2) & 0x3fff;
-        if len < 4 || at + len > p.len() {
-            break;
-        }
-        let v = &p[at + 4..at + len];
-        match ty {
-            0 => d.name = Some(v.to_vec()),
-            1 => d.vfs = Some((u32_at(v, 0), u32_at(v, 4))),
-            2 => d.peer = Some(u32_at(v, 0)),
-            3 => d.icons = v.chunks_exact(4).map(|c| u32_at(c, 0)).collect(),
-            4 => d.rqlen = Some((u32_at(v, 0), u32_at(v, 4))),
-            6 => d.shutdown = v.first().copied().unwrap_or(0),
-            _ => {}
-        }
-        at += (len + 3) & !3;
-    }
-    d
-}
-
-/// Asks sock_diag about the UNIX socket with inode `ino` (`None` if there is none), or, with
-/// `ino` = `None`, about every UNIX socket of our network namespace.
-pub fn unix_diag(ino: Option<u32>, show: u32) -> SysResult<Vec<UnixDiag>> {
+/// Opens a sock_diag socket and sends it one request of type `ty` with `flags`: a netlink
+/// header (sequence 1, to the kernel) and then `body`, the request's own struct.
+fn sock_diag_request(ty: u16, flags: u16, body: &[u8]) -> SysResult<OwnedFd> {
     let nl = socket(
         libc::AF_NETLINK,
         libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
         NETLINK_SOCK_DIAG,
     )?;
-    let mut req = Vec::with_capacity(40);
-    req.extend_from_slice(&40u32.to_ne_bytes());
-    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    let flags = NLM_F_REQUEST | if ino.is_none() { NLM_F_DUMP } else { 0 };
+    let mut req = Vec::with_capacity(16 + body.len());
+    req.extend_from_slice(&(16 + body.len() as u32).to_ne_bytes());
+    req.extend_from_slice(&ty.to_ne_bytes());
     req.extend_from_slice(&flags.to_ne_bytes());
     req.extend_from_slice(&1u32.to_ne_bytes()); // seq
     req.extend_from_slice(&0u32.to_ne_bytes()); // port id
-    req.extend_from_slice(&[libc::AF_UNIX as u8, 0, 0, 0]);
-    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // all states
-    req.extend_from_slice(&ino.unwrap_or(0).to_ne_bytes());
-    req.extend_from_slice(&show.to_ne_bytes());
-    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // no cookie
-    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    req.extend_from_slice(body);
     send(nl.as_raw_fd(), &req, None, &[], 0)?;
-    let mut out = Vec::new();
+    Ok(nl)
+}
+
+/// Reads the answers to a sock_diag request sent on `nl` and calls `each` with the payload of
+/// every SOCK_DIAG_BY_FAMILY message (the family's struct, then its attributes), until the
+/// kernel says it is done. `single`: the request named one socket (no dump): its one reply is
+/// all, and ENOENT (no such socket) means none rather than an error.
+fn sock_diag_replies(nl: &OwnedFd, single: bool, mut each: impl FnMut(&[u8])) -> SysResult<()> {
     loop {
         let got = recv(nl.as_raw_fd(), 1 << 16, 0)?;
         let b = &got.data;
         if b.is_empty() {
-            return Ok(out);
+            return Ok(());
         }
         let mut at = 0;
         while at + 16 <= b.len() {
@@ -566,24 +538,73 @@ pub fn unix_diag(ino: Option<u32>, show: u32) -> SysResult<Vec<UnixDiag>> {
             }
             let payload = &b[at + 16..at + len];
             match ty {
-                NLMSG_DONE => return Ok(out),
+                NLMSG_DONE => return Ok(()),
                 NLMSG_ERROR => {
-                    let e = -(u32_at(payload, 0) as i32);
-                    return match e {
-                        0 => Ok(out),
-                        libc::ENOENT if ino.is_some() => Ok(out),
+                    return match -(u32_at(payload, 0) as i32) {
+                        0 => Ok(()),
+                        libc::ENOENT if single => Ok(()),
                         e => Err(SysError::new("sock_diag", e)),
                     };
                 }
-                SOCK_DIAG_BY_FAMILY => out.push(parse_unix_diag(payload)),
+                SOCK_DIAG_BY_FAMILY => each(payload),
                 _ => {}
             }
             at += (len + 3) & !3;
         }
-        if ino.is_some() {
-            return Ok(out);
+        if single {
+            return Ok(());
         }
     }
+}
+
+/// Calls `each` with the type (less its nested and byte-order flags) and the value of every
+/// netlink attribute of `p` from offset `at` on, stopping at one that is malformed.
+fn for_each_attr(p: &[u8], mut at: usize, mut each: impl FnMut(u16, &[u8])) {
+    while at + 4 <= p.len() {
+        let len = u16_at(p, at) as usize;
+        if len < 4 || at + len > p.len() {
+            break;
+        }
+        each(u16_at(p, at + 2) & 0x3fff, &p[at + 4..at + len]);
+        at += (len + 3) & !3;
+    }
+}
+
+fn parse_unix_diag(p: &[u8]) -> UnixDiag {
+    let mut d = UnixDiag {
+        sock_type: p.get(1).copied().unwrap_or(0),
+        state: p.get(2).copied().unwrap_or(0),
+        ino: u32_at(p, 4),
+        ..Default::default()
+    };
+    for_each_attr(p, 16, |ty, v| match ty {
+        0 => d.name = Some(v.to_vec()),
+        1 => d.vfs = Some((u32_at(v, 0), u32_at(v, 4))),
+        2 => d.peer = Some(u32_at(v, 0)),
+        3 => d.icons = v.chunks_exact(4).map(|c| u32_at(c, 0)).collect(),
+        4 => d.rqlen = Some((u32_at(v, 0), u32_at(v, 4))),
+        6 => d.shutdown = v.first().copied().unwrap_or(0),
+        _ => {}
+    });
+    d
+}
+
+/// Asks sock_diag about the UNIX socket with inode `ino` (`None` if there is none), or, with
+/// `ino` = `None`, about every UNIX socket of our network namespace.
+pub fn unix_diag(ino: Option<u32>, show: u32) -> SysResult<Vec<UnixDiag>> {
+    // struct unix_diag_req: family, protocol, pad, states, inode, what to show, cookie.
+    let mut req = Vec::with_capacity(24);
+    req.extend_from_slice(&[libc::AF_UNIX as u8, 0, 0, 0]);
+    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // all states
+    req.extend_from_slice(&ino.unwrap_or(0).to_ne_bytes());
+    req.extend_from_slice(&show.to_ne_bytes());
+    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // no cookie
+    req.extend_from_slice(&u32::MAX.to_ne_bytes());
+    let flags = NLM_F_REQUEST | if ino.is_none() { NLM_F_DUMP } else { 0 };
+    let nl = sock_diag_request(SOCK_DIAG_BY_FAMILY, flags, &req)?;
+    let mut out = Vec::new();
+    sock_diag_replies(&nl, ino.is_some(), |p| out.push(parse_unix_diag(p)))?;
+    Ok(out)
 }
 
 /// What sock_diag says a socket of `family` and `protocol` (IPPROTO_UDP, IPPROTO_TCP ...) with
@@ -591,68 +612,28 @@ pub fn unix_diag(ino: Option<u32>, show: u32) -> SysResult<Vec<UnixDiag>> {
 /// sockets of our network namespace; `None` when it is not found.
 pub fn inet_diag_shutdown(family: i32, protocol: i32, ino: u64) -> SysResult<Option<u8>> {
     const INET_DIAG_SHUTDOWN: u16 = 8;
-    let nl = socket(
-        libc::AF_NETLINK,
-        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-        NETLINK_SOCK_DIAG,
-    )?;
-    let mut req = Vec::with_capacity(72);
-    req.extend_from_slice(&72u32.to_ne_bytes());
-    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
-    req.extend_from_slice(&0u32.to_ne_bytes()); // port id
-                                                // struct inet_diag_req_v2: family, protocol, extensions, pad, states; then a zero sockid.
+    // struct inet_diag_req_v2: family, protocol, extensions, pad, states; then a zero sockid.
+    let mut req = Vec::with_capacity(56);
     req.extend_from_slice(&[family as u8, protocol as u8, 0, 0]);
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     req.extend_from_slice(&[0u8; 40]);
     req.extend_from_slice(&u32::MAX.to_ne_bytes()); // no cookie
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
-    send(nl.as_raw_fd(), &req, None, &[], 0)?;
+    let nl = sock_diag_request(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, &req)?;
     let mut found = None;
-    loop {
-        let got = recv(nl.as_raw_fd(), 1 << 16, 0)?;
-        let b = &got.data;
-        if b.is_empty() {
-            return Ok(found);
-        }
-        let mut at = 0;
-        while at + 16 <= b.len() {
-            let len = u32_at(b, at) as usize;
-            let ty = u16_at(b, at + 4);
-            if len < 16 || at + len > b.len() {
-                return Err(SysError::new("sock_diag: malformed reply", libc::EPROTO));
-            }
-            let p = &b[at + 16..at + len];
-            match ty {
-                NLMSG_DONE => return Ok(found),
-                NLMSG_ERROR => {
-                    return match -(u32_at(p, 0) as i32) {
-                        0 => Ok(found),
-                        e => Err(SysError::new("sock_diag", e)),
-                    }
+    sock_diag_replies(&nl, false, |p| {
+        // struct inet_diag_msg (72 bytes, idiag_inode at 68), then attributes.
+        if p.len() >= 72 && u64::from(u32_at(p, 68)) == ino {
+            let mut shut = 0;
+            for_each_attr(p, 72, |ty, v| {
+                if ty == INET_DIAG_SHUTDOWN {
+                    shut = v.first().copied().unwrap_or(0);
                 }
-                // struct inet_diag_msg (72 bytes, idiag_inode at 68), then attributes.
-                SOCK_DIAG_BY_FAMILY if p.len() >= 72 && u64::from(u32_at(p, 68)) == ino => {
-                    let mut shut = 0;
-                    let mut a = 72;
-                    while a + 4 <= p.len() {
-                        let alen = u16_at(p, a) as usize;
-                        if alen < 4 || a + alen > p.len() {
-                            break;
-                        }
-                        if u16_at(p, a + 2) & 0x3fff == INET_DIAG_SHUTDOWN {
-                            shut = p.get(a + 4).copied().unwrap_or(0);
-                        }
-                        a += (alen + 3) & !3;
-                    }
-                    found = Some(shut);
-                }
-                _ => {}
-            }
-            at += (len + 3) & !3;
+            });
+            found = Some(shut);
         }
-    }
+    })?;
+    Ok(found)
 }
 
 /// The name of network interface `index` in our network namespace.
@@ -811,12 +792,12 @@ impl Drop for SharedMap {
     }
 }
 
-/// A `struct packet_diag_ring` (seven 32-bit words) at `at` of `b`, `len` bytes long.
-fn ring_at(b: &[u8], at: usize, len: usize) -> Option<PacketRingReq> {
-    if len < 28 {
+/// The `struct packet_diag_ring` (seven 32-bit words) that attribute value `v` holds.
+fn ring_at(v: &[u8]) -> Option<PacketRingReq> {
+    if v.len() < 28 {
         return None;
     }
-    let w = |i: usize| u32_at(b, at + 4 * i);
+    let w = |i: usize| u32_at(v, 4 * i);
     Some(PacketRingReq {
         block_size: w(0),
         block_nr: w(1),
@@ -836,85 +817,43 @@ pub fn packet_diag(ino: u64) -> SysResult<Option<PacketDiag>> {
     const PACKET_DIAG_MCLIST: u16 = 1;
     const PACKET_DIAG_RX_RING: u16 = 2;
     const PACKET_DIAG_TX_RING: u16 = 3;
-    let nl = socket(
-        libc::AF_NETLINK,
-        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-        NETLINK_SOCK_DIAG,
-    )?;
-    let mut req = Vec::with_capacity(36);
-    req.extend_from_slice(&36u32.to_ne_bytes());
-    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
-    req.extend_from_slice(&0u32.to_ne_bytes()); // port id
-                                                // struct packet_diag_req: family, protocol, pad, inode, what to show, cookie.
+    // struct packet_diag_req: family, protocol, pad, inode, what to show, cookie.
+    let mut req = Vec::with_capacity(20);
     req.extend_from_slice(&[libc::AF_PACKET as u8, 0, 0, 0]);
     req.extend_from_slice(&(ino as u32).to_ne_bytes());
     req.extend_from_slice(&(PACKET_SHOW_MCLIST | PACKET_SHOW_RING_CFG).to_ne_bytes());
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
-    send(nl.as_raw_fd(), &req, None, &[], 0)?;
+    let nl = sock_diag_request(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, &req)?;
     let mut found = None;
-    loop {
-        let got = recv(nl.as_raw_fd(), 1 << 16, 0)?;
-        let b = &got.data;
-        if b.is_empty() {
-            return Ok(found);
-        }
-        let mut at = 0;
-        while at + 16 <= b.len() {
-            let len = u32_at(b, at) as usize;
-            let ty = u16_at(b, at + 4);
-            if len < 16 || at + len > b.len() {
-                return Err(SysError::new("sock_diag: malformed reply", libc::EPROTO));
-            }
-            let p = &b[at + 16..at + len];
-            match ty {
-                NLMSG_DONE => return Ok(found),
-                NLMSG_ERROR => {
-                    return match -(u32_at(p, 0) as i32) {
-                        0 => Ok(found),
-                        e => Err(SysError::new("sock_diag", e)),
-                    }
-                }
-                // struct packet_diag_msg (16 bytes, pdiag_ino at 4), then attributes.
-                SOCK_DIAG_BY_FAMILY if p.len() >= 16 && u64::from(u32_at(p, 4)) == ino => {
-                    let mut d = PacketDiag::default();
-                    let mut a = 16;
-                    while a + 4 <= p.len() {
-                        let alen = u16_at(p, a) as usize;
-                        if alen < 4 || a + alen > p.len() {
-                            break;
-                        }
-                        match u16_at(p, a + 2) & 0x3fff {
-                            PACKET_DIAG_RX_RING => d.rx_ring = ring_at(p, a + 4, alen - 4),
-                            PACKET_DIAG_TX_RING => d.tx_ring = ring_at(p, a + 4, alen - 4),
-                            // struct packet_diag_mclist: 44 bytes each.
-                            PACKET_DIAG_MCLIST => {
-                                d.mclist = p[a + 4..a + alen]
-                                    .chunks_exact(44)
-                                    .map(|m| {
-                                        let alen = (u16_at(m, 10) as usize).min(32);
-                                        PacketMc {
-                                            ifindex: u32_at(m, 0),
-                                            count: u32_at(m, 4),
-                                            mr_type: u16_at(m, 8),
-                                            addr: m[12..12 + alen].to_vec(),
-                                        }
-                                    })
-                                    .collect()
+    sock_diag_replies(&nl, false, |p| {
+        // struct packet_diag_msg (16 bytes, pdiag_ino at 4), then attributes.
+        if p.len() >= 16 && u64::from(u32_at(p, 4)) == ino {
+            let mut d = PacketDiag::default();
+            for_each_attr(p, 16, |ty, v| match ty {
+                PACKET_DIAG_RX_RING => d.rx_ring = ring_at(v),
+                PACKET_DIAG_TX_RING => d.tx_ring = ring_at(v),
+                // struct packet_diag_mclist: 44 bytes each.
+                PACKET_DIAG_MCLIST => {
+                    d.mclist = v
+                        .chunks_exact(44)
+                        .map(|m| {
+                            let alen = (u16_at(m, 10) as usize).min(32);
+                            PacketMc {
+                                ifindex: u32_at(m, 0),
+                                count: u32_at(m, 4),
+                                mr_type: u16_at(m, 8),
+                                addr: m[12..12 + alen].to_vec(),
                             }
-                            _ => {}
-                        }
-                        a += (alen + 3) & !3;
-                    }
-                    found = Some(d);
+                        })
+                        .collect()
                 }
                 _ => {}
-            }
-            at += (len + 3) & !3;
+            });
+            found = Some(d);
         }
-    }
+    })?;
+    Ok(found)
 }
 
 /// Closes, with a reset (SOCK_DESTROY, sock_diag(7); CONFIG_INET_DIAG_DESTROY, CAP_NET_ADMIN),
@@ -942,18 +881,8 @@ pub fn tcp_destroy(local: &[u8], peer: &[u8]) -> SysResult<()> {
     if family != pfamily {
         return Err(einval());
     }
-    let nl = socket(
-        libc::AF_NETLINK,
-        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-        NETLINK_SOCK_DIAG,
-    )?;
-    let mut req = Vec::with_capacity(72);
-    req.extend_from_slice(&72u32.to_ne_bytes());
-    req.extend_from_slice(&SOCK_DESTROY.to_ne_bytes());
-    req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
-    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
-    req.extend_from_slice(&0u32.to_ne_bytes()); // port id
-                                                // struct inet_diag_req_v2
+    // struct inet_diag_req_v2
+    let mut req = Vec::with_capacity(56);
     req.extend_from_slice(&[family as u8, libc::IPPROTO_TCP as u8, 0, 0]);
     req.extend_from_slice(&u32::MAX.to_ne_bytes()); // any state
                                                     // struct inet_diag_sockid
@@ -964,7 +893,7 @@ pub fn tcp_destroy(local: &[u8], peer: &[u8]) -> SysResult<()> {
     req.extend_from_slice(&0u32.to_ne_bytes()); // any interface
     req.extend_from_slice(&u32::MAX.to_ne_bytes()); // no cookie
     req.extend_from_slice(&u32::MAX.to_ne_bytes());
-    send(nl.as_raw_fd(), &req, None, &[], 0)?;
+    let nl = sock_diag_request(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, &req)?;
     let got = recv(nl.as_raw_fd(), 1 << 12, 0)?;
     let b = &got.data;
     if b.len() >= 20 && u16_at(b, 4) == NLMSG_ERROR {

@@ -61,6 +61,20 @@ pub struct Spawn {
     pub user_ns: Option<RawFd>,
 }
 
+impl Spawn {
+    /// `argv` and `envp` as execve(2) takes them: pointers into `self`, each list ended by a
+    /// null pointer, made before the fork (the child may not allocate).
+    pub(crate) fn pointers(&self) -> (Vec<*const libc::c_char>, Vec<*const libc::c_char>) {
+        let list = |v: &[CString]| {
+            v.iter()
+                .map(|a| a.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        (list(&self.argv), list(&self.envp))
+    }
+}
+
 /// The step of the child's setup that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -141,6 +155,18 @@ pub struct SpawnError {
     pub candidate: Option<usize>,
 }
 
+impl SpawnError {
+    /// The error of `step` before any child was made: the system's `errno`.
+    pub(crate) fn before(step: Step, errno: i32) -> SpawnError {
+        SpawnError {
+            step,
+            errno,
+            pid: 0,
+            candidate: None,
+        }
+    }
+}
+
 impl fmt::Display for SpawnError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -162,16 +188,8 @@ pub(crate) fn errno() -> i32 {
 
 /// Forks and executes `s`; returns the child's PID once execve succeeded.
 pub fn spawn(s: &Spawn) -> Result<i32, SpawnError> {
-    let fail0 = |step: Step, errno: i32| SpawnError {
-        step,
-        errno,
-        pid: 0,
-        candidate: None,
-    };
-    let mut argv: Vec<*const libc::c_char> = s.argv.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = s.envp.iter().map(|a| a.as_ptr()).collect();
-    envp.push(std::ptr::null());
+    let fail0 = SpawnError::before;
+    let (argv, envp) = s.pointers();
     let groups: Vec<libc::gid_t> = s.groups.clone();
     let (err_r, err_w) =
         crate::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| fail0(Step::Fork, e.errno))?;

@@ -1234,13 +1234,10 @@ impl Pipeline {
             "set -o pipefail; seq 1 {n} | python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\""
         );
         let sh = Reaped(
-            Command::new("bash")
-                .args(["-c", &script, "pipeline"])
+            common::bash(&script, "pipeline")
                 .arg(dir)
                 .arg(middle)
                 .arg(reader)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
                 .stderr(std::fs::File::create(dir.join("sh.err")).unwrap())
                 .spawn()
                 .unwrap(),

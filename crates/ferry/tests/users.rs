@@ -216,6 +216,23 @@ fn describe(o: &Output) -> String {
     )
 }
 
+/// Alice checkpoints her process `pid` into `img` (which kills it): it must succeed.
+fn alice_checkpoints(c: &Cluster, pid: i32, img: &Path) -> Result<(), Failed> {
+    let o = ferry_as(
+        c,
+        ALICE,
+        &[
+            "checkpoint",
+            &pid.to_string(),
+            "--dir",
+            img.to_str().unwrap(),
+        ],
+    );
+    check(o.status.success(), || {
+        format!("alice's checkpoint: {}", describe(&o))
+    })
+}
+
 fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), Failed> {
     if ok {
         Ok(())
@@ -278,19 +295,7 @@ fn own(c: &Cluster) -> Result<(), Failed> {
     let img = dir.join("img");
     let mut kept = sleeper(ALICE);
     let pid = kept.pid();
-    let o = ferry_as(
-        c,
-        ALICE,
-        &[
-            "checkpoint",
-            &pid.to_string(),
-            "--dir",
-            img.to_str().unwrap(),
-        ],
-    );
-    check(o.status.success(), || {
-        format!("alice's checkpoint: {}", describe(&o))
-    })?;
+    alice_checkpoints(c, pid, &img)?;
     kept.reap(); // the checkpoint killed it
     let image = img.join("image.ferry");
     let m = std::fs::metadata(&image).map_err(|e| format!("{}: {e}", image.display()))?;
@@ -364,19 +369,7 @@ fn kmsg_reader_needs_cap_syslog(c: &Cluster) -> Result<(), Failed> {
     }
     let dir = user_dir("kmsg", ALICE);
     let img = dir.join("img");
-    let o = ferry_as(
-        c,
-        ALICE,
-        &[
-            "checkpoint",
-            &pid.to_string(),
-            "--dir",
-            img.to_str().unwrap(),
-        ],
-    );
-    check(o.status.success(), || {
-        format!("alice's checkpoint: {}", describe(&o))
-    })?;
+    alice_checkpoints(c, pid, &img)?;
     kept.reap();
     let o = ferry_as(c, ALICE, &["restore", "--dir", img.to_str().unwrap()]);
     if o.status.success() {
@@ -491,19 +484,7 @@ fn image_claims_root(c: &Cluster) -> Result<(), Failed> {
     let img = dir.join("img");
     let mut child = sleeper(ALICE);
     let pid = child.pid();
-    let o = ferry_as(
-        c,
-        ALICE,
-        &[
-            "checkpoint",
-            &pid.to_string(),
-            "--dir",
-            img.to_str().unwrap(),
-        ],
-    );
-    check(o.status.success(), || {
-        format!("alice's checkpoint: {}", describe(&o))
-    })?;
+    alice_checkpoints(c, pid, &img)?;
     child.reap();
     let mut failures = Vec::new();
     for (field, edit) in [
@@ -662,33 +643,7 @@ fn guest_confined(c: &Cluster) -> Result<(), Failed> {
          (cat {secret}; echo cat=$?; ls -A /root | wc -l; head -c 4 /etc/passwd; echo; \
           echo passwd=$?) > out.part 2>&1; mv out.part out; exec sleep 1000"
     );
-    let child = Command::new("sh")
-        .args(["-c", &script])
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let shell = Sleeper(child);
-    std::thread::sleep(Duration::from_millis(200));
-    let pid = shell.pid().to_string();
-    let o = ferry_as(c, 0, &["migrate", &pid, "--to", "b"]);
-    check(o.status.success(), || {
-        format!("migrate to b: {}", describe(&o))
-    })?;
-    std::fs::write(dir.join("go"), "").unwrap();
-    let t0 = Instant::now();
-    let out = loop {
-        if let Ok(s) = std::fs::read_to_string(dir.join("out")) {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(10) {
-            return Err("the guest wrote nothing in 10 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    drop(shell);
+    let out = moved_guest_output(c, &dir, &script, 10)?;
     let lines: Vec<&str> = out.lines().collect();
     check(
         out.contains("No such file or directory")
@@ -769,18 +724,13 @@ fn run_guest_cannot_unmount(c: &Cluster) -> Result<(), Failed> {
     )
 }
 
-/// A root shell moved from a to b cannot unmount or move the mounts that hide b's data
-/// directory and this machine's /root: the guest's mounts are locked together.
-fn guest_cannot_unmount(c: &Cluster) -> Result<(), Failed> {
-    let dir = common::scratch("users", "unmount");
-    let script = format!(
-        "while [ ! -e go ]; do sleep 0.05; done; ({}) > out.part 2>&1; mv out.part out; \
-         exec sleep 1000",
-        unmount_script(c)
-    );
+/// Runs `sh -c script` in `dir` as root on a, moves it to b, lets it go on (the file `go`
+/// in `dir`) and returns what it wrote to `out` there within `secs` seconds: what a root guest
+/// on b can see or do. The script ends in a sleep, killed once its output is in.
+fn moved_guest_output(c: &Cluster, dir: &Path, script: &str, secs: u64) -> Result<String, Failed> {
     let child = Command::new("sh")
-        .args(["-c", &script])
-        .current_dir(&dir)
+        .args(["-c", script])
+        .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -799,12 +749,25 @@ fn guest_cannot_unmount(c: &Cluster) -> Result<(), Failed> {
         if let Ok(s) = std::fs::read_to_string(dir.join("out")) {
             break s;
         }
-        if t0.elapsed() > Duration::from_secs(30) {
-            return Err("the guest wrote nothing in 30 s".into());
+        if t0.elapsed() > Duration::from_secs(secs) {
+            return Err(format!("the guest wrote nothing in {secs} s").into());
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     drop(shell);
+    Ok(out)
+}
+
+/// A root shell moved from a to b cannot unmount or move the mounts that hide b's data
+/// directory and this machine's /root: the guest's mounts are locked together.
+fn guest_cannot_unmount(c: &Cluster) -> Result<(), Failed> {
+    let dir = common::scratch("users", "unmount");
+    let script = format!(
+        "while [ ! -e go ]; do sleep 0.05; done; ({}) > out.part 2>&1; mv out.part out; \
+         exec sleep 1000",
+        unmount_script(c)
+    );
+    let out = moved_guest_output(c, &dir, &script, 30)?;
     nothing_revealed(c, "the root guest on b", &out)
 }
 

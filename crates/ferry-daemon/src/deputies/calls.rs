@@ -56,7 +56,6 @@ pub(super) fn question(line: &str) -> Option<Question> {
 /// Asks the body's home to make call `q`, and answers the guest init on `answer`: `R` and what
 /// the call returned, or `E` and why it was not made.
 pub(super) async fn answer_body(node: &Arc<Node>, q: Question, answer: std::os::fd::OwnedFd) {
-    use std::os::fd::AsRawFd;
     let r = call_for_body(node, &q).await;
     let word = match &r {
         Ok(ret) => format!("R{ret}"),
@@ -66,16 +65,7 @@ pub(super) async fn answer_body(node: &Arc<Node>, q: Question, answer: std::os::
             format!("E{e:#}")
         }
     };
-    if let Err(e) = ferry_sys::sockets::send(
-        answer.as_raw_fd(),
-        word.as_bytes(),
-        None,
-        &[],
-        libc::MSG_DONTWAIT,
-    ) {
-        tracing::warn!(event = "body-call", pid = q.pid, error = %e,
-            "the guest init did not wait for its answer");
-    }
+    answer_init(&answer, &word, "body-call", q.pid);
 }
 
 /// Connections to homes kept open for the calls of the bodies running here: a call takes one

@@ -311,21 +311,28 @@ pub fn take_on_description(fd: &OwnedFd, locks: &[FileLock], path: &str) -> Resu
     Ok(())
 }
 
+/// Leaves lock `l` of process `h` (through its descriptor `fd` of `path`) for
+/// [`Deferred::complete`], which takes it once the process that still holds (or forbids) it
+/// is gone, and sets `owner` (a lease's `struct f_owner_ex`) again after it.
+fn defer(h: &Husk, fd: i32, l: &FileLock, path: &str, owner: Option<[u8; 8]>) {
+    DEFERRED.with(|d| {
+        d.borrow_mut().posix.push(DeferredPosix {
+            pid: h.pid,
+            host: h.host,
+            fd,
+            lock: l.clone(),
+            path: path.to_string(),
+            owner,
+        })
+    });
+}
+
 /// Takes process `h`'s POSIX locks, each through its descriptor `fd` (already installed), or
 /// leaves those another process still holds for [`Deferred::complete`].
 pub fn take_posix(h: &Husk, fd: i32, locks: &[FileLock], path: &str) -> Result<()> {
     for l in locks {
         if !try_take_posix(h.injector(), h.pid, fd, l, path)? {
-            DEFERRED.with(|d| {
-                d.borrow_mut().posix.push(DeferredPosix {
-                    pid: h.pid,
-                    host: h.host,
-                    fd,
-                    lock: l.clone(),
-                    path: path.to_string(),
-                    owner: None,
-                })
-            });
+            defer(h, fd, l, path, None);
         }
     }
     Ok(())
@@ -357,16 +364,7 @@ pub fn take_lease(
             ),
         });
     }
-    DEFERRED.with(|d| {
-        d.borrow_mut().posix.push(DeferredPosix {
-            pid: h.pid,
-            host: h.host,
-            fd,
-            lock: l.clone(),
-            path: path.to_string(),
-            owner,
-        })
-    });
+    defer(h, fd, l, path, owner);
     Ok(())
 }
 

@@ -14,6 +14,38 @@ use std::path::{Path, PathBuf};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+/// `bash -c SCRIPT NAME` (the arguments the caller adds are the script's `$1`, `$2` ...),
+/// with no input and its output and errors thrown away (a caller wanting them sets `stderr`
+/// again): the shell or pipeline of a test, ready to spawn.
+pub fn bash(script: &str, name: &str) -> std::process::Command {
+    use std::process::Stdio;
+    let mut cmd = std::process::Command::new("bash");
+    cmd.args(["-c", script, name])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}
+
+/// Waits up to `limit` for `child` to end, looking every 50 ms; past that, fails with what
+/// `why` says (what the child had done, and the logs that say why not).
+pub fn wait_child_or(
+    child: &mut std::process::Child,
+    limit: Duration,
+    why: impl FnOnce() -> String,
+) -> Result<std::process::ExitStatus, String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Ok(st);
+        }
+        if Instant::now() > deadline {
+            return Err(why());
+        }
+        sleep(Duration::from_millis(50));
+    }
+}
+
 /// `tests/victims/NAME.c` built with `gcc FLAGS`, once per test process: the first caller
 /// builds while the others (tests run in parallel) wait, and the binary is renamed into place
 /// whole (a test that ran a half-written one failed with EACCES).

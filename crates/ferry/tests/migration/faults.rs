@@ -407,26 +407,8 @@ pub(super) fn tcp_pair_goes_on(dir: &Path, pid: i32, more: u64, when: &str) -> R
 pub(super) fn tcp_connection_after_abort() -> Result<(), Failed> {
     let c = Cluster::up_with("tcp", 3, &[("FAILPOINTS", "b:abort-after-rebuilt=return")]);
     let dir = scratch("migration", "tcp");
-    let (out, err) = victim_output(&dir, "tcp-pair");
-    let child = Command::new("python3")
-        .args(["-c", TCP_PAIR])
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .expect("start python3");
-    let server = UnixServer(child);
-    let pid = server.0.id() as i32;
-    tcp_pair_goes_on(&dir, pid, 3, "before")?;
-
-    let e = migrate(&c, "a", pid, "b").expect_err("b aborts after rebuilding");
-    assert!(e.contains("abort-after-rebuilt"), "{e}");
-    assert!(pid_alive(pid), "the original died in an aborted migration");
-    tcp_pair_goes_on(&dir, pid, 10, "after the abort")?;
-
-    let r = migrate(&c, "a", pid, "c").map_err(|e| format!("a -> c: {e}"))?;
-    tcp_pair_goes_on(&dir, pid, 10, "in the copy")?;
+    let (server, r) =
+        aborted_then_moved(&c, &dir, "tcp-pair", TCP_PAIR, [3, 10], tcp_pair_goes_on)?;
     // The original is the copy's deputy at home: killing it there kills the copy.
     let dest = r["dest_pid"]
         .as_i64()
@@ -444,6 +426,43 @@ pub(super) fn tcp_connection_after_abort() -> Result<(), Failed> {
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
+}
+
+/// Runs `python3 -c code` in `dir` (its output and errors in `dir`'s files of `name`, see
+/// [`victim_output`]) on a, where b aborts a migration after rebuilding, and checks with
+/// `goes_on(dir, pid, rounds, when)` that it works before (`rounds[0]`), after a migration to
+/// b (the original must come through the abort untouched) and in the copy once it moved to c
+/// (`rounds[1]` each). Returns the original, now the copy's deputy at home (killed and reaped
+/// when dropped), and the answer of the migration to c.
+fn aborted_then_moved(
+    c: &Cluster,
+    dir: &Path,
+    name: &str,
+    code: &str,
+    rounds: [u64; 2],
+    goes_on: fn(&Path, i32, u64, &str) -> Result<(), Failed>,
+) -> Result<(UnixServer, serde_json::Value), Failed> {
+    let (out, err) = victim_output(dir, name);
+    let child = Command::new("python3")
+        .args(["-c", code])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("start python3");
+    let server = UnixServer(child);
+    let pid = server.0.id() as i32;
+    goes_on(dir, pid, rounds[0], "before")?;
+
+    let e = migrate(c, "a", pid, "b").expect_err("b aborts after rebuilding");
+    assert!(e.contains("abort-after-rebuilt"), "{e}");
+    assert!(pid_alive(pid), "the original died in an aborted migration");
+    goes_on(dir, pid, rounds[1], "after the abort")?;
+
+    let r = migrate(c, "a", pid, "c").map_err(|e| format!("a -> c: {e}"))?;
+    goes_on(dir, pid, rounds[1], "in the copy")?;
+    Ok((server, r))
 }
 
 /// A process holding a write lease on `leased` (opened read-write), which reports every 20 ms
@@ -503,26 +522,14 @@ pub(super) fn write_lease_after_abort() -> Result<(), Failed> {
         &[("FAILPOINTS", "b:abort-after-rebuilt=return")],
     );
     let dir = scratch("migration", "lease");
-    let (out, err) = victim_output(&dir, "write-lease");
-    let child = Command::new("python3")
-        .args(["-c", WRITE_LEASE])
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .expect("start python3");
-    let server = UnixServer(child);
-    let pid = server.0.id() as i32;
-    write_lease_held(&dir, pid, 2, "before")?;
-
-    let e = migrate(&c, "a", pid, "b").expect_err("b aborts after rebuilding");
-    assert!(e.contains("abort-after-rebuilt"), "{e}");
-    assert!(pid_alive(pid), "the original died in an aborted migration");
-    write_lease_held(&dir, pid, 5, "after the abort")?;
-
-    let r = migrate(&c, "a", pid, "c").map_err(|e| format!("a -> c: {e}"))?;
-    write_lease_held(&dir, pid, 5, "in the copy")?;
+    let (server, r) = aborted_then_moved(
+        &c,
+        &dir,
+        "write-lease",
+        WRITE_LEASE,
+        [2, 5],
+        write_lease_held,
+    )?;
     kill_on(
         &c,
         "c",

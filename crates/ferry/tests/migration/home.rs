@@ -85,13 +85,9 @@ impl JobShell {
         let script = "for k in exit signal; do mkdir -p \"$1/$k\"; python3 -c \"$2\" \"$1/$k\" & \
              wait $!; echo \"$k $?\" >> \"$1/statuses\"; done";
         let shell = UnixServer(
-            Command::new("bash")
-                .args(["-c", script, "shell"])
+            common::bash(script, "shell")
                 .arg(dir)
                 .arg(job)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
                 .spawn()
                 .unwrap(),
         );
@@ -550,15 +546,7 @@ pub(super) fn keeps_home_identities() -> Result<(), Failed> {
     let back = ask(3)?;
     assert_eq!(on_b, home, "on b");
     assert_eq!(back, home, "back on a");
-    std::fs::write(dir.join("done"), "").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while shell.0.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            return Err("the shell never saw its job end".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+    let status = job_done(&mut shell, &dir, 10)?;
     assert_eq!(status.trim(), "5", "what the shell's wait got");
     Ok(())
 }

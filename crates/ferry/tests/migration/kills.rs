@@ -137,20 +137,16 @@ pub(super) fn a_body_signals_processes_at_home() -> Result<(), Failed> {
             sib_saw(s, format!("{} {pid} {USER}", usr.0), &what)?;
             grows("sigs", m, &format!("{what}: itself"))?;
         }
-        let s = lines("sibsigs").len();
-        got.push(run(n + 4, &format!("sigqueue {sib} {} 77", usr.1))?);
-        sib_saw(
-            s,
-            format!("{} {pid} {USER}", usr.1),
-            &format!("{moved}: sigqueue"),
-        )?;
-        let s = lines("sibsigs").len();
-        got.push(run(n + 5, &format!("tgkill {sib} {}", usr.1))?);
-        sib_saw(
-            s,
-            format!("{} {pid} {USER}", usr.1),
-            &format!("{moved}: tgkill"),
-        )?;
+        // A queued signal (with a value) and a thread's: each reaches the sibling as itself.
+        for (k, call, value) in [(4, "sigqueue", " 77"), (5, "tgkill", "")] {
+            let s = lines("sibsigs").len();
+            got.push(run(n + k, &format!("{call} {sib} {}{value}", usr.1))?);
+            sib_saw(
+                s,
+                format!("{} {pid} {USER}", usr.1),
+                &format!("{moved}: {call}"),
+            )?;
+        }
         got.push(run(n + 6, &format!("kill {rootpid} {}", libc::SIGTERM))?);
         got.push(run(n + 7, &format!("kill {nopid} 0"))?);
         let m2 = lines("sigs").len().max(m);
@@ -223,17 +219,36 @@ pub(super) fn a_body_signals_processes_at_home() -> Result<(), Failed> {
         "-1 1",
         "setsid of a group leader, moved"
     );
+    let status = job_done(&mut shell, &dir, 20)?;
+    assert_eq!(status.trim(), "3", "what the shell's wait got");
+    Ok(())
+}
+
+/// Tells the job of `shell` in `dir` it is done (the file `done`), waits up to `secs` for
+/// the shell to end, and returns what the shell's `wait` got for it (the file `status`).
+pub(super) fn job_done(shell: &mut UnixServer, dir: &Path, secs: u64) -> Result<String, Failed> {
     std::fs::write(dir.join("done"), "").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(secs);
     while shell.0.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             return Err("the shell never saw its job end".into());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
-    assert_eq!(status.trim(), "3", "what the shell's wait got");
-    Ok(())
+    Ok(std::fs::read_to_string(dir.join("status")).unwrap_or_default())
+}
+
+/// `home_kills`, writing in `dir`, run by a shell at home (`"$1" "$2" & wait`) in `dir`: the
+/// shell is killed and reaped when dropped.
+fn home_kills_shell(dir: &Path) -> UnixServer {
+    UnixServer(
+        common::bash("\"$1\" \"$2\" & wait", "shell")
+            .arg(victim_binary("home_kills"))
+            .arg(dir)
+            .current_dir(dir)
+            .spawn()
+            .unwrap(),
+    )
 }
 
 /// `home_kills` run by a shell at home (as root), moved to b; then the shell is killed, and
@@ -245,19 +260,7 @@ pub(super) fn a_body_follows_its_home_parents_death() -> Result<(), Failed> {
     let c = Cluster::up("homeparent", 2);
     let dir = scratch("migration", "homeparent");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let victim = victim_binary("home_kills");
-    let mut shell = UnixServer(
-        Command::new("bash")
-            .args(["-c", "\"$1\" \"$2\" & wait", "shell"])
-            .arg(&victim)
-            .arg(&dir)
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut shell = home_kills_shell(&dir);
     let sh = shell.0.id() as i32;
     let pid = pid_from(&dir.join("pid"), "home_kills")?;
     let n = std::cell::Cell::new(0usize);
@@ -370,19 +373,7 @@ fn state_here(pid: i32) -> char {
 pub(super) fn a_forked_childs_stop_and_continue_show_at_home() -> Result<(), Failed> {
     let c = Cluster::up("childstop", 2);
     let dir = scratch("migration", "childstop");
-    let victim = victim_binary("home_kills");
-    let _shell = UnixServer(
-        Command::new("bash")
-            .args(["-c", "\"$1\" \"$2\" & wait", "shell"])
-            .arg(&victim)
-            .arg(&dir)
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _shell = home_kills_shell(&dir);
     let pid = pid_from(&dir.join("pid"), "home_kills")?;
     migrate(&c, "a", pid, "b").map_err(|e| format!("a -> b: {e}"))?;
     let a = Asker {

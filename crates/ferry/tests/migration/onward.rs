@@ -397,13 +397,10 @@ pub(super) fn a_writer_to_a_full_pipe_at_home_moves_around() -> Result<(), Faile
         open(sys.argv[1]+'/lines','w').write(str(n))\n";
     let script = "set -o pipefail; python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\"";
     let mut sh = UnixServer(
-        Command::new("bash")
-            .args(["-c", script, "fullpipe"])
+        common::bash(script, "fullpipe")
             .arg(&dir)
             .arg(writer)
             .arg(reader)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("sh.err")).unwrap())
             .spawn()
             .unwrap(),
@@ -428,27 +425,7 @@ pub(super) fn a_writer_to_a_full_pipe_at_home_moves_around() -> Result<(), Faile
         })?;
     }
     drop(go);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let st = loop {
-        if let Some(st) = sh.0.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the pipeline did not end; the reader read {:?} lines\n{}",
-                std::fs::read_to_string(dir.join("lines")).ok(),
-                c.log("a") + &c.log("b") + &c.log("c")
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let err = std::fs::read_to_string(dir.join("sh.err")).unwrap_or_default();
-    assert_eq!(
-        std::fs::read_to_string(dir.join("lines")).unwrap_or_default(),
-        "2000000",
-        "the reader did not read every line once, in order: {err}"
-    );
+    let (st, err) = pipeline_end(&c, &mut sh, &dir, 60, "the reader", "2000000")?;
     assert!(st.success(), "the pipeline failed: {st:?} {err}");
     Ok(())
 }

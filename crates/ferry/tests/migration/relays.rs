@@ -25,14 +25,10 @@ pub(super) fn pipeline_stage_moves_with_relayed_pipes() -> Result<(), Failed> {
     let script = "set -o pipefail; for i in $(seq 1 300); do echo $i; sleep 0.01; done \
         | python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\"";
     let mut sh = UnixServer(
-        Command::new("bash")
-            .args(["-c", script, "pipeline"])
+        common::bash(script, "pipeline")
             .arg(&dir)
             .arg(middle)
             .arg(reader)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
@@ -42,21 +38,13 @@ pub(super) fn pipeline_stage_moves_with_relayed_pipes() -> Result<(), Failed> {
     if common::run::tracer_of(pid) == 0 {
         return Err("no deputy at home for the middle stage".into());
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let st = loop {
-        if let Some(st) = sh.0.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the pipeline did not end; the last stage read {:?} lines\n{}",
-                std::fs::read_to_string(dir.join("lines")).ok(),
-                c.log("a") + &c.log("b")
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let st = common::wait_child_or(&mut sh.0, Duration::from_secs(30), || {
+        format!(
+            "the pipeline did not end; the last stage read {:?} lines\n{}",
+            std::fs::read_to_string(dir.join("lines")).ok(),
+            c.log("a") + &c.log("b")
+        )
+    })?;
     assert!(st.success(), "the pipeline broke: {st:?}");
     assert_eq!(
         std::fs::read_to_string(dir.join("lines")).unwrap_or_default(),
@@ -64,6 +52,33 @@ pub(super) fn pipeline_stage_moves_with_relayed_pipes() -> Result<(), Failed> {
         "the last stage did not read every line"
     );
     Ok(())
+}
+
+/// Waits up to `secs` for the pipeline `sh` of a three-node cluster to end, and asserts that
+/// its `last` stage read all `lines` lines once, in order (it writes how many to `dir/lines`).
+/// Returns the shell's status and what the pipeline wrote to `dir/sh.err`.
+pub(super) fn pipeline_end(
+    c: &Cluster,
+    sh: &mut UnixServer,
+    dir: &Path,
+    secs: u64,
+    last: &str,
+    lines: &str,
+) -> Result<(std::process::ExitStatus, String), Failed> {
+    let st = common::wait_child_or(&mut sh.0, Duration::from_secs(secs), || {
+        format!(
+            "the pipeline did not end; {last} read {:?} lines\n{}",
+            std::fs::read_to_string(dir.join("lines")).ok(),
+            c.log("a") + &c.log("b") + &c.log("c")
+        )
+    })?;
+    let err = std::fs::read_to_string(dir.join("sh.err")).unwrap_or_default();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("lines")).unwrap_or_default(),
+        lines,
+        "{last} did not read every line once, in order: {err}"
+    );
+    Ok((st, err))
 }
 
 /// A moved writer feeds a reader at home (`head -n 150`) through the relay; when that reader
@@ -84,13 +99,9 @@ pub(super) fn relayed_pipe_reader_gone() -> Result<(), Failed> {
         os._exit(0)\n";
     let script = "python3 -c \"$2\" \"$1\" | head -n 150 > \"$1/got\"; sleep 5";
     let mut sh = UnixServer(
-        Command::new("bash")
-            .args(["-c", script, "pipegone"])
+        common::bash(script, "pipegone")
             .arg(&dir)
             .arg(writer)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
@@ -237,13 +248,10 @@ pub(super) fn bulk_streams_through_relays() -> Result<(), Failed> {
     let script = "python3 -c \"$2\" \"$1\" feed | python3 -c \"$3\" \"$1\" \
         | python3 -c \"$2\" \"$1\" read";
     let mut sh = UnixServer(
-        Command::new("bash")
-            .args(["-c", script, "bulkrelay"])
+        common::bash(script, "bulkrelay")
             .arg(&dir)
             .arg(BULK_END)
             .arg(BULK_MOVED)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
             .stderr(log("pipeline.err"))
             .spawn()
             .unwrap(),
@@ -257,21 +265,13 @@ pub(super) fn bulk_streams_through_relays() -> Result<(), Failed> {
             .map(|f| std::fs::read_to_string(dir.join(f)).unwrap_or_default())
             .collect::<String>()
     };
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let st = loop {
-        if let Some(st) = sh.0.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the streams did not end\n{}\n{}",
-                errs(),
-                c.log("a") + &c.log("b")
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let st = common::wait_child_or(&mut sh.0, Duration::from_secs(90), || {
+        format!(
+            "the streams did not end\n{}\n{}",
+            errs(),
+            c.log("a") + &c.log("b")
+        )
+    })?;
     assert!(st.success(), "the pipeline failed: {st:?}\n{}", errs());
     let sums = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
     let (moved, srv) = (sums("moved.sums"), sums("srv.sums"));
@@ -610,13 +610,10 @@ pub(super) fn pipeline_stage_moves_on_with_its_relays() -> Result<(), Failed> {
     let script = "set -o pipefail; seq 1 20000 \
         | python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\"";
     let mut sh = UnixServer(
-        Command::new("bash")
-            .args(["-c", script, "onward"])
+        common::bash(script, "onward")
             .arg(&dir)
             .arg(middle)
             .arg(reader)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("sh.err")).unwrap())
             .spawn()
             .unwrap(),
@@ -645,27 +642,7 @@ pub(super) fn pipeline_stage_moves_on_with_its_relays() -> Result<(), Failed> {
             c.log("c")
         )
     })?;
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let st = loop {
-        if let Some(st) = sh.0.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the pipeline did not end; the last stage read {:?} lines\n{}",
-                std::fs::read_to_string(dir.join("lines")).ok(),
-                c.log("a") + &c.log("b") + &c.log("c")
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let err = std::fs::read_to_string(dir.join("sh.err")).unwrap_or_default();
-    assert_eq!(
-        std::fs::read_to_string(dir.join("lines")).unwrap_or_default(),
-        "20000",
-        "the last stage did not read every line once, in order: {err}"
-    );
+    let (st, err) = pipeline_end(&c, &mut sh, &dir, 40, "the last stage", "20000")?;
     assert_eq!(
         st.code(),
         Some(3),
@@ -935,21 +912,13 @@ fn messages_to_home_are_relayed_whole(kind: &str, onward: bool) -> Result<(), Fa
     }
     std::fs::write(dir.join("moved"), "").unwrap();
     let err = || std::fs::read_to_string(dir.join("home.err")).unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let st = loop {
-        if let Some(st) = home.0.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the conversation did not finish\n{}\n{}",
-                err(),
-                c.log("a") + &c.log("b")
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let st = common::wait_child_or(&mut home.0, Duration::from_secs(40), || {
+        format!(
+            "the conversation did not finish\n{}\n{}",
+            err(),
+            c.log("a") + &c.log("b")
+        )
+    })?;
     let logs = || c.log("a") + &c.log("b") + &c.log("c");
     assert!(st.success(), "home failed: {st:?}\n{}\n{}", err(), logs());
     let moved_at: u32 = std::fs::read_to_string(dir.join("moved_at"))
@@ -1110,16 +1079,9 @@ pub(super) fn a_peer_that_never_reads_does_not_grow_the_home_daemon() -> Result<
         sent >> 20
     );
     std::fs::write(dir.join("drain"), "").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let st = loop {
-        if let Some(st) = server.0.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            return Err(format!("the server did not drain\n{}", c.log("a") + &c.log("b")).into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let st = common::wait_child_or(&mut server.0, Duration::from_secs(30), || {
+        format!("the server did not drain\n{}", c.log("a") + &c.log("b"))
+    })?;
     assert!(st.success(), "the server failed: {st:?}");
     assert_eq!(
         std::fs::read_to_string(dir.join("got")).unwrap_or_default(),
