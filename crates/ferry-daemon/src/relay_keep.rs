@@ -1,9 +1,10 @@
 //! What a pipe's relay keeps at home so that it outlives its home daemon (a crash, a restart).
 //!
 //! Each relayed pipe's home end has a buffer beside it (a memfd), and both are held by a small
-//! holder process (`tail --pid=ROOT -f /dev/null`, its stdin the pipe's end, its stdout the
-//! buffer), started by the daemon in a process group of its own: it does not die with the
-//! daemon, and ends (within a second) when the tree's root at home, its deputy, does. The relay's
+//! holder process (`ferry __relay-holder --root ROOT`, its stdin the pipe's end, its stdout the
+//! buffer; nothing else of the daemon's stays open in it), started by the daemon in a process
+//! group of its own: it does not die with the daemon, ignores SIGHUP, SIGINT and SIGTERM, and
+//! ends when the tree's root at home, its deputy, does (it polls a pidfd of it). The relay's
 //! state is in the two descriptions themselves, so that nothing the daemon knew only in its
 //! memory is needed to go on:
 //! - the body reads (home reads its pipe): the daemon moves what it reads from the pipe into
@@ -124,7 +125,7 @@ impl Keep {
         // The holder's stderr: whatever it might say lands past the marks.
         ferry_sys::fdops::lseek(marks.as_raw_fd(), 4096, libc::SEEK_SET)
             .map_err(|e| anyhow!("place the relay's offsets: {e}"))?;
-        let holder = match spawn_holder(pid, end, &buf, &marks) {
+        let holder = match spawn_holder(&node.exe, pid, end, &buf, &marks) {
             Ok(h) => {
                 h.record(&node.store, pid, pipe, body_node);
                 Some(h)
@@ -176,17 +177,22 @@ impl Keep {
 /// Starts a holder of `end` (its stdin), `buf` (its stdout) and `marks` (its stderr), in a
 /// process group of its own, for as long as home PID `root` (the tree's deputy) lives: a relay
 /// whose daemons all went leaves nothing behind once its tree is over.
-fn spawn_holder(root: i32, end: &OwnedFd, buf: &OwnedFd, marks: &OwnedFd) -> Result<Holder> {
+fn spawn_holder(
+    exe: &std::path::Path,
+    root: i32,
+    end: &OwnedFd,
+    buf: &OwnedFd,
+    marks: &OwnedFd,
+) -> Result<Holder> {
     use std::os::unix::process::CommandExt;
-    let child = std::process::Command::new("tail")
-        .arg(format!("--pid={root}"))
-        .args(["-f", "/dev/null"])
+    let child = std::process::Command::new(exe)
+        .args(["__relay-holder", "--root", &root.to_string()])
         .stdin(end.try_clone().context("copy the home's end")?)
         .stdout(buf.try_clone().context("copy the buffer")?)
         .stderr(marks.try_clone().context("copy the offsets")?)
         .process_group(0)
         .spawn()
-        .context("start a relay holder (tail --pid)")?;
+        .with_context(|| format!("start a relay holder ({} __relay-holder)", exe.display()))?;
     let pid = child.id() as i32;
     // The daemon's reaper collects it.
     drop(child);

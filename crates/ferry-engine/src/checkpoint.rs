@@ -250,6 +250,13 @@ pub fn capture_keeping<W: Write>(
     fdcap.finish(&mut tree)?;
     crate::resources::sockets::check_ring_mappings(&tree)?;
     crate::resources::sockets::finish_capture(frozen, &mut tree)?;
+    // A body moving on: its node's stand-in for a relayed pipe stands for the pipe at home,
+    // whose inode its fstat answers (what its node's restore said: a names line without names).
+    for p in tree.pipes.iter_mut().filter(|p| p.relay.is_some()) {
+        if let Some(n) = frozen.relay_sockets.get(&p.ino).filter(|n| n.is_pipe()) {
+            p.ino = n.home_ino;
+        }
+    }
     report.relays = relayed_pipes(&tree, &frozen.relay_standins)?;
     tree.shmem = objects.shmem.clone();
     tree.ghosts = objects.ghosts.clone();

@@ -86,3 +86,22 @@ pub fn kill_self() -> ! {
     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     unreachable!("SIGKILL did not kill this process")
 }
+
+/// Sets this thread's name (`comm`, what `ps` shows; the kernel keeps 15 bytes of it).
+pub fn set_name(name: &str) -> SysResult<()> {
+    let c = std::ffi::CString::new(name).map_err(|_| SysError {
+        op: "prctl(PR_SET_NAME)",
+        errno: libc::EINVAL,
+    })?;
+    // SAFETY: c is a live NUL-terminated string; the kernel copies at most 16 bytes of it.
+    let r = unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr() as libc::c_ulong, 0, 0, 0) };
+    check("prctl(PR_SET_NAME)", r as libc::c_long).map(drop)
+}
+
+/// Closes every descriptor of this process from `first` up.
+pub fn close_from(first: u32) -> SysResult<()> {
+    // SAFETY: plain integer arguments; the caller owns no descriptor in the range that it
+    // goes on using (the descriptors closed are not reached through any live OwnedFd).
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
+    check("close_range", r).map(drop)
+}

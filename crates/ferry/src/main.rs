@@ -163,6 +163,10 @@ enum Command {
     /// (internal): see ferry_daemon::confine.
     #[command(name = "__guest-mounts", hide = true)]
     GuestMounts(commands::guest_confine::Args),
+    /// Holds a pipe relay's home end and buffers across a home daemon's restart (internal):
+    /// see ferry_daemon::relay_keep.
+    #[command(name = "__relay-holder", hide = true)]
+    RelayHolder(commands::relay_holder::Args),
 }
 
 /// `ferry run ...` alone: remote execution is a process start per program run (a parallel make
@@ -248,6 +252,7 @@ fn main() {
         Command::GuestInit(a) => commands::guest_init::run(a),
         Command::NodeInit(a) => commands::node_init::run(a),
         Command::GuestMounts(a) => commands::guest_confine::hold(a),
+        Command::RelayHolder(a) => commands::relay_holder::run(a),
         Command::Migrate(a) => commands::migrate::run(a, node),
         Command::Run(a) => commands::run::run(a, node),
         Command::Make { args } => commands::make::run(args, node),

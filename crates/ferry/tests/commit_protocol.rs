@@ -1339,6 +1339,7 @@ fn relays_survive_home_restart() -> Result<(), Failed> {
     migrate(&c, "a", p.stage, "b").map_err(|e| format!("the middle stage did not move: {e}"))?;
     // Lines flow through b before a's daemon dies.
     p.wait_lines(1000, 30, &logs)?;
+    let holders = holders_hold_only_theirs(&c, "a", 2)?;
     let _ = Command::new("kill")
         .args(["-9", &c.daemon_pid("a").to_string()])
         .status();
@@ -1350,11 +1351,120 @@ fn relays_survive_home_restart() -> Result<(), Failed> {
     if at_kill >= 20000 {
         return Err("the pipeline was done before a's daemon died: nothing tested".into());
     }
+    // The stage is over: its holders end with it (gone, or a zombie not yet reaped).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for h in holders {
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{h}/stat")).unwrap_or_default();
+            let ours = stat.contains("(ferry-holder)");
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|r| r.1.split_whitespace().next());
+            if !ours || state == Some("Z") {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("holder {h} outlived its relay: {stat}").into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     let a = c.log("a");
     if !a.contains("relay-recovered") {
         return Err(format!("a's log says nothing of its relays taken up again\n{a}").into());
     }
     Ok(())
+}
+
+/// The holders of node `node`'s relays (their records in its state directory; `n` of them):
+/// each is Ferry's own (`ferry-holder`), in a process group of its own, and holds only the
+/// pipe's end (fd 0), the relay's buffer and marks (fds 1 and 2, memfds) and the pidfd of the
+/// tree's root it waits on: none of the daemon's other descriptors; SIGHUP, SIGINT and SIGTERM
+/// sent to its group do not end it. Returns their PIDs.
+fn holders_hold_only_theirs(c: &Cluster, node: &str, n: usize) -> Result<Vec<i32>, Failed> {
+    let state = c.dir.join(node).join("state");
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir(&state).map_err(|e| format!("{}: {e}", state.display()))? {
+        let e = e.map_err(|e| e.to_string())?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("relay-") && name.ends_with(".json")) {
+            continue;
+        }
+        let rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(e.path()).map_err(|e| e.to_string())?)
+                .map_err(|e| format!("{name}: {e}"))?;
+        let h = rec["holder_pid"]
+            .as_i64()
+            .ok_or(format!("{name}: no holder_pid"))? as i32;
+        pids.push(h);
+        let comm = std::fs::read_to_string(format!("/proc/{h}/comm")).unwrap_or_default();
+        if comm.trim() != "ferry-holder" {
+            return Err(format!(
+                "holder {h} of {name} is {:?}, not ferry-holder",
+                comm.trim()
+            )
+            .into());
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{h}/stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|r| r.1)
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        if fields.get(2) != Some(&h.to_string().as_str()) {
+            return Err(format!("holder {h} is not in a process group of its own: {stat}").into());
+        }
+        let mut fds = Vec::new();
+        for f in std::fs::read_dir(format!("/proc/{h}/fd")).map_err(|e| e.to_string())? {
+            let f = f.map_err(|e| e.to_string())?;
+            let to = std::fs::read_link(f.path()).map_err(|e| e.to_string())?;
+            let fd: i32 = f.file_name().to_string_lossy().parse().unwrap_or(-1);
+            fds.push((fd, to.to_string_lossy().into_owned()));
+        }
+        fds.sort();
+        let ok = fds.len() == 4
+            && fds[0].0 == 0
+            && fds[0].1.starts_with("pipe:")
+            && fds[1].0 == 1
+            && fds[1].1.starts_with("/memfd:ferry-relay-")
+            && fds[2].0 == 2
+            && fds[2].1.starts_with("/memfd:ferry-relay-acked-")
+            && fds[3].1 == "anon_inode:[pidfd]";
+        if !ok {
+            return Err(
+                format!("holder {h} of {name} holds more or other than its own: {fds:?}").into(),
+            );
+        }
+    }
+    if pids.len() != n {
+        return Err(format!(
+            "{} relay records in {}, not {n}",
+            pids.len(),
+            state.display()
+        )
+        .into());
+    }
+    // A hang-up, ^C or a stop sent to their process groups leaves them holding.
+    for &h in &pids {
+        for sig in ["HUP", "INT", "TERM"] {
+            let _ = Command::new("kill")
+                .args([&format!("-{sig}"), "--", &format!("-{h}")])
+                .status();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for &h in &pids {
+        let comm = std::fs::read_to_string(format!("/proc/{h}/comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{h}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|r| r.1.split_whitespace().next());
+        if comm.trim() != "ferry-holder" || state == Some("Z") {
+            return Err(format!("holder {h} ended on SIGHUP/SIGINT/SIGTERM to its group").into());
+        }
+    }
+    Ok(pids)
 }
 
 /// The middle stage of a shell pipeline (`seq | stage | reader`) moves from a to b, where a

@@ -115,6 +115,9 @@ struct Supervisor {
     names: std::collections::HashMap<u64, ferry_engine::resources::sockets::RelayedNames>,
     /// The device number of sockets (sockfs): an inode number means a socket only with it.
     sockfs: u64,
+    /// The device number of pipes (pipefs), likewise: `names` holds relayed pipes too (entries
+    /// without names, `RelayedNames::is_pipe`), whose fstat answers their inode at home.
+    pipefs: u64,
     /// Bytes read from the hold socket and not yet understood (a message cut in two).
     inbox: Vec<u8>,
     /// The processes the body makes, and those whose end is told home from here.
@@ -190,8 +193,9 @@ impl Supervisor {
         self.listeners.extend(rights);
     }
 
-    /// The relayed socket the caller of `n` names by its descriptor `fd` (a copy of it, and
-    /// what the restore said of it); `None` for any other descriptor.
+    /// The relayed socket (or, with `pipes`, the relayed socket or pipe) the caller of `n`
+    /// names by its descriptor `fd` (a copy of it, and what the restore said of it); `None`
+    /// for any other descriptor.
     ///
     /// The descriptor is looked up in the calling thread's own table (/proc/TID/fd: one
     /// readlink, which is all a descriptor that is no relayed socket costs), then taken with
@@ -201,6 +205,7 @@ impl Supervisor {
         &self,
         n: &ferry_sys::seccomp::Notif,
         fd: u64,
+        pipes: bool,
     ) -> Option<(
         std::fs::File,
         &ferry_engine::resources::sockets::RelayedNames,
@@ -211,13 +216,14 @@ impl Supervisor {
             return None;
         }
         let link = std::fs::read_link(format!("/proc/{}/fd/{fd}", n.pid)).ok()?;
-        let ino: u64 = link
-            .to_str()?
-            .strip_prefix("socket:[")?
-            .strip_suffix(']')?
-            .parse()
-            .ok()?;
-        let known = self.names.get(&ino)?;
+        let link = link.to_str()?;
+        let (pipe, rest) = match link.strip_prefix("socket:[") {
+            Some(rest) => (false, rest),
+            None if pipes => (true, link.strip_prefix("pipe:[")?),
+            None => return None,
+        };
+        let ino: u64 = rest.strip_suffix(']')?.parse().ok()?;
+        let known = self.names.get(&ino).filter(|k| k.is_pipe() == pipe)?;
         let take = |pid: i32| {
             ferry_sys::pidfd::pidfd_open(pid)
                 .and_then(|p| ferry_sys::pidfd::pidfd_getfd(&p, fd))
@@ -226,7 +232,12 @@ impl Supervisor {
         let sock = take(n.pid).or_else(|| take(tgid_of(n.pid)?))?;
         let sock = std::fs::File::from(sock);
         let meta = sock.metadata().ok()?;
-        if !meta.file_type().is_socket() || meta.dev() != self.sockfs || meta.ino() != ino {
+        let (kind, dev) = if pipe {
+            (meta.file_type().is_fifo(), self.pipefs)
+        } else {
+            (meta.file_type().is_socket(), self.sockfs)
+        };
+        if !kind || meta.dev() != dev || meta.ino() != ino {
             return None;
         }
         Some((sock, known))
@@ -244,7 +255,7 @@ impl Supervisor {
     /// the kernel's own answer.
     fn name(&self, n: &ferry_sys::seccomp::Notif, listener: i32) -> Answer {
         let peer = n.nr as i64 == libc::SYS_getpeername;
-        let Some((sock, known)) = self.relayed(n, n.args[0]) else {
+        let Some((sock, known)) = self.relayed(n, n.args[0], false) else {
             return Answer::Kernel;
         };
         let (local, remote) = (&known.local, &known.peer);
@@ -281,8 +292,9 @@ impl Supervisor {
     }
 
     /// fstat, or newfstatat and statx of a descriptor itself (AT_EMPTY_PATH, an empty path):
-    /// for a relayed socket, what the kernel says of the body's socket but for its inode
-    /// number, which is the original's at home; for anything else, the kernel's own answer.
+    /// for a relayed socket or pipe, what the kernel says of the body's socket or pipe but for
+    /// its inode number, which is the original's at home; for anything else, the kernel's own
+    /// answer.
     fn stat(&self, n: &ferry_sys::seccomp::Notif, listener: i32) -> Answer {
         let nr = n.nr as i64;
         let (fd, buf) = match nr {
@@ -299,7 +311,7 @@ impl Supervisor {
                 _ => return Answer::Kernel,
             }
         }
-        let Some((sock, known)) = self.relayed(n, fd) else {
+        let Some((sock, known)) = self.relayed(n, fd, true) else {
             return Answer::Kernel;
         };
         let ino = known.home_ino.to_ne_bytes();
@@ -605,6 +617,15 @@ pub fn run(a: Args) -> Result<()> {
             .map(|m| m.dev())
             .context("stat the hold socket")?
     };
+    // Every pipe's on the one pipefs: a pipe made here says which device that is.
+    let pipefs = {
+        use std::os::unix::fs::MetadataExt;
+        let (r, _w) = fdops::pipe2(libc::O_CLOEXEC).context("make a pipe")?;
+        std::fs::File::from(r)
+            .metadata()
+            .map(|m| m.dev())
+            .context("stat a pipe")?
+    };
     ns::block_signal(libc::SIGCHLD).context("block SIGCHLD")?;
     let sigchld = anon_fds::signalfd(
         1 << (libc::SIGCHLD - 1),
@@ -630,6 +651,7 @@ pub fn run(a: Args) -> Result<()> {
             changed: Default::default(),
             names: Default::default(),
             sockfs,
+            pipefs,
             inbox: Vec::new(),
             forks: super::guest_forks::Forks::new(report.as_ref().and_then(|(s, ns)| {
                 Some((
@@ -773,6 +795,7 @@ mod tests {
             changed: Default::default(),
             names: Default::default(),
             sockfs: 0,
+            pipefs: 0,
             inbox: Vec::new(),
             forks: crate::commands::guest_forks::Forks::new(None),
             watch: None,

@@ -23,6 +23,7 @@ pub mod nodes;
 pub mod pages;
 pub mod precopy;
 pub mod ps;
+pub mod relay_holder;
 pub mod restore;
 pub mod run;
 pub mod top;

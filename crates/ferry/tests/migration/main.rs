@@ -91,6 +91,10 @@ fn main() {
             pipeline_stage_moves_with_relayed_pipes,
         ),
         Trial::test(
+            "a_relayed_pipe_answers_fstat_with_its_inode_at_home",
+            relayed_pipes_fstat_as_at_home,
+        ),
+        Trial::test(
             "a_pipeline_stage_moves_on_from_b_to_c_with_its_relays",
             pipeline_stage_moves_on_with_its_relays,
         ),

@@ -1090,3 +1090,89 @@ pub(super) fn a_peer_that_never_reads_does_not_grow_the_home_daemon() -> Result<
     );
     Ok(())
 }
+
+/// fstat of a moved pipeline stage's relayed pipes answers the pipes' inodes at home (those its
+/// neighbours share), after its moves (a to b, then on to c) as before: the body's pipes are new ones of its node, and
+/// its guest init answers their inode at home (`RelayedNames::is_pipe`). What
+/// /proc/PID/fd/N says is the kernel's and names the body's pipe (docs/limitations.md).
+pub(super) fn relayed_pipes_fstat_as_at_home() -> Result<(), Failed> {
+    let c = Cluster::up("pipeino", 3);
+    let dir = scratch("migration", "pipeino");
+    let middle = "import sys,os\n\
+        before=(os.fstat(0).st_ino, os.fstat(1).st_ino)\n\
+        open(sys.argv[1]+'/pid.tmp','w').write(str(os.getpid()))\n\
+        os.rename(sys.argv[1]+'/pid.tmp', sys.argv[1]+'/pid')\n\
+        for l in sys.stdin:\n\
+        \x20   print(int(l)*2, flush=True)\n\
+        after=(os.fstat(0).st_ino, os.fstat(1).st_ino)\n\
+        print('inodes %d %d %d %d' % (before+after), flush=True)\n";
+    let reader = "import sys\n\
+        n=0\n\
+        for l in sys.stdin:\n\
+        \x20   if l.startswith('inodes'):\n\
+        \x20       open(sys.argv[1]+'/inodes','w').write(l)\n\
+        \x20       continue\n\
+        \x20   n+=1\n\
+        \x20   assert int(l)==2*n, (l, n)\n\
+        open(sys.argv[1]+'/lines','w').write(str(n))\n";
+    let script = "set -o pipefail; for i in $(seq 1 500); do echo $i; sleep 0.01; done \
+        | python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\"";
+    let mut sh = UnixServer(
+        Command::new("bash")
+            .args(["-c", script, "pipeino"])
+            .arg(&dir)
+            .arg(middle)
+            .arg(reader)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = pid_from(&dir.join("pid"), "the middle stage")?;
+    // The pipes at home, as this node's kernel names them.
+    let home_ino = |fd: i32| -> Result<u64, Failed> {
+        let l = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).map_err(|e| e.to_string())?;
+        let l = l.to_string_lossy().into_owned();
+        l.strip_prefix("pipe:[")
+            .and_then(|r| r.strip_suffix(']'))
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| format!("fd {fd} of the stage is {l}, not a pipe").into())
+    };
+    let (home0, home1) = (home_ino(0)?, home_ino(1)?);
+    std::thread::sleep(Duration::from_millis(300));
+    migrate(&c, "a", pid, "b").map_err(|e| format!("the middle stage did not move: {e}"))?;
+    std::thread::sleep(Duration::from_millis(300));
+    migrate(&c, "b", pid, "c").map_err(|e| format!("the stage did not move on to c: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let st = loop {
+        if let Some(st) = sh.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the pipeline did not end\n{}",
+                c.log("a") + &c.log("b") + &c.log("c")
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if !st.success() {
+        return Err(format!("the pipeline broke: {st:?}\n{}", c.log("b") + &c.log("c")).into());
+    }
+    let said = std::fs::read_to_string(dir.join("inodes")).unwrap_or_default();
+    let v: Vec<u64> = said
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    if v != [home0, home1, home0, home1] {
+        return Err(format!(
+            "fstat of stdin and stdout before and after the move: {said:?}; at home they are \
+             pipe:[{home0}] and pipe:[{home1}]"
+        )
+        .into());
+    }
+    Ok(())
+}

@@ -256,7 +256,7 @@ pub fn finish_capture(frozen: &FrozenTree, tree: &mut Tree) -> Result<()> {
     // A body moving on: its node's stand-ins for its relayed sockets are the originals at home.
     for f in tree.files.iter_mut() {
         if let FileKind::Socket(s) = &mut f.kind {
-            if let Some(n) = frozen.relay_sockets.get(&s.ino) {
+            if let Some(n) = frozen.relay_sockets.get(&s.ino).filter(|n| !n.is_pipe()) {
                 super::relayed::as_relayed(s, n);
             }
         }

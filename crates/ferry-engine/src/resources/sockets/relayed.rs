@@ -87,7 +87,46 @@ pub fn relayed_names(tree: &Tree, descs: &HashMap<u32, OwnedFd>) -> Result<Vec<R
             home_ino: s.ino,
         });
     }
+    // Relayed pipes: the body's pipe is a new one of its node; fstat answers the home pipe's
+    // inode (`Pipe::ino`). No names: an entry with neither is a pipe's.
+    for p in tree
+        .pipes
+        .iter()
+        .filter(|p| p.relayed && p.fifo_path.is_none())
+    {
+        let end = tree.files.iter().find_map(|f| match f.kind {
+            FileKind::Pipe { pipe } if pipe == p.id => descs.get(&f.id),
+            _ => None,
+        });
+        let Some(fd) = end else {
+            continue;
+        };
+        let ino = fd
+            .try_clone()
+            .map(std::fs::File::from)
+            .and_then(|f| f.metadata())
+            .map(|m| m.ino())
+            .map_err(|source| Error::Io {
+                pid: tree.root_pid,
+                what: format!("read the inode of relayed pipe:[{}]'s new pipe", p.ino),
+                source,
+            })?;
+        out.push(RelayedNames {
+            relay: p.relay.unwrap_or(p.id),
+            ino,
+            local: Vec::new(),
+            peer: Vec::new(),
+            home_ino: p.ino,
+        });
+    }
     Ok(out)
+}
+
+impl RelayedNames {
+    /// Whether this is a relayed pipe's entry (no names: only its inode at home).
+    pub fn is_pipe(&self) -> bool {
+        self.local.is_empty() && self.peer.is_empty()
+    }
 }
 
 /// A body moving on: makes the capture of the body node's stand-in for a relayed socket
@@ -109,11 +148,22 @@ pub fn as_relayed(s: &mut ferry_image::SocketDesc, n: &RelayedNames) {
     s.shutdown.read = false;
 }
 
-/// The file ids of `tree`'s relayed sockets.
+/// The file ids of `tree`'s relayed sockets and relayed pipes' ends (whose holders get their
+/// fstat answered).
 pub fn relayed_files(tree: &Tree) -> HashSet<u32> {
+    let pipes: HashSet<u32> = tree
+        .pipes
+        .iter()
+        .filter(|p| p.relayed && p.fifo_path.is_none())
+        .map(|p| p.id)
+        .collect();
     tree.files
         .iter()
-        .filter(|f| matches!(&f.kind, FileKind::Socket(s) if s.relayed))
+        .filter(|f| match &f.kind {
+            FileKind::Socket(s) => s.relayed,
+            FileKind::Pipe { pipe } => pipes.contains(pipe),
+            _ => false,
+        })
         .map(|f| f.id)
         .collect()
 }
@@ -215,5 +265,26 @@ mod tests {
         assert_eq!(RelayedNames::decode("1 00 - 2 extra\n"), None);
         assert_eq!(RelayedNames::decode("1 0 - 2\n"), None);
         assert_eq!(RelayedNames::decode("1 00 -\n"), None);
+    }
+
+    #[test]
+    fn a_pipes_line_has_no_names() {
+        let pipe = RelayedNames {
+            relay: 0,
+            ino: 5,
+            local: Vec::new(),
+            peer: Vec::new(),
+            home_ino: 77,
+        };
+        let text = RelayedNames::encode(std::slice::from_ref(&pipe));
+        assert_eq!(text, "5 - - 77\n");
+        let back = RelayedNames::decode(&text).unwrap();
+        assert!(back[0].is_pipe());
+        let sock = name_bytes(SockFamily::Unix, None);
+        assert!(!RelayedNames {
+            local: sock,
+            ..pipe
+        }
+        .is_pipe());
     }
 }
