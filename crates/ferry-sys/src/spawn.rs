@@ -377,19 +377,24 @@ pub(crate) fn child(
     if s.uid != 0 {
         enter_user_ns();
     }
+    // The credentials are changed by the raw system calls, for this thread only: glibc's
+    // setgroups/setresgid/setresuid signal every thread of the process it believes it is
+    // (`__nptl_setxid`), and a child cloned without glibc (a raw clone of the multi-threaded
+    // daemon) still holds the daemon's thread list: it waited forever for a thread that was
+    // being created at the moment of the clone. This child is single-threaded.
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         // SAFETY: groups points at groups.len() gids.
-        if unsafe { libc::setgroups(groups.len(), groups.as_ptr()) } < 0 {
+        if unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) } < 0 {
             fail(Step::Groups);
         }
     }
     // SAFETY: plain integer arguments.
-    if unsafe { libc::setresgid(s.gid, s.gid, s.gid) } < 0 {
+    if unsafe { libc::syscall(libc::SYS_setresgid, s.gid, s.gid, s.gid) } < 0 {
         fail(Step::Gid);
     }
     // SAFETY: plain integer arguments.
-    if unsafe { libc::setresuid(s.uid, s.uid, s.uid) } < 0 {
+    if unsafe { libc::syscall(libc::SYS_setresuid, s.uid, s.uid, s.uid) } < 0 {
         fail(Step::Uid);
     }
     // From here on the child is the user: what follows is done with its rights only.
