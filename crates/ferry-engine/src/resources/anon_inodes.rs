@@ -844,29 +844,8 @@ fn open_inotify(
         // object as the caller), on the object captured, found without following links.
         let added =
             ferry_sys::fsid::with_fs_creds(creds, || -> std::result::Result<i32, String> {
-                let o = ferry_sys::fsid::openat2(
-                    libc::AT_FDCWD,
-                    &w.path,
-                    libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                    0,
-                    libc::RESOLVE_NO_SYMLINKS,
-                )
-                .map_err(|e| match e.errno {
-                    libc::ELOOP => "a symbolic link is in its path now".to_string(),
-                    _ => e.to_string(),
-                })?;
+                let o = open_captured(libc::AT_FDCWD, &w.path, w.dev, w.ino)?;
                 let through = format!("/proc/self/fd/{}", o.as_raw_fd());
-                let md = std::fs::metadata(&through).map_err(|e| e.to_string())?;
-                if (md.dev(), md.ino()) != (w.dev, w.ino) {
-                    return Err(format!(
-                    "not the file that was captured (inode {} on device {:#x} now, inode {} on \
-                     device {:#x} captured); refused",
-                    md.ino(),
-                    md.dev(),
-                    w.ino,
-                    w.dev
-                ));
-                }
                 anon_fds::inotify_add_watch(raw, &through, w.mask).map_err(|e| e.to_string())
             });
         let got = added
@@ -1123,29 +1102,8 @@ fn open_fanotify(
                 Some(r) => (r.as_raw_fd(), format!(".{}", m.path)),
                 None => (libc::AT_FDCWD, m.path.clone()),
             };
-            let o = ferry_sys::fsid::openat2(
-                dirfd,
-                &path,
-                libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0,
-                libc::RESOLVE_NO_SYMLINKS,
-            )
-            .map_err(|e| match e.errno {
-                libc::ELOOP => "a symbolic link is in its path now".to_string(),
-                _ => e.to_string(),
-            })?;
+            let o = open_captured(dirfd, &path, m.dev, m.ino)?;
             let through = format!("/proc/self/fd/{}", o.as_raw_fd());
-            let md = std::fs::metadata(&through).map_err(|e| e.to_string())?;
-            if (md.dev(), md.ino()) != (m.dev, m.ino) {
-                return Err(format!(
-                    "not the file that was captured (inode {} on device {:#x} now, inode {} on \
-                     device {:#x} captured); refused",
-                    md.ino(),
-                    md.dev(),
-                    m.ino,
-                    m.dev
-                ));
-            }
             let evictable = m.mflags & FAN_MARK_EVICTABLE
                 | match m.target {
                     FanotifyTarget::Inode => 0,
@@ -1231,4 +1189,39 @@ pub fn open(
 /// the epoll items this process registered.
 pub fn after_install(h: &Husk, p: &Process) -> Result<()> {
     restore_epoll_items(h, p)
+}
+
+/// Opens (O_PATH, no symbolic link anywhere in `path`, relative to `dirfd`) the object a watch
+/// or mark was captured on, and checks that it is still that object (device `dev`, inode
+/// `ino`); the error says what differs. Called with the process's file-system credentials.
+fn open_captured(
+    dirfd: RawFd,
+    path: &str,
+    dev: u64,
+    ino: u64,
+) -> std::result::Result<OwnedFd, String> {
+    let o = ferry_sys::fsid::openat2(
+        dirfd,
+        path,
+        libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        0,
+        libc::RESOLVE_NO_SYMLINKS,
+    )
+    .map_err(|e| match e.errno {
+        libc::ELOOP => "a symbolic link is in its path now".to_string(),
+        _ => e.to_string(),
+    })?;
+    let md =
+        std::fs::metadata(format!("/proc/self/fd/{}", o.as_raw_fd())).map_err(|e| e.to_string())?;
+    if (md.dev(), md.ino()) != (dev, ino) {
+        return Err(format!(
+            "not the file that was captured (inode {} on device {:#x} now, inode {} on device \
+             {:#x} captured); refused",
+            md.ino(),
+            md.dev(),
+            ino,
+            dev
+        ));
+    }
+    Ok(o)
 }

@@ -55,6 +55,20 @@ pub fn name_bytes(family: SockFamily, a: Option<&SockAddr>) -> Vec<u8> {
     raw
 }
 
+/// The inode number of `fd`, a relayed descriptor's new end in the rebuilt tree; `what` names
+/// the step in the error.
+fn new_inode(tree: &Tree, fd: &OwnedFd, what: impl FnOnce() -> String) -> Result<u64> {
+    fd.try_clone()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata())
+        .map(|m| m.ino())
+        .map_err(|source| Error::Io {
+            pid: tree.root_pid,
+            what: what(),
+            source,
+        })
+}
+
 /// The names of every relayed socket of `tree`, whose descriptions the restore opened
 /// (`descs`, by file id).
 pub fn relayed_names(tree: &Tree, descs: &HashMap<u32, OwnedFd>) -> Result<Vec<RelayedNames>> {
@@ -69,16 +83,9 @@ pub fn relayed_names(tree: &Tree, descs: &HashMap<u32, OwnedFd>) -> Result<Vec<R
         let Some(fd) = descs.get(&f.id) else {
             continue;
         };
-        let ino = fd
-            .try_clone()
-            .map(std::fs::File::from)
-            .and_then(|f| f.metadata())
-            .map(|m| m.ino())
-            .map_err(|source| Error::Io {
-                pid: tree.root_pid,
-                what: format!("read the inode of relayed socket:[{}]'s new end", s.ino),
-                source,
-            })?;
+        let ino = new_inode(tree, fd, || {
+            format!("read the inode of relayed socket:[{}]'s new end", s.ino)
+        })?;
         out.push(RelayedNames {
             relay: s.relay.unwrap_or(ferry_image::RELAY_SOCKET | f.id),
             ino,
@@ -101,16 +108,9 @@ pub fn relayed_names(tree: &Tree, descs: &HashMap<u32, OwnedFd>) -> Result<Vec<R
         let Some(fd) = end else {
             continue;
         };
-        let ino = fd
-            .try_clone()
-            .map(std::fs::File::from)
-            .and_then(|f| f.metadata())
-            .map(|m| m.ino())
-            .map_err(|source| Error::Io {
-                pid: tree.root_pid,
-                what: format!("read the inode of relayed pipe:[{}]'s new pipe", p.ino),
-                source,
-            })?;
+        let ino = new_inode(tree, fd, || {
+            format!("read the inode of relayed pipe:[{}]'s new pipe", p.ino)
+        })?;
         out.push(RelayedNames {
             relay: p.relay.unwrap_or(p.id),
             ino,
