@@ -57,6 +57,9 @@ struct Entry {
     to_worker: mpsc::UnboundedSender<Cmd>,
     /// Signals this deputy received and forwarded to its body.
     signals: u64,
+    /// Calls this deputy made for its body: forks, and the calls only home answers
+    /// (signals to processes at home, `setpgid`, `setsid`).
+    calls: u64,
 }
 
 /// The deputies of this node: home PID (the deputy's, on this node) -> where its body runs.
@@ -75,7 +78,7 @@ impl Deputies {
     }
 
     /// What each tree that left this home costs it: its deputies (one worker serves a tree)
-    /// and the signals they forwarded.
+    /// the signals they forwarded and the calls they made for their bodies.
     pub fn costs(&self) -> Vec<ferry_transport::message::HomeCost> {
         let m = self.map.lock().expect("deputies lock");
         let mut trees: Vec<(
@@ -103,6 +106,7 @@ impl Deputies {
             c.pids.push(*pid);
             c.deputies += 1;
             c.signals_forwarded += e.signals;
+            *c.calls_forwarded.get_or_insert(0) += e.calls;
         }
         trees.into_iter().map(|(_, c)| c).collect()
     }
@@ -263,10 +267,14 @@ impl Deputies {
                     ),
                     Some((d, e)) => {
                         let make = cmd.take().expect("sent once");
-                        return e
-                            .to_worker
+                        e.to_worker
                             .send(make(d))
-                            .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"));
+                            .map_err(|_| anyhow!("the deputies' worker of PID {pid} is gone"))?;
+                        drop(m);
+                        if let Some(e) = self.map.lock().expect("deputies lock").get_mut(&d) {
+                            e.calls += 1;
+                        }
+                        return Ok(());
                     }
                 }
             };
@@ -330,6 +338,7 @@ pub fn adopt(
                     own,
                     to_worker: tx.clone(),
                     signals: 0,
+                    calls: 0,
                 },
             );
         }
@@ -519,6 +528,7 @@ pub fn adopt(
                                 own,
                                 to_worker: e.to_worker.clone(),
                                 signals: 0,
+                                calls: 0,
                             });
                             e.map(|e| m.insert(pid, e)).is_some()
                         };

@@ -174,6 +174,23 @@ pub(super) fn a_body_signals_processes_at_home() -> Result<(), Failed> {
          {cost_moved}; itself, moved (by the init, local) {cost_local}"
     );
     assert!(cost_moved.starts_with("0 0 "), "{cost_moved}");
+    // What it costs its home: every forwarded kill is a call its deputy made there.
+    let o = c.run("a", &["top", "--once", "--json"]);
+    assert!(
+        o.status.success(),
+        "top: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    let calls = v["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["home_pid"] == pid as i64))
+        .map(|p| p["cost"]["calls_forwarded"].clone())
+        .ok_or_else(|| format!("PID {pid} not in top: {v:#}"))?;
+    assert!(
+        calls.as_u64().is_some_and(|n| n >= 2000),
+        "calls its deputy made at home: {calls} (2000 kills at least were forwarded)"
+    );
     assert!(cost_local.starts_with("0 0 "), "{cost_local}");
     // Its own process group, made in the body: made at home too (the deputy leads it there),
     // and getpgrp answers it; its session stays the shell's. A signal to its group now
