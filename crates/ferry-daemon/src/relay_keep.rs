@@ -164,6 +164,11 @@ impl Keep {
     }
 
     /// A copy of the buffer's descriptor (the same description).
+    /// The holder's PID (it holds the home's end of the pipe too).
+    pub fn holder_pid(&self) -> Option<i32> {
+        self.holder.as_ref().map(|h| h.pid)
+    }
+
     pub fn buf(&self) -> Result<OwnedFd> {
         self.buf.try_clone().context("keep the relay's buffer")
     }

@@ -1,0 +1,384 @@
+//! The short circuit of a relayed pipe whose two ends are both bodies on one node.
+//!
+//! A pipe between two processes that started at home (`writer | reader`) is relayed through
+//! the home daemon for each end that moved: once both have moved to one node, every byte would
+//! go there, home, and back. When home sees two live relays of one pipe (by the home pipe's
+//! inode), one the body writes and one the body reads, both to the same node other than
+//! itself, with no relay of that pipe waiting and no process at home holding the pipe but this
+//! daemon and the relays' holders ([`try_join`]), it joins them (docs/wire-format.md, "Both
+//! ends on one node"):
+//! 1. it sends `RelayJoin { token }` on the writer's relay; the writer's node stops reading the
+//!    body's stand-in and answers with the token after its last data frame, then keeps a
+//!    descriptor of the stand-in here ([`Joins::writer`]). Home writes all it received into
+//!    its pipe;
+//! 2. then on the reader's relay home takes what is left in its pipe (nothing else writes it),
+//!    sends it, and sends `RelayJoin { token }` after its last data frame; the reader's node,
+//!    once all before it is in the reader's stand-in, takes the writer's stand-in, answers with
+//!    the token, and moves the bytes from the one to the other itself ([`joined`]);
+//! 3. home closes both its ends of the pipe (and their holders).
+//!
+//! Nothing is lost, duplicated or reordered: what the writer wrote before the join reaches the
+//! reader through home, all of it before the marker; what it wrote after waits in its stand-in
+//! and is moved only after the marker. Either node refusing (its body being moved: token 0)
+//! leaves both relays as they were: the writer's stand-in goes back to its relay, which dials
+//! home again, where its end waits for it. End of file and EPIPE act as at home: the writer's
+//! stand-in's end of file closes the reader's stand-in; the reader's stand-in losing its last
+//! reader closes the writer's (its writer gets EPIPE, or SIGPIPE).
+//!
+//! A joined body cannot move on yet, nor be checkpointed: a pause of either relay is refused,
+//! naming the join (docs/limitations.md).
+
+use crate::node::Node;
+use crate::relay_pipe::{Ctl, HomeCtl};
+use anyhow::{anyhow, Context, Result};
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, oneshot};
+
+/// Why a joined relay cannot follow its body.
+const JOINED: &str = "its pipe's other end is a body on this node too, joined with it here \
+    (not through home): a joined relay cannot follow its body yet (docs/limitations.md)";
+/// How long home looks for the chance to join two relays after one opens (a process at home
+/// may still hold the pipe for a moment).
+const LOOK_FOR: Duration = Duration::from_secs(10);
+/// How long a writer's stand-in waits here for its reader's relay.
+const WAIT_FOR_READER: Duration = Duration::from_secs(10);
+/// How often a joined pair looks whether the reader's stand-in still has readers.
+const READERS_POLL: Duration = Duration::from_millis(200);
+
+/// A writer's stand-in waiting here for its reader's relay.
+pub struct WriterHalf {
+    fd: OwnedFd,
+    /// Told when the reader's relay takes it.
+    took: oneshot::Sender<oneshot::Receiver<()>>,
+}
+
+/// The writers' stand-ins waiting on a body's node, by (home, token).
+#[derive(Default)]
+pub struct Joins {
+    waiting: Mutex<HashMap<(String, u64), WriterHalf>>,
+}
+
+impl Joins {
+    /// The writer's side: its stand-in `fd` (a descriptor of its read end) waits under `token`
+    /// from `home` for the reader's relay, up to 10 s; meanwhile and while the two are joined
+    /// a pause of the writer's relay is refused. True once the joined pair has ended; false if
+    /// the reader's relay did not take it (the writer's relay goes back through home).
+    pub async fn writer(
+        &self,
+        home: &str,
+        token: u64,
+        fd: OwnedFd,
+        ctl: &mut mpsc::UnboundedReceiver<Ctl>,
+    ) -> bool {
+        let (took, mut taken) = oneshot::channel();
+        let key = (home.to_string(), token);
+        self.waiting
+            .lock()
+            .expect("joins lock")
+            .insert(key.clone(), WriterHalf { fd, took });
+        let until = tokio::time::Instant::now() + WAIT_FOR_READER;
+        let mut waited = false;
+        let fin = loop {
+            tokio::select! {
+                t = &mut taken => match t {
+                    Ok(fin) => break fin,
+                    Err(_) => return false,
+                },
+                c = ctl.recv() => refuse(c),
+                _ = tokio::time::sleep_until(until), if !waited => {
+                    waited = true;
+                    if self.waiting.lock().expect("joins lock").remove(&key).is_some() {
+                        return false;
+                    }
+                }
+            }
+        };
+        let mut fin = fin;
+        loop {
+            tokio::select! {
+                _ = &mut fin => return true,
+                c = ctl.recv() => refuse(c),
+            }
+        }
+    }
+
+    /// The reader's side: the writer's stand-in waiting under `token` from `home`, looked for
+    /// up to `wait`.
+    pub async fn take(&self, home: &str, token: u64, wait: Duration) -> Option<WriterHalf> {
+        let until = tokio::time::Instant::now() + wait;
+        let key = (home.to_string(), token);
+        loop {
+            if let Some(h) = self.waiting.lock().expect("joins lock").remove(&key) {
+                return Some(h);
+            }
+            if tokio::time::Instant::now() > until {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The reader's side refuses the join: the writer's stand-in goes back to its relay.
+    pub fn abandon(&self, home: &str, token: u64) {
+        self.waiting
+            .lock()
+            .expect("joins lock")
+            .remove(&(home.to_string(), token));
+    }
+}
+
+/// Answers a pause or a handoff of a joined relay: refused.
+fn refuse(c: Option<Ctl>) {
+    match c {
+        Some(Ctl::Pause(ack)) => {
+            let _ = ack.send(Err(JOINED.to_string()));
+        }
+        Some(Ctl::Handoff { done, .. }) => {
+            let _ = done.send(Err(anyhow!(JOINED)));
+        }
+        Some(Ctl::Resume) => {}
+        // The relay's registration is gone: nobody asks any more.
+        None => {}
+    }
+}
+
+/// The reader's node, joined: moves what the writer writes into its stand-in (`half`) to the
+/// reader's stand-in `to`, until the writer's end of file (the reader then sees it, once its
+/// relay ends and closes `to`) or the reader's readers are gone (the writer's stand-in is
+/// closed here and by its relay: its writer gets EPIPE). Returns the bytes moved.
+pub async fn joined(
+    half: WriterHalf,
+    to: &mut pipe::Sender,
+    ctl: &mut mpsc::UnboundedReceiver<Ctl>,
+) -> Result<u64> {
+    let (fin, fin_rx) = oneshot::channel::<()>();
+    let WriterHalf { fd, took } = half;
+    let _ = took.send(fin_rx);
+    let mut from = pipe::Receiver::from_owned_fd(fd).context("watch the writer's stand-in")?;
+    let raw = to.as_raw_fd();
+    let mut buf = vec![0u8; 1 << 16];
+    let (mut off, mut len) = (0usize, 0usize);
+    let mut total = 0u64;
+    let mut tick = tokio::time::interval(READERS_POLL);
+    let mut ctl_open = true;
+    let end: Result<()> = loop {
+        if off < len {
+            tokio::select! {
+                biased;
+                c = ctl.recv(), if ctl_open => {
+                    ctl_open = c.is_some();
+                    refuse(c);
+                }
+                n = to.write(&buf[off..len]) => match n {
+                    Ok(n) => {
+                        off += n;
+                        total += n as u64;
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::EPIPE) => break Ok(()),
+                    Err(e) => break Err(e).context("write the reader's stand-in"),
+                },
+                _ = tick.tick() => if readers_gone(raw) { break Ok(()) },
+            }
+        } else {
+            tokio::select! {
+                biased;
+                c = ctl.recv(), if ctl_open => {
+                    ctl_open = c.is_some();
+                    refuse(c);
+                }
+                n = from.read(&mut buf) => match n {
+                    Ok(0) => break Ok(()),
+                    Ok(n) => {
+                        off = 0;
+                        len = n;
+                    }
+                    Err(e) => break Err(e).context("read the writer's stand-in"),
+                },
+                _ = tick.tick() => if readers_gone(raw) { break Ok(()) },
+            }
+        }
+    };
+    // The writer's stand-in closes here, then with its relay (told by `fin`).
+    drop(from);
+    drop(fin);
+    end.map(|()| total)
+}
+
+/// Whether the write end `raw`'s readers are all gone.
+fn readers_gone(raw: i32) -> bool {
+    ferry_sys::sockets::poll_now(raw, libc::POLLOUT).map_or(true, |ev| ev & libc::POLLERR != 0)
+}
+
+/// One side of a pipe's relays at home, as [`try_join`] finds it.
+struct Side {
+    pid: i32,
+    pipe: u32,
+    ctl: mpsc::UnboundedSender<HomeCtl>,
+    holder: Option<i32>,
+}
+
+/// At home, once relay `pipe` of home PID `pid` is pumped: if its pipe's other end is relayed
+/// too, to the same node, and nothing at home but this daemon and the relays' holders holds the
+/// pipe, joins the two relays on that node. Looked for up to 10 s (a process at home that
+/// still holds the pipe may close it meanwhile).
+pub fn try_join(node: &Arc<Node>, pid: i32, pipe: u32) {
+    let node = node.clone();
+    tokio::spawn(async move {
+        let until = tokio::time::Instant::now() + LOOK_FOR;
+        loop {
+            let Some((ino, body, w, r)) = pair_of(&node, pid, pipe) else {
+                return;
+            };
+            let mut exclude = vec![std::process::id() as i32];
+            exclude.extend(w.holder);
+            exclude.extend(r.holder);
+            match holders_of(ino, &exclude) {
+                Ok(others) if others.is_empty() => {
+                    if !node.relays.joining.lock().expect("relays lock").insert(ino) {
+                        return;
+                    }
+                    let r2 = join(&node, &body, &w, &r).await;
+                    node.relays
+                        .joining
+                        .lock()
+                        .expect("relays lock")
+                        .remove(&ino);
+                    match r2 {
+                        Ok(()) => tracing::info!(event = "relay-joined", pipe_ino = ino,
+                            body = %body, writer = w.pid, writer_relay = w.pipe,
+                            reader = r.pid, reader_relay = r.pipe,
+                            "both ends of the pipe are bodies on one node: their bytes go \
+                             straight between them"),
+                        Err(e) => tracing::warn!(event = "relay-join-failed", pipe_ino = ino,
+                            body = %body, writer = w.pid, reader = r.pid,
+                            error = %format!("{e:#}")),
+                    }
+                    return;
+                }
+                Ok(others) => {
+                    if tokio::time::Instant::now() > until {
+                        tracing::info!(event = "relay-not-joined", pipe_ino = ino,
+                            body = %body, held_by = ?others,
+                            "processes at home still hold the pipe: relayed through home");
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(event = "relay-not-joined", pipe_ino = ino,
+                        error = %format!("{e:#}"));
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    });
+}
+
+/// The two live relays of the pipe of relay `pipe` of `pid` (its inode, their body's node, the
+/// writer's and the reader's), if it has exactly those two relays here, both to one node that
+/// is not this one, and no other relay of it waits.
+fn pair_of(node: &Arc<Node>, pid: i32, pipe: u32) -> Option<(u64, String, Side, Side)> {
+    let relays = &node.relays;
+    let live = relays.live.lock().expect("relays lock");
+    let me = live.get(&(pid, pipe))?;
+    let (ino, body) = (me.ino, me.node.clone());
+    if ino == 0 || body == node.name() {
+        return None;
+    }
+    let same: Vec<_> = live
+        .iter()
+        .filter(|(_, l)| l.ino == ino)
+        .map(|(k, l)| (*k, l))
+        .collect();
+    if same.len() != 2 || same.iter().any(|(_, l)| l.node != body || l.ctl.is_none()) {
+        return None;
+    }
+    let side = |k: (i32, u32), l: &crate::relay::LivePump| Side {
+        pid: k.0,
+        pipe: k.1,
+        ctl: l.ctl.clone().expect("checked"),
+        holder: l.holder,
+    };
+    let (w, r) = match (same[0].1.body_reads, same[1].1.body_reads) {
+        (false, true) => (side(same[0].0, same[0].1), side(same[1].0, same[1].1)),
+        (true, false) => (side(same[1].0, same[1].1), side(same[0].0, same[0].1)),
+        _ => return None,
+    };
+    drop(live);
+    let waits = relays
+        .waiting
+        .lock()
+        .expect("relays lock")
+        .values()
+        .any(|x| crate::relay::inode_of(&x.fd) == ino);
+    if waits {
+        return None;
+    }
+    Some((ino, body, w, r))
+}
+
+/// The processes (but those in `exclude`) holding pipe `ino`.
+fn holders_of(ino: u64, exclude: &[i32]) -> Result<HashSet<i32>> {
+    let want = format!("pipe:[{ino}]");
+    let mut found = HashSet::new();
+    for e in std::fs::read_dir("/proc").context("list /proc")? {
+        let Ok(e) = e else { continue };
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if exclude.contains(&pid) {
+            continue;
+        }
+        // A process that ended meanwhile holds nothing.
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for f in fds.flatten() {
+            if std::fs::read_link(f.path()).is_ok_and(|l| l.as_os_str() == want.as_str()) {
+                found.insert(pid);
+                break;
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Joins the writer's relay `w` and the reader's `r`, both to `body`.
+async fn join(node: &Arc<Node>, body: &str, w: &Side, r: &Side) -> Result<()> {
+    let token = node.relays.join_token();
+    tracing::info!(event = "relay-joining", body = %body, token, writer = w.pid,
+        reader = r.pid);
+    let (release, release_rx) = oneshot::channel();
+    let (done, done_rx) = oneshot::channel();
+    w.ctl
+        .send(HomeCtl::Join {
+            token,
+            done,
+            release: Some(release_rx),
+        })
+        .map_err(|_| anyhow!("the writer's relay ended"))?;
+    done_rx
+        .await
+        .map_err(|_| anyhow!("the writer's relay ended during the join"))?
+        .context("the writer's relay")?;
+    let (done, done_rx) = oneshot::channel();
+    let r2 = match r.ctl.send(HomeCtl::Join {
+        token,
+        done,
+        release: None,
+    }) {
+        Err(_) => Err(anyhow!("the reader's relay ended")),
+        Ok(()) => match done_rx.await {
+            Ok(r) => r.context("the reader's relay"),
+            Err(_) => Err(anyhow!("the reader's relay ended during the join")),
+        },
+    };
+    // The writer's end at home goes only if the join held; else it waits for its node again.
+    let _ = release.send(r2.is_ok());
+    r2
+}
