@@ -14,7 +14,7 @@
 //! 2. then on the reader's relay home takes what is left in its pipe (nothing else writes it),
 //!    sends it, and sends `RelayJoin { token }` after its last data frame; the reader's node,
 //!    once all before it is in the reader's stand-in, takes the writer's stand-in, answers with
-//!    the token, and moves the bytes from the one to the other itself ([`joined`]);
+//!    the token, and splices the one into the other itself ([`joined`]);
 //! 3. home closes both its ends of the pipe (and their holders).
 //!
 //! Nothing is lost, duplicated or reordered: what the writer wrote before the join reaches the
@@ -35,7 +35,6 @@ use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
@@ -147,10 +146,11 @@ fn refuse(c: Option<Ctl>) {
     }
 }
 
-/// The reader's node, joined: moves what the writer writes into its stand-in (`half`) to the
-/// reader's stand-in `to`, until the writer's end of file (the reader then sees it, once its
-/// relay ends and closes `to`) or the reader's readers are gone (the writer's stand-in is
-/// closed here and by its relay: its writer gets EPIPE). Returns the bytes moved.
+/// The reader's node, joined: splices what the writer writes into its stand-in (`half`) into
+/// the reader's stand-in `to` (the bytes go from pipe to pipe in the kernel, never through this
+/// daemon's memory), until the writer's end of file (the reader then sees it, once its relay
+/// ends and closes `to`) or the reader's readers are gone (the writer's stand-in is closed here
+/// and by its relay: its writer gets EPIPE). Returns the bytes moved.
 pub async fn joined(
     half: WriterHalf,
     to: &mut pipe::Sender,
@@ -159,47 +159,69 @@ pub async fn joined(
     let (fin, fin_rx) = oneshot::channel::<()>();
     let WriterHalf { fd, took } = half;
     let _ = took.send(fin_rx);
-    let mut from = pipe::Receiver::from_owned_fd(fd).context("watch the writer's stand-in")?;
-    let raw = to.as_raw_fd();
-    let mut buf = vec![0u8; 1 << 16];
-    let (mut off, mut len) = (0usize, 0usize);
+    let from = pipe::Receiver::from_owned_fd(fd).context("watch the writer's stand-in")?;
+    let (fr, tr) = (from.as_raw_fd(), to.as_raw_fd());
     let mut total = 0u64;
     let mut tick = tokio::time::interval(READERS_POLL);
     let mut ctl_open = true;
+    // What the last splice waited for: bytes in the writer's stand-in, or room in the reader's.
+    let (mut wait_in, mut wait_out) = (false, false);
     let end: Result<()> = loop {
-        if off < len {
+        if wait_in || wait_out {
             tokio::select! {
                 biased;
                 c = ctl.recv(), if ctl_open => {
                     ctl_open = c.is_some();
                     refuse(c);
+                    continue;
                 }
-                n = to.write(&buf[off..len]) => match n {
-                    Ok(n) => {
-                        off += n;
-                        total += n as u64;
+                r = from.readable(), if wait_in => {
+                    if let Err(e) = r {
+                        break Err(e).context("watch the writer's stand-in");
                     }
-                    Err(e) if e.raw_os_error() == Some(libc::EPIPE) => break Ok(()),
-                    Err(e) => break Err(e).context("write the reader's stand-in"),
-                },
-                _ = tick.tick() => if readers_gone(raw) { break Ok(()) },
+                }
+                r = to.writable(), if wait_out => {
+                    if let Err(e) = r {
+                        break Err(e).context("watch the reader's stand-in");
+                    }
+                }
+                _ = tick.tick() => if readers_gone(tr) { break Ok(()) },
             }
-        } else {
-            tokio::select! {
-                biased;
-                c = ctl.recv(), if ctl_open => {
-                    ctl_open = c.is_some();
-                    refuse(c);
+            (wait_in, wait_out) = (false, false);
+        }
+        match ferry_sys::fdops::splice(fr, tr, 1 << 16) {
+            // The writer's end of file: all it wrote is in the reader's stand-in.
+            Ok(0) => break Ok(()),
+            Ok(n) => {
+                total += n as u64;
+                // A steady stream never waits: the node's other work, and a pause, get a turn.
+                while let Ok(c) = ctl.try_recv() {
+                    refuse(Some(c));
                 }
-                n = from.read(&mut buf) => match n {
-                    Ok(0) => break Ok(()),
-                    Ok(n) => {
-                        off = 0;
-                        len = n;
-                    }
-                    Err(e) => break Err(e).context("read the writer's stand-in"),
-                },
-                _ = tick.tick() => if readers_gone(raw) { break Ok(()) },
+                tokio::task::yield_now().await;
+            }
+            Err(e) if e.errno == libc::EPIPE => break Ok(()),
+            Err(e) if e.errno == libc::EAGAIN => {
+                // Which side must wait: the reader's stand-in full, or the writer's empty. The
+                // readiness of that side is cleared, then looked at again (a change between the
+                // splice and the clearing would otherwise be missed).
+                let room = ferry_sys::sockets::poll_now(tr, libc::POLLOUT)
+                    .map_or(true, |ev| ev & (libc::POLLOUT | libc::POLLERR) != 0);
+                let would_block =
+                    || -> std::io::Result<()> { Err(std::io::ErrorKind::WouldBlock.into()) };
+                if room {
+                    let _ = from.try_io(would_block);
+                    wait_in = ferry_sys::sockets::poll_now(fr, libc::POLLIN)
+                        .is_ok_and(|ev| ev & (libc::POLLIN | libc::POLLHUP) == 0);
+                } else {
+                    let _ = to.try_io(would_block);
+                    wait_out = ferry_sys::sockets::poll_now(tr, libc::POLLOUT)
+                        .is_ok_and(|ev| ev & (libc::POLLOUT | libc::POLLERR) == 0);
+                }
+            }
+            Err(e) => {
+                break Err(std::io::Error::from_raw_os_error(e.errno))
+                    .context("splice the writer's stand-in into the reader's")
             }
         }
     };

@@ -206,3 +206,76 @@ pub(super) fn a_joined_end_asked_to_move_on_is_refused_and_runs_on() -> Result<(
     );
     Ok(())
 }
+
+/// A writer and its reader joined on b stream 48 MiB (in 64 KiB writes, the reader reading
+/// 4 KiB at a time: both stand-ins fill and empty many times over): the reader gets the same
+/// bytes (SHA-256) and their end, and none of them crosses home.
+pub(super) fn a_joined_pair_streams_in_bulk_whole() -> Result<(), Failed> {
+    let c = Cluster::up("directbulk", 2);
+    let dir = scratch("migration", "directbulk");
+    let writer = "import sys,os,time,random,hashlib\n\
+        d=sys.argv[1]\n\
+        open(d+'/spid.tmp','w').write(str(os.getpid()))\n\
+        os.rename(d+'/spid.tmp', d+'/spid')\n\
+        while not os.path.exists(d+'/go'):\n\
+        \x20   time.sleep(0.05)\n\
+        h=hashlib.sha256()\n\
+        r=random.Random(5)\n\
+        for i in range(768):\n\
+        \x20   b=r.randbytes(65536)\n\
+        \x20   h.update(b)\n\
+        \x20   sys.stdout.buffer.write(b)\n\
+        \x20   sys.stdout.buffer.flush()\n\
+        open(d+'/sent','w').write(h.hexdigest())\n";
+    let reader = "import sys,os,hashlib\n\
+        d=sys.argv[1]\n\
+        open(d+'/rpid.tmp','w').write(str(os.getpid()))\n\
+        os.rename(d+'/rpid.tmp', d+'/rpid')\n\
+        h=hashlib.sha256()\n\
+        n=0\n\
+        while True:\n\
+        \x20   b=os.read(0, 4096)\n\
+        \x20   if not b:\n\
+        \x20       break\n\
+        \x20   n+=len(b)\n\
+        \x20   h.update(b)\n\
+        open(d+'/got','w').write('%s %d' % (h.hexdigest(), n))\n";
+    let script = "python3 -c \"$2\" \"$1\" | python3 -c \"$3\" \"$1\"; \
+        echo ${PIPESTATUS[@]} > \"$1/status\"";
+    let mut sh = UnixServer(
+        common::bash(script, "directbulk")
+            .arg(&dir)
+            .arg(writer)
+            .arg(reader)
+            .stderr(std::fs::File::create(dir.join("sh.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let w = pid_from(&dir.join("spid"), "the writer")?;
+    let r = pid_from(&dir.join("rpid"), "the reader")?;
+    migrate(&c, "a", w, "b").map_err(|e| format!("the writer did not move: {e}"))?;
+    migrate(&c, "a", r, "b").map_err(|e| format!("the reader did not move: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.log("a").contains("relay-joined") {
+        if Instant::now() > deadline {
+            return Err(format!("home never joined the two relays\n{}", c.log("a")).into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = relayed(&c, r).ok_or("top shows no relayed bytes for the reader")?;
+    std::fs::write(dir.join("go"), "").unwrap();
+    let st = statuses(&c, &mut sh, &dir)?;
+    let err = std::fs::read_to_string(dir.join("sh.err")).unwrap_or_default();
+    assert_eq!(st, "0 0", "the writer or the reader failed: {err}");
+    let sent = std::fs::read_to_string(dir.join("sent")).unwrap_or_default();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("got")).unwrap_or_default(),
+        format!("{sent} {}", 768 * 65536),
+        "the reader did not get the writer's bytes: {err}"
+    );
+    assert!(
+        relayed(&c, r).is_none_or(|after| after == before),
+        "the bulk stream crossed home"
+    );
+    Ok(())
+}

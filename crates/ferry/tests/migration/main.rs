@@ -150,6 +150,10 @@ fn main() {
             a_joined_writer_gets_sigpipe_when_its_reader_ends,
         ),
         Trial::test(
+            "a_joined_pair_streams_in_bulk_whole",
+            a_joined_pair_streams_in_bulk_whole,
+        ),
+        Trial::test(
             "a_joined_end_asked_to_move_on_is_refused_and_runs_on",
             a_joined_end_asked_to_move_on_is_refused_and_runs_on,
         ),
