@@ -133,6 +133,38 @@ impl HomeRelays {
         self.park_as(pid, pipe, body_node, fd, Vec::new(), None, Some(keep));
     }
 
+    /// Keeps the home's end `fd` of pipe relay `pipe` of home PID `pid`, joined on node
+    /// `body_node` (crate::relay_join), with its buffer and holder, for as long as the join
+    /// lasts: taken again by that node when either body moves on, or ended with the tree's
+    /// deputies.
+    pub fn park_joined(
+        self: &Arc<Self>,
+        pid: i32,
+        pipe: u32,
+        body_node: &str,
+        fd: OwnedFd,
+        keep: Keep,
+    ) {
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        if let Ok(m) = keep.marks() {
+            self.marks
+                .lock()
+                .expect("relays lock")
+                .insert((pid, pipe), m);
+        }
+        self.waiting.lock().expect("relays lock").insert(
+            (pid, pipe),
+            Waiting {
+                node: body_node.to_string(),
+                fd,
+                prefix: Vec::new(),
+                serial,
+                sender: None,
+                keep: Some(keep),
+            },
+        );
+    }
+
     /// Ends every relay of the tree rooted at home PID `root` still waiting for its body's
     /// node (its deputies are gone: no body will ask).
     pub fn forget_tree(&self, root: i32) {
@@ -573,10 +605,11 @@ where
                 None => true,
             };
             if held {
-                tracing::info!(event = "relay-closed", body = %peer, pid, pipe, bytes,
+                // Kept, unread, for as long as the join lasts: a body moving on takes its
+                // relay through home again (or its tree's deputies end, and with them this).
+                tracing::info!(event = "relay-parked-joined", body = %peer, pid, pipe, bytes,
                     "joined on its body's node");
-                node.relays.unmark(pid, pipe);
-                keep.release(pid, pipe);
+                node.relays.park_joined(pid, pipe, peer, fd, keep);
             } else {
                 tracing::warn!(event = "relay-join-undone", body = %peer, pid, pipe, bytes);
                 node.relays.park_kept(pid, pipe, peer, fd, keep);

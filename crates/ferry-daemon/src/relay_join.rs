@@ -15,18 +15,22 @@
 //!    sends it, and sends `RelayJoin { token }` after its last data frame; the reader's node,
 //!    once all before it is in the reader's stand-in, takes the writer's stand-in, answers with
 //!    the token, and splices the one into the other itself ([`joined`]);
-//! 3. home closes both its ends of the pipe (and their holders).
+//! 3. home keeps both its ends of the pipe (and their holders), unread, for as long as the
+//!    join lasts; nothing more of the pipe crosses home.
 //!
 //! Nothing is lost, duplicated or reordered: what the writer wrote before the join reaches the
 //! reader through home, all of it before the marker; what it wrote after waits in its stand-in
-//! and is moved only after the marker. Either node refusing (its body being moved: token 0)
+//! and is spliced only after the marker. Either node refusing (its body being moved: token 0)
 //! leaves both relays as they were: the writer's stand-in goes back to its relay, which dials
 //! home again, where its end waits for it. End of file and EPIPE act as at home: the writer's
 //! stand-in's end of file closes the reader's stand-in; the reader's stand-in losing its last
 //! reader closes the writer's (its writer gets EPIPE, or SIGPIPE).
 //!
-//! A joined body cannot move on yet, nor be checkpointed: a pause of either relay is refused,
-//! naming the join (docs/limitations.md).
+//! Moving on: a pause of either relay (a move, a checkpoint) stops the splicing, so that each
+//! stand-in holds what its body's image records. A handoff (the body committed elsewhere) ends
+//! the pair: the moving body's relay takes its end at home again from where it stood
+//! (`RelayOpen::at`) and hands it over as an unjoined relay would; the other body's relay dials
+//! home again and goes on through it. Home joins them again if they meet on one node.
 
 use crate::node::Node;
 use crate::relay_pipe::{Ctl, HomeCtl};
@@ -38,9 +42,9 @@ use std::time::Duration;
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
-/// Why a joined relay cannot follow its body.
-const JOINED: &str = "its pipe's other end is a body on this node too, joined with it here \
-    (not through home): a joined relay cannot follow its body yet (docs/limitations.md)";
+/// Why a relay cannot follow its body while its join is under way.
+const JOINING: &str = "a join of its pipe's relays on this node (both ends are bodies here) is \
+    under way: try again in a moment";
 /// How long home looks for the chance to join two relays after one opens (a process at home
 /// may still hold the pipe for a moment).
 const LOOK_FOR: Duration = Duration::from_secs(10);
@@ -53,7 +57,54 @@ const READERS_POLL: Duration = Duration::from_millis(200);
 pub struct WriterHalf {
     fd: OwnedFd,
     /// Told when the reader's relay takes it.
-    took: oneshot::Sender<oneshot::Receiver<()>>,
+    took: oneshot::Sender<Link>,
+}
+
+/// What the writer's relay keeps of a joined pair: `back` is told when the writer's relay is
+/// to go on through home again (the reader moved on), and dropped when the pair ended; `ctl`
+/// carries the writer's relay's word to the pair.
+pub struct Link {
+    back: oneshot::Receiver<()>,
+    ctl: mpsc::UnboundedSender<JoinCtl>,
+}
+
+/// The writer's relay's word to a joined pair.
+pub enum JoinCtl {
+    /// The writer is about to be captured: stop splicing (answered once stopped).
+    Pause(oneshot::Sender<()>),
+    /// Its move failed: go on.
+    Resume,
+    /// It moved on: the pair ends, the reader's relay goes on through home (answered once the
+    /// pair stopped).
+    Unjoin(oneshot::Sender<()>),
+}
+
+/// How the writer's side of a join ended.
+pub enum WriterEnd {
+    /// The pair ended (the writer's end of file, or the reader's readers gone).
+    Ended,
+    /// Not joined, or the reader moved on: the writer's relay goes on through home.
+    Back,
+    /// The writer moved on to `to`: its relay at home is to be handed over there.
+    Handoff {
+        to: String,
+        done: oneshot::Sender<Result<()>>,
+    },
+}
+
+/// How a joined pair ended, on the reader's side (with the bytes spliced).
+pub enum JoinedEnd {
+    /// The writer's end of file, or the reader's readers gone.
+    Ended(u64),
+    /// The writer moved on: the reader's relay goes on through home.
+    Back(u64),
+    /// The reader moved on to `to`: its relay at home is to be handed over there, and the
+    /// writer's goes on through home.
+    Handoff {
+        bytes: u64,
+        to: String,
+        done: oneshot::Sender<Result<()>>,
+    },
 }
 
 /// The writers' stand-ins waiting on a body's node, by (home, token).
@@ -64,16 +115,17 @@ pub struct Joins {
 
 impl Joins {
     /// The writer's side: its stand-in `fd` (a descriptor of its read end) waits under `token`
-    /// from `home` for the reader's relay, up to 10 s; meanwhile and while the two are joined
-    /// a pause of the writer's relay is refused. True once the joined pair has ended; false if
-    /// the reader's relay did not take it (the writer's relay goes back through home).
+    /// from `home` for the reader's relay, up to 10 s (a pause meanwhile is refused). Joined,
+    /// the writer's relay's pause stops the pair (answered with `at`, where the relay stood at
+    /// home), and its handoff ends it.
     pub async fn writer(
         &self,
         home: &str,
         token: u64,
         fd: OwnedFd,
         ctl: &mut mpsc::UnboundedReceiver<Ctl>,
-    ) -> bool {
+        at: u64,
+    ) -> WriterEnd {
         let (took, mut taken) = oneshot::channel();
         let key = (home.to_string(), token);
         self.waiting
@@ -82,26 +134,53 @@ impl Joins {
             .insert(key.clone(), WriterHalf { fd, took });
         let until = tokio::time::Instant::now() + WAIT_FOR_READER;
         let mut waited = false;
-        let fin = loop {
+        let link = loop {
             tokio::select! {
                 t = &mut taken => match t {
-                    Ok(fin) => break fin,
-                    Err(_) => return false,
+                    Ok(link) => break link,
+                    Err(_) => return WriterEnd::Back,
                 },
                 c = ctl.recv() => refuse(c),
                 _ = tokio::time::sleep_until(until), if !waited => {
                     waited = true;
                     if self.waiting.lock().expect("joins lock").remove(&key).is_some() {
-                        return false;
+                        return WriterEnd::Back;
                     }
                 }
             }
         };
-        let mut fin = fin;
+        let Link {
+            mut back,
+            ctl: pair,
+        } = link;
+        let mut open = true;
         loop {
             tokio::select! {
-                _ = &mut fin => return true,
-                c = ctl.recv() => refuse(c),
+                b = &mut back => {
+                    return if b.is_ok() { WriterEnd::Back } else { WriterEnd::Ended };
+                }
+                c = ctl.recv(), if open => match c {
+                    Some(Ctl::Pause(ack)) => {
+                        let (tx, rx) = oneshot::channel();
+                        let stopped = pair.send(JoinCtl::Pause(tx)).is_ok() && rx.await.is_ok();
+                        let _ = ack.send(if stopped {
+                            Ok(at)
+                        } else {
+                            Err("its joined pipe ended meanwhile".to_string())
+                        });
+                    }
+                    Some(Ctl::Resume) => {
+                        let _ = pair.send(JoinCtl::Resume);
+                    }
+                    Some(Ctl::Handoff { to, done, .. }) => {
+                        let (tx, rx) = oneshot::channel();
+                        if pair.send(JoinCtl::Unjoin(tx)).is_ok() {
+                            let _ = rx.await;
+                        }
+                        return WriterEnd::Handoff { to, done };
+                    }
+                    None => open = false,
+                },
             }
         }
     }
@@ -131,61 +210,112 @@ impl Joins {
     }
 }
 
-/// Answers a pause or a handoff of a joined relay: refused.
+/// Answers a pause or a handoff of a relay whose join is under way: refused.
 fn refuse(c: Option<Ctl>) {
     match c {
         Some(Ctl::Pause(ack)) => {
-            let _ = ack.send(Err(JOINED.to_string()));
+            let _ = ack.send(Err(JOINING.to_string()));
         }
         Some(Ctl::Handoff { done, .. }) => {
-            let _ = done.send(Err(anyhow!(JOINED)));
+            let _ = done.send(Err(anyhow!(JOINING)));
         }
-        Some(Ctl::Resume) => {}
-        // The relay's registration is gone: nobody asks any more.
-        None => {}
+        Some(Ctl::Resume) | None => {}
     }
 }
 
 /// The reader's node, joined: splices what the writer writes into its stand-in (`half`) into
 /// the reader's stand-in `to` (the bytes go from pipe to pipe in the kernel, never through this
 /// daemon's memory), until the writer's end of file (the reader then sees it, once its relay
-/// ends and closes `to`) or the reader's readers are gone (the writer's stand-in is closed here
-/// and by its relay: its writer gets EPIPE). Returns the bytes moved.
+/// ends and closes `to`), the reader's readers are gone (the writer's stand-in is closed here
+/// and by its relay: its writer gets EPIPE), or either body moves on. A pause of either relay
+/// (the reader's `ctl` at `at`, where its relay stood at home; the writer's through its
+/// [`Link`]) stops the splicing until it is resumed: what each stand-in holds is then what its
+/// body's image records.
 pub async fn joined(
     half: WriterHalf,
     to: &mut pipe::Sender,
     ctl: &mut mpsc::UnboundedReceiver<Ctl>,
-) -> Result<u64> {
-    let (fin, fin_rx) = oneshot::channel::<()>();
+    at: u64,
+) -> Result<JoinedEnd> {
+    let (back, back_rx) = oneshot::channel::<()>();
+    let (pair, mut wctl) = mpsc::unbounded_channel();
     let WriterHalf { fd, took } = half;
-    let _ = took.send(fin_rx);
+    let _ = took.send(Link {
+        back: back_rx,
+        ctl: pair,
+    });
     let from = pipe::Receiver::from_owned_fd(fd).context("watch the writer's stand-in")?;
     let (fr, tr) = (from.as_raw_fd(), to.as_raw_fd());
     let mut total = 0u64;
     let mut tick = tokio::time::interval(READERS_POLL);
-    let mut ctl_open = true;
+    let (mut ctl_open, mut wctl_open) = (true, true);
+    let (mut paused_r, mut paused_w) = (false, false);
     // What the last splice waited for: bytes in the writer's stand-in, or room in the reader's.
     let (mut wait_in, mut wait_out) = (false, false);
+    macro_rules! word {
+        ($c:expr) => {
+            match $c {
+                Some(Ctl::Pause(ack)) => {
+                    paused_r = true;
+                    let _ = ack.send(Ok(at));
+                }
+                Some(Ctl::Resume) => paused_r = false,
+                Some(Ctl::Handoff { to, done, .. }) => {
+                    // The reader moved on: the writer's relay goes on through home.
+                    drop(from);
+                    let _ = back.send(());
+                    return Ok(JoinedEnd::Handoff {
+                        bytes: total,
+                        to,
+                        done,
+                    });
+                }
+                None => ctl_open = false,
+            }
+        };
+    }
+    macro_rules! wword {
+        ($c:expr) => {
+            match $c {
+                Some(JoinCtl::Pause(ack)) => {
+                    paused_w = true;
+                    let _ = ack.send(());
+                }
+                Some(JoinCtl::Resume) => paused_w = false,
+                Some(JoinCtl::Unjoin(ack)) => {
+                    // The writer moved on: this relay goes on through home.
+                    drop(from);
+                    let _ = ack.send(());
+                    return Ok(JoinedEnd::Back(total));
+                }
+                None => wctl_open = false,
+            }
+        };
+    }
     let end: Result<()> = loop {
-        if wait_in || wait_out {
+        let paused = paused_r || paused_w;
+        if paused || wait_in || wait_out {
             tokio::select! {
                 biased;
                 c = ctl.recv(), if ctl_open => {
-                    ctl_open = c.is_some();
-                    refuse(c);
+                    word!(c);
                     continue;
                 }
-                r = from.readable(), if wait_in => {
+                c = wctl.recv(), if wctl_open => {
+                    wword!(c);
+                    continue;
+                }
+                r = from.readable(), if wait_in && !paused => {
                     if let Err(e) = r {
                         break Err(e).context("watch the writer's stand-in");
                     }
                 }
-                r = to.writable(), if wait_out => {
+                r = to.writable(), if wait_out && !paused => {
                     if let Err(e) = r {
                         break Err(e).context("watch the reader's stand-in");
                     }
                 }
-                _ = tick.tick() => if readers_gone(tr) { break Ok(()) },
+                _ = tick.tick(), if !paused => if readers_gone(tr) { break Ok(()) },
             }
             (wait_in, wait_out) = (false, false);
         }
@@ -196,7 +326,10 @@ pub async fn joined(
                 total += n as u64;
                 // A steady stream never waits: the node's other work, and a pause, get a turn.
                 while let Ok(c) = ctl.try_recv() {
-                    refuse(Some(c));
+                    word!(Some(c));
+                }
+                while let Ok(c) = wctl.try_recv() {
+                    wword!(Some(c));
                 }
                 tokio::task::yield_now().await;
             }
@@ -225,10 +358,10 @@ pub async fn joined(
             }
         }
     };
-    // The writer's stand-in closes here, then with its relay (told by `fin`).
+    // The writer's stand-in closes here, then with its relay (`back` dropped).
     drop(from);
-    drop(fin);
-    end.map(|()| total)
+    drop(back);
+    end.map(|()| JoinedEnd::Ended(total))
 }
 
 /// Whether the write end `raw`'s readers are all gone.

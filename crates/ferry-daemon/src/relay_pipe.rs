@@ -810,6 +810,9 @@ enum BodyEnd {
     /// The body writes: home asked to join the relay with its pipe's reader here, under this
     /// token, and has all the body wrote.
     Join(u64),
+    /// The body reads: its joined pair ended with a move: its own to node `to` (its relay at
+    /// home is to be handed over there), or its writer's (it goes on through home).
+    Unjoined(Option<(String, oneshot::Sender<Result<()>>)>),
 }
 
 /// At the body's node, after the commit: relays stand-in end `fd` of relay `pipe` of the tree
@@ -864,14 +867,36 @@ pub async fn body_relay(
                         let Some(dup) = dup else {
                             bail!("relay {pipe} is not a writer's, and was asked to join")
                         };
+                        use crate::relay_join::WriterEnd;
                         let joins = node.body_relays.joins.clone();
-                        if joins.writer(home, token, dup, &mut ctl).await {
-                            tracing::info!(event = "relay-joined", home = %home, pid, pipe,
-                                bytes = st.total, "its reader's stand-in took over");
-                            return Ok(st.total);
+                        let at = st.at.unwrap_or(0);
+                        match joins.writer(home, token, dup, &mut ctl, at).await {
+                            WriterEnd::Ended => {
+                                tracing::info!(event = "relay-joined-ended", home = %home, pid,
+                                    pipe, bytes = st.total);
+                                return Ok(st.total);
+                            }
+                            WriterEnd::Back => {
+                                // Not joined, or its reader moved on: through home again.
+                                tracing::info!(event = "relay-unjoined", home = %home, pid, pipe);
+                                deadline = tokio::time::Instant::now() + REDIAL_FOR;
+                            }
+                            WriterEnd::Handoff { to, done } => {
+                                let r = hand_over_joined(node, home, pid, pipe, at, &to, false);
+                                let _ = done.send(r.await);
+                                return Ok(st.total);
+                            }
                         }
-                        // Not joined: home keeps its end for us again.
-                        tracing::warn!(event = "relay-join-abandoned", home = %home, pid, pipe);
+                    }
+                    BodyEnd::Unjoined(Some((to, done))) => {
+                        let at = st.at;
+                        let r = hand_over_joined(node, home, pid, pipe, at.unwrap_or(0), &to, true);
+                        let _ = done.send(r.await);
+                        return Ok(st.total);
+                    }
+                    BodyEnd::Unjoined(None) => {
+                        // Its writer moved on: through home again, from where it stood.
+                        tracing::info!(event = "relay-unjoined", home = %home, pid, pipe);
                         deadline = tokio::time::Instant::now() + REDIAL_FOR;
                     }
                     BodyEnd::Lost(why) => {
@@ -927,7 +952,7 @@ where
     match body_pump(stream, &mut st, at, &mut ctl).await? {
         BodyEnd::Done => Ok(st.total),
         BodyEnd::Lost(why) => bail!("the home's end went: {why}"),
-        BodyEnd::Join(_) => bail!("a relay at home was asked to join"),
+        BodyEnd::Join(_) | BodyEnd::Unjoined(_) => bail!("a relay at home was asked to join"),
     }
 }
 
@@ -1127,9 +1152,22 @@ where
                             if let Some(half) = half {
                                 drop(tx);
                                 drop(heard);
-                                let n = crate::relay_join::joined(half, pipe, ctl).await?;
-                                st.total += n;
-                                return Ok(BodyEnd::Done);
+                                use crate::relay_join::JoinedEnd;
+                                let at = st.at.unwrap_or(0);
+                                match crate::relay_join::joined(half, pipe, ctl, at).await? {
+                                    JoinedEnd::Ended(n) => {
+                                        st.total += n;
+                                        return Ok(BodyEnd::Done);
+                                    }
+                                    JoinedEnd::Back(n) => {
+                                        st.total += n;
+                                        return Ok(BodyEnd::Unjoined(None));
+                                    }
+                                    JoinedEnd::Handoff { bytes, to, done } => {
+                                        st.total += bytes;
+                                        return Ok(BodyEnd::Unjoined(Some((to, done))));
+                                    }
+                                }
                             }
                         }
                         Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
@@ -1147,6 +1185,41 @@ where
             }
         }
     }
+}
+
+/// A relay joined on this node (crate::relay_join) whose body moved on to `to`: its end at home
+/// (kept there meanwhile) is taken again, from where it stood (`at`), and handed over, as a
+/// relay that was never joined would be (`reads`: the body reads the pipe).
+async fn hand_over_joined(
+    node: &Arc<crate::node::Node>,
+    home: &str,
+    pid: i32,
+    pipe: u32,
+    at: u64,
+    to: &str,
+    reads: bool,
+) -> Result<()> {
+    let mut conn = node.dial(home).await?;
+    let open = Msg::RelayOpen {
+        pid,
+        pipe,
+        at: Some(at),
+    };
+    write_msg(&mut conn.stream, &open).await?;
+    match ferry_transport::frame::read_msg(&mut conn.stream).await {
+        Ok(Msg::RelayAt { .. }) => {}
+        Ok(Msg::Error { message }) => bail!("node {home}: {message}"),
+        Ok(other) => bail!("node {home} answered {}", kind(&other)),
+        Err(e) => bail!("node {home} did not answer: {e}"),
+    }
+    let (rx, mut tx) = tokio::io::split(conn.stream);
+    if reads {
+        let mut heard = frames(rx);
+        return hand_back(&mut tx, &mut heard, to.to_string()).await;
+    }
+    write_msg(&mut tx, &Msg::RelayHandoff { to: to.to_string() }).await?;
+    tx.shutdown().await?;
+    Ok(())
 }
 
 /// A relay the body reads, handed off: asks home to stop, and waits for its marker (what came

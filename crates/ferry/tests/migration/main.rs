@@ -154,8 +154,8 @@ fn main() {
             a_joined_pair_streams_in_bulk_whole,
         ),
         Trial::test(
-            "a_joined_end_asked_to_move_on_is_refused_and_runs_on",
-            a_joined_end_asked_to_move_on_is_refused_and_runs_on,
+            "a_joined_end_moves_on_and_is_joined_again",
+            a_joined_end_moves_on_and_is_joined_again,
         ),
         Trial::test(
             "a_moved_writer_sees_epipe_when_its_reader_at_home_goes",
