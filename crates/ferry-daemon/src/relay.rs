@@ -76,6 +76,9 @@ pub(crate) struct LivePump {
     pub(crate) body_reads: bool,
     pub(crate) ctl: Option<tokio::sync::mpsc::UnboundedSender<crate::relay_pipe::HomeCtl>>,
     pub(crate) holder: Option<i32>,
+    /// When its connection was taken (a connection that only hands the relay over lasts
+    /// moments: no join is tried on it).
+    pub(crate) since: std::time::Instant,
 }
 
 /// A home end taken by its body's node: the end, what goes first, whom it sends as, and a
@@ -572,6 +575,7 @@ where
             body_reads,
             ctl: Some(ctl),
             holder: keep.holder_pid(),
+            since: std::time::Instant::now(),
         },
     );
     crate::relay_join::try_join(node, pid, pipe);

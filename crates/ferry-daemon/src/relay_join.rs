@@ -48,6 +48,8 @@ const JOINING: &str = "a join of its pipe's relays on this node (both ends are b
 /// How long home looks for the chance to join two relays after one opens (a process at home
 /// may still hold the pipe for a moment).
 const LOOK_FOR: Duration = Duration::from_secs(10);
+/// How long both relays of a pair must have been connected before home joins them.
+const SETTLED: Duration = Duration::from_secs(1);
 /// How long a writer's stand-in waits here for its reader's relay.
 const WAIT_FOR_READER: Duration = Duration::from_secs(10);
 /// How often a joined pair looks whether the reader's stand-in still has readers.
@@ -56,6 +58,8 @@ const READERS_POLL: Duration = Duration::from_millis(200);
 /// A writer's stand-in waiting here for its reader's relay.
 pub struct WriterHalf {
     fd: OwnedFd,
+    /// The writer's home PID (its tree's root).
+    pid: i32,
     /// Told when the reader's relay takes it.
     took: oneshot::Sender<Link>,
 }
@@ -111,6 +115,8 @@ pub enum JoinedEnd {
 #[derive(Default)]
 pub struct Joins {
     waiting: Mutex<HashMap<(String, u64), WriterHalf>>,
+    /// The bodies (home, home PID of the tree's root) with a joined pair running, and how many.
+    active: Mutex<HashMap<(String, i32), u32>>,
 }
 
 impl Joins {
@@ -118,9 +124,11 @@ impl Joins {
     /// from `home` for the reader's relay, up to 10 s (a pause meanwhile is refused). Joined,
     /// the writer's relay's pause stops the pair (answered with `at`, where the relay stood at
     /// home), and its handoff ends it.
+    #[allow(clippy::too_many_arguments)]
     pub async fn writer(
         &self,
         home: &str,
+        pid: i32,
         token: u64,
         fd: OwnedFd,
         ctl: &mut mpsc::UnboundedReceiver<Ctl>,
@@ -131,7 +139,7 @@ impl Joins {
         self.waiting
             .lock()
             .expect("joins lock")
-            .insert(key.clone(), WriterHalf { fd, took });
+            .insert(key.clone(), WriterHalf { fd, pid, took });
         let until = tokio::time::Instant::now() + WAIT_FOR_READER;
         let mut waited = false;
         let link = loop {
@@ -201,6 +209,31 @@ impl Joins {
         }
     }
 
+    /// Whether the body of home PID `pid` from `home` has a joined pair running here (its
+    /// checkpoint is refused: its pair's two images would be taken at different moments).
+    pub fn is_joined(&self, home: &str, pid: i32) -> bool {
+        self.active
+            .lock()
+            .expect("joins lock")
+            .contains_key(&(home.to_string(), pid))
+    }
+
+    fn mark(&self, home: &str, pids: [i32; 2], on: bool) {
+        let mut a = self.active.lock().expect("joins lock");
+        for p in pids {
+            let k = (home.to_string(), p);
+            let n = a.entry(k.clone()).or_insert(0);
+            if on {
+                *n += 1;
+            } else {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    a.remove(&k);
+                }
+            }
+        }
+    }
+
     /// The reader's side refuses the join: the writer's stand-in goes back to its relay.
     pub fn abandon(&self, home: &str, token: u64) {
         self.waiting
@@ -232,6 +265,20 @@ fn refuse(c: Option<Ctl>) {
 /// [`Link`]) stops the splicing until it is resumed: what each stand-in holds is then what its
 /// body's image records.
 pub async fn joined(
+    (joins, home, pid): (&Joins, &str, i32),
+    half: WriterHalf,
+    to: &mut pipe::Sender,
+    ctl: &mut mpsc::UnboundedReceiver<Ctl>,
+    at: u64,
+) -> Result<JoinedEnd> {
+    let pids = [pid, half.pid];
+    joins.mark(home, pids, true);
+    let r = splice_pair(half, to, ctl, at).await;
+    joins.mark(home, pids, false);
+    r
+}
+
+async fn splice_pair(
     half: WriterHalf,
     to: &mut pipe::Sender,
     ctl: &mut mpsc::UnboundedReceiver<Ctl>,
@@ -239,7 +286,7 @@ pub async fn joined(
 ) -> Result<JoinedEnd> {
     let (back, back_rx) = oneshot::channel::<()>();
     let (pair, mut wctl) = mpsc::unbounded_channel();
-    let WriterHalf { fd, took } = half;
+    let WriterHalf { fd, took, .. } = half;
     let _ = took.send(Link {
         back: back_rx,
         ctl: pair,
@@ -386,9 +433,16 @@ pub fn try_join(node: &Arc<Node>, pid: i32, pipe: u32) {
     tokio::spawn(async move {
         let until = tokio::time::Instant::now() + LOOK_FOR;
         loop {
-            let Some((ino, body, w, r)) = pair_of(&node, pid, pipe) else {
+            let Some((ino, body, w, r, settled)) = pair_of(&node, pid, pipe) else {
                 return;
             };
+            if !settled {
+                if tokio::time::Instant::now() > until {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                continue;
+            }
             let mut exclude = vec![std::process::id() as i32];
             exclude.extend(w.holder);
             exclude.extend(r.holder);
@@ -436,8 +490,10 @@ pub fn try_join(node: &Arc<Node>, pid: i32, pipe: u32) {
 
 /// The two live relays of the pipe of relay `pipe` of `pid` (its inode, their body's node, the
 /// writer's and the reader's), if it has exactly those two relays here, both to one node that
-/// is not this one, and no other relay of it waits.
-fn pair_of(node: &Arc<Node>, pid: i32, pipe: u32) -> Option<(u64, String, Side, Side)> {
+/// is not this one, and no other relay of it waits; and whether both have been connected for a
+/// second at least (a connection that only hands a relay over to the body's next node, or takes
+/// a joined relay back, lasts moments).
+fn pair_of(node: &Arc<Node>, pid: i32, pipe: u32) -> Option<(u64, String, Side, Side, bool)> {
     let relays = &node.relays;
     let live = relays.live.lock().expect("relays lock");
     let me = live.get(&(pid, pipe))?;
@@ -459,6 +515,7 @@ fn pair_of(node: &Arc<Node>, pid: i32, pipe: u32) -> Option<(u64, String, Side, 
         ctl: l.ctl.clone().expect("checked"),
         holder: l.holder,
     };
+    let settled = same.iter().all(|(_, l)| l.since.elapsed() >= SETTLED);
     let (w, r) = match (same[0].1.body_reads, same[1].1.body_reads) {
         (false, true) => (side(same[0].0, same[0].1), side(same[1].0, same[1].1)),
         (true, false) => (side(same[1].0, same[1].1), side(same[0].0, same[0].1)),
@@ -474,7 +531,7 @@ fn pair_of(node: &Arc<Node>, pid: i32, pipe: u32) -> Option<(u64, String, Side, 
     if waits {
         return None;
     }
-    Some((ino, body, w, r))
+    Some((ino, body, w, r, settled))
 }
 
 /// The processes (but those in `exclude`) holding pipe `ino`.

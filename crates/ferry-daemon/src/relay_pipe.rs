@@ -767,7 +767,7 @@ struct BodyPipe {
     total: u64,
     /// Where a writer's stand-in waits to be joined with its reader's (the node's joins, and
     /// the home they are under); none for a body at its home.
-    join: Option<(Arc<crate::relay_join::Joins>, String)>,
+    join: Option<(Arc<crate::relay_join::Joins>, String, i32)>,
     /// The body writes: a second descriptor of the stand-in's read end, for a join.
     dup: Option<OwnedFd>,
 }
@@ -832,7 +832,7 @@ pub async fn body_relay(
         bail!("relay {pipe} has no control")
     };
     let mut st = BodyPipe::new(fd)?;
-    st.join = Some((node.body_relays.joins.clone(), home.to_string()));
+    st.join = Some((node.body_relays.joins.clone(), home.to_string(), pid));
     let mut deadline = tokio::time::Instant::now() + crate::relay::OPEN_RETRY;
     loop {
         let opened = async {
@@ -870,7 +870,7 @@ pub async fn body_relay(
                         use crate::relay_join::WriterEnd;
                         let joins = node.body_relays.joins.clone();
                         let at = st.at.unwrap_or(0);
-                        match joins.writer(home, token, dup, &mut ctl, at).await {
+                        match joins.writer(home, pid, token, dup, &mut ctl, at).await {
                             WriterEnd::Ended => {
                                 tracing::info!(event = "relay-joined-ended", home = %home, pid,
                                     pipe, bytes = st.total);
@@ -1128,10 +1128,10 @@ where
                         Some(Ok(Frame::Msg(Msg::RelayJoin { token }))) => {
                             // All home sent before it is in the stand-in.
                             let half = match &st.join {
-                                Some((joins, home)) if !st.paused && token != 0 => {
+                                Some((joins, home, _)) if !st.paused && token != 0 => {
                                     joins.take(home, token, CONTROL_WAIT).await
                                 }
-                                Some((joins, home)) => {
+                                Some((joins, home, _)) => {
                                     joins.abandon(home, token);
                                     None
                                 }
@@ -1154,7 +1154,11 @@ where
                                 drop(heard);
                                 use crate::relay_join::JoinedEnd;
                                 let at = st.at.unwrap_or(0);
-                                match crate::relay_join::joined(half, pipe, ctl, at).await? {
+                                let Some((joins, home, me)) = st.join.clone() else {
+                                    bail!("a relay at home took a join");
+                                };
+                                let who = (&*joins, home.as_str(), me);
+                                match crate::relay_join::joined(who, half, pipe, ctl, at).await? {
                                     JoinedEnd::Ended(n) => {
                                         st.total += n;
                                         return Ok(BodyEnd::Done);

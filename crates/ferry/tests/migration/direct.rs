@@ -179,8 +179,9 @@ pub(super) fn a_joined_writer_gets_sigpipe_when_its_reader_ends() -> Result<(), 
 
 /// As [`both_ends_of_a_pipe_on_one_node_talk_straight`] on three nodes; then the stage moves
 /// on from b to c while the lines flow (its relay through home comes back, the reader's too),
-/// and the reader follows it to c, where home joins the two again. Every line arrives once, in
-/// order, and every stage succeeds.
+/// and the reader follows it to c, where home joins the two again; then the reader comes home
+/// (the stage's relay brings the lines home to it). Every line arrives once, in order, and
+/// every stage succeeds.
 pub(super) fn a_joined_end_moves_on_and_is_joined_again() -> Result<(), Failed> {
     let c = Cluster::up("directon", 3);
     let dir = scratch("migration", "directon");
@@ -223,6 +224,13 @@ pub(super) fn a_joined_end_moves_on_and_is_joined_again() -> Result<(), Failed> 
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Then the reader comes home: the stage's relay brings its lines home to it again.
+    migrate(&c, "c", reader, "a").map_err(|e| {
+        format!(
+            "the reader did not come home from c: {e}\n{}",
+            c.log("a") + &c.log("c")
+        )
+    })?;
     let st = statuses(&c, &mut sh, &dir)?;
     let err = std::fs::read_to_string(dir.join("sh.err")).unwrap_or_default();
     assert_eq!(st, "0 0 0", "a stage failed after the moves on: {err}");
