@@ -148,6 +148,7 @@ impl HomeRelays {
         fd: OwnedFd,
         keep: Keep,
     ) {
+        keep.joined(pid, pipe, body_node);
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         if let Ok(m) = keep.marks() {
             self.marks
