@@ -37,6 +37,7 @@ pub mod outcomes;
 pub mod reaper;
 pub mod recovery;
 pub mod relay;
+pub mod relay_join;
 pub mod relay_keep;
 pub mod relay_pipe;
 pub mod relay_tty;

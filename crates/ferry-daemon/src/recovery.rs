@@ -204,6 +204,13 @@ async fn stream_body(node: &Arc<Node>, conn: &mut Conn, home: &str, pid: i32) ->
         "--memory".into(),
         "eager".into(),
     ];
+    if node.body_relays.joins.is_joined(home, pid) {
+        bail!(
+            "PID {pid} (home {home}) has a pipe whose other end is a body on this node, joined \
+             with it here: such a body cannot be checkpointed yet (its pair's images would be \
+             taken at different moments; docs/limitations.md)"
+        );
+    }
     // Its pipes' relays stop while it is captured (their stand-ins' contents go in the image,
     // and where each relay stands goes home with it); dropped, they go on.
     let paused = node.body_relays.pause(home, pid).await?;

@@ -61,6 +61,8 @@ pub struct HomeRelays {
     /// The pipes' relays being pumped here, by (home PID, relay): their body's node, and how
     /// to cut them (crate::relay_keep: a recovery takes them from a dead node).
     pub(crate) live: Mutex<HashMap<(i32, u32), LivePump>>,
+    /// The home pipes (by inode) whose two relays are being joined (crate::relay_join).
+    pub(crate) joining: Mutex<std::collections::HashSet<u64>>,
 }
 
 /// A pipe's relay being pumped at home.
@@ -68,6 +70,15 @@ pub(crate) struct LivePump {
     pub(crate) node: String,
     serial: u64,
     pub(crate) cut: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The home pipe's inode, whether the body reads it, the pump's control (a join), and
+    /// the relay's holder's PID.
+    pub(crate) ino: u64,
+    pub(crate) body_reads: bool,
+    pub(crate) ctl: Option<tokio::sync::mpsc::UnboundedSender<crate::relay_pipe::HomeCtl>>,
+    pub(crate) holder: Option<i32>,
+    /// When its connection was taken (a connection that only hands the relay over lasts
+    /// moments: no join is tried on it).
+    pub(crate) since: std::time::Instant,
 }
 
 /// A home end taken by its body's node: the end, what goes first, whom it sends as, and a
@@ -123,6 +134,39 @@ impl HomeRelays {
     ) {
         keep.moved(pid, pipe, body_node);
         self.park_as(pid, pipe, body_node, fd, Vec::new(), None, Some(keep));
+    }
+
+    /// Keeps the home's end `fd` of pipe relay `pipe` of home PID `pid`, joined on node
+    /// `body_node` (crate::relay_join), with its buffer and holder, for as long as the join
+    /// lasts: taken again by that node when either body moves on, or ended with the tree's
+    /// deputies.
+    pub fn park_joined(
+        self: &Arc<Self>,
+        pid: i32,
+        pipe: u32,
+        body_node: &str,
+        fd: OwnedFd,
+        keep: Keep,
+    ) {
+        keep.joined(pid, pipe, body_node);
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        if let Ok(m) = keep.marks() {
+            self.marks
+                .lock()
+                .expect("relays lock")
+                .insert((pid, pipe), m);
+        }
+        self.waiting.lock().expect("relays lock").insert(
+            (pid, pipe),
+            Waiting {
+                node: body_node.to_string(),
+                fd,
+                prefix: Vec::new(),
+                serial,
+                sender: None,
+                keep: Some(keep),
+            },
+        );
     }
 
     /// Ends every relay of the tree rooted at home PID `root` still waiting for its body's
@@ -222,6 +266,14 @@ impl HomeRelays {
             .entry(pid)
             .or_default()
             .clone()
+    }
+
+    /// A token for a join of two relays (crate::relay_join), never 0.
+    pub(crate) fn join_token(&self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        (now ^ self.serial.fetch_add(1, Ordering::Relaxed).rotate_left(48)) | 1
     }
 
     /// Bytes relayed so far for the tree whose home root is `pid`.
@@ -511,16 +563,25 @@ where
     // yet): the relay's state is in its buffer and marks, whatever point it stops at.
     let (cut, cut_rx) = tokio::sync::oneshot::channel::<()>();
     let serial = node.relays.serial.fetch_add(1, Ordering::Relaxed);
+    let (ctl, ctl_rx) = tokio::sync::mpsc::unbounded_channel();
+    let body_reads = ferry_sys::fdops::get_fl(fd.as_raw_fd())
+        .is_ok_and(|fl| fl & libc::O_ACCMODE == libc::O_RDONLY);
     node.relays.live.lock().expect("relays lock").insert(
         (pid, pipe),
         LivePump {
             node: peer.to_string(),
             serial,
             cut: Some(cut),
+            ino: inode_of(&fd),
+            body_reads,
+            ctl: Some(ctl),
+            holder: keep.holder_pid(),
+            since: std::time::Instant::now(),
         },
     );
+    crate::relay_join::try_join(node, pid, pipe);
     let pumped = tokio::select! {
-        r = home_pump(stream, ours, buf, marks, at, Some(counter)) => r,
+        r = home_pump(stream, ours, buf, marks, at, Some(counter), Some(ctl_rx)) => r,
         Ok(()) = cut_rx => Ok(HomeEnd::Lost { bytes: 0, acked: 0 }),
     };
     {
@@ -540,6 +601,24 @@ where
             tracing::info!(event = "relay-moves-on", from = %peer, to = %to, pid, pipe,
                 bytes, acked);
             node.relays.park_kept(pid, pipe, &to, fd, keep);
+        }
+        Ok(HomeEnd::Joined { bytes, release }) => {
+            // Joined on the body's node: nothing more of it crosses home. The writer's end
+            // stays until the reader's relay has taken all it wrote.
+            let held = match release {
+                Some(r) => r.await.unwrap_or(false),
+                None => true,
+            };
+            if held {
+                // Kept, unread, for as long as the join lasts: a body moving on takes its
+                // relay through home again (or its tree's deputies end, and with them this).
+                tracing::info!(event = "relay-parked-joined", body = %peer, pid, pipe, bytes,
+                    "joined on its body's node");
+                node.relays.park_joined(pid, pipe, peer, fd, keep);
+            } else {
+                tracing::warn!(event = "relay-join-undone", body = %peer, pid, pipe, bytes);
+                node.relays.park_kept(pid, pipe, peer, fd, keep);
+            }
         }
         Ok(HomeEnd::Lost { bytes, acked }) => {
             // Its node dials again (or its tree's deputies end, and with them this end).

@@ -51,11 +51,12 @@ struct Holder {
 impl Holder {
     /// Records this holder for relay `pipe` of PID `pid`, whose body is on `body_node`, so
     /// that this daemon's successor finds the relay (and its holder) again.
-    fn record(&self, store: &state::Store, pid: i32, pipe: u32, body_node: &str) {
+    fn record(&self, store: &state::Store, pid: i32, pipe: u32, body_node: &str, joined: bool) {
         let rec = RelayRecord {
             pid,
             pipe,
             body_node: body_node.to_string(),
+            joined,
             holder_pid: self.pid,
             holder_start: state::start_time(self.pid).unwrap_or(0),
         };
@@ -71,6 +72,10 @@ struct RelayRecord {
     pipe: u32,
     /// The node running the body.
     body_node: String,
+    /// Joined with its pipe's other end on that node (crate::relay_join): kept unread, with no
+    /// deadline.
+    #[serde(default)]
+    joined: bool,
     holder_pid: i32,
     holder_start: u64,
 }
@@ -127,7 +132,7 @@ impl Keep {
             .map_err(|e| anyhow!("place the relay's offsets: {e}"))?;
         let holder = match spawn_holder(&node.exe, pid, end, &buf, &marks) {
             Ok(h) => {
-                h.record(&node.store, pid, pipe, body_node);
+                h.record(&node.store, pid, pipe, body_node, false);
                 Some(h)
             }
             Err(e) => {
@@ -147,7 +152,15 @@ impl Keep {
     /// The relay's body moved on to `body_node`: its record follows.
     pub fn moved(&self, pid: i32, pipe: u32, body_node: &str) {
         if let Some(h) = &self.holder {
-            h.record(&self.store, pid, pipe, body_node);
+            h.record(&self.store, pid, pipe, body_node, false);
+        }
+    }
+
+    /// The relay was joined on `body_node` (crate::relay_join): its record says so, so that a
+    /// restarted daemon keeps its end for as long as the join lasts.
+    pub fn joined(&self, pid: i32, pipe: u32, body_node: &str) {
+        if let Some(h) = &self.holder {
+            h.record(&self.store, pid, pipe, body_node, true);
         }
     }
 
@@ -164,6 +177,11 @@ impl Keep {
     }
 
     /// A copy of the buffer's descriptor (the same description).
+    /// The holder's PID (it holds the home's end of the pipe too).
+    pub fn holder_pid(&self) -> Option<i32> {
+        self.holder.as_ref().map(|h| h.pid)
+    }
+
     pub fn buf(&self) -> Result<OwnedFd> {
         self.buf.try_clone().context("keep the relay's buffer")
     }
@@ -235,9 +253,14 @@ pub fn recover(node: &Arc<Node>) {
             Ok((end, keep)) => {
                 let at = ferry_sys::fdops::lseek(keep.buf.as_raw_fd(), 0, libc::SEEK_CUR);
                 tracing::warn!(event = "relay-recovered", pid = r.pid, pipe = r.pipe,
-                    body = %r.body_node, holder = r.holder_pid, at = ?at.ok());
-                node.relays
-                    .park_kept(r.pid, r.pipe, &r.body_node, end, keep);
+                    body = %r.body_node, holder = r.holder_pid, at = ?at.ok(), joined = r.joined);
+                if r.joined {
+                    node.relays
+                        .park_joined(r.pid, r.pipe, &r.body_node, end, keep);
+                } else {
+                    node.relays
+                        .park_kept(r.pid, r.pipe, &r.body_node, end, keep);
+                }
             }
             Err(e) => {
                 tracing::warn!(event = "relay-lost", pid = r.pid, pipe = r.pipe,

@@ -78,6 +78,8 @@ pub struct BodyRelays {
     /// relay id), until their relays are registered.
     names: Mutex<HashMap<(String, i32, u32), String>>,
     serial: AtomicU64,
+    /// Writers' stand-ins waiting for their readers' relays here (crate::relay_join).
+    pub joins: Arc<crate::relay_join::Joins>,
 }
 
 /// A pipe's relay registered here: its pump takes `ctl`, and ends by `forget`ting it.
@@ -362,6 +364,38 @@ pub enum HomeEnd {
     /// The connection broke (the body's node went, or the link): the home's end and buffer
     /// wait for the body's node to dial again.
     Lost { bytes: u64, acked: u64 },
+    /// The relay was joined with its pipe's other end on the body's node (crate::relay_join):
+    /// nothing more crosses home. On the relay the body writes, `release` says whether the
+    /// join held (the home's end may go) or not (it waits for the body's node to dial again).
+    Joined {
+        bytes: u64,
+        release: Option<oneshot::Receiver<bool>>,
+    },
+}
+
+/// What home asks of one of its pipes' pumps.
+pub enum HomeCtl {
+    /// Join the relay with its pipe's other end on the body's node, under `token` (see
+    /// `Msg::RelayJoin`); `done` says whether it did. On the relay the body writes, `release`
+    /// comes back in [`HomeEnd::Joined`].
+    Join {
+        token: u64,
+        done: oneshot::Sender<Result<()>>,
+        release: Option<oneshot::Receiver<bool>>,
+    },
+}
+
+/// The next word of home for a pump (never, once nobody can send one).
+async fn next_home_ctl(ctl: &mut Option<mpsc::UnboundedReceiver<HomeCtl>>) -> HomeCtl {
+    loop {
+        match ctl {
+            Some(c) => match c.recv().await {
+                Some(x) => return x,
+                None => *ctl = None,
+            },
+            None => std::future::pending::<()>().await,
+        }
+    }
 }
 
 fn sys(e: ferry_sys::SysError) -> std::io::Error {
@@ -371,7 +405,8 @@ fn sys(e: ferry_sys::SysError) -> std::io::Error {
 /// At home: moves one relayed pipe's data between the home's end `fd` (a description of our
 /// own) and the body's node, through the relay's buffer `buf` and offsets `marks`
 /// (crate::relay_keep). `at`: where the body's node stands (`RelayOpen::at`). Answers the open
-/// with `RelayAt` first.
+/// with `RelayAt` first. `ctl`: home's word (a join, crate::relay_join).
+#[allow(clippy::too_many_arguments)]
 pub async fn home_pump<S>(
     stream: S,
     fd: OwnedFd,
@@ -379,6 +414,7 @@ pub async fn home_pump<S>(
     marks: OwnedFd,
     at: Option<u64>,
     counter: Option<Arc<AtomicU64>>,
+    ctl: Option<mpsc::UnboundedReceiver<HomeCtl>>,
 ) -> Result<HomeEnd>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -395,6 +431,7 @@ where
     let (rx, mut tx) = tokio::io::split(stream);
     let mut heard = frames(rx);
     let mut total = 0u64;
+    let mut ctl = ctl;
     // A failure of the connection is not the relay's end: the body's node dials again.
     macro_rules! net {
         ($e:expr, $acked:expr) => {
@@ -431,6 +468,9 @@ where
         let mut chunk = vec![0u8; CHUNK];
         let mut eof = false;
         let mut end_sent = false;
+        // A join under way (its token and answer), and whether its marker went.
+        let mut joining: Option<(u64, oneshot::Sender<Result<()>>)> = None;
+        let mut marker_sent = false;
         loop {
             if sent < taken {
                 let n = ((taken - sent) as usize).min(CHUNK);
@@ -446,6 +486,24 @@ where
                 net!(write_end(&mut tx).await, acked);
                 net!(tx.flush().await, acked);
                 end_sent = true;
+            } else if let Some(token) = joining.as_ref().filter(|_| !marker_sent).map(|j| j.0) {
+                // Joining: the writer's relay put all it had into our pipe, and nothing else
+                // writes it. Take what is left in it; once it is empty, the marker follows
+                // our last data frame.
+                match ferry_sys::fdops::splice(raw, b, CHUNK) {
+                    Ok(n) if n > 0 => {
+                        taken += n as u64;
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.errno == libc::EAGAIN => {}
+                    Err(e) => {
+                        return Err(sys(e)).context("move the relayed pipe's bytes into its buffer")
+                    }
+                }
+                net!(write_msg(&mut tx, &Msg::RelayJoin { token }).await, acked);
+                net!(tx.flush().await, acked);
+                marker_sent = true;
             }
             tokio::select! {
                 biased;
@@ -453,6 +511,22 @@ where
                     Some(Ok(Frame::Msg(Msg::RelayAck { at }))) => {
                         acked = acked.max(at.min(sent));
                         note(acked);
+                    }
+                    Some(Ok(Frame::Msg(Msg::RelayJoin { token }))) => {
+                        let Some((want, done)) = joining.take() else {
+                            bail!("a join answered inside a relay that asked none");
+                        };
+                        if token == want && token != 0 && marker_sent {
+                            // Everything before the marker is in the reader's stand-in, and
+                            // its node has the writer's: the relay is theirs now.
+                            let _ = done.send(Ok(()));
+                            return Ok(HomeEnd::Joined { bytes: total, release: None });
+                        }
+                        marker_sent = false;
+                        let _ = done.send(Err(anyhow!(
+                            "the reader's node refused the join (its body is being moved, or \
+                             the writer's stand-in was not there)"
+                        )));
                     }
                     Some(Ok(Frame::Msg(Msg::RelayHandoff { to }))) => {
                         // Our last data frame is before this marker. What the body's node
@@ -485,7 +559,16 @@ where
                         return Ok(HomeEnd::Lost { bytes: total, acked })
                     }
                 },
-                r = pipe.readable(), if !eof && sent >= taken && taken - acked < WINDOW => {
+                c = next_home_ctl(&mut ctl), if joining.is_none() => {
+                    let HomeCtl::Join { token, done, .. } = c;
+                    if eof {
+                        let _ = done.send(Err(anyhow!("the pipe's writers are gone")));
+                    } else {
+                        joining = Some((token, done));
+                    }
+                }
+                r = pipe.readable(),
+                    if !eof && joining.is_none() && sent >= taken && taken - acked < WINDOW => {
                     r.context("watch the relayed pipe")?;
                     let room = (WINDOW - (taken - acked)) as usize;
                     match pipe.try_io(|| {
@@ -556,6 +639,64 @@ where
             return Ok(HomeEnd::Closed(total));
         }
         tokio::select! {
+            c = next_home_ctl(&mut ctl), if !ending => {
+                let HomeCtl::Join { token, done, release } = c;
+                net!(write_msg(&mut tx, &Msg::RelayJoin { token }).await, 0);
+                net!(tx.flush().await, 0);
+                // What the body's node sent before its answer goes into the buffer first.
+                let joined = loop {
+                    match heard.recv().await {
+                        Some(Ok(Frame::Data(d))) => {
+                            let end = incoming + d.len() as u64;
+                            if end > received {
+                                let new = &d[(received - incoming) as usize..];
+                                file.write_all_at(new, received)
+                                    .context("keep relayed bytes in the relay's buffer")?;
+                                received = end;
+                            }
+                            incoming = end;
+                        }
+                        Some(Ok(Frame::End)) => ending = true,
+                        Some(Ok(Frame::Msg(Msg::RelayJoin { token: t }))) => {
+                            break t == token && t != 0 && !ending
+                        }
+                        Some(Ok(Frame::Msg(Msg::RelayHandoff { to }))) => {
+                            // Moved on before it heard of the join: its last frame.
+                            return Ok(HomeEnd::Handoff { bytes: total, to, acked: 0 });
+                        }
+                        Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay's join", kind(&m)),
+                        Some(Err(_)) | None => {
+                            return Ok(HomeEnd::Lost { bytes: total, acked: 0 })
+                        }
+                    }
+                };
+                if !joined {
+                    let _ = done.send(Err(anyhow!(
+                        "the writer's node refused the join (its body is being moved, or its \
+                         writers are gone)"
+                    )));
+                    ack!();
+                    continue;
+                }
+                // All the body wrote before the join is in the buffer: into our pipe with it
+                // (the reader's relay takes it from there).
+                while written < received {
+                    pipe.writable().await.context("watch the relayed pipe")?;
+                    let n = ((received - written) as usize).min(CHUNK);
+                    match pipe.try_io(|| ferry_sys::fdops::splice(b, raw, n).map_err(sys)) {
+                        Ok(n) => {
+                            written += n as u64;
+                            total += n as u64;
+                            count(&counter, n);
+                            let _ = ferry_sys::fdops::punch_hole(b, written & !4095);
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e).context("write the relayed pipe"),
+                    }
+                }
+                let _ = done.send(Ok(()));
+                return Ok(HomeEnd::Joined { bytes: total, release });
+            }
             f = heard.recv(), if !ending => match f {
                 Some(Ok(Frame::Data(d))) => {
                     let end = incoming + d.len() as u64;
@@ -624,6 +765,11 @@ struct BodyPipe {
     drained: bool,
     paused: bool,
     total: u64,
+    /// Where a writer's stand-in waits to be joined with its reader's (the node's joins, and
+    /// the home they are under); none for a body at its home.
+    join: Option<(Arc<crate::relay_join::Joins>, String, i32)>,
+    /// The body writes: a second descriptor of the stand-in's read end, for a join.
+    dup: Option<OwnedFd>,
 }
 
 /// Takes the body's node's word `c` while a relay is connected: a pause is answered with
@@ -661,6 +807,12 @@ enum BodyEnd {
     Done,
     /// The connection broke: dial again.
     Lost(String),
+    /// The body writes: home asked to join the relay with its pipe's reader here, under this
+    /// token, and has all the body wrote.
+    Join(u64),
+    /// The body reads: its joined pair ended with a move: its own to node `to` (its relay at
+    /// home is to be handed over there), or its writer's (it goes on through home).
+    Unjoined(Option<(String, oneshot::Sender<Result<()>>)>),
 }
 
 /// At the body's node, after the commit: relays stand-in end `fd` of relay `pipe` of the tree
@@ -680,6 +832,7 @@ pub async fn body_relay(
         bail!("relay {pipe} has no control")
     };
     let mut st = BodyPipe::new(fd)?;
+    st.join = Some((node.body_relays.joins.clone(), home.to_string(), pid));
     let mut deadline = tokio::time::Instant::now() + crate::relay::OPEN_RETRY;
     loop {
         let opened = async {
@@ -708,6 +861,44 @@ pub async fn body_relay(
                 }
                 match body_pump(conn.stream, &mut st, at, &mut ctl).await? {
                     BodyEnd::Done => return Ok(st.total),
+                    BodyEnd::Join(token) => {
+                        let dup = st.dup.as_ref().map(|d| d.try_clone()).transpose();
+                        let dup = dup.context("keep the stand-in for a join")?;
+                        let Some(dup) = dup else {
+                            bail!("relay {pipe} is not a writer's, and was asked to join")
+                        };
+                        use crate::relay_join::WriterEnd;
+                        let joins = node.body_relays.joins.clone();
+                        let at = st.at.unwrap_or(0);
+                        match joins.writer(home, pid, token, dup, &mut ctl, at).await {
+                            WriterEnd::Ended => {
+                                tracing::info!(event = "relay-joined-ended", home = %home, pid,
+                                    pipe, bytes = st.total);
+                                return Ok(st.total);
+                            }
+                            WriterEnd::Back => {
+                                // Not joined, or its reader moved on: through home again.
+                                tracing::info!(event = "relay-unjoined", home = %home, pid, pipe);
+                                deadline = tokio::time::Instant::now() + REDIAL_FOR;
+                            }
+                            WriterEnd::Handoff { to, done } => {
+                                let r = hand_over_joined(node, home, pid, pipe, at, &to, false);
+                                let _ = done.send(r.await);
+                                return Ok(st.total);
+                            }
+                        }
+                    }
+                    BodyEnd::Unjoined(Some((to, done))) => {
+                        let at = st.at;
+                        let r = hand_over_joined(node, home, pid, pipe, at.unwrap_or(0), &to, true);
+                        let _ = done.send(r.await);
+                        return Ok(st.total);
+                    }
+                    BodyEnd::Unjoined(None) => {
+                        // Its writer moved on: through home again, from where it stood.
+                        tracing::info!(event = "relay-unjoined", home = %home, pid, pipe);
+                        deadline = tokio::time::Instant::now() + REDIAL_FOR;
+                    }
                     BodyEnd::Lost(why) => {
                         tracing::warn!(event = "relay-interrupted", home = %home, pid, pipe,
                             at = ?st.at, error = %why, "dialling home again");
@@ -761,6 +952,7 @@ where
     match body_pump(stream, &mut st, at, &mut ctl).await? {
         BodyEnd::Done => Ok(st.total),
         BodyEnd::Lost(why) => bail!("the home's end went: {why}"),
+        BodyEnd::Join(_) | BodyEnd::Unjoined(_) => bail!("a relay at home was asked to join"),
     }
 }
 
@@ -769,7 +961,9 @@ impl BodyPipe {
         let acc = ferry_sys::fdops::get_fl(fd.as_raw_fd())
             .map_err(|e| anyhow!("read the relayed pipe's flags: {e}"))?
             & libc::O_ACCMODE;
+        let mut dup = None;
         let stand_in = if acc == libc::O_RDONLY {
+            dup = Some(fd.try_clone().context("keep the relayed pipe")?);
             StandIn::Writes(pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?)
         } else {
             StandIn::Reads(pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?)
@@ -782,6 +976,8 @@ impl BodyPipe {
             drained: false,
             paused: false,
             total: 0,
+            join: None,
+            dup,
         })
     }
 }
@@ -845,6 +1041,16 @@ where
                             let base = sent - st.unacked.len() as u64;
                             let upto = at.clamp(base, sent);
                             st.unacked.drain(..(upto - base) as usize);
+                        }
+                        Some(Ok(Frame::Msg(Msg::RelayJoin { token }))) => {
+                            // Every chunk read is sent: the answer is after the last of them.
+                            let ok = token != 0 && !st.paused && !st.drained && st.join.is_some();
+                            let token = if ok { token } else { 0 };
+                            net!(write_msg(&mut tx, &Msg::RelayJoin { token }).await);
+                            net!(tx.flush().await);
+                            if ok {
+                                return Ok(BodyEnd::Join(token));
+                            }
                         }
                         // Home's readers are gone (so is what we would send), or it wrote
                         // all we sent after our end of file.
@@ -919,6 +1125,55 @@ where
                             off = 0;
                         }
                         Some(Ok(Frame::End)) => st.eof = true,
+                        Some(Ok(Frame::Msg(Msg::RelayJoin { token }))) => {
+                            // All home sent before it is in the stand-in.
+                            let half = match &st.join {
+                                Some((joins, home, _)) if !st.paused && token != 0 => {
+                                    joins.take(home, token, CONTROL_WAIT).await
+                                }
+                                Some((joins, home, _)) => {
+                                    joins.abandon(home, token);
+                                    None
+                                }
+                                None => None,
+                            };
+                            let answer = if half.is_some() { token } else { 0 };
+                            let r = async {
+                                write_msg(&mut tx, &Msg::RelayJoin { token: answer })
+                                    .await
+                                    .map_err(|e| anyhow!("{e}"))?;
+                                tx.flush().await.map_err(|e| anyhow!("{e}"))
+                            }
+                            .await;
+                            if let Err(e) = r {
+                                // Home never hears it: the writer's relay goes back there.
+                                return Ok(BodyEnd::Lost(format!("{e}")));
+                            }
+                            if let Some(half) = half {
+                                drop(tx);
+                                drop(heard);
+                                use crate::relay_join::JoinedEnd;
+                                let at = st.at.unwrap_or(0);
+                                let Some((joins, home, me)) = st.join.clone() else {
+                                    bail!("a relay at home took a join");
+                                };
+                                let who = (&*joins, home.as_str(), me);
+                                match crate::relay_join::joined(who, half, pipe, ctl, at).await? {
+                                    JoinedEnd::Ended(n) => {
+                                        st.total += n;
+                                        return Ok(BodyEnd::Done);
+                                    }
+                                    JoinedEnd::Back(n) => {
+                                        st.total += n;
+                                        return Ok(BodyEnd::Unjoined(None));
+                                    }
+                                    JoinedEnd::Handoff { bytes, to, done } => {
+                                        st.total += bytes;
+                                        return Ok(BodyEnd::Unjoined(Some((to, done))));
+                                    }
+                                }
+                            }
+                        }
                         Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
                         Some(Err(e)) => return Ok(BodyEnd::Lost(e.to_string())),
                         None => return Ok(BodyEnd::Lost("closed".into())),
@@ -936,6 +1191,41 @@ where
     }
 }
 
+/// A relay joined on this node (crate::relay_join) whose body moved on to `to`: its end at home
+/// (kept there meanwhile) is taken again, from where it stood (`at`), and handed over, as a
+/// relay that was never joined would be (`reads`: the body reads the pipe).
+async fn hand_over_joined(
+    node: &Arc<crate::node::Node>,
+    home: &str,
+    pid: i32,
+    pipe: u32,
+    at: u64,
+    to: &str,
+    reads: bool,
+) -> Result<()> {
+    let mut conn = node.dial(home).await?;
+    let open = Msg::RelayOpen {
+        pid,
+        pipe,
+        at: Some(at),
+    };
+    write_msg(&mut conn.stream, &open).await?;
+    match ferry_transport::frame::read_msg(&mut conn.stream).await {
+        Ok(Msg::RelayAt { .. }) => {}
+        Ok(Msg::Error { message }) => bail!("node {home}: {message}"),
+        Ok(other) => bail!("node {home} answered {}", kind(&other)),
+        Err(e) => bail!("node {home} did not answer: {e}"),
+    }
+    let (rx, mut tx) = tokio::io::split(conn.stream);
+    if reads {
+        let mut heard = frames(rx);
+        return hand_back(&mut tx, &mut heard, to.to_string()).await;
+    }
+    write_msg(&mut tx, &Msg::RelayHandoff { to: to.to_string() }).await?;
+    tx.shutdown().await?;
+    Ok(())
+}
+
 /// A relay the body reads, handed off: asks home to stop, and waits for its marker (what came
 /// from home and did not reach the stand-in is still in home's buffer, past what this node
 /// acknowledged: the body's next node gets it from there).
@@ -951,6 +1241,8 @@ async fn hand_back<W: AsyncWrite + Unpin>(
             Some(Ok(Frame::Data(_))) => {}
             // Home's end of file came before our handoff: it is still at home (read again).
             Some(Ok(Frame::End)) => {}
+            // A join home asked for meanwhile: refused by the move (home hears the handoff).
+            Some(Ok(Frame::Msg(Msg::RelayJoin { .. }))) => {}
             Some(Ok(Frame::Msg(Msg::RelayHandoff { .. }))) => break,
             Some(Ok(Frame::Msg(m))) => bail!("home answered the handoff with {}", kind(&m)),
             Some(Err(e)) => bail!("home left during the handoff: {e}"),

@@ -361,6 +361,18 @@ pub enum Msg {
     RelayHandoff {
         to: String,
     },
+    /// Inside a pipe's relay, both ways: the short circuit of a pipe whose writer and reader are
+    /// both bodies on one node (docs/wire-format.md, "Both ends on one node"). Home to the
+    /// relay of the body that writes: stop sending; its node answers `RelayJoin` with the same
+    /// `token` after its last data frame and keeps the stand-in for the reader's relay on its
+    /// node, or with token 0 (refused: the body is being moved, or its writers are gone). Home
+    /// to the relay of the body that reads, after its last data frame: the writer's stand-in
+    /// waits on that node under `token`; the node answers `RelayJoin` with the token once all
+    /// before it is in the reader's stand-in and it has the writer's stand-in in hand (it then
+    /// moves the bytes between the two itself), or with token 0 (refused).
+    RelayJoin {
+        token: u64,
+    },
 
     // ---- Who may use which machine: owner policy, host grants, eviction ---------------
     /// CLI to its daemon: the owner's policy from now on ("always", "idle", "never"); ends a

@@ -130,6 +130,7 @@ fn messages() -> Vec<Msg> {
         },
         Msg::RelayAt { at: 9 },
         Msg::RelayAck { at: 10 },
+        Msg::RelayJoin { token: 11 },
         Msg::RelayMarks {
             relays: vec![(3, 4096)],
         },

@@ -5,19 +5,22 @@
 //! wire.
 //!
 //! The trials are in `faults.rs` (failures around the commit point, hostile peers, refusals),
-//! `relays.rs` (pipes, UNIX and TCP peers relayed from home), `home.rs` (what the deputy
+//! `relays.rs` (pipes, UNIX and TCP peers relayed from home), `direct.rs` (both ends of a
+//! pipe on one node, joined there), `home.rs` (what the deputy
 //! keeps: a parent's wait, terminals, identities, coming home) and `kills.rs` (a body's
 //! signals to processes at home, its group changes made there, its home parent's death, its
 //! children's stops); this file has the moves around the cluster and the shared helpers.
 
 #[path = "../common/mod.rs"]
 mod common;
+mod direct;
 mod faults;
 mod home;
 mod kills;
 mod onward;
 mod relays;
 
+use direct::*;
 use faults::*;
 use home::*;
 use kills::*;
@@ -137,6 +140,22 @@ fn main() {
         Trial::test(
             "a_job_under_a_terminal_comes_home_from_c",
             a_job_under_a_terminal_comes_home_from_c,
+        ),
+        Trial::test(
+            "both_ends_of_a_pipe_on_one_node_talk_straight",
+            both_ends_of_a_pipe_on_one_node_talk_straight,
+        ),
+        Trial::test(
+            "a_joined_writer_gets_sigpipe_when_its_reader_ends",
+            a_joined_writer_gets_sigpipe_when_its_reader_ends,
+        ),
+        Trial::test(
+            "a_joined_pair_streams_in_bulk_whole",
+            a_joined_pair_streams_in_bulk_whole,
+        ),
+        Trial::test(
+            "a_joined_end_moves_on_and_is_joined_again",
+            a_joined_end_moves_on_and_is_joined_again,
         ),
         Trial::test(
             "a_moved_writer_sees_epipe_when_its_reader_at_home_goes",
