@@ -58,6 +58,10 @@ struct Sample {
     released_ms: f64,
     total_ms: f64,
     wire_bytes: f64,
+    /// A hybrid move's pre-copied pages the copy ran without (copied in after by the
+    /// destination's page server), and those still to copy when the source was released.
+    local_bytes: f64,
+    local_pending_bytes: f64,
     rounds: usize,
     frozen_bytes: f64,
     lazy_bytes: f64,
@@ -223,6 +227,12 @@ fn measure(
         rounds: m["rounds"].as_array().map_or(0, Vec::len),
         frozen_bytes: m["frozen_bytes"].as_f64().unwrap_or(0.0),
         lazy_bytes,
+        local_bytes: lazy
+            .and_then(|l| l["local_owed_bytes"].as_f64())
+            .unwrap_or(0.0),
+        local_pending_bytes: lazy
+            .and_then(|l| l["local_pending_bytes"].as_f64())
+            .unwrap_or(0.0),
         steps: crate::migrate::steps(&report),
     })
 }
@@ -246,6 +256,8 @@ fn table(a: &Args, rows: &[(usize, String, Sample)]) -> String {
         "in the image (MiB)",
         "lazily (MiB)",
         "on the wire (MiB)",
+        "pre-copied, in after it ran (MiB)",
+        "of them, after the release (MiB)",
     ];
     let mut lines = vec![head.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     for (run, mode, x) in rows {
@@ -260,6 +272,8 @@ fn table(a: &Args, rows: &[(usize, String, Sample)]) -> String {
             format!("{:.1}", x.frozen_bytes / MIB),
             format!("{:.1}", x.lazy_bytes / MIB),
             format!("{:.1}", x.wire_bytes / MIB),
+            format!("{:.1}", x.local_bytes / MIB),
+            format!("{:.1}", x.local_pending_bytes / MIB),
         ]);
     }
     s.push_str(&markdown(&lines));

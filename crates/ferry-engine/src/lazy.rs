@@ -43,6 +43,10 @@ pub struct LazyProcess {
     /// reads on others' behalf (its arguments and environment, for /proc/PID/cmdline and
     /// environ), where a remote access cannot wait for a fault to be served.
     pub eager: Vec<(u64, u64)>,
+    /// Registered ranges whose pages came before the image (a hybrid migration's pre-copy
+    /// rounds: `Process::inherited`, not `inherited_lazily`), which the server supplies from
+    /// the pages it holds itself ([`LazyMemory::serves_precopied`]); empty otherwise.
+    pub precopied: Vec<(u64, u64)>,
 }
 
 /// A page server that takes over the memory of a tree being rebuilt.
@@ -62,6 +66,14 @@ pub trait LazyMemory: std::fmt::Debug {
     fn serves_inherited(&self) -> bool {
         false
     }
+    /// Whether this server (one that [`Self::serves_inherited`]) also supplies, from pages
+    /// it holds itself, the inherited pages that came before the image (a hybrid migration's
+    /// pre-copy rounds) inside the registered ranges ([`LazyProcess::precopied`]): the restore
+    /// then leaves them out, so the tree runs before they are written. False: the restore
+    /// writes them before the server starts.
+    fn serves_precopied(&self) -> bool {
+        false
+    }
     /// Reads `[addr, addr + buf.len())` of image process `pid`'s memory from the server's
     /// source before [`LazyMemory::start`] (zeros where it holds nothing): the pages a
     /// parent's children share with it copy-on-write go into the parent before the children
@@ -73,8 +85,9 @@ pub trait LazyMemory: std::fmt::Debug {
 }
 
 /// Makes a userfaultfd inside `h` for its own address space, takes it over, enables the lazy
-/// events and registers every private anonymous mapping of `vmas`.
-pub fn prepare(h: &Husk, p: &ferry_image::Process) -> Result<LazyProcess> {
+/// events and registers every private anonymous mapping of `vmas`. With `precopied`, the
+/// server supplies the pre-copied pages inside them too ([`LazyProcess::precopied`]).
+pub fn prepare(h: &Husk, p: &ferry_image::Process, precopied: bool) -> Result<LazyProcess> {
     let vmas = &p.vmas[..];
     let inj = h.injector();
     let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
@@ -139,6 +152,13 @@ pub fn prepare(h: &Husk, p: &ferry_image::Process) -> Result<LazyProcess> {
         })?;
         registered.push((v.start, v.end));
     }
+    let precopied = match (&p.inherited_lazily, precopied) {
+        (Some(lazily), true) => crate::resources::memory::intersect(
+            &crate::resources::memory::subtract(&p.inherited, lazily),
+            &registered,
+        ),
+        _ => Vec::new(),
+    };
     Ok(LazyProcess {
         pid: h.pid,
         host_pid: h.host,
@@ -147,6 +167,7 @@ pub fn prepare(h: &Husk, p: &ferry_image::Process) -> Result<LazyProcess> {
         vmas: vmas.to_vec(),
         registered,
         eager: eager_ranges(p),
+        precopied,
     })
 }
 

@@ -886,8 +886,11 @@ fn build<R: Read>(
     if let Some(lazy) = cx.lazy.filter(|l| l.serves_inherited()) {
         // A lazy migration: the image carries what is not left at the source (private pages
         // of file mappings, huge-page mappings); those go in first, the server then supplies
-        // what the image names as inherited. A hybrid one: the inherited pages that came in
-        // the pre-copy rounds go in first too; the server supplies `inherited_lazily`.
+        // what the image names as inherited. A hybrid one: the server supplies
+        // `inherited_lazily` from the source, and the inherited pages that came in the
+        // pre-copy rounds from the pages it holds (those outside the registered ranges go in
+        // first); or, with a server that does not hold them, they all go in first.
+        let precopied = lazy.serves_precopied();
         stream_memory(
             &mut cx.img.records,
             tree,
@@ -895,14 +898,18 @@ fn build<R: Read>(
             cx.buf,
             streamed,
             cx.pages,
-            true,
+            if precopied {
+                InheritedHere::Unregistered
+            } else {
+                InheritedHere::NotLazily
+            },
             false,
             &mut report,
         )?;
         report.stamp("dest: the image's memory in");
         let processes = live
             .iter()
-            .map(|(p, h)| crate::lazy::prepare(h, p))
+            .map(|(p, h)| crate::lazy::prepare(h, p, precopied))
             .collect::<Result<Vec<_>>>()?;
         report.stamp("dest: userfaultfds registered");
         lazy.start(processes).map_err(|what| Error::Restore {
@@ -921,7 +928,7 @@ fn build<R: Read>(
         }
         let processes = live
             .iter()
-            .map(|(p, h)| crate::lazy::prepare(h, p))
+            .map(|(p, h)| crate::lazy::prepare(h, p, false))
             .collect::<Result<Vec<_>>>()?;
         lazy.start(processes).map_err(|what| Error::Restore {
             pid: tree.root_pid,
@@ -936,7 +943,7 @@ fn build<R: Read>(
             cx.buf,
             streamed,
             cx.pages,
-            false,
+            InheritedHere::All,
             false,
             &mut report,
         )?;
@@ -1054,12 +1061,26 @@ struct Piece<'a> {
     len: usize,
 }
 
+/// Which of the pages the image names as inherited (`Process::inherited`) a restore writes
+/// from the pages that came before the image ([`stream_memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InheritedHere {
+    /// Every one (no page server, or one that supplies every page of the image).
+    All,
+    /// Those not `inherited_lazily` (a lazy page server supplies those; a lazy migration,
+    /// which has no such list, inherits nothing else).
+    NotLazily,
+    /// Those not `inherited_lazily` and outside the private anonymous mappings a lazy page
+    /// server registers: it supplies the others, from the source or from the pre-copied
+    /// pages it holds ([`crate::lazy::LazyMemory::serves_precopied`]).
+    Unregistered,
+}
+
 /// Reads the image's memory records to its end marker, writing each into its process as it
 /// arrives. Two buffers take turns: while a helper thread writes one piece into its process
 /// (`process_vm_writev`, which faults in and clears each page of the target first), this
-/// thread reads and checksums the next. With `inherited_elsewhere`, the pages the image names
-/// as inherited are left alone (a lazy page server supplies them), but for those of a hybrid
-/// migration's that came in its pre-copy rounds (inherited, not `inherited_lazily`). With
+/// thread reads and checksums the next. `inherited` says which of the pages the image names
+/// as inherited are written here from `pages` (a lazy page server supplies the others). With
 /// `stop_at_other`, it stops at the first record that is for none of `live` (or at the end
 /// marker), leaving that record to be read next. (A version 1 image has its shared objects' contents
 /// here, after memory: they are filled as they come, except into System V segments, which are
@@ -1072,7 +1093,7 @@ fn stream_memory<R: Read>(
     buf: &mut [u8],
     live: &[(&Process, &Husk)],
     pages: Option<&dyn InheritedPages>,
-    inherited_elsewhere: bool,
+    inherited: InheritedHere,
     stop_at_other: bool,
     report: &mut RestoreReport,
 ) -> Result<()> {
@@ -1086,10 +1107,14 @@ fn stream_memory<R: Read>(
     // come after and may overwrite them.
     // (Unless a lazy page server supplies them once the records are in.)
     for ((p, h), f) in live.iter().zip(&fillers) {
-        let ranges = match (inherited_elsewhere, &p.inherited_lazily) {
-            (false, _) => p.inherited.clone(),
-            (true, Some(lazily)) => memory::subtract(&p.inherited, lazily),
-            (true, None) => continue,
+        let ranges = match (inherited, &p.inherited_lazily) {
+            (InheritedHere::All, _) => p.inherited.clone(),
+            (InheritedHere::NotLazily, Some(lazily)) => memory::subtract(&p.inherited, lazily),
+            (InheritedHere::Unregistered, Some(lazily)) => memory::subtract(
+                &memory::subtract(&p.inherited, lazily),
+                &crate::lazy::source_ranges_of(&p.vmas),
+            ),
+            (_, None) => continue,
         };
         report.inherited_bytes += fill_inherited(p, &ranges, h, f.as_ref(), pages, buf)?;
     }
@@ -1269,11 +1294,27 @@ fn memory_early<R: Read>(
     let live = [(p, h)];
     match lazy {
         None => stream_memory(
-            records, tree, objects, buf, &live, pages, false, true, report,
+            records,
+            tree,
+            objects,
+            buf,
+            &live,
+            pages,
+            InheritedHere::All,
+            true,
+            report,
         )?,
-        Some(l) if l.serves_inherited() => {
-            stream_memory(records, tree, objects, buf, &live, None, true, true, report)?
-        }
+        Some(l) if l.serves_inherited() => stream_memory(
+            records,
+            tree,
+            objects,
+            buf,
+            &live,
+            None,
+            InheritedHere::NotLazily,
+            true,
+            report,
+        )?,
         Some(l) => {
             let mut shared: Vec<(u64, u64)> = tree
                 .processes

@@ -75,6 +75,24 @@ impl PageCache {
         Some(&self.slabs[n][o..o + PAGE as usize])
     }
 
+    /// The pages held for `pid` from `addr` on that lie one after another in the cache as in
+    /// the process (at most `max` bytes, at least one page), if the page at `addr` is held:
+    /// copied from in one piece.
+    pub fn run(&self, pid: i32, addr: u64, max: usize) -> Option<&[u8]> {
+        let off = *self.index.get(&(pid, addr))?;
+        let (n, o) = (off / SLAB, off % SLAB);
+        let slab = &self.slabs[n];
+        let page = PAGE as usize;
+        let mut len = page;
+        while len < max
+            && o + len + page <= slab.len()
+            && self.index.get(&(pid, addr + len as u64)) == Some(&(off + len))
+        {
+            len += page;
+        }
+        Some(&slab[o..o + len])
+    }
+
     /// The addresses of the pages held for `pid`, in order.
     pub fn pages_of(&self, pid: i32) -> Vec<u64> {
         let mut v: Vec<u64> = self

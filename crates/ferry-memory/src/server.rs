@@ -16,6 +16,7 @@
 //! killed with SIGKILL (a fault-blocked thread dies in its fault) and the error names the
 //! process, the address and why: nothing is left waiting for a page that will never come.
 
+use crate::cache::PageCache;
 use crate::guard::Guardian;
 use crate::ranges::{RangeMap, Src};
 use crate::source::PageSource;
@@ -26,7 +27,8 @@ use ferry_sys::uffd::{self, Msg};
 use ferry_sys::PAGE_SIZE;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::Mutex;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -58,6 +60,12 @@ pub struct Options {
     /// The source supplies what the image names as inherited, the image carrying the rest
     /// ([`LazyMemory::serves_inherited`]: a lazy migration).
     pub serves_inherited: bool,
+    /// Pages that came before the image (a hybrid migration's pre-copy rounds), which the
+    /// server supplies itself to the ranges the restore names ([`LazyProcess::precopied`]),
+    /// by fault and by push like the source's, but without asking the source: the tree runs
+    /// before they are written, and the source is released once the pages only it holds are
+    /// in ([`LazyServer::wait_released`]), while these may still be going in.
+    pub precopied: Option<Arc<PageCache>>,
 }
 
 impl Default for Options {
@@ -71,6 +79,7 @@ impl Default for Options {
             guardian: None,
             push_gate: None,
             serves_inherited: false,
+            precopied: None,
         }
     }
 }
@@ -114,6 +123,16 @@ pub struct Stats {
     pub dependency_ms: f64,
     /// Address spaces that ended (their process exited or was killed) still owed pages.
     pub ended_owing: u64,
+    /// Of the pages the server held itself ([`Options::precopied`]): bytes the processes were
+    /// owed at the hand-over, pages copied in answer to faults (with their neighbours) and by
+    /// the push, and bytes still owed when the source was released (they went in after).
+    pub local_owed_bytes: u64,
+    pub local_fault_pages: u64,
+    pub local_pushed_pages: u64,
+    pub local_pending_bytes: u64,
+    /// From the hand-over until the last of those was in (0 in the statistics given when the
+    /// source was released, if some were still owed then).
+    pub local_done_ms: f64,
 }
 
 /// One served address space.
@@ -127,6 +146,12 @@ struct Space {
     owed: RangeMap,
     /// Asked for and not yet in: on its way, never asked for again.
     inflight: RangeMap,
+    /// What it still lacks of the pages the server holds itself ([`Options::precopied`]: a
+    /// hybrid migration's pre-copy rounds), copied in by fault and push, never asked of the
+    /// source.
+    local: RangeMap,
+    /// Where the push of those goes on.
+    local_cursor: u64,
     /// Where the push goes on in this space (where the last fault's window ended).
     cursor: u64,
     /// The last fault, the end of its window and the window's size in pages.
@@ -140,6 +165,14 @@ struct Space {
 }
 
 impl Space {
+    /// Its process is gone: nothing is owed to it any more.
+    fn mark_dead(&mut self) {
+        self.owed = RangeMap::default();
+        self.inflight = RangeMap::default();
+        self.local = RangeMap::default();
+        self.dead = true;
+    }
+
     /// Pages on their way to `[start, end)` that the process dropped or unmapped: no longer
     /// waited for; a thread blocked in a fault there is woken to fault again (and find the
     /// zero page, or its signal).
@@ -161,6 +194,9 @@ pub struct LazyServer {
     guardian: Mutex<Option<Guardian>>,
     thread: Mutex<Option<JoinHandle<Result<Stats, String>>>>,
     handed_over: Mutex<Option<Instant>>,
+    /// Told the statistics once the source is no longer needed.
+    released: Mutex<Option<mpsc::Receiver<Stats>>>,
+    released_tx: Mutex<Option<mpsc::Sender<Stats>>>,
 }
 
 impl std::fmt::Debug for LazyServer {
@@ -178,12 +214,15 @@ impl LazyServer {
             .guardian
             .as_ref()
             .and_then(|exe| Guardian::start(exe).ok());
+        let (tx, rx) = mpsc::channel();
         LazyServer {
             source: Mutex::new(Some(source)),
             guardian: Mutex::new(guardian),
             opts,
             thread: Mutex::new(None),
             handed_over: Mutex::new(None),
+            released: Mutex::new(Some(rx)),
+            released_tx: Mutex::new(Some(tx)),
         }
     }
 
@@ -200,11 +239,27 @@ impl LazyServer {
             .join()
             .unwrap_or_else(|_| Err("the page server thread panicked".into()))
     }
+
+    /// Waits until the source is no longer needed: every page only it holds is in (the
+    /// pre-copied pages the server holds itself may still be going in: [`Self::wait`] says
+    /// when they are), or the tree is gone. Gives the statistics as they stood then. An error
+    /// says why the tree was killed (and the server is then over).
+    pub fn wait_released(&self) -> Result<Stats, String> {
+        let rx = self.released.lock().expect("not poisoned").take();
+        if let Some(stats) = rx.and_then(|rx| rx.recv().ok()) {
+            return Ok(stats);
+        }
+        self.wait()
+    }
 }
 
 impl LazyMemory for LazyServer {
     fn serves_inherited(&self) -> bool {
         self.opts.serves_inherited
+    }
+
+    fn serves_precopied(&self) -> bool {
+        self.opts.serves_inherited && self.opts.precopied.is_some()
     }
 
     fn read_early(&self, pid: i32, addr: u64, buf: &mut [u8]) -> Result<(), String> {
@@ -284,6 +339,28 @@ impl LazyMemory for LazyServer {
             }
             write_eager(&mut *source, &p, &eager)?;
             stats.owed_bytes += owed.bytes();
+            let mut local = RangeMap::default();
+            if let Some(cache) = &self.opts.precopied {
+                for &(s, e) in &p.precopied {
+                    let one = crate::RangeSet::from_ranges([(s, e)]);
+                    if let Some(a) = cache.missing(p.pid, &one) {
+                        return Err(format!(
+                            "PID {}: page {a:x}, which the image takes from the pre-copy \
+                             rounds, never arrived",
+                            p.pid
+                        ));
+                    }
+                    local.insert(
+                        s,
+                        e,
+                        Src::Image {
+                            pid: p.pid,
+                            addr: s,
+                        },
+                    );
+                }
+            }
+            stats.local_owed_bytes += local.bytes();
             let wipe_on_fork = p
                 .vmas
                 .iter()
@@ -296,6 +373,8 @@ impl LazyMemory for LazyServer {
                 view,
                 owed,
                 inflight: RangeMap::default(),
+                local,
+                local_cursor: 0,
                 cursor: 0,
                 last_fault: 0,
                 fault_end: 0,
@@ -309,12 +388,16 @@ impl LazyMemory for LazyServer {
             let space = spaces.last_mut().expect("just pushed");
             for &(s, e) in &p.eager {
                 fill_now(&mut *source, space, p.pid, s, e)?;
+                if let Some(cache) = &self.opts.precopied {
+                    fill_now_local(cache, space, p.pid, s, e)?;
+                }
             }
         }
         if let Some(g) = guardian.as_mut() {
             g.sync()?;
         }
         let opts = self.opts.clone();
+        let released = self.released_tx.lock().expect("not poisoned").take();
         let t0 = Instant::now();
         *self.handed_over.lock().expect("not poisoned") = Some(t0);
         let handle = std::thread::Builder::new()
@@ -330,11 +413,15 @@ impl LazyMemory for LazyServer {
                     asks: HashMap::new(),
                     push_in_flight: 0,
                     arrived: Vec::new(),
+                    released,
+                    local_next: 0,
                 };
                 let r = s.run();
                 let guardian = s.guardian.take();
-                s.stats.source_bytes = s.source.bytes_delivered();
-                s.stats.dependency_ms = t0.elapsed().as_secs_f64() * 1e3;
+                if s.released.is_some() {
+                    s.stats.source_bytes = s.source.bytes_delivered();
+                    s.stats.dependency_ms = t0.elapsed().as_secs_f64() * 1e3;
+                }
                 let r = match r {
                     Ok(()) => Ok(std::mem::take(&mut s.stats)),
                     Err(e) => {
@@ -428,6 +515,44 @@ fn fill_now(
     Ok(())
 }
 
+/// Copies what `space` lacks of the pages the server holds itself in `[start, end)` at once
+/// (the process is not running yet).
+fn fill_now_local(
+    cache: &PageCache,
+    space: &mut Space,
+    pid: i32,
+    start: u64,
+    end: u64,
+) -> Result<(), String> {
+    for (s, e, src) in space.local.remove(start, end) {
+        let Src::Image { pid: from, addr } = src else {
+            continue;
+        };
+        let mut at = s;
+        while at < e {
+            let run = cache
+                .run(from, addr + (at - s), (e - at) as usize)
+                .ok_or_else(|| format!("PID {pid}: the pre-copied page at {at:x} is missing"))?;
+            let mut done = 0;
+            while done < run.len() {
+                match uffd::copy(space.uffd.as_fd(), at + done as u64, &run[done..]) {
+                    Ok(n) if n > 0 => done += n,
+                    Err((err, n)) if err.errno == libc::EEXIST => done += n + PAGE as usize,
+                    Ok(_) => done += PAGE as usize,
+                    Err((err, _)) => {
+                        return Err(format!(
+                            "PID {pid}: fill its memory at {:x}: {err}",
+                            at + done as u64
+                        ))
+                    }
+                }
+            }
+            at += run.len() as u64;
+        }
+    }
+    Ok(())
+}
+
 /// Every process of the tree (by pidfd) and every process descended from them since, killed.
 pub(crate) fn kill_tree(pidfds: &[(i32, OwnedFd)]) -> usize {
     // Descendants first collected, then all killed: a parent killed first would let its
@@ -509,7 +634,16 @@ struct Serving {
     /// Answers received whose pages are not yet in every address space waiting for them (a
     /// copy met a changing address space: tried again once its events are read).
     arrived: Vec<(Ask, Vec<u8>)>,
+    /// Told the statistics once the source is no longer needed (taken then).
+    released: Option<mpsc::Sender<Stats>>,
+    /// The space whose pre-copied pages the push copies next.
+    local_next: usize,
 }
+
+/// Bytes of pre-copied pages the push copies between two looks at the faults, and pages one
+/// fault copies from them (its own and those after it).
+const LOCAL_PIECE: u64 = 1 << 20;
+const LOCAL_FAULT_PAGES: u64 = 32;
 
 const PAGE: u64 = PAGE_SIZE;
 
@@ -537,7 +671,11 @@ impl Serving {
                     }
                 }
                 if self.spaces.iter().all(|s| s.owed.is_empty()) {
-                    return Ok(());
+                    self.release();
+                    if self.spaces.iter().all(|s| s.local.is_empty()) {
+                        self.stats.local_done_ms = self.t0.elapsed().as_secs_f64() * 1e3;
+                        return Ok(());
+                    }
                 }
             }
             let gate_open = self
@@ -549,22 +687,26 @@ impl Serving {
             if pushing {
                 next_push = self.push_more(next_push)?;
             }
+            let local_work = pushing && self.spaces.iter().any(|s| !s.local.is_empty());
             let waiting = !self.asks.is_empty();
-            let timeout =
-                if !self.arrived.is_empty() || (waiting && self.source.ready_fd().is_none()) {
-                    0
-                } else if waiting {
-                    100
-                } else if pushing {
-                    0
-                } else if !gate_open {
-                    20
-                } else {
-                    (self.opts.push_after.saturating_sub(self.t0.elapsed()))
-                        .as_millis()
-                        .clamp(1, 100) as i32
-                };
-            if !waiting {
+            let timeout = if !self.arrived.is_empty()
+                || local_work
+                || (waiting && self.source.ready_fd().is_none())
+            {
+                0
+            } else if waiting {
+                100
+            } else if pushing {
+                0
+            } else if !gate_open {
+                20
+            } else {
+                (self.opts.push_after.saturating_sub(self.t0.elapsed()))
+                    .as_millis()
+                    .clamp(1, 100) as i32
+            };
+            // (Once released, the source may go: its link's end is no news.)
+            if !waiting && self.released.is_some() {
                 self.source.check()?;
             }
             let mut fds: Vec<i32> = self.spaces.iter().map(|s| s.uffd.as_raw_fd()).collect();
@@ -584,9 +726,124 @@ impl Serving {
                 self.collect()?;
             }
             self.apply_arrived()?;
+            if local_work {
+                self.push_local()?;
+            }
             if !pushing && !any {
                 self.find_dead();
             }
+        }
+    }
+
+    /// Tells [`LazyServer::wait_released`] (once) that the source is no longer needed.
+    fn release(&mut self) {
+        if let Some(tx) = self.released.take() {
+            self.stats.source_bytes = self.source.bytes_delivered();
+            self.stats.dependency_ms = self.t0.elapsed().as_secs_f64() * 1e3;
+            self.stats.local_pending_bytes = self.spaces.iter().map(|s| s.local.bytes()).sum();
+            let _ = tx.send(self.stats.clone());
+        }
+    }
+
+    /// Copies up to [`LOCAL_PIECE`] of what the spaces lack of the pre-copied pages (they
+    /// take turns, each from where its push stands).
+    fn push_local(&mut self) -> Result<(), String> {
+        let n = self.spaces.len();
+        for k in 0..n {
+            let i = (self.local_next + k) % n;
+            let sp = &self.spaces[i];
+            if sp.dead {
+                continue;
+            }
+            let Some((s, e, _)) = sp
+                .local
+                .at_or_after(sp.local_cursor)
+                .or_else(|| sp.local.first())
+            else {
+                continue;
+            };
+            let from = if sp.local_cursor > s && sp.local_cursor < e {
+                sp.local_cursor
+            } else {
+                s
+            };
+            let to = e.min(from + LOCAL_PIECE);
+            let pages = self.fill_local(i, from, to)?;
+            self.stats.local_pushed_pages += pages;
+            self.spaces[i].local_cursor = to;
+            self.local_next = i + 1;
+            return Ok(());
+        }
+        Ok(())
+    }
+
+    /// Copies what space `i` lacks of the pre-copied pages in `[start, end)` from the pages
+    /// the server holds; gives the pages copied, or `None` if the address space is changing
+    /// (what is left stays owed, to be copied once its events are read).
+    fn fill_local_at(&mut self, i: usize, start: u64, end: u64) -> Result<Option<u64>, String> {
+        let Some(cache) = self.opts.precopied.clone() else {
+            return Ok(Some(0));
+        };
+        let mut pages = 0;
+        let mut taken = self.spaces[i].local.remove(start, end).into_iter();
+        while let Some((s, e, src)) = taken.next() {
+            let Src::Image { pid, addr } = src else {
+                continue;
+            };
+            let mut at = s;
+            while at < e {
+                let run = cache
+                    .run(pid, addr + (at - s), (e - at) as usize)
+                    .ok_or_else(|| {
+                        format!(
+                            "{}: the pre-copied page at {at:x} (PID {pid}'s at {:x}) is missing",
+                            self.spaces[i].label,
+                            addr + (at - s)
+                        )
+                    })?;
+                let (fill, done_to) = self.copy_data(i, at, run)?;
+                pages += (done_to.saturating_sub(at)) / PAGE;
+                match fill {
+                    Fill::Done => at += run.len() as u64,
+                    Fill::Again => {
+                        // Owed again from where the copy stopped, with what was not reached.
+                        let sp = &mut self.spaces[i];
+                        sp.local.insert(done_to, e, src.at(done_to - s));
+                        for (a, b, src) in taken {
+                            sp.local.insert(a, b, src);
+                        }
+                        return Ok(None);
+                    }
+                    Fill::Gone { dead: true } => {
+                        self.spaces[i].mark_dead();
+                        return Ok(Some(pages));
+                    }
+                    Fill::Gone { dead: false } => at = done_to,
+                }
+            }
+        }
+        Ok(Some(pages))
+    }
+
+    /// [`Self::fill_local_at`] for the push: a changing address space leaves the rest owed.
+    fn fill_local(&mut self, i: usize, start: u64, end: u64) -> Result<u64, String> {
+        Ok(self.fill_local_at(i, start, end)?.unwrap_or(0))
+    }
+
+    /// Answers a fault at `page` of space `i`, which lacks that pre-copied page: it and the
+    /// pre-copied pages after it (up to [`LOCAL_FAULT_PAGES`]) are copied at once from the
+    /// pages the server holds. False: try again (the address space changes).
+    fn fault_local(&mut self, i: usize, page: u64) -> Result<bool, String> {
+        let t = Instant::now();
+        let (_, e, _) = self.spaces[i].local.get(page).expect("the caller found it");
+        let end = e.min(page + LOCAL_FAULT_PAGES * PAGE);
+        match self.fill_local_at(i, page, end)? {
+            Some(pages) => {
+                self.stats.local_fault_pages += pages;
+                self.stats.fault_service_us += t.elapsed().as_micros() as u64;
+                Ok(true)
+            }
+            None => Ok(false),
         }
     }
 
@@ -672,10 +929,7 @@ impl Serving {
                             break;
                         }
                         Fill::Gone { dead: true } => {
-                            let s = &mut self.spaces[j];
-                            s.owed = RangeMap::default();
-                            s.inflight = RangeMap::default();
-                            s.dead = true;
+                            self.spaces[j].mark_dead();
                             break 'pieces;
                         }
                         // One page gone (a hole unmapped in the middle): the rest goes on.
@@ -694,14 +948,14 @@ impl Serving {
     fn find_dead(&mut self) {
         const PROBE: u64 = 0x10000;
         for s in &mut self.spaces {
-            if (s.owed.is_empty() && s.inflight.is_empty()) || s.view.get(PROBE).is_some() {
+            if (s.owed.is_empty() && s.inflight.is_empty() && s.local.is_empty())
+                || s.view.get(PROBE).is_some()
+            {
                 continue;
             }
             if let Err((e, _)) = uffd::zeropage(s.uffd.as_fd(), PROBE, PAGE) {
                 if e.errno == libc::ESRCH {
-                    s.dead = true;
-                    s.owed = RangeMap::default();
-                    s.inflight = RangeMap::default();
+                    s.mark_dead();
                 }
             }
         }
@@ -760,10 +1014,12 @@ impl Serving {
                 let mut view = parent.view.clone();
                 let mut owed = parent.owed.clone();
                 let mut inflight = parent.inflight.clone();
+                let mut local = parent.local.clone();
                 for &(s, e) in &parent.wipe_on_fork {
                     view.remove(s, e);
                     owed.remove(s, e);
                     inflight.remove(s, e);
+                    local.remove(s, e);
                 }
                 let label = if parent.label.starts_with("a process forked from") {
                     parent.label.clone()
@@ -780,6 +1036,8 @@ impl Serving {
                     view,
                     owed,
                     inflight,
+                    local,
+                    local_cursor: 0,
                     cursor: 0,
                     last_fault: 0,
                     fault_end: 0,
@@ -795,6 +1053,7 @@ impl Serving {
                 s.view.remap(from, to, len);
                 s.owed.remap(from, to, len);
                 s.inflight.remap(from, to, len);
+                s.local.remap(from, to, len);
                 self.stats.remaps += 1;
                 Ok(None)
             }
@@ -805,6 +1064,7 @@ impl Serving {
                     s.view.insert(start, end, Src::Zero);
                 }
                 s.owed.remove(start, end);
+                s.local.remove(start, end);
                 s.forget_on_the_way(start, end);
                 self.stats.removes += 1;
                 Ok(None)
@@ -813,6 +1073,7 @@ impl Serving {
                 let s = &mut self.spaces[i];
                 s.view.remove(start, end);
                 s.owed.remove(start, end);
+                s.local.remove(start, end);
                 s.forget_on_the_way(start, end);
                 self.stats.unmaps += 1;
                 Ok(None)
@@ -834,16 +1095,16 @@ impl Serving {
             self.stats.faults_on_the_way += 1;
             return Ok(true);
         }
+        if self.spaces[i].local.get(page).is_some() {
+            return self.fault_local(i, page);
+        }
         if self.spaces[i].owed.get(page).is_none() {
             return Ok(match self.zero(i, page) {
                 Fill::Done => true,
                 Fill::Again => false,
                 Fill::Gone { dead } => {
                     if dead {
-                        let s = &mut self.spaces[i];
-                        s.owed = RangeMap::default();
-                        s.inflight = RangeMap::default();
-                        s.dead = true;
+                        self.spaces[i].mark_dead();
                     }
                     true
                 }

@@ -869,6 +869,18 @@ pub struct LazyReport {
     /// On the source: from the copy's resume until the source was released (the original
     /// killed, or left as a deputy), its memory no longer needed.
     pub source_released_after_resume_ms: f64,
+    /// A hybrid migration's pre-copied pages, which the destination's page server copies in
+    /// after the copy runs, never asking the source: bytes the copy still lacked when it was
+    /// handed over, pages copied in answer to faults and by the push before the source was
+    /// released, and bytes still to be copied then (they went in after).
+    #[serde(default)]
+    pub local_owed_bytes: u64,
+    #[serde(default)]
+    pub local_fault_pages: u64,
+    #[serde(default)]
+    pub local_pushed_pages: u64,
+    #[serde(default)]
+    pub local_pending_bytes: u64,
 }
 
 /// How a migration moved memory: the mode used, why, and its pre-copy rounds.

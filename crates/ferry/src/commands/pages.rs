@@ -365,5 +365,9 @@ pub fn report(s: &ferry_memory::Stats) -> ferry_transport::message::LazyReport {
         source_bytes: s.source_bytes,
         dependency_ms: s.dependency_ms,
         source_released_after_resume_ms: 0.0,
+        local_owed_bytes: s.local_owed_bytes,
+        local_fault_pages: s.local_fault_pages,
+        local_pushed_pages: s.local_pushed_pages,
+        local_pending_bytes: s.local_pending_bytes,
     }
 }

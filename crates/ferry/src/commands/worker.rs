@@ -911,6 +911,9 @@ pub fn restore_worker(
         Ok(i) => i,
         Err(e) => return fail(&mut out, &e),
     };
+    // Shared with the page server of a hybrid migration, which copies the pre-copied pages
+    // into the copy after it runs.
+    let cache = std::sync::Arc::new(cache);
     let open_ms = t0.elapsed().as_secs_f64() * 1e3;
     let stamp = ferry_transport::message::Stamp::now;
     let mut timeline = vec![stamp("dest: tree received")];
@@ -939,6 +942,7 @@ pub fn restore_worker(
                             guardian: Some(exe),
                             push_gate: Some(gate.clone()),
                             serves_inherited: true,
+                            precopied: Some(cache.clone()),
                             ..Default::default()
                         },
                     ))
@@ -1016,18 +1020,33 @@ pub fn restore_worker(
                 gate.store(true, std::sync::atomic::Ordering::Release);
                 if let Some(server) = server {
                     let _ = out.flush();
-                    let _ = match server.wait() {
-                        Ok(stats) => write_msg(
-                            &mut out,
-                            &Msg::LazyDone(Box::new(super::pages::report(&stats))),
-                        ),
-                        Err(e) => write_msg(
-                            &mut out,
-                            &Msg::Error {
-                                message: format!("the lazy phase failed: {e}"),
-                            },
-                        ),
-                    };
+                    // The source is released as soon as the pages only it holds are in; a
+                    // hybrid copy's pre-copied pages may still be going in from here.
+                    match server.wait_released() {
+                        Ok(stats) => {
+                            let _ = write_msg(
+                                &mut out,
+                                &Msg::LazyDone(Box::new(super::pages::report(&stats))),
+                            );
+                            let _ = out.flush();
+                            match server.wait() {
+                                Ok(s) => log::debug!(
+                                    "the pre-copied pages are all in, {:.1} ms after the \
+                                     hand-over",
+                                    s.local_done_ms
+                                ),
+                                Err(e) => log::error!("the lazy phase failed: {e}"),
+                            }
+                        }
+                        Err(e) => {
+                            let _ = write_msg(
+                                &mut out,
+                                &Msg::Error {
+                                    message: format!("the lazy phase failed: {e}"),
+                                },
+                            );
+                        }
+                    }
                 }
             }
             Err(e) => {
