@@ -348,3 +348,75 @@ impl crate::relay::HomeRelays {
         missed
     }
 }
+
+/// A relayed stream socket's way from home to the body (its id on the wire: the relay's file
+/// number with this bit, `RelayOpen::pipe`), relayed as a pipe's.
+pub const SOCKET_DOWN: u32 = 1 << 29;
+/// A relayed stream socket's way from the body home, relayed as a pipe's.
+pub const SOCKET_UP: u32 = 1 << 28;
+
+/// The ids of the two ways (home to body, body to home) of stream socket relay `id`.
+pub fn socket_ways(id: u32) -> (u32, u32) {
+    let n = id & !ferry_image::RELAY_SOCKET;
+    (n | SOCKET_DOWN, n | SOCKET_UP)
+}
+
+/// Whether socket `fd` is a stream socket (whose relay is kept as two pipes' relays).
+pub fn is_stream(fd: &OwnedFd) -> bool {
+    ferry_sys::sockets::getsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TYPE)
+        == Ok(libc::SOCK_STREAM)
+}
+
+/// At home: the stream socket `sock` of relay `id` of the tree rooted at home PID `pid`, whose
+/// body runs on `body_node`, is held by a holder that pumps it to and from two pipes (`ferry
+/// __relay-holder --socket`, sending as `sender`), and each pipe's other end is relayed and
+/// kept as a pipe's (a buffer and a holder each): the socket's peer never sees this daemon
+/// go. Returns the two ways' ids and home ends, with their buffers, for the body's node.
+pub fn keep_socket(
+    node: &Node,
+    pid: i32,
+    id: u32,
+    body_node: &str,
+    sock: &OwnedFd,
+    sender: Option<crate::relay::Sender>,
+) -> Result<Vec<(u32, OwnedFd, Keep)>> {
+    use std::os::unix::process::CommandExt;
+    let pipe = || {
+        ferry_sys::fdops::pipe2(libc::O_CLOEXEC)
+            .map_err(|e| anyhow!("make a pipe for socket relay {id} of PID {pid}: {e}"))
+    };
+    let (down_r, down_w) = pipe()?;
+    let (up_r, up_w) = pipe()?;
+    let mut cmd = std::process::Command::new(&node.exe);
+    cmd.args(["__relay-holder", "--socket", "--root", &pid.to_string()]);
+    if let Some((p, u, g)) = sender {
+        cmd.arg("--sender").arg(format!("{p}:{u}:{g}"));
+    }
+    let child = cmd
+        .stdin(sock.try_clone().context("copy the home's socket")?)
+        .stdout(down_w)
+        .stderr(up_r)
+        .process_group(0)
+        .spawn()
+        .with_context(|| {
+            format!(
+                "start a socket holder ({} __relay-holder --socket)",
+                node.exe.display()
+            )
+        })?;
+    tracing::info!(
+        event = "relay-socket-held",
+        pid,
+        relay = id,
+        holder = child.id()
+    );
+    // The daemon's reaper collects it.
+    drop(child);
+    let (down, up) = socket_ways(id);
+    let mut ways = Vec::new();
+    for (way, end) in [(down, down_r), (up, up_w)] {
+        let keep = Keep::new(node, pid, way, body_node, &end)?;
+        ways.push((way, end, keep));
+    }
+    Ok(ways)
+}

@@ -461,14 +461,28 @@ where
                         net!(write_msg(&mut tx, &Msg::RelayHandoff { to: to.clone() }).await,
                             acked);
                         net!(tx.flush().await, acked);
+                        // A stream socket's way: what the body had not read comes back (the
+                        // last bytes acknowledged), kept again for the next node.
+                        let mut back: Vec<u8> = Vec::new();
                         loop {
                             match heard.recv().await {
-                                Some(Ok(Frame::Data(_))) => {}
+                                Some(Ok(Frame::Data(d))) => back.extend_from_slice(&d),
                                 Some(Ok(Frame::Msg(Msg::RelayAck { at }))) => {
                                     acked = acked.max(at.min(sent));
                                     note(acked);
                                 }
-                                Some(Ok(Frame::End)) => break,
+                                Some(Ok(Frame::End)) => {
+                                    let n = back.len() as u64;
+                                    if n > 0 && n <= acked {
+                                        acked -= n;
+                                        file.write_all_at(&back, acked)
+                                            .context("keep what the body had not read")?;
+                                        note(acked);
+                                    } else if n > 0 {
+                                        bail!("{n} bytes came back, past the {acked} sent");
+                                    }
+                                    break;
+                                }
                                 Some(Ok(Frame::Msg(m))) => {
                                     bail!("{} message inside a relay's handoff", kind(&m))
                                 }
@@ -633,7 +647,7 @@ fn steer(
     c: Option<Ctl>,
     paused: &mut bool,
     at: Option<u64>,
-) -> Option<(String, oneshot::Sender<Result<()>>)> {
+) -> Option<(String, u64, oneshot::Sender<Result<()>>)> {
     match c {
         Some(Ctl::Pause(ack)) => {
             *paused = true;
@@ -644,15 +658,112 @@ fn steer(
             *paused = false;
             None
         }
-        Some(Ctl::Handoff { to, done, .. }) => Some((to, done)),
+        Some(Ctl::Handoff { to, peer, done }) => Some((to, peer, done)),
     }
 }
 
 enum StandIn {
-    /// The body reads: our end is the stand-in's write end.
-    Reads(pipe::Sender),
-    /// The body writes: our end is its read end.
-    Writes(pipe::Receiver),
+    /// The body reads: our end is the stand-in's write end (or the body's stream socket's
+    /// other end, for its way from home).
+    Reads(Dst),
+    /// The body writes: our end is its read end (or the socket's, for its way home).
+    Writes(Src),
+}
+
+/// The body's relayed stream socket's other end here, which both its ways use.
+/// (Registered as a UNIX stream's, whatever its family: only its readiness and descriptor are
+/// used.)
+type Sock = Arc<tokio::net::UnixStream>;
+
+/// What a body's node reads the body's writing from.
+enum Src {
+    Pipe(pipe::Receiver),
+    Sock(Sock),
+}
+
+/// What a body's node writes what the body reads into.
+enum Dst {
+    Pipe(pipe::Sender),
+    Sock(Sock),
+}
+
+impl Src {
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Src::Pipe(p) => p.read(buf).await,
+            Src::Sock(s) => loop {
+                s.readable().await?;
+                let raw = s.as_raw_fd();
+                let r = s.try_io(tokio::io::Interest::READABLE, || {
+                    match ferry_sys::fdops::read_fd(raw, buf) {
+                        // The body closed with data unread by it: its end of file.
+                        Err(e) if e.errno == libc::ECONNRESET => Ok(0),
+                        r => r.map_err(sys),
+                    }
+                });
+                match r {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    r => return r,
+                }
+            },
+        }
+    }
+
+    /// A socket's: what the frozen body wrote and we have not read (none for a pipe, whose
+    /// stand-in the image keeps), for the handoff.
+    fn rest(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Src::Sock(s) = self {
+            loop {
+                match ferry_sys::sockets::recv_append(
+                    s.as_raw_fd(),
+                    &mut out,
+                    CHUNK,
+                    libc::MSG_DONTWAIT,
+                ) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.errno == libc::EINTR => {}
+                    Err(_) => break,
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Dst {
+    async fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Dst::Pipe(p) => p.write(data).await,
+            Dst::Sock(s) => loop {
+                s.writable().await?;
+                let raw = s.as_raw_fd();
+                let r = s.try_io(tokio::io::Interest::WRITABLE, || {
+                    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+                    match ferry_sys::sockets::send(raw, data, None, &[], flags) {
+                        // The body closed its socket: as a pipe's readers gone.
+                        Err(e) if e.errno == libc::ECONNRESET => {
+                            Err(std::io::Error::from_raw_os_error(libc::EPIPE))
+                        }
+                        r => r.map_err(sys),
+                    }
+                });
+                match r {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    r => return r,
+                }
+            },
+        }
+    }
+
+    /// Whether no one reads any more (a pipe's readers gone; a socket says so on a write).
+    fn gone(&self) -> bool {
+        match self {
+            Dst::Pipe(p) => readers_gone(p.as_raw_fd()),
+            Dst::Sock(_) => false,
+        }
+    }
 }
 
 /// How one connection of a body's relay ended.
@@ -680,6 +791,18 @@ pub async fn body_relay(
         bail!("relay {pipe} has no control")
     };
     let mut st = BodyPipe::new(fd)?;
+    relay_on(node, home, pid, pipe, &mut st, &mut ctl).await
+}
+
+/// [`body_relay`]'s connections, one after the other, for the body's side `st`.
+async fn relay_on(
+    node: &Arc<crate::node::Node>,
+    home: &str,
+    pid: i32,
+    pipe: u32,
+    st: &mut BodyPipe,
+    ctl: &mut mpsc::UnboundedReceiver<Ctl>,
+) -> Result<u64> {
     let mut deadline = tokio::time::Instant::now() + crate::relay::OPEN_RETRY;
     loop {
         let opened = async {
@@ -706,7 +829,7 @@ pub async fn body_relay(
                 if st.at.is_some() {
                     tracing::warn!(event = "relay-resumed", home = %home, pid, pipe, at);
                 }
-                match body_pump(conn.stream, &mut st, at, &mut ctl).await? {
+                match body_pump(conn.stream, st, at, ctl).await? {
                     BodyEnd::Done => return Ok(st.total),
                     BodyEnd::Lost(why) => {
                         tracing::warn!(event = "relay-interrupted", home = %home, pid, pipe,
@@ -742,7 +865,7 @@ pub async fn body_relay(
 /// A body at its own home (come home beside its deputies): its pipe's relay over the
 /// in-process stream `stream` to the home's end here.
 pub async fn body_at_home<S>(
-    mut stream: S,
+    stream: S,
     fd: OwnedFd,
     ctl: Option<mpsc::UnboundedReceiver<Ctl>>,
 ) -> Result<u64>
@@ -753,12 +876,24 @@ where
         bail!("a relay has no control")
     };
     let mut st = BodyPipe::new(fd)?;
+    local_on(stream, &mut st, &mut ctl).await
+}
+
+/// [`body_at_home`]'s one connection, for the body's side `st`.
+async fn local_on<S>(
+    mut stream: S,
+    st: &mut BodyPipe,
+    ctl: &mut mpsc::UnboundedReceiver<Ctl>,
+) -> Result<u64>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let at = match ferry_transport::frame::read_msg(&mut stream).await {
         Ok(Msg::RelayAt { at }) => at,
         Ok(other) => bail!("the home's end answered {}", kind(&other)),
         Err(e) => bail!("the home's end did not answer: {e}"),
     };
-    match body_pump(stream, &mut st, at, &mut ctl).await? {
+    match body_pump(stream, st, at, ctl).await? {
         BodyEnd::Done => Ok(st.total),
         BodyEnd::Lost(why) => bail!("the home's end went: {why}"),
     }
@@ -770,11 +905,19 @@ impl BodyPipe {
             .map_err(|e| anyhow!("read the relayed pipe's flags: {e}"))?
             & libc::O_ACCMODE;
         let stand_in = if acc == libc::O_RDONLY {
-            StandIn::Writes(pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?)
+            StandIn::Writes(Src::Pipe(
+                pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?,
+            ))
         } else {
-            StandIn::Reads(pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?)
+            StandIn::Reads(Dst::Pipe(
+                pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?,
+            ))
         };
-        Ok(BodyPipe {
+        Ok(BodyPipe::with(stand_in))
+    }
+
+    fn with(stand_in: StandIn) -> BodyPipe {
+        BodyPipe {
             stand_in,
             at: None,
             eof: false,
@@ -782,7 +925,7 @@ impl BodyPipe {
             drained: false,
             paused: false,
             total: 0,
-        })
+        }
     }
 }
 
@@ -829,8 +972,14 @@ where
                 tokio::select! {
                     biased;
                     // Each chunk read is sent whole before a pause is looked at.
-                    c = ctl.recv() => if let Some((to, done)) = steer(c, &mut st.paused, st.at) {
+                    c = ctl.recv() => if let Some((to, _, done)) = steer(c, &mut st.paused, st.at) {
+                        // A socket's: what the frozen body wrote goes first (a pipe's is in
+                        // the image).
+                        let rest = pipe.rest();
                         let r = async {
+                            for c in rest.chunks(CHUNK) {
+                                write_data(&mut tx, c).await?;
+                            }
                             write_msg(&mut tx, &Msg::RelayHandoff { to }).await?;
                             tx.shutdown().await?;
                             Ok::<_, anyhow::Error>(())
@@ -847,8 +996,14 @@ where
                             st.unacked.drain(..(upto - base) as usize);
                         }
                         // Home's readers are gone (so is what we would send), or it wrote
-                        // all we sent after our end of file.
-                        Some(Ok(Frame::End)) => return Ok(BodyEnd::Done),
+                        // all we sent after our end of file. A socket's body then reads no
+                        // more of ours: its writes fail, as they would have at home.
+                        Some(Ok(Frame::End)) => {
+                            if let Src::Sock(s) = pipe {
+                                let _ = ferry_sys::sockets::shutdown(s.as_raw_fd(), libc::SHUT_RD);
+                            }
+                            return Ok(BodyEnd::Done);
+                        }
                         Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
                         Some(Ok(Frame::Data(_))) => bail!("data from the reading side of a relay"),
                         Some(Err(e)) => return Ok(BodyEnd::Lost(e.to_string())),
@@ -877,21 +1032,24 @@ where
             // The body reads: what comes from home (from `home_at`, where we stand) is
             // written into the stand-in, and acknowledged once there.
             st.at = Some(home_at);
-            let raw = pipe.as_raw_fd();
             let mut pending: Vec<u8> = Vec::new();
             let mut off = 0usize;
             loop {
                 if st.eof && off >= pending.len() && !st.paused {
                     // Home's end of file, after all it sent: the body sees it once it has
-                    // read all. Home ends the relay.
+                    // read all (a socket's way from home is shut down). Home ends the relay.
+                    if let Dst::Sock(s) = pipe {
+                        let _ = ferry_sys::sockets::shutdown(s.as_raw_fd(), libc::SHUT_WR);
+                    }
                     let _ = write_end(&mut tx).await;
                     let _ = tx.flush().await;
                     return Ok(BodyEnd::Done);
                 }
                 tokio::select! {
                     biased;
-                    c = ctl.recv() => if let Some((to, done)) = steer(c, &mut st.paused, st.at) {
-                        let r = hand_back(&mut tx, &mut heard, to).await;
+                    c = ctl.recv() => if let Some((to, peer, done)) = steer(c, &mut st.paused, st.at) {
+                        let sock = matches!(pipe, Dst::Sock(_));
+                        let r = hand_back(&mut tx, &mut heard, to, sock.then_some(peer)).await;
                         let _ = done.send(r);
                         return Ok(BodyEnd::Done);
                     },
@@ -924,7 +1082,7 @@ where
                         None => return Ok(BodyEnd::Lost("closed".into())),
                     },
                     _ = tick.tick(), if !st.paused => {
-                        if readers_gone(raw) {
+                        if pipe.gone() {
                             let _ = write_end(&mut tx).await;
                             let _ = tx.flush().await;
                             return Ok(BodyEnd::Done);
@@ -939,10 +1097,15 @@ where
 /// A relay the body reads, handed off: asks home to stop, and waits for its marker (what came
 /// from home and did not reach the stand-in is still in home's buffer, past what this node
 /// acknowledged: the body's next node gets it from there).
+///
+/// A stream socket's way from home (`peer`: the body's socket's inode): what this node wrote
+/// into it and the body had not read goes back after the marker, as data before `End` (the
+/// last bytes this node acknowledged: home keeps them again for the next node).
 async fn hand_back<W: AsyncWrite + Unpin>(
     tx: &mut W,
     heard: &mut mpsc::Receiver<Result<Frame, FrameError>>,
     to: String,
+    peer: Option<u64>,
 ) -> Result<()> {
     write_msg(tx, &Msg::RelayHandoff { to }).await?;
     tx.flush().await?;
@@ -957,7 +1120,109 @@ async fn hand_back<W: AsyncWrite + Unpin>(
             None => bail!("home left during the handoff"),
         }
     }
+    if let Some(peer) = peer {
+        let unread = crate::relay::unread_socket(peer, false, false)?;
+        for c in unread.iter().flat_map(|m| m.chunks(CHUNK)) {
+            write_data(tx, c).await?;
+        }
+    }
     write_end(tx).await?;
     tx.flush().await?;
     Ok(())
+}
+
+/// At the body's node: relays the body's stream socket's other end `fd` (relay `id` of the
+/// tree rooted at home PID `pid`) as two pipes' relays, one each way
+/// (crate::relay_keep::socket_ways), so that it outlives its home daemon as they do: dialled
+/// again, nothing lost or sent twice. `ctl` steers both (a pause pauses both; a handoff hands
+/// over the way home first, with what the frozen body wrote, then the way from home, with what
+/// it had not read). `local`: a body at its own home, its two ways' in-process streams.
+pub async fn body_socket(
+    node: &Arc<crate::node::Node>,
+    home: &str,
+    pid: i32,
+    id: u32,
+    fd: OwnedFd,
+    ctl: Option<mpsc::UnboundedReceiver<Ctl>>,
+    local: Option<(tokio::io::DuplexStream, tokio::io::DuplexStream)>,
+) -> Result<u64> {
+    let (down, up) = crate::relay_keep::socket_ways(id);
+    let watch = || -> std::io::Result<tokio::net::UnixStream> {
+        let fl = ferry_sys::fdops::get_fl(fd.as_raw_fd()).map_err(sys)?;
+        ferry_sys::fdops::set_fl(fd.as_raw_fd(), fl | libc::O_NONBLOCK).map_err(sys)?;
+        let std = std::os::unix::net::UnixStream::from(fd.try_clone()?);
+        tokio::net::UnixStream::from_std(std)
+    };
+    let sock: Sock =
+        Arc::new(watch().with_context(|| format!("watch the relayed socket {id} of PID {pid}"))?);
+    drop(fd);
+    let mut down_st = BodyPipe::with(StandIn::Reads(Dst::Sock(sock.clone())));
+    let mut up_st = BodyPipe::with(StandIn::Writes(Src::Sock(sock)));
+    let (down_tx, mut down_rx) = mpsc::unbounded_channel();
+    let (up_tx, mut up_rx) = mpsc::unbounded_channel();
+    // Each way's control goes with it when it ends (a pause or handoff then finds it over).
+    let ways = async {
+        let (a, b) = match local {
+            Some((d, u)) => {
+                tokio::join!(
+                    async move { local_on(d, &mut down_st, &mut down_rx).await },
+                    async move { local_on(u, &mut up_st, &mut up_rx).await }
+                )
+            }
+            None => {
+                tokio::join!(
+                    async move { relay_on(node, home, pid, down, &mut down_st, &mut down_rx).await },
+                    async move { relay_on(node, home, pid, up, &mut up_st, &mut up_rx).await }
+                )
+            }
+        };
+        Ok::<u64, anyhow::Error>(a? + b?)
+    };
+    let steer = async move {
+        let Some(mut ctl) = ctl else {
+            return std::future::pending::<()>().await;
+        };
+        // Asks way `tx` to pause: its answer (a way over answers nothing: nothing to stop).
+        async fn pause(tx: &mpsc::UnboundedSender<Ctl>) -> Result<u64, String> {
+            let (a, r) = oneshot::channel();
+            if tx.send(Ctl::Pause(a)).is_err() {
+                return Ok(0);
+            }
+            r.await.unwrap_or(Ok(0))
+        }
+        async fn hand(tx: &mpsc::UnboundedSender<Ctl>, to: &str, peer: u64) -> Result<()> {
+            let (done, r) = oneshot::channel();
+            let c = Ctl::Handoff {
+                to: to.to_string(),
+                peer,
+                done,
+            };
+            if tx.send(c).is_err() {
+                return Ok(());
+            }
+            r.await.unwrap_or(Ok(()))
+        }
+        while let Some(c) = ctl.recv().await {
+            match c {
+                Ctl::Pause(ack) => {
+                    let (a, b) = tokio::join!(pause(&up_tx), pause(&down_tx));
+                    let _ = ack.send(a.and(b).map(|_| 0));
+                }
+                Ctl::Resume => {
+                    let _ = up_tx.send(Ctl::Resume);
+                    let _ = down_tx.send(Ctl::Resume);
+                }
+                Ctl::Handoff { to, peer, done } => {
+                    let a = hand(&up_tx, &to, peer).await;
+                    let b = hand(&down_tx, &to, peer).await;
+                    let _ = done.send(a.and(b));
+                }
+            }
+        }
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        r = ways => r,
+        _ = steer => unreachable!("the control of a socket's relay never ends first"),
+    }
 }

@@ -7,6 +7,13 @@
 //! group or a session (a terminal hanging up, a service manager stopping the daemon's group),
 //! are ignored: the relay's state is in what it holds. Its name (`comm`) is
 //! [`NAME`], so `ps` says what it is.
+//!
+//! With `--socket` it holds a relayed stream socket's home end instead (its stdin), and pumps
+//! it to and from two pipes whose other ends the daemon relays as pipes (its stdout: what the
+//! socket reads goes there; its stderr: what comes from there is sent on the socket, as
+//! `--sender` PID:UID:GID when given). The socket's peer thus never notices the daemon's
+//! restart: only the pipes' relays (kept as every pipe's) see it. End of file one way is a
+//! shutdown the other; it ends once both ways are over.
 
 use anyhow::{anyhow, Result};
 
@@ -18,6 +25,12 @@ pub struct Args {
     /// Home PID of the tree's root (its deputy): the holder ends with it.
     #[arg(long)]
     pub root: i32,
+    /// Pump the stream socket on stdin to stdout and from stderr (see above).
+    #[arg(long)]
+    pub socket: bool,
+    /// With `--socket`: whom what is sent comes from (SCM_CREDENTIALS), PID:UID:GID.
+    #[arg(long)]
+    pub sender: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -36,12 +49,143 @@ pub fn run(a: Args) -> Result<()> {
         Err(e) => return Err(anyhow!("open a pidfd of PID {}: {e}", a.root)),
     };
     use std::os::fd::AsRawFd;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ways = if a.socket {
+        let sender = match &a.sender {
+            Some(s) => {
+                let v: Vec<&str> = s.split(':').collect();
+                let bad = || anyhow!("--sender {s}: not PID:UID:GID");
+                if v.len() != 3 {
+                    return Err(bad());
+                }
+                Some((
+                    v[0].parse::<i32>().map_err(|_| bad())?,
+                    v[1].parse::<u32>().map_err(|_| bad())?,
+                    v[2].parse::<u32>().map_err(|_| bad())?,
+                ))
+            }
+            None => None,
+        };
+        ferry_sys::spawn::ignore_signal(libc::SIGPIPE)
+            .map_err(|e| anyhow!("ignore SIGPIPE: {e}"))?;
+        let d = done.clone();
+        std::thread::spawn(move || {
+            socket_to_pipe();
+            d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let d = done.clone();
+        std::thread::spawn(move || {
+            pipe_to_socket(sender);
+            d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        2
+    } else {
+        usize::MAX
+    };
     loop {
-        match ferry_sys::ns::poll_in(&[pidfd.as_raw_fd()], -1) {
+        if done.load(std::sync::atomic::Ordering::SeqCst) >= ways {
+            return Ok(());
+        }
+        let wait = if a.socket { 200 } else { -1 };
+        match ferry_sys::ns::poll_in(&[pidfd.as_raw_fd()], wait) {
             Ok(r) if r[0] => return Ok(()),
             Ok(_) => continue,
             Err(e) if e.errno == libc::EINTR => continue,
             Err(e) => return Err(anyhow!("wait for PID {}: {e}", a.root)),
         }
+    }
+}
+
+const SOCK: i32 = 0;
+const TO_DAEMON: i32 = 1;
+const FROM_DAEMON: i32 = 2;
+
+/// Waits until `fd` polls one of `events` (or an error or hang-up).
+fn wait(fd: i32, events: i16) {
+    let _ = ferry_sys::sockets::poll_wait(fd, events, 1000);
+}
+
+/// What the socket reads goes into the pipe to the daemon, in order; the socket's end of file
+/// (or reset) closes that pipe; the daemon's end gone (EPIPE), the socket reads no more.
+fn socket_to_pipe() {
+    let mut d = Vec::with_capacity(1 << 16);
+    'read: loop {
+        d.clear();
+        match ferry_sys::sockets::recv_append(SOCK, &mut d, 1 << 16, libc::MSG_DONTWAIT) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.errno == libc::EINTR => continue,
+            Err(e) if e.errno == libc::EAGAIN => {
+                wait(SOCK, libc::POLLIN | libc::POLLRDHUP);
+                continue;
+            }
+            Err(_) => break,
+        }
+        let mut at = 0;
+        while at < d.len() {
+            match ferry_sys::fdops::write_fd(TO_DAEMON, &d[at..]) {
+                Ok(n) => at += n,
+                Err(e) if e.errno == libc::EINTR => {}
+                Err(e) if e.errno == libc::EAGAIN => wait(TO_DAEMON, libc::POLLOUT),
+                Err(_) => {
+                    let _ = ferry_sys::sockets::shutdown(SOCK, libc::SHUT_RD);
+                    break 'read;
+                }
+            }
+        }
+    }
+    // Our end of the pipe closed (/dev/null in its place): the daemon's end of file.
+    close_pipe(TO_DAEMON);
+}
+
+/// What comes from the daemon is sent on the socket (as `sender`), in order; the daemon's end
+/// of file is a shutdown of the socket's way out; a send that fails closes the pipe (the
+/// daemon sees its readers gone).
+fn pipe_to_socket(mut sender: Option<(i32, u32, u32)>) {
+    let mut buf = vec![0u8; 1 << 16];
+    'read: loop {
+        let n = match ferry_sys::fdops::read_fd(FROM_DAEMON, &mut buf) {
+            Ok(0) => {
+                let _ = ferry_sys::sockets::shutdown(SOCK, libc::SHUT_WR);
+                break;
+            }
+            Ok(n) => n,
+            Err(e) if e.errno == libc::EINTR => continue,
+            Err(e) if e.errno == libc::EAGAIN => {
+                wait(FROM_DAEMON, libc::POLLIN);
+                continue;
+            }
+            Err(_) => break,
+        };
+        let mut at = 0;
+        while at < n {
+            let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+            let r = match sender {
+                Some(who) => match ferry_sys::sockets::send_as(SOCK, &buf[at..n], who, flags) {
+                    // That process is gone: what is left goes as ourselves.
+                    Err(e) if e.errno == libc::ESRCH => {
+                        sender = None;
+                        continue;
+                    }
+                    r => r,
+                },
+                None => ferry_sys::sockets::send(SOCK, &buf[at..n], None, &[], flags),
+            };
+            match r {
+                Ok(k) => at += k,
+                Err(e) if e.errno == libc::EINTR => {}
+                Err(e) if e.errno == libc::EAGAIN => wait(SOCK, libc::POLLOUT),
+                Err(_) => break 'read,
+            }
+        }
+    }
+    close_pipe(FROM_DAEMON);
+}
+
+/// Closes our end `fd` of a pipe to or from the daemon, /dev/null taking its number.
+fn close_pipe(fd: i32) {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = ferry_sys::fdops::open_path("/dev/null", libc::O_RDWR | libc::O_CLOEXEC, 0) {
+        let _ = ferry_sys::fdops::dup2(null.as_raw_fd(), fd);
     }
 }
