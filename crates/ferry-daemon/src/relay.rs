@@ -94,10 +94,10 @@ impl HomeRelays {
     /// this daemon.
     pub fn expect(self: &Arc<Self>, node: &Node, pid: i32, body_node: &str, ends: Vec<HomeOpen>) {
         for (pipe, fd, sender) in ends {
-            // A stream socket's relay is kept as two pipes' (crate::relay_keep::keep_socket).
-            if matches!(duplex_of(pipe), Some(Duplex::Socket)) && crate::relay_keep::is_stream(&fd)
-            {
-                match crate::relay_keep::keep_socket(node, pid, pipe, body_node, &fd, sender) {
+            // A stream socket's or a terminal's relay is kept as two pipes'
+            // (crate::relay_keep::keep_two_way).
+            if crate::relay_keep::two_ways(pipe, &fd).is_some() {
+                match crate::relay_keep::keep_two_way(node, pid, pipe, body_node, &fd, sender) {
                     Ok(ways) => {
                         for (way, end, keep) in ways {
                             self.park_as(pid, way, body_node, end, Vec::new(), None, Some(keep));
@@ -381,9 +381,7 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
                     let ctl = reg.ctl.take();
                     return crate::relay_pipe::body_relay(&node, &home, pid, pipe, fd, ctl).await;
                 }
-                if matches!(duplex_of(pipe), Some(Duplex::Socket))
-                    && crate::relay_keep::is_stream(&fd)
-                {
+                if crate::relay_keep::two_ways(pipe, &fd).is_some() {
                     let ctl = reg.ctl.take();
                     return crate::relay_pipe::body_socket(&node, &home, pid, pipe, fd, ctl, None)
                         .await;
@@ -543,7 +541,7 @@ where
         },
     );
     let pumped = tokio::select! {
-        r = home_pump(stream, ours, buf, marks, at, Some(counter)) => r,
+        r = home_pump(stream, ours, buf, marks, at, Some(counter), keep.tty.as_ref().map(|t| t.0.clone())) => r,
         Ok(()) = cut_rx => Ok(HomeEnd::Lost { bytes: 0, acked: 0 }),
     };
     {
@@ -589,7 +587,7 @@ async fn attach_at_home(
 ) -> Result<u64> {
     let me = node.name().to_string();
     let deadline = tokio::time::Instant::now() + OPEN_RETRY;
-    if matches!(duplex_of(pipe), Some(Duplex::Socket)) && crate::relay_keep::is_stream(&fd) {
+    if crate::relay_keep::two_ways(pipe, &fd).is_some() {
         // Its two ways, each a pipe's relay here.
         let (down, up) = crate::relay_keep::socket_ways(pipe);
         let mut streams = Vec::new();

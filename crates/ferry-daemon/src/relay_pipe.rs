@@ -379,6 +379,7 @@ pub async fn home_pump<S>(
     marks: OwnedFd,
     at: Option<u64>,
     counter: Option<Arc<AtomicU64>>,
+    tty: Option<Arc<OwnedFd>>,
 ) -> Result<HomeEnd>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -428,6 +429,9 @@ where
         net!(write_msg(&mut tx, &Msg::RelayAt { at: sent }).await, acked);
         net!(tx.flush().await, acked);
         let pipe = pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?;
+        // A terminal's way from home: its window size goes with it when it changes.
+        let known = tty.as_ref().map(|t| crate::relay_tty::known_size(t));
+        let mut size_tick = tokio::time::interval(Duration::from_millis(100));
         let mut chunk = vec![0u8; CHUNK];
         let mut eof = false;
         let mut end_sent = false;
@@ -499,6 +503,14 @@ where
                         return Ok(HomeEnd::Lost { bytes: total, acked })
                     }
                 },
+                _ = size_tick.tick(), if known.is_some() => {
+                    if let (Some(t), Some(k)) = (&tty, &known) {
+                        if let Some(size) = crate::relay_tty::size_changed(k, t.as_raw_fd()) {
+                            net!(write_msg(&mut tx, &Msg::RelayWinsize { size }).await, acked);
+                            net!(tx.flush().await, acked);
+                        }
+                    }
+                }
                 r = pipe.readable(), if !eof && sent >= taken && taken - acked < WINDOW => {
                     r.context("watch the relayed pipe")?;
                     let room = (WINDOW - (taken - acked)) as usize;
@@ -583,6 +595,18 @@ where
                     ack!();
                 }
                 Some(Ok(Frame::End)) => ending = true,
+                // A terminal's way home: the size and settings the body set.
+                Some(Ok(Frame::Msg(Msg::RelayWinsize { size }))) if tty.is_some() => {
+                    if let Some(t) = &tty {
+                        let known = crate::relay_tty::known_size(t);
+                        crate::relay_tty::set_size(&known, t.as_raw_fd(), size);
+                    }
+                }
+                Some(Ok(Frame::Msg(m @ Msg::RelayTermios { .. }))) if tty.is_some() => {
+                    if let Some(t) = &tty {
+                        crate::relay_tty::apply_termios(t.as_raw_fd(), &m);
+                    }
+                }
                 Some(Ok(Frame::Msg(Msg::RelayHandoff { to }))) => {
                     // Its last frame: all it sent is in the buffer, which the next node's
                     // connection goes on draining.
@@ -638,6 +662,15 @@ struct BodyPipe {
     drained: bool,
     paused: bool,
     total: u64,
+    /// A terminal's way: its size and settings.
+    tty: Option<BodyTty>,
+}
+
+/// A terminal's way at the body's node: the pty's size as last seen or set, and (the way
+/// home) its settings as last sent.
+struct BodyTty {
+    known: crate::relay_tty::Known,
+    settings: Option<ferry_sys::tty::Termios>,
 }
 
 /// Takes the body's node's word `c` while a relay is connected: a pause is answered with
@@ -678,26 +711,29 @@ type Sock = Arc<tokio::net::UnixStream>;
 /// What a body's node reads the body's writing from.
 enum Src {
     Pipe(pipe::Receiver),
-    Sock(Sock),
+    /// A socket, or a pty's master (`true`).
+    Sock(Sock, bool),
 }
 
 /// What a body's node writes what the body reads into.
 enum Dst {
     Pipe(pipe::Sender),
-    Sock(Sock),
+    /// A socket, or a pty's master (`true`).
+    Sock(Sock, bool),
 }
 
 impl Src {
     async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
             Src::Pipe(p) => p.read(buf).await,
-            Src::Sock(s) => loop {
+            Src::Sock(s, _) => loop {
                 s.readable().await?;
                 let raw = s.as_raw_fd();
                 let r = s.try_io(tokio::io::Interest::READABLE, || {
                     match ferry_sys::fdops::read_fd(raw, buf) {
-                        // The body closed with data unread by it: its end of file.
-                        Err(e) if e.errno == libc::ECONNRESET => Ok(0),
+                        // The body closed with data unread by it: its end of file (a pty's
+                        // master: EIO, its last slave closed).
+                        Err(e) if e.errno == libc::ECONNRESET || e.errno == libc::EIO => Ok(0),
                         r => r.map_err(sys),
                     }
                 });
@@ -713,14 +749,21 @@ impl Src {
     /// stand-in the image keeps), for the handoff.
     fn rest(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        if let Src::Sock(s) = self {
+        if let Src::Sock(s, tty) = self {
+            let mut buf = vec![0u8; CHUNK];
             loop {
-                match ferry_sys::sockets::recv_append(
-                    s.as_raw_fd(),
-                    &mut out,
-                    CHUNK,
-                    libc::MSG_DONTWAIT,
-                ) {
+                let r = if *tty {
+                    ferry_sys::fdops::read_fd(s.as_raw_fd(), &mut buf)
+                        .inspect(|&n| out.extend_from_slice(&buf[..n]))
+                } else {
+                    ferry_sys::sockets::recv_append(
+                        s.as_raw_fd(),
+                        &mut out,
+                        CHUNK,
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                match r {
                     Ok(0) => break,
                     Ok(_) => {}
                     Err(e) if e.errno == libc::EINTR => {}
@@ -736,14 +779,20 @@ impl Dst {
     async fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
         match self {
             Dst::Pipe(p) => p.write(data).await,
-            Dst::Sock(s) => loop {
+            Dst::Sock(s, tty) => loop {
                 s.writable().await?;
                 let raw = s.as_raw_fd();
+                let tty = *tty;
                 let r = s.try_io(tokio::io::Interest::WRITABLE, || {
                     let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-                    match ferry_sys::sockets::send(raw, data, None, &[], flags) {
+                    let r = if tty {
+                        ferry_sys::fdops::write_fd(raw, data)
+                    } else {
+                        ferry_sys::sockets::send(raw, data, None, &[], flags)
+                    };
+                    match r {
                         // The body closed its socket: as a pipe's readers gone.
-                        Err(e) if e.errno == libc::ECONNRESET => {
+                        Err(e) if e.errno == libc::ECONNRESET || e.errno == libc::EIO => {
                             Err(std::io::Error::from_raw_os_error(libc::EPIPE))
                         }
                         r => r.map_err(sys),
@@ -761,7 +810,7 @@ impl Dst {
     fn gone(&self) -> bool {
         match self {
             Dst::Pipe(p) => readers_gone(p.as_raw_fd()),
-            Dst::Sock(_) => false,
+            Dst::Sock(..) => false,
         }
     }
 }
@@ -925,6 +974,7 @@ impl BodyPipe {
             drained: false,
             paused: false,
             total: 0,
+            tty: None,
         }
     }
 }
@@ -968,6 +1018,7 @@ where
             }
             net!(tx.flush().await);
             let mut buf = vec![0u8; CHUNK];
+            let mut tty_tick = tokio::time::interval(Duration::from_millis(20));
             loop {
                 tokio::select! {
                     biased;
@@ -999,7 +1050,7 @@ where
                         // all we sent after our end of file. A socket's body then reads no
                         // more of ours: its writes fail, as they would have at home.
                         Some(Ok(Frame::End)) => {
-                            if let Src::Sock(s) = pipe {
+                            if let Src::Sock(s, false) = pipe {
                                 let _ = ferry_sys::sockets::shutdown(s.as_raw_fd(), libc::SHUT_RD);
                             }
                             return Ok(BodyEnd::Done);
@@ -1009,6 +1060,22 @@ where
                         Some(Err(e)) => return Ok(BodyEnd::Lost(e.to_string())),
                         None => return Ok(BodyEnd::Lost("closed".into())),
                     },
+                    // A terminal's way home: the size and settings the body set go home.
+                    _ = tty_tick.tick(), if st.tty.is_some() && !st.paused => {
+                        if let (Some(t), Src::Sock(s, true)) = (&mut st.tty, &*pipe) {
+                            let master = s.as_raw_fd();
+                            if let Some(now) = crate::relay_tty::slave_termios(master) {
+                                if t.settings.as_ref() != Some(&now) {
+                                    t.settings = Some(now.clone());
+                                    net!(write_msg(&mut tx, &crate::relay_tty::termios_msg(now)).await);
+                                }
+                            }
+                            if let Some(size) = crate::relay_tty::size_changed(&t.known, master) {
+                                net!(write_msg(&mut tx, &Msg::RelayWinsize { size }).await);
+                            }
+                            net!(tx.flush().await);
+                        }
+                    }
                     n = pipe.read(&mut buf),
                         if !st.paused && !st.drained && (st.unacked.len() as u64) < WINDOW => {
                         let n = n.context("read the relayed pipe")?;
@@ -1038,7 +1105,7 @@ where
                 if st.eof && off >= pending.len() && !st.paused {
                     // Home's end of file, after all it sent: the body sees it once it has
                     // read all (a socket's way from home is shut down). Home ends the relay.
-                    if let Dst::Sock(s) = pipe {
+                    if let Dst::Sock(s, false) = pipe {
                         let _ = ferry_sys::sockets::shutdown(s.as_raw_fd(), libc::SHUT_WR);
                     }
                     let _ = write_end(&mut tx).await;
@@ -1048,8 +1115,12 @@ where
                 tokio::select! {
                     biased;
                     c = ctl.recv() => if let Some((to, peer, done)) = steer(c, &mut st.paused, st.at) {
-                        let sock = matches!(pipe, Dst::Sock(_));
-                        let r = hand_back(&mut tx, &mut heard, to, sock.then_some(peer)).await;
+                        let back = match pipe {
+                            Dst::Pipe(_) => Back::None,
+                            Dst::Sock(_, false) => Back::Socket(peer),
+                            Dst::Sock(s, true) => Back::Tty(s.as_raw_fd()),
+                        };
+                        let r = hand_back(&mut tx, &mut heard, to, back).await;
                         let _ = done.send(r);
                         return Ok(BodyEnd::Done);
                     },
@@ -1077,6 +1148,12 @@ where
                             off = 0;
                         }
                         Some(Ok(Frame::End)) => st.eof = true,
+                        // A terminal's way from home: the home terminal's new size.
+                        Some(Ok(Frame::Msg(Msg::RelayWinsize { size }))) if st.tty.is_some() => {
+                            if let (Some(t), Dst::Sock(s, true)) = (&st.tty, &*pipe) {
+                                crate::relay_tty::set_size(&t.known, s.as_raw_fd(), size);
+                            }
+                        }
                         Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
                         Some(Err(e)) => return Ok(BodyEnd::Lost(e.to_string())),
                         None => return Ok(BodyEnd::Lost("closed".into())),
@@ -1094,6 +1171,16 @@ where
     }
 }
 
+/// What a way from home gives back at its handoff, besides what it holds.
+enum Back {
+    /// Nothing (a pipe's stand-in is in the image).
+    None,
+    /// What the body's socket (its inode) had not read.
+    Socket(u64),
+    /// What the body had not read from its pty (its master).
+    Tty(std::os::fd::RawFd),
+}
+
 /// A relay the body reads, handed off: asks home to stop, and waits for its marker (what came
 /// from home and did not reach the stand-in is still in home's buffer, past what this node
 /// acknowledged: the body's next node gets it from there).
@@ -1105,7 +1192,7 @@ async fn hand_back<W: AsyncWrite + Unpin>(
     tx: &mut W,
     heard: &mut mpsc::Receiver<Result<Frame, FrameError>>,
     to: String,
-    peer: Option<u64>,
+    back: Back,
 ) -> Result<()> {
     write_msg(tx, &Msg::RelayHandoff { to }).await?;
     tx.flush().await?;
@@ -1120,11 +1207,13 @@ async fn hand_back<W: AsyncWrite + Unpin>(
             None => bail!("home left during the handoff"),
         }
     }
-    if let Some(peer) = peer {
-        let unread = crate::relay::unread_socket(peer, false, false)?;
-        for c in unread.iter().flat_map(|m| m.chunks(CHUNK)) {
-            write_data(tx, c).await?;
-        }
+    let unread = match back {
+        Back::None => Vec::new(),
+        Back::Socket(peer) => crate::relay::unread_socket(peer, false, false)?,
+        Back::Tty(master) => vec![crate::relay_tty::unread_input(master)],
+    };
+    for c in unread.iter().flat_map(|m| m.chunks(CHUNK)) {
+        write_data(tx, c).await?;
     }
     write_end(tx).await?;
     tx.flush().await?;
@@ -1147,6 +1236,12 @@ pub async fn body_socket(
     local: Option<(tokio::io::DuplexStream, tokio::io::DuplexStream)>,
 ) -> Result<u64> {
     let (down, up) = crate::relay_keep::socket_ways(id);
+    // A pty's settings and size as it was rebuilt (the home's), before the body ran.
+    let start = if id & ferry_image::RELAY_TTY != 0 {
+        crate::relay_tty::take_tty_start(&fd)
+    } else {
+        None
+    };
     let watch = || -> std::io::Result<tokio::net::UnixStream> {
         let fl = ferry_sys::fdops::get_fl(fd.as_raw_fd()).map_err(sys)?;
         ferry_sys::fdops::set_fl(fd.as_raw_fd(), fl | libc::O_NONBLOCK).map_err(sys)?;
@@ -1156,8 +1251,23 @@ pub async fn body_socket(
     let sock: Sock =
         Arc::new(watch().with_context(|| format!("watch the relayed socket {id} of PID {pid}"))?);
     drop(fd);
-    let mut down_st = BodyPipe::with(StandIn::Reads(Dst::Sock(sock.clone())));
-    let mut up_st = BodyPipe::with(StandIn::Writes(Src::Sock(sock)));
+    let tty = id & ferry_image::RELAY_TTY != 0;
+    let mut down_st = BodyPipe::with(StandIn::Reads(Dst::Sock(sock.clone(), tty)));
+    let mut up_st = BodyPipe::with(StandIn::Writes(Src::Sock(sock.clone(), tty)));
+    if tty {
+        // Both ways know the pty's size; the way home sends what the body sets.
+        let master = sock.as_raw_fd();
+        let (termios, size) = start.unwrap_or_default();
+        let known: crate::relay_tty::Known = Arc::new(std::sync::Mutex::new(
+            size.or_else(|| ferry_sys::tty::get_winsize(master).ok()),
+        ));
+        let settings = termios.or_else(|| crate::relay_tty::slave_termios(master));
+        down_st.tty = Some(BodyTty {
+            known: known.clone(),
+            settings: None,
+        });
+        up_st.tty = Some(BodyTty { known, settings });
+    }
     let (down_tx, mut down_rx) = mpsc::unbounded_channel();
     let (up_tx, mut up_rx) = mpsc::unbounded_channel();
     // Each way's control goes with it when it ends (a pause or handoff then finds it over).

@@ -24,6 +24,10 @@ fn main() {
             "a_unix_stream_client_keeps_talking_to_home_through_a_home_daemon_restart",
             || stream_through_restart("unix"),
         ),
+        Trial::test(
+            "a_job_under_a_terminal_keeps_its_home_terminal_through_a_home_daemon_restart",
+            terminal_through_restart,
+        ),
     ];
     libtest_mimic::run(&args, tests).exit();
 }
@@ -278,6 +282,208 @@ fn stream_through_restart(kind: &str) -> Result<(), Failed> {
     let a = c.log("a");
     if !a.contains("relay-recovered") {
         return Err(format!("a's log says nothing of its relays taken up again\n{a}").into());
+    }
+    Ok(())
+}
+
+/// The terminal the job runs in: an interactive bash under a pty that a Python driver holds
+/// (a terminal Ferry did not make). Once told (`restarted`), it waits for a new tick, types a
+/// line, stops the job with ^Z, resumes it with `fg`, ends it with ^C, checking what the
+/// shell says each time (statuses 148 and 130).
+const TERMINAL_DRIVER: &str = r#"
+import os, sys, time, select, subprocess, fcntl, termios
+d, job = sys.argv[1], sys.argv[2]
+m, s = os.openpty()
+def pre():
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+env = dict(os.environ, PS1='$ ', TERM='dumb', HISTFILE='/dev/null')
+p = subprocess.Popen(['bash', '--norc', '--noprofile', '-i'], stdin=s, stdout=s, stderr=s,
+                     preexec_fn=pre, env=env, close_fds=True)
+os.close(s)
+screen = b''
+def pump(t):
+    global screen
+    end = time.time() + t
+    while time.time() < end:
+        r, _, _ = select.select([m], [], [], 0.05)
+        if r:
+            try:
+                b = os.read(m, 65536)
+            except OSError:
+                return
+            screen += b
+            open(d + '/screen', 'wb').write(screen)
+def until(pat, since=0, t=30):
+    end = time.time() + t
+    while time.time() < end:
+        if pat in screen[since:]:
+            return
+        pump(0.1)
+    sys.exit('timed out waiting for %r' % pat)
+def typ(b):
+    os.write(m, b)
+pump(0.5)
+typ(b'python3 ' + job.encode() + b' ' + d.encode() + b'\n')
+until(b'tick 3')
+while not os.path.exists(d + '/restarted'):
+    pump(0.1)
+until(b'tick', since=len(screen))
+typ(b'hello from home\n')
+end = time.time() + 30
+def typed():
+    try:
+        return b'hello from home' in open(d + '/input', 'rb').read()
+    except OSError:
+        return False
+while not typed():
+    pump(0.1)
+    if time.time() > end:
+        sys.exit('the moved job never read the line typed at home')
+typ(b'\x1a')
+until(b'Stopped')
+typ(b'echo status=$?\n')
+until(b'status=148')
+mark = len(screen)
+typ(b'fg\n')
+until(b'tick', since=mark + 10)
+mark = len(screen)
+typ(b'\x03')
+until(b'$ ', since=mark)
+mark = len(screen)
+typ(b'echo status=$?\n')
+until(b'status=130', since=mark)
+typ(b'exit\n')
+p.wait(10)
+"#;
+
+/// The job: prints a tick every 0.1 s, and appends every line it reads to `input`.
+const TERMINAL_JOB: &str = r#"
+import os, sys, time, threading, signal
+d = sys.argv[1]
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+os.rename(d + '/pid.tmp', d + '/pid')
+def rd():
+    for l in sys.stdin:
+        with open(d + '/input', 'a') as f:
+            f.write(l)
+threading.Thread(target=rd, daemon=True).start()
+i = 0
+while True:
+    i += 1
+    print('tick', i, flush=True)
+    time.sleep(0.1)
+"#;
+
+/// A job started from an interactive shell under a terminal Ferry did not make moves a -> b
+/// while it prints; a's daemon is killed (SIGKILL) and restarted while it goes on printing. Its
+/// terminal's relay outlives the daemon: every tick reaches the terminal once, in order (those
+/// printed while a was away come after), a line typed after the restart reaches the job, ^Z
+/// stops it (the shell says Stopped, 148), `fg` resumes it and ^C ends it (130). Before, the
+/// relay ended with the daemon: the job's terminal hung up.
+fn terminal_through_restart() -> Result<(), Failed> {
+    let c = shared("rr-tty");
+    let dir = scratch("relay_restart", "rr-tty");
+    let job_path = dir.join("job.py");
+    std::fs::write(&job_path, TERMINAL_JOB).unwrap();
+    let mut driver = Reaped(
+        Command::new("python3")
+            .args(["-c", TERMINAL_DRIVER])
+            .arg(&dir)
+            .arg(&job_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("driver.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let screen = || {
+        String::from_utf8_lossy(&std::fs::read(dir.join("screen")).unwrap_or_default()).into_owned()
+    };
+    let failed = |what: String| -> Failed {
+        format!(
+            "{what}\n{}\nthe terminal showed:\n{}\n{}",
+            std::fs::read_to_string(dir.join("driver.err")).unwrap_or_default(),
+            screen(),
+            common::cluster::daemon_logs(&c.dir, &["a", "b"])
+        )
+        .into()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pid: i32 = loop {
+        if let Some(p) = std::fs::read_to_string(dir.join("pid"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            break p;
+        }
+        if Instant::now() > deadline {
+            return Err(failed("the job did not start".into()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let o = c.run("a", &["migrate", &pid.to_string(), "--to", "b", "--json"]);
+    if !o.status.success() {
+        return Err(failed(format!("the job did not move: {}", text(&o))));
+    }
+    // Ticks from b reach the terminal before a's daemon dies.
+    let shown = screen().matches("tick ").count();
+    while screen().matches("tick ").count() < shown + 5 {
+        if Instant::now() > deadline + Duration::from_secs(30) {
+            return Err(failed("no tick from b reached the terminal".into()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill_daemon(&c, "a");
+    std::thread::sleep(Duration::from_secs(1));
+    restart(&c, "a");
+    std::fs::write(dir.join("restarted"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let st = loop {
+        if let Some(st) = driver.0.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = driver.0.kill();
+            break driver.0.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if !st.success() {
+        return Err(failed(format!("the driver ended with {st:?}")));
+    }
+    // (The typed line's echo may fall inside a tick: "tickhello from home\r\n 23".)
+    let ticks: Vec<u64> = screen()
+        .replace("hello from home\r\n", "")
+        .replace("hello from home\n", "")
+        .split("tick ")
+        .skip(1)
+        .filter_map(|t| {
+            let n: String = t.chars().take_while(|c| c.is_ascii_digit()).collect();
+            n.parse().ok()
+        })
+        .collect();
+    for w in ticks.windows(2) {
+        if w[1] != w[0] + 1 {
+            return Err(failed(format!(
+                "tick {} followed tick {}: output lost or repeated across the restart",
+                w[1], w[0]
+            )));
+        }
+    }
+    let input = std::fs::read_to_string(dir.join("input")).unwrap_or_default();
+    if input != "hello from home\n" {
+        return Err(failed(format!(
+            "the job read {input:?}, not the typed line once"
+        )));
+    }
+    let a = c.log("a");
+    if !a.contains("relay-recovered") {
+        return Err(failed(
+            "a's log says nothing of its relays taken up again".into(),
+        ));
     }
     Ok(())
 }

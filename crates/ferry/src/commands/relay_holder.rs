@@ -13,7 +13,10 @@
 //! socket reads goes there; its stderr: what comes from there is sent on the socket, as
 //! `--sender` PID:UID:GID when given). The socket's peer thus never notices the daemon's
 //! restart: only the pipes' relays (kept as every pipe's) see it. End of file one way is a
-//! shutdown the other; it ends once both ways are over.
+//! shutdown the other; it ends once both ways are over. With `--tty` it holds a relayed
+//! terminal the same way: it reads the terminal only while the tree's root (`--root`) is in its
+//! foreground process group (else the shell at home reads it), and ends once the daemon's pipe
+//! to it ends (the body's terminal is gone).
 
 use anyhow::{anyhow, Result};
 
@@ -28,6 +31,9 @@ pub struct Args {
     /// Pump the stream socket on stdin to stdout and from stderr (see above).
     #[arg(long)]
     pub socket: bool,
+    /// Pump the terminal on stdin to stdout and from stderr (see above).
+    #[arg(long)]
+    pub tty: bool,
     /// With `--socket`: whom what is sent comes from (SCM_CREDENTIALS), PID:UID:GID.
     #[arg(long)]
     pub sender: Option<String>,
@@ -50,7 +56,24 @@ pub fn run(a: Args) -> Result<()> {
     };
     use std::os::fd::AsRawFd;
     let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let ways = if a.socket {
+    // The way out (to the socket or terminal) has delivered all the daemon gave it.
+    let out_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ways = if a.tty {
+        ferry_sys::spawn::ignore_signal(libc::SIGPIPE)
+            .map_err(|e| anyhow!("ignore SIGPIPE: {e}"))?;
+        let root = a.root;
+        let over = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let o = over.clone();
+        std::thread::spawn(move || tty_to_pipe(root, &o));
+        let (d, od) = (done.clone(), out_done.clone());
+        std::thread::spawn(move || {
+            pipe_to_tty();
+            over.store(true, std::sync::atomic::Ordering::SeqCst);
+            od.store(true, std::sync::atomic::Ordering::SeqCst);
+            d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        1
+    } else if a.socket {
         let sender = match &a.sender {
             Some(s) => {
                 let v: Vec<&str> = s.split(':').collect();
@@ -73,21 +96,35 @@ pub fn run(a: Args) -> Result<()> {
             socket_to_pipe();
             d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         });
-        let d = done.clone();
+        let (d, od) = (done.clone(), out_done.clone());
         std::thread::spawn(move || {
             pipe_to_socket(sender);
+            od.store(true, std::sync::atomic::Ordering::SeqCst);
             d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         });
         2
     } else {
         usize::MAX
     };
+    let pumps = a.socket || a.tty;
+    let mut root_gone = false;
     loop {
         if done.load(std::sync::atomic::Ordering::SeqCst) >= ways {
             return Ok(());
         }
-        let wait = if a.socket { 200 } else { -1 };
+        // A pump whose tree is over still delivers what the daemon gave it (the body's last
+        // words, its close): it ends once that way ends (the daemon's ends, and the relays'
+        // holders, all close).
+        if root_gone {
+            if out_done.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            continue;
+        }
+        let wait = if pumps { 200 } else { -1 };
         match ferry_sys::ns::poll_in(&[pidfd.as_raw_fd()], wait) {
+            Ok(r) if r[0] && pumps => root_gone = true,
             Ok(r) if r[0] => return Ok(()),
             Ok(_) => continue,
             Err(e) if e.errno == libc::EINTR => continue,
@@ -96,6 +133,7 @@ pub fn run(a: Args) -> Result<()> {
     }
 }
 
+/// The socket or terminal held.
 const SOCK: i32 = 0;
 const TO_DAEMON: i32 = 1;
 const FROM_DAEMON: i32 = 2;
@@ -188,4 +226,89 @@ fn close_pipe(fd: i32) {
     if let Ok(null) = ferry_sys::fdops::open_path("/dev/null", libc::O_RDWR | libc::O_CLOEXEC, 0) {
         let _ = ferry_sys::fdops::dup2(null.as_raw_fd(), fd);
     }
+}
+
+/// Whether home PID `pid` is in the foreground process group of its controlling terminal (its
+/// /proc stat's `pgrp` and `tpgid`); `None` once it is gone.
+fn in_foreground(pid: i32) -> Option<bool> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = stat
+        .get(stat.rfind(')')? + 2..)?
+        .split_whitespace()
+        .collect();
+    let pgrp: i32 = f.get(2)?.parse().ok()?;
+    let tpgid: i32 = f.get(5)?.parse().ok()?;
+    Some(pgrp == tpgid)
+}
+
+/// What is typed at the terminal while the tree at home (`root`) has it in the foreground goes
+/// into the pipe to the daemon, in order, until the relay is `over`, the terminal hangs up, or
+/// the daemon's end is gone.
+fn tty_to_pipe(root: i32, over: &std::sync::atomic::AtomicBool) {
+    let mut buf = vec![0u8; 1 << 16];
+    'read: while !over.load(std::sync::atomic::Ordering::SeqCst) {
+        match in_foreground(root) {
+            Some(true) => {}
+            Some(false) => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                continue;
+            }
+            None => break,
+        }
+        match ferry_sys::sockets::poll_wait(SOCK, libc::POLLIN, 100) {
+            Ok(ev) if ev & libc::POLLIN != 0 => {}
+            Ok(ev) if ev & (libc::POLLHUP | libc::POLLERR) != 0 => break,
+            Ok(_) => continue,
+            Err(_) => continue,
+        }
+        // The shell may have taken the terminal back while we waited.
+        if in_foreground(root) == Some(false) {
+            continue;
+        }
+        let n = match ferry_sys::fdops::read_fd(SOCK, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.errno == libc::EINTR || e.errno == libc::EAGAIN => continue,
+            // EIO: the terminal hung up.
+            Err(_) => break,
+        };
+        let mut at = 0;
+        while at < n {
+            match ferry_sys::fdops::write_fd(TO_DAEMON, &buf[at..n]) {
+                Ok(k) => at += k,
+                Err(e) if e.errno == libc::EINTR => {}
+                Err(e) if e.errno == libc::EAGAIN => wait(TO_DAEMON, libc::POLLOUT),
+                Err(_) => break 'read,
+            }
+        }
+    }
+    close_pipe(TO_DAEMON);
+}
+
+/// What comes from the daemon (the body's output) is written to the terminal, in order, until
+/// the daemon's end of file.
+fn pipe_to_tty() {
+    let mut buf = vec![0u8; 1 << 16];
+    'read: loop {
+        let n = match ferry_sys::fdops::read_fd(FROM_DAEMON, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.errno == libc::EINTR => continue,
+            Err(e) if e.errno == libc::EAGAIN => {
+                wait(FROM_DAEMON, libc::POLLIN);
+                continue;
+            }
+            Err(_) => break,
+        };
+        let mut at = 0;
+        while at < n {
+            match ferry_sys::fdops::write_fd(SOCK, &buf[at..n]) {
+                Ok(k) => at += k,
+                Err(e) if e.errno == libc::EINTR => {}
+                Err(e) if e.errno == libc::EAGAIN => wait(SOCK, libc::POLLOUT),
+                Err(_) => break 'read,
+            }
+        }
+    }
+    close_pipe(FROM_DAEMON);
 }
