@@ -39,6 +39,7 @@ pub mod recovery;
 pub mod relay;
 pub mod relay_keep;
 pub mod relay_pipe;
+pub mod relay_standin;
 pub mod relay_tty;
 pub mod state;
 pub mod traffic;

@@ -1415,7 +1415,7 @@ type Queued = (Vec<u8>, tokio::sync::OwnedSemaphorePermit);
 const RECORD_MAX: usize = ferry_transport::frame::MAX_FRAME - 4096;
 
 /// The next message of a socket of messages, whole (its length asked first: MSG_TRUNC).
-fn recv_record(raw: std::os::fd::RawFd) -> Result<Vec<u8>, ferry_sys::SysError> {
+pub(crate) fn recv_record(raw: std::os::fd::RawFd) -> Result<Vec<u8>, ferry_sys::SysError> {
     let len = ferry_sys::sockets::next_message_len(raw)?;
     let mut d = Vec::new();
     ferry_sys::sockets::recv_append(raw, &mut d, len.min(RECORD_MAX), libc::MSG_DONTWAIT)?;
@@ -1448,7 +1448,7 @@ fn send_on(
 /// Whether the peer of connected UNIX datagram socket `raw` is gone (closed: it is no longer
 /// among the sockets sock_diag knows). A socket sock_diag cannot see (another network
 /// namespace's) is taken as alive.
-fn dgram_peer_gone(raw: std::os::fd::RawFd) -> bool {
+pub(crate) fn dgram_peer_gone(raw: std::os::fd::RawFd) -> bool {
     use ferry_sys::sockets::{unix_diag, UDIAG_SHOW_PEER};
     let Some(ino) = std::fs::read_link(format!("/proc/self/fd/{raw}"))
         .ok()

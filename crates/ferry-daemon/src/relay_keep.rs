@@ -397,6 +397,12 @@ pub fn socket_ways(id: u32) -> (u32, u32) {
     (n | SOCKET_DOWN, n | SOCKET_UP)
 }
 
+/// Whether socket `fd` is a UNIX socket (of messages too: seqpacket, datagrams).
+pub fn is_unix(fd: &OwnedFd) -> bool {
+    ferry_sys::sockets::getsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN)
+        == Ok(libc::AF_UNIX)
+}
+
 /// Whether socket `fd` is a stream socket (whose relay is kept as two pipes' relays).
 pub fn is_stream(fd: &OwnedFd) -> bool {
     ferry_sys::sockets::getsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TYPE)
@@ -408,7 +414,7 @@ pub fn is_stream(fd: &OwnedFd) -> bool {
 pub fn two_ways(id: u32, fd: &OwnedFd) -> Option<bool> {
     if id & ferry_image::RELAY_TTY != 0 {
         Some(true)
-    } else if id & ferry_image::RELAY_SOCKET != 0 && is_stream(fd) {
+    } else if id & ferry_image::RELAY_SOCKET != 0 && (is_stream(fd) || is_unix(fd)) {
         Some(false)
     } else {
         None

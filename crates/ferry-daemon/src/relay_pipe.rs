@@ -20,6 +20,7 @@
 //! after all B sent, since home takes C's connection only once B's has ended. A terminal's
 //! or a socket's relay follows a body too (its handoff is in `crate::relay`'s `pump_duplex`).
 
+use crate::relay_standin::{Dst, Sock, Src};
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_transport::frame::{read_frame, write_data, write_end, write_msg, FrameError};
 use ferry_transport::message::kind;
@@ -29,7 +30,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
@@ -335,7 +336,7 @@ fn count(counter: &Option<Arc<AtomicU64>>, n: usize) {
 }
 
 /// Whether the write end `raw`'s readers are all gone.
-fn readers_gone(raw: i32) -> bool {
+pub(crate) fn readers_gone(raw: i32) -> bool {
     match ferry_sys::sockets::poll_now(raw, libc::POLLOUT) {
         Ok(ev) => ev & libc::POLLERR != 0,
         Err(_) => true,
@@ -347,7 +348,7 @@ fn readers_gone(raw: i32) -> bool {
 /// home), before it stops taking more (its writer then blocks, as it would at home).
 const WINDOW: u64 = 1 << 20;
 /// One read, one frame.
-const CHUNK: usize = 1 << 16;
+pub(crate) const CHUNK: usize = 1 << 16;
 /// How long a body's node dials again a home it lost (restarting) before its relay ends.
 const REDIAL_FOR: Duration = Duration::from_secs(300);
 
@@ -364,7 +365,7 @@ pub enum HomeEnd {
     Lost { bytes: u64, acked: u64 },
 }
 
-fn sys(e: ferry_sys::SysError) -> std::io::Error {
+pub(crate) fn sys(e: ferry_sys::SysError) -> std::io::Error {
     std::io::Error::from_raw_os_error(e.errno)
 }
 
@@ -703,118 +704,6 @@ enum StandIn {
     Writes(Src),
 }
 
-/// The body's relayed stream socket's other end here, which both its ways use.
-/// (Registered as a UNIX stream's, whatever its family: only its readiness and descriptor are
-/// used.)
-type Sock = Arc<tokio::net::UnixStream>;
-
-/// What a body's node reads the body's writing from.
-enum Src {
-    Pipe(pipe::Receiver),
-    /// A socket, or a pty's master (`true`).
-    Sock(Sock, bool),
-}
-
-/// What a body's node writes what the body reads into.
-enum Dst {
-    Pipe(pipe::Sender),
-    /// A socket, or a pty's master (`true`).
-    Sock(Sock, bool),
-}
-
-impl Src {
-    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Src::Pipe(p) => p.read(buf).await,
-            Src::Sock(s, _) => loop {
-                s.readable().await?;
-                let raw = s.as_raw_fd();
-                let r = s.try_io(tokio::io::Interest::READABLE, || {
-                    match ferry_sys::fdops::read_fd(raw, buf) {
-                        // The body closed with data unread by it: its end of file (a pty's
-                        // master: EIO, its last slave closed).
-                        Err(e) if e.errno == libc::ECONNRESET || e.errno == libc::EIO => Ok(0),
-                        r => r.map_err(sys),
-                    }
-                });
-                match r {
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    r => return r,
-                }
-            },
-        }
-    }
-
-    /// A socket's: what the frozen body wrote and we have not read (none for a pipe, whose
-    /// stand-in the image keeps), for the handoff.
-    fn rest(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        if let Src::Sock(s, tty) = self {
-            let mut buf = vec![0u8; CHUNK];
-            loop {
-                let r = if *tty {
-                    ferry_sys::fdops::read_fd(s.as_raw_fd(), &mut buf)
-                        .inspect(|&n| out.extend_from_slice(&buf[..n]))
-                } else {
-                    ferry_sys::sockets::recv_append(
-                        s.as_raw_fd(),
-                        &mut out,
-                        CHUNK,
-                        libc::MSG_DONTWAIT,
-                    )
-                };
-                match r {
-                    Ok(0) => break,
-                    Ok(_) => {}
-                    Err(e) if e.errno == libc::EINTR => {}
-                    Err(_) => break,
-                }
-            }
-        }
-        out
-    }
-}
-
-impl Dst {
-    async fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Dst::Pipe(p) => p.write(data).await,
-            Dst::Sock(s, tty) => loop {
-                s.writable().await?;
-                let raw = s.as_raw_fd();
-                let tty = *tty;
-                let r = s.try_io(tokio::io::Interest::WRITABLE, || {
-                    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-                    let r = if tty {
-                        ferry_sys::fdops::write_fd(raw, data)
-                    } else {
-                        ferry_sys::sockets::send(raw, data, None, &[], flags)
-                    };
-                    match r {
-                        // The body closed its socket: as a pipe's readers gone.
-                        Err(e) if e.errno == libc::ECONNRESET || e.errno == libc::EIO => {
-                            Err(std::io::Error::from_raw_os_error(libc::EPIPE))
-                        }
-                        r => r.map_err(sys),
-                    }
-                });
-                match r {
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    r => return r,
-                }
-            },
-        }
-    }
-
-    /// Whether no one reads any more (a pipe's readers gone; a socket says so on a write).
-    fn gone(&self) -> bool {
-        match self {
-            Dst::Pipe(p) => readers_gone(p.as_raw_fd()),
-            Dst::Sock(..) => false,
-        }
-    }
-}
-
 /// How one connection of a body's relay ended.
 enum BodyEnd {
     /// The relay is over (or handed over to the body's next node).
@@ -1053,6 +942,9 @@ where
                             if let Src::Sock(s, false) = pipe {
                                 let _ = ferry_sys::sockets::shutdown(s.as_raw_fd(), libc::SHUT_RD);
                             }
+                            if let Src::Rec(r) = pipe {
+                                let _ = ferry_sys::sockets::shutdown(r.s.as_raw_fd(), libc::SHUT_RD);
+                            }
                             return Ok(BodyEnd::Done);
                         }
                         Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
@@ -1108,6 +1000,9 @@ where
                     if let Dst::Sock(s, false) = pipe {
                         let _ = ferry_sys::sockets::shutdown(s.as_raw_fd(), libc::SHUT_WR);
                     }
+                    if let Dst::Rec(r) = pipe {
+                        let _ = ferry_sys::sockets::shutdown(r.s.as_raw_fd(), libc::SHUT_WR);
+                    }
                     let _ = write_end(&mut tx).await;
                     let _ = tx.flush().await;
                     return Ok(BodyEnd::Done);
@@ -1119,12 +1014,19 @@ where
                             Dst::Pipe(_) => Back::None,
                             Dst::Sock(_, false) => Back::Socket(peer),
                             Dst::Sock(s, true) => Back::Tty(s.as_raw_fd()),
+                            Dst::Rec(_) => {
+                                let dgram = matches!(pipe, Dst::Rec(r) if r.dgram);
+                                Back::Records(peer, dgram, pipe.taken())
+                            }
                         };
                         let r = hand_back(&mut tx, &mut heard, to, back).await;
                         let _ = done.send(r);
                         return Ok(BodyEnd::Done);
                     },
-                    n = pipe.write(&pending[off..]), if !st.paused && off < pending.len() => match n {
+                    // (With nothing left to write, a socket of messages sends the whole
+                    // messages it took and could not send yet.)
+                    n = pipe.write(&pending[off..]),
+                        if !st.paused && (off < pending.len() || pipe.waiting()) => match n {
                         Ok(n) => {
                             off += n;
                             st.total += n as u64;
@@ -1179,6 +1081,9 @@ enum Back {
     Socket(u64),
     /// What the body had not read from its pty (its master).
     Tty(std::os::fd::RawFd),
+    /// What the body's socket of messages (its inode; datagrams?) had not read, then what
+    /// this node had taken and not sent (framed).
+    Records(u64, bool, Vec<u8>),
 }
 
 /// A relay the body reads, handed off: asks home to stop, and waits for its marker (what came
@@ -1211,6 +1116,14 @@ async fn hand_back<W: AsyncWrite + Unpin>(
         Back::None => Vec::new(),
         Back::Socket(peer) => crate::relay::unread_socket(peer, false, false)?,
         Back::Tty(master) => vec![crate::relay_tty::unread_input(master)],
+        Back::Records(peer, dgram, taken) => {
+            let mut framed = Vec::new();
+            for m in crate::relay::unread_socket(peer, true, dgram)? {
+                crate::relay_standin::frame(&m, &mut framed);
+            }
+            framed.extend_from_slice(&taken);
+            vec![framed]
+        }
     };
     for c in unread.iter().flat_map(|m| m.chunks(CHUNK)) {
         write_data(tx, c).await?;
@@ -1252,8 +1165,23 @@ pub async fn body_socket(
         Arc::new(watch().with_context(|| format!("watch the relayed socket {id} of PID {pid}"))?);
     drop(fd);
     let tty = id & ferry_image::RELAY_TTY != 0;
-    let mut down_st = BodyPipe::with(StandIn::Reads(Dst::Sock(sock.clone(), tty)));
-    let mut up_st = BodyPipe::with(StandIn::Writes(Src::Sock(sock.clone(), tty)));
+    let kind = if tty {
+        libc::SOCK_STREAM
+    } else {
+        ferry_sys::sockets::getsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TYPE)
+            .map_err(|e| anyhow!("the type of the relayed socket {id} of PID {pid}: {e}"))?
+    };
+    let (down_end, up_end) = if kind == libc::SOCK_STREAM {
+        (Dst::Sock(sock.clone(), tty), Src::Sock(sock.clone(), tty))
+    } else {
+        let dgram = kind == libc::SOCK_DGRAM;
+        (
+            Dst::Rec(crate::relay_standin::Records::new(sock.clone(), dgram)),
+            Src::Rec(crate::relay_standin::Records::new(sock.clone(), dgram)),
+        )
+    };
+    let mut down_st = BodyPipe::with(StandIn::Reads(down_end));
+    let mut up_st = BodyPipe::with(StandIn::Writes(up_end));
     if tty {
         // Both ways know the pty's size; the way home sends what the body sets.
         let master = sock.as_raw_fd();

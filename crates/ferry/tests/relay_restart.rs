@@ -25,6 +25,14 @@ fn main() {
             || stream_through_restart("unix"),
         ),
         Trial::test(
+            "seqpacket_records_to_home_go_on_through_a_home_daemon_restart",
+            || records_through_restart("seqpacket"),
+        ),
+        Trial::test(
+            "datagrams_to_home_go_on_through_a_home_daemon_restart",
+            || records_through_restart("dgram"),
+        ),
+        Trial::test(
             "a_job_under_a_terminal_keeps_its_home_terminal_through_a_home_daemon_restart",
             terminal_through_restart,
         ),
@@ -484,6 +492,157 @@ fn terminal_through_restart() -> Result<(), Failed> {
         return Err(failed(
             "a's log says nothing of its relays taken up again".into(),
         ));
+    }
+    Ok(())
+}
+
+/// Both ends of a socket pair of messages (`seqpacket` or `dgram`): the parent stays home and
+/// starts the child (`client`), which is moved. Each sends COUNT numbered messages of many
+/// lengths (every 50th longer than a relay's 64 KiB chunk), paced, then `end`, and reads the
+/// other's until its `end`, checking each whole and in order; ROLE.progress says how many it
+/// read, ROLE.done what it read in all.
+const RECORD_PEER: &str = r#"
+import os, socket, subprocess, sys, threading, time
+d, kind, role = sys.argv[1], sys.argv[2], sys.argv[3]
+COUNT, PACE = 1500, 0.004
+ty = socket.SOCK_SEQPACKET if kind == 'seqpacket' else socket.SOCK_DGRAM
+def body(side, k):
+    size = 100000 if k % 50 == 0 else (k * 997) % 5000
+    return b'%s %d:' % (side, k) + bytes([48 + k % 10]) * size
+if role == 'home':
+    mine, theirs = socket.socketpair(socket.AF_UNIX, ty)
+    child = subprocess.Popen([sys.executable, '-c', open(d + '/peer.py').read(), d, kind,
+                              'client', str(theirs.fileno())], pass_fds=[theirs.fileno()])
+    theirs.close()
+    s, me, other = mine, b'home', b'client'
+else:
+    s, me, other = socket.socket(fileno=int(sys.argv[4])), b'client', b'home'
+    open(d + '/pid.tmp', 'w').write(str(os.getpid()))
+    os.rename(d + '/pid.tmp', d + '/pid')
+    while not os.path.exists(d + '/go'):
+        time.sleep(0.02)
+errors = []
+def send():
+    try:
+        for k in range(1, COUNT + 1):
+            s.send(body(me, k))
+            time.sleep(PACE)
+        s.send(b'end')
+    except Exception as e:
+        errors.append('send: %r' % e)
+t = threading.Thread(target=send)
+t.start()
+n = 0
+try:
+    while True:
+        m = s.recv(1 << 20)
+        if m == b'end':
+            break
+        n += 1
+        if m != body(other, n):
+            errors.append('message %d: %r... (%d bytes)' % (n, m[:30], len(m)))
+            break
+        if n % 50 == 0:
+            open(d + '/' + role + '.progress.tmp', 'w').write(str(n))
+            os.rename(d + '/' + role + '.progress.tmp', d + '/' + role + '.progress')
+except Exception as e:
+    errors.append('recv: %r' % e)
+t.join()
+open(d + '/' + role + '.done.tmp', 'w').write('read=%d errors=%s\n' % (n, errors))
+os.rename(d + '/' + role + '.done.tmp', d + '/' + role + '.done')
+if role == 'home':
+    child.wait()
+"#;
+
+/// A child moved to b exchanges numbered messages over a seqpacket or datagram socket pair
+/// with its parent at a (`kind`) while a's daemon is killed (SIGKILL) and restarted: both read
+/// every message of the other's once, whole and in order. Before, the relay ended with the
+/// daemon (the child's sends failed, the parent read no more).
+fn records_through_restart(kind: &str) -> Result<(), Failed> {
+    let tag = format!("rr-{kind}");
+    let c = shared(&tag);
+    let dir = scratch("relay_restart", &tag);
+    let logs = || common::cluster::daemon_logs(&c.dir, &["a", "b"]);
+    let err = || std::fs::read_to_string(dir.join("home.err")).unwrap_or_default();
+    std::fs::write(dir.join("peer.py"), RECORD_PEER).unwrap();
+    let _home = Reaped(
+        Command::new("python3")
+            .args(["-c", RECORD_PEER])
+            .arg(&dir)
+            .arg(kind)
+            .arg("home")
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("home.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pid: i32 = loop {
+        if let Some(p) = std::fs::read_to_string(dir.join("pid"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            break p;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the child did not start\n{}", err()).into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let o = c.run("a", &["migrate", &pid.to_string(), "--to", "b", "--json"]);
+    if !o.status.success() {
+        return Err(format!("the child did not move: {}", text(&o)).into());
+    }
+    std::fs::write(dir.join("go"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while progress(&dir, "home") < 200 || progress(&dir, "client") < 200 {
+        if Instant::now() > deadline {
+            return Err(format!("nothing flowed through the relay\n{}\n{}", err(), logs()).into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill_daemon(&c, "a");
+    let at_kill = (progress(&dir, "home"), progress(&dir, "client"));
+    std::thread::sleep(Duration::from_secs(1));
+    restart(&c, "a");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(dir.join("home.done").exists() && dir.join("client.done").exists()) {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the exchange did not finish (read {} and {} of 1500 at home and away; \
+                 {at_kill:?} when a died)\n{}\n{}",
+                progress(&dir, "home"),
+                progress(&dir, "client"),
+                err(),
+                logs()
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for role in ["home", "client"] {
+        let done = std::fs::read_to_string(dir.join(format!("{role}.done"))).unwrap_or_default();
+        if done.trim() != "read=1500 errors=[]" {
+            return Err(format!(
+                "the {role} read {} ({at_kill:?} when a died)\n{}\n{}",
+                done.trim(),
+                err(),
+                logs()
+            )
+            .into());
+        }
+    }
+    if at_kill.0 >= 1500 || at_kill.1 >= 1500 {
+        return Err("the exchange was over before a's daemon died: nothing tested".into());
+    }
+    if !c.log("a").contains("relay-recovered") {
+        return Err(format!(
+            "a's log says nothing of its relays taken up again\n{}",
+            logs()
+        )
+        .into());
     }
     Ok(())
 }

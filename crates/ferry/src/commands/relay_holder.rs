@@ -91,14 +91,22 @@ pub fn run(a: Args) -> Result<()> {
         };
         ferry_sys::spawn::ignore_signal(libc::SIGPIPE)
             .map_err(|e| anyhow!("ignore SIGPIPE: {e}"))?;
+        let kind = ferry_sys::sockets::getsockopt_int(SOCK, libc::SOL_SOCKET, libc::SO_TYPE)
+            .map_err(|e| anyhow!("the held socket's type: {e}"))?;
         let d = done.clone();
         std::thread::spawn(move || {
-            socket_to_pipe();
+            match kind {
+                libc::SOCK_STREAM => socket_to_pipe(),
+                _ => records_to_pipe(kind == libc::SOCK_DGRAM),
+            }
             d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         });
         let (d, od) = (done.clone(), out_done.clone());
         std::thread::spawn(move || {
-            pipe_to_socket(sender);
+            match kind {
+                libc::SOCK_STREAM => pipe_to_socket(sender),
+                _ => pipe_to_records(sender),
+            }
             od.store(true, std::sync::atomic::Ordering::SeqCst);
             d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         });
@@ -306,6 +314,140 @@ fn pipe_to_tty() {
                 Ok(k) => at += k,
                 Err(e) if e.errno == libc::EINTR => {}
                 Err(e) if e.errno == libc::EAGAIN => wait(SOCK, libc::POLLOUT),
+                Err(_) => break 'read,
+            }
+        }
+    }
+    close_pipe(FROM_DAEMON);
+}
+
+/// Writes all of `d` into our end `fd` of a pipe to the daemon (false: its end is gone).
+fn put_all(fd: i32, d: &[u8]) -> bool {
+    let mut at = 0;
+    while at < d.len() {
+        match ferry_sys::fdops::write_fd(fd, &d[at..]) {
+            Ok(n) => at += n,
+            Err(e) if e.errno == libc::EINTR => {}
+            Err(e) if e.errno == libc::EAGAIN => wait(fd, libc::POLLOUT),
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Reads exactly `buf.len()` bytes from our end `fd` of the daemon's pipe (false: its end of
+/// file or an error first).
+fn get_all(fd: i32, buf: &mut [u8]) -> bool {
+    let mut at = 0;
+    while at < buf.len() {
+        match ferry_sys::fdops::read_fd(fd, &mut buf[at..]) {
+            Ok(0) => return false,
+            Ok(n) => at += n,
+            Err(e) if e.errno == libc::EINTR => {}
+            Err(e) if e.errno == libc::EAGAIN => wait(fd, libc::POLLIN),
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Whether the peer of connected UNIX datagram socket `fd` is gone (sock_diag no longer
+/// knows it; a datagram socket hears nothing of its peer's close).
+fn dgram_peer_gone(fd: i32) -> bool {
+    use ferry_sys::sockets::{unix_diag, UDIAG_SHOW_PEER};
+    let Some(ino) = std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .ok()
+        .and_then(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse::<u32>()
+                .ok()
+        })
+    else {
+        return false;
+    };
+    let Ok(me) = unix_diag(Some(ino), UDIAG_SHOW_PEER) else {
+        return false;
+    };
+    let Some(me) = me.first() else {
+        return false;
+    };
+    match me.peer {
+        None | Some(0) => true,
+        Some(peer) => unix_diag(Some(peer), 0).is_ok_and(|p| p.is_empty()),
+    }
+}
+
+/// A socket of messages (seqpacket, datagrams): each message it reads goes into the pipe to
+/// the daemon whole, as its length (4 bytes, little-endian) and its bytes; a seqpacket's end
+/// of file, or a datagram socket's peer gone, closes that pipe.
+fn records_to_pipe(dgram: bool) {
+    let mut checked = std::time::Instant::now();
+    loop {
+        let len = match ferry_sys::sockets::next_message_len(SOCK) {
+            Ok(n) => n,
+            Err(e) if e.errno == libc::EINTR => continue,
+            Err(e) if e.errno == libc::EAGAIN => {
+                let _ = ferry_sys::sockets::poll_wait(SOCK, libc::POLLIN | libc::POLLRDHUP, 200);
+                if dgram && checked.elapsed() >= std::time::Duration::from_millis(200) {
+                    checked = std::time::Instant::now();
+                    if dgram_peer_gone(SOCK) {
+                        break;
+                    }
+                }
+                continue;
+            }
+            Err(_) => break,
+        };
+        let mut d = Vec::new();
+        match ferry_sys::sockets::recv_append(SOCK, &mut d, len, libc::MSG_DONTWAIT) {
+            // A seqpacket's end (no empty records there).
+            Ok(0) if !dgram => break,
+            Ok(_) => {}
+            Err(e) if e.errno == libc::EINTR || e.errno == libc::EAGAIN => continue,
+            Err(_) => break,
+        }
+        let mut framed = (d.len() as u32).to_le_bytes().to_vec();
+        framed.extend_from_slice(&d);
+        if !put_all(TO_DAEMON, &framed) {
+            let _ = ferry_sys::sockets::shutdown(SOCK, libc::SHUT_RD);
+            break;
+        }
+    }
+    close_pipe(TO_DAEMON);
+}
+
+/// Each message from the daemon (length and bytes) is sent on the socket whole (as `sender`);
+/// one too long for the socket is dropped, as its sender would have found.
+fn pipe_to_records(mut sender: Option<(i32, u32, u32)>) {
+    'read: loop {
+        let mut len = [0u8; 4];
+        if !get_all(FROM_DAEMON, &mut len) {
+            let _ = ferry_sys::sockets::shutdown(SOCK, libc::SHUT_WR);
+            break;
+        }
+        let mut d = vec![0u8; u32::from_le_bytes(len) as usize];
+        if !get_all(FROM_DAEMON, &mut d) {
+            break;
+        }
+        loop {
+            let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+            let r = match sender {
+                Some(who) => match ferry_sys::sockets::send_as(SOCK, &d, who, flags) {
+                    Err(e) if e.errno == libc::ESRCH => {
+                        sender = None;
+                        continue;
+                    }
+                    r => r,
+                },
+                None => ferry_sys::sockets::send(SOCK, &d, None, &[], flags),
+            };
+            match r {
+                Ok(_) => break,
+                Err(e) if e.errno == libc::EINTR => {}
+                Err(e) if e.errno == libc::EAGAIN => wait(SOCK, libc::POLLOUT),
+                Err(e) if e.errno == libc::EMSGSIZE => break,
                 Err(_) => break 'read,
             }
         }
