@@ -8,12 +8,14 @@
 //! are ignored: the relay's state is in what it holds. Its name (`comm`) is
 //! [`NAME`], so `ps` says what it is.
 //!
-//! With `--socket` it holds a relayed stream socket's home end instead (its stdin), and pumps
+//! With `--socket` it holds a relayed socket's home end instead (its stdin), and pumps
 //! it to and from two pipes whose other ends the daemon relays as pipes (its stdout: what the
 //! socket reads goes there; its stderr: what comes from there is sent on the socket, as
 //! `--sender` PID:UID:GID when given). The socket's peer thus never notices the daemon's
 //! restart: only the pipes' relays (kept as every pipe's) see it. End of file one way is a
-//! shutdown the other; it ends once both ways are over. With `--tty` it holds a relayed
+//! shutdown the other; it ends once both ways are over. A socket of messages (seqpacket,
+//! datagrams) has each message go whole: on the pipes as its length (4 bytes, little-endian)
+//! and its bytes. With `--tty` it holds a relayed
 //! terminal the same way: it reads the terminal only while the tree's root (`--root`) is in its
 //! foreground process group (else the shell at home reads it), and ends once the daemon's pipe
 //! to it ends (the body's terminal is gone).
