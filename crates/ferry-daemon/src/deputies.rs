@@ -792,6 +792,16 @@ async fn signal_body(
         queued,
         root: (own != pid).then_some(root),
     };
+    // A daemon just restarted may not know the body's node yet (its membership fills within
+    // a gossip round or two): the signal waits for it rather than being dropped (a ^Z typed
+    // at home right after a restart of its daemon).
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while to != node.name()
+        && node.membership.find(&to).is_none()
+        && tokio::time::Instant::now() < until
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     ask(node, &to, msg).await
 }
 

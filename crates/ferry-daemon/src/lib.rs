@@ -40,6 +40,7 @@ pub mod relay;
 pub mod relay_join;
 pub mod relay_keep;
 pub mod relay_pipe;
+pub mod relay_standin;
 pub mod relay_tty;
 pub mod state;
 pub mod traffic;

@@ -105,6 +105,22 @@ impl HomeRelays {
     /// this daemon.
     pub fn expect(self: &Arc<Self>, node: &Node, pid: i32, body_node: &str, ends: Vec<HomeOpen>) {
         for (pipe, fd, sender) in ends {
+            // A stream socket's or a terminal's relay is kept as two pipes'
+            // (crate::relay_keep::keep_two_way).
+            if crate::relay_keep::two_ways(pipe, &fd).is_some() {
+                match crate::relay_keep::keep_two_way(node, pid, pipe, body_node, &fd, sender) {
+                    Ok(ways) => {
+                        for (way, end, keep) in ways {
+                            self.park_as(pid, way, body_node, end, Vec::new(), None, Some(keep));
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(event = "relay-keep-failed", pid, pipe,
+                            error = %format!("{e:#}"), "this relay ends if the daemon does");
+                    }
+                }
+            }
             let keep = if duplex_of(pipe).is_none() {
                 match Keep::new(node, pid, pipe, body_node, &fd) {
                     Ok(k) => Some(k),
@@ -417,6 +433,11 @@ pub fn dial_home(node: Arc<Node>, home: String, pid: i32, ends: Vec<(u32, OwnedF
                     let ctl = reg.ctl.take();
                     return crate::relay_pipe::body_relay(&node, &home, pid, pipe, fd, ctl).await;
                 }
+                if crate::relay_keep::two_ways(pipe, &fd).is_some() {
+                    let ctl = reg.ctl.take();
+                    return crate::relay_pipe::body_socket(&node, &home, pid, pipe, fd, ctl, None)
+                        .await;
+                }
                 let deadline = tokio::time::Instant::now() + OPEN_RETRY;
                 let conn = loop {
                     let mut conn = node.dial(&home).await?;
@@ -581,7 +602,7 @@ where
     );
     crate::relay_join::try_join(node, pid, pipe);
     let pumped = tokio::select! {
-        r = home_pump(stream, ours, buf, marks, at, Some(counter), Some(ctl_rx)) => r,
+        r = home_pump(stream, ours, buf, marks, at, Some(counter), Some(ctl_rx), keep.tty.as_ref().map(|t| t.0.clone())) => r,
         Ok(()) = cut_rx => Ok(HomeEnd::Lost { bytes: 0, acked: 0 }),
     };
     {
@@ -645,6 +666,42 @@ async fn attach_at_home(
 ) -> Result<u64> {
     let me = node.name().to_string();
     let deadline = tokio::time::Instant::now() + OPEN_RETRY;
+    if crate::relay_keep::two_ways(pipe, &fd).is_some() {
+        // Its two ways, each a pipe's relay here.
+        let (down, up) = crate::relay_keep::socket_ways(pipe);
+        let mut streams = Vec::new();
+        for way in [down, up] {
+            let (home_fd, _, _, keep) = loop {
+                match node.relays.take(&me, pid, way) {
+                    Ok(x) => break x,
+                    Err(e) if tokio::time::Instant::now() > deadline => return Err(e),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            };
+            let (home_end, body_end) = tokio::io::duplex(1 << 16);
+            let (node2, me2) = (node.clone(), me.clone());
+            tokio::spawn(async move {
+                let r = home_pipe(&node2, &me2, home_end, pid, way, home_fd, keep, None).await;
+                if let Err(e) = r {
+                    tracing::warn!(event = "relay-failed", pid, pipe = way,
+                        error = %format!("{e:#}"));
+                }
+            });
+            streams.push(body_end);
+        }
+        let up_end = streams.pop().expect("two ways");
+        let down_end = streams.pop().expect("two ways");
+        return crate::relay_pipe::body_socket(
+            node,
+            &me,
+            pid,
+            pipe,
+            fd,
+            ctl,
+            Some((down_end, up_end)),
+        )
+        .await;
+    }
     let (home_fd, prefix, sender, keep) = loop {
         match node.relays.take(&me, pid, pipe) {
             Ok(x) => break x,
@@ -1377,7 +1434,7 @@ async fn next_ctl(ctl: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Ctl>>) -
 /// What waits unread in the body's socket `ino` (frozen, moving on; the other end of a relay
 /// here), read through a copy of a descriptor of it: it goes to the body's next node. A socket
 /// of messages (`records`; datagrams: `dgram`) gives them one by one, whole.
-fn unread_socket(ino: u64, records: bool, dgram: bool) -> Result<Prefix> {
+pub(crate) fn unread_socket(ino: u64, records: bool, dgram: bool) -> Result<Prefix> {
     let link = format!("socket:[{ino}]");
     let holder = std::fs::read_dir("/proc")
         .context("list /proc")?
@@ -1437,7 +1494,7 @@ type Queued = (Vec<u8>, tokio::sync::OwnedSemaphorePermit);
 const RECORD_MAX: usize = ferry_transport::frame::MAX_FRAME - 4096;
 
 /// The next message of a socket of messages, whole (its length asked first: MSG_TRUNC).
-fn recv_record(raw: std::os::fd::RawFd) -> Result<Vec<u8>, ferry_sys::SysError> {
+pub(crate) fn recv_record(raw: std::os::fd::RawFd) -> Result<Vec<u8>, ferry_sys::SysError> {
     let len = ferry_sys::sockets::next_message_len(raw)?;
     let mut d = Vec::new();
     ferry_sys::sockets::recv_append(raw, &mut d, len.min(RECORD_MAX), libc::MSG_DONTWAIT)?;
@@ -1470,7 +1527,7 @@ fn send_on(
 /// Whether the peer of connected UNIX datagram socket `raw` is gone (closed: it is no longer
 /// among the sockets sock_diag knows). A socket sock_diag cannot see (another network
 /// namespace's) is taken as alive.
-fn dgram_peer_gone(raw: std::os::fd::RawFd) -> bool {
+pub(crate) fn dgram_peer_gone(raw: std::os::fd::RawFd) -> bool {
     use ferry_sys::sockets::{unix_diag, UDIAG_SHOW_PEER};
     let Some(ino) = std::fs::read_link(format!("/proc/self/fd/{raw}"))
         .ok()

@@ -41,6 +41,9 @@ pub struct Keep {
     pub marks: OwnedFd,
     holder: Option<Holder>,
     store: Arc<state::Store>,
+    /// A way of a terminal's relay: the home terminal (for its size and settings), and the
+    /// holder that holds it (PID, start time), recorded with the relay.
+    pub tty: Option<(Arc<OwnedFd>, i32, u64)>,
 }
 
 struct Holder {
@@ -51,7 +54,15 @@ struct Holder {
 impl Holder {
     /// Records this holder for relay `pipe` of PID `pid`, whose body is on `body_node`, so
     /// that this daemon's successor finds the relay (and its holder) again.
-    fn record(&self, store: &state::Store, pid: i32, pipe: u32, body_node: &str, joined: bool) {
+    fn record(
+        &self,
+        store: &state::Store,
+        pid: i32,
+        pipe: u32,
+        body_node: &str,
+        joined: bool,
+        tty_holder: Option<(i32, u64)>,
+    ) {
         let rec = RelayRecord {
             pid,
             pipe,
@@ -59,6 +70,7 @@ impl Holder {
             joined,
             holder_pid: self.pid,
             holder_start: state::start_time(self.pid).unwrap_or(0),
+            tty_holder,
         };
         store.put_or_log(state::RELAY, &key(pid, pipe), &rec);
     }
@@ -78,6 +90,9 @@ struct RelayRecord {
     joined: bool,
     holder_pid: i32,
     holder_start: u64,
+    /// A way of a terminal's relay: the holder of the home terminal (PID, start time).
+    #[serde(default)]
+    tty_holder: Option<(i32, u64)>,
 }
 
 /// Mark: on a relay the body reads, the offset its body's node last acknowledged (what a node
@@ -132,7 +147,7 @@ impl Keep {
             .map_err(|e| anyhow!("place the relay's offsets: {e}"))?;
         let holder = match spawn_holder(&node.exe, pid, end, &buf, &marks) {
             Ok(h) => {
-                h.record(&node.store, pid, pipe, body_node, false);
+                h.record(&node.store, pid, pipe, body_node, false, None);
                 Some(h)
             }
             Err(e) => {
@@ -146,13 +161,15 @@ impl Keep {
             marks,
             holder,
             store: node.store.clone(),
+            tty: None,
         })
     }
 
     /// The relay's body moved on to `body_node`: its record follows.
     pub fn moved(&self, pid: i32, pipe: u32, body_node: &str) {
         if let Some(h) = &self.holder {
-            h.record(&self.store, pid, pipe, body_node, false);
+            let tty = self.tty.as_ref().map(|t| (t.1, t.2));
+            h.record(&self.store, pid, pipe, body_node, false, tty);
         }
     }
 
@@ -160,7 +177,8 @@ impl Keep {
     /// restarted daemon keeps its end for as long as the join lasts.
     pub fn joined(&self, pid: i32, pipe: u32, body_node: &str) {
         if let Some(h) = &self.holder {
-            h.record(&self.store, pid, pipe, body_node, true);
+            let tty = self.tty.as_ref().map(|t| (t.1, t.2));
+            h.record(&self.store, pid, pipe, body_node, true, tty);
         }
     }
 
@@ -236,6 +254,17 @@ pub fn recover(node: &Arc<Node>) {
             let end = take(0)?;
             let buf = take(1)?;
             let marks = take(2)?;
+            // A terminal's way: the terminal, from its own holder.
+            let tty = match r.tty_holder {
+                Some((h, start)) if state::start_time(h) == Some(start) => {
+                    let t = ferry_sys::pidfd::pidfd_open(h)
+                        .and_then(|p| ferry_sys::pidfd::pidfd_getfd(&p, 0))
+                        .map_err(|e| anyhow!("take the terminal from holder {h}: {e}"))?;
+                    Some((Arc::new(t), h, start))
+                }
+                Some((h, _)) => anyhow::bail!("the terminal's holder {h} is gone"),
+                None => None,
+            };
             Ok((
                 end,
                 Keep {
@@ -246,6 +275,7 @@ pub fn recover(node: &Arc<Node>) {
                         pidfd,
                     }),
                     store: node.store.clone(),
+                    tty,
                 },
             ))
         })();
@@ -370,4 +400,110 @@ impl crate::relay::HomeRelays {
         }
         missed
     }
+}
+
+/// A relayed stream socket's way from home to the body (its id on the wire: the relay's file
+/// number with this bit, `RelayOpen::pipe`), relayed as a pipe's.
+pub const SOCKET_DOWN: u32 = 1 << 29;
+/// A relayed stream socket's way from the body home, relayed as a pipe's.
+pub const SOCKET_UP: u32 = 1 << 28;
+
+/// Beside [`SOCKET_DOWN`] or [`SOCKET_UP`]: a terminal's way (the rest is its pts number).
+pub const TTY_WAY: u32 = 1 << 27;
+
+/// The ids of the two ways (home to body, body to home) of stream socket or terminal relay
+/// `id`.
+pub fn socket_ways(id: u32) -> (u32, u32) {
+    let n = if id & ferry_image::RELAY_TTY != 0 {
+        (id & !ferry_image::RELAY_TTY) | TTY_WAY
+    } else {
+        id & !ferry_image::RELAY_SOCKET
+    };
+    (n | SOCKET_DOWN, n | SOCKET_UP)
+}
+
+/// Whether socket `fd` is a UNIX socket (of messages too: seqpacket, datagrams).
+pub fn is_unix(fd: &OwnedFd) -> bool {
+    ferry_sys::sockets::getsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN)
+        == Ok(libc::AF_UNIX)
+}
+
+/// Whether socket `fd` is a stream socket (whose relay is kept as two pipes' relays).
+pub fn is_stream(fd: &OwnedFd) -> bool {
+    ferry_sys::sockets::getsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TYPE)
+        == Ok(libc::SOCK_STREAM)
+}
+
+/// Whether relay `id`, whose end here is `fd`, is relayed as two kept ways (a stream socket's
+/// or a terminal's), and whether it is a terminal's.
+pub fn two_ways(id: u32, fd: &OwnedFd) -> Option<bool> {
+    if id & ferry_image::RELAY_TTY != 0 {
+        Some(true)
+    } else if id & ferry_image::RELAY_SOCKET != 0 && (is_stream(fd) || is_unix(fd)) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// At home: the stream socket or terminal `sock` of relay `id` of the tree rooted at home PID
+/// `pid`, whose body runs on `body_node`, is held by a holder that pumps it to and from two
+/// pipes (`ferry __relay-holder --socket`, sending as `sender`, or `--tty`), and each pipe's
+/// other end is relayed and kept as a pipe's (a buffer and a holder each): the socket's peer,
+/// or the terminal, never sees this daemon go. Returns the two ways' ids and home ends, with
+/// their buffers, for the body's node.
+pub fn keep_two_way(
+    node: &Node,
+    pid: i32,
+    id: u32,
+    body_node: &str,
+    sock: &OwnedFd,
+    sender: Option<crate::relay::Sender>,
+) -> Result<Vec<(u32, OwnedFd, Keep)>> {
+    use std::os::unix::process::CommandExt;
+    let pipe = || {
+        ferry_sys::fdops::pipe2(libc::O_CLOEXEC)
+            .map_err(|e| anyhow!("make a pipe for socket relay {id} of PID {pid}: {e}"))
+    };
+    let (down_r, down_w) = pipe()?;
+    let (up_r, up_w) = pipe()?;
+    let mut cmd = std::process::Command::new(&node.exe);
+    let tty = id & ferry_image::RELAY_TTY != 0;
+    let mode = if tty { "--tty" } else { "--socket" };
+    cmd.args(["__relay-holder", mode, "--root", &pid.to_string()]);
+    if let Some((p, u, g)) = sender {
+        cmd.arg("--sender").arg(format!("{p}:{u}:{g}"));
+    }
+    let child = cmd
+        .stdin(sock.try_clone().context("copy the home's socket")?)
+        .stdout(down_w)
+        .stderr(up_r)
+        .process_group(0)
+        .spawn()
+        .with_context(|| {
+            format!(
+                "start a socket holder ({} __relay-holder --socket)",
+                node.exe.display()
+            )
+        })?;
+    let holder = child.id() as i32;
+    tracing::info!(event = "relay-two-way-held", pid, relay = id, holder);
+    // The daemon's reaper collects it.
+    drop(child);
+    let term = if tty {
+        crate::relay_tty::start_known(sock);
+        let t = sock.try_clone().context("keep the home terminal")?;
+        Some((Arc::new(t), holder, state::start_time(holder).unwrap_or(0)))
+    } else {
+        None
+    };
+    let (down, up) = socket_ways(id);
+    let mut ways = Vec::new();
+    for (way, end) in [(down, down_r), (up, up_w)] {
+        let mut keep = Keep::new(node, pid, way, body_node, &end)?;
+        keep.tty = term.clone();
+        keep.moved(pid, way, body_node);
+        ways.push((way, end, keep));
+    }
+    Ok(ways)
 }

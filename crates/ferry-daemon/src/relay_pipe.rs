@@ -20,6 +20,7 @@
 //! after all B sent, since home takes C's connection only once B's has ended. A terminal's
 //! or a socket's relay follows a body too (its handoff is in `crate::relay`'s `pump_duplex`).
 
+use crate::relay_standin::{Dst, Sock, Src};
 use anyhow::{anyhow, bail, Context, Result};
 use ferry_transport::frame::{read_frame, write_data, write_end, write_msg, FrameError};
 use ferry_transport::message::kind;
@@ -29,7 +30,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
@@ -337,7 +338,7 @@ fn count(counter: &Option<Arc<AtomicU64>>, n: usize) {
 }
 
 /// Whether the write end `raw`'s readers are all gone.
-fn readers_gone(raw: i32) -> bool {
+pub(crate) fn readers_gone(raw: i32) -> bool {
     match ferry_sys::sockets::poll_now(raw, libc::POLLOUT) {
         Ok(ev) => ev & libc::POLLERR != 0,
         Err(_) => true,
@@ -349,7 +350,7 @@ fn readers_gone(raw: i32) -> bool {
 /// home), before it stops taking more (its writer then blocks, as it would at home).
 const WINDOW: u64 = 1 << 20;
 /// One read, one frame.
-const CHUNK: usize = 1 << 16;
+pub(crate) const CHUNK: usize = 1 << 16;
 /// How long a body's node dials again a home it lost (restarting) before its relay ends.
 const REDIAL_FOR: Duration = Duration::from_secs(300);
 
@@ -398,7 +399,7 @@ async fn next_home_ctl(ctl: &mut Option<mpsc::UnboundedReceiver<HomeCtl>>) -> Ho
     }
 }
 
-fn sys(e: ferry_sys::SysError) -> std::io::Error {
+pub(crate) fn sys(e: ferry_sys::SysError) -> std::io::Error {
     std::io::Error::from_raw_os_error(e.errno)
 }
 
@@ -415,6 +416,7 @@ pub async fn home_pump<S>(
     at: Option<u64>,
     counter: Option<Arc<AtomicU64>>,
     ctl: Option<mpsc::UnboundedReceiver<HomeCtl>>,
+    tty: Option<Arc<OwnedFd>>,
 ) -> Result<HomeEnd>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -465,6 +467,9 @@ where
         net!(write_msg(&mut tx, &Msg::RelayAt { at: sent }).await, acked);
         net!(tx.flush().await, acked);
         let pipe = pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?;
+        // A terminal's way from home: its window size goes with it when it changes.
+        let known = tty.as_ref().map(|t| crate::relay_tty::known_size(t));
+        let mut size_tick = tokio::time::interval(Duration::from_millis(100));
         let mut chunk = vec![0u8; CHUNK];
         let mut eof = false;
         let mut end_sent = false;
@@ -535,14 +540,28 @@ where
                         net!(write_msg(&mut tx, &Msg::RelayHandoff { to: to.clone() }).await,
                             acked);
                         net!(tx.flush().await, acked);
+                        // A stream socket's way: what the body had not read comes back (the
+                        // last bytes acknowledged), kept again for the next node.
+                        let mut back: Vec<u8> = Vec::new();
                         loop {
                             match heard.recv().await {
-                                Some(Ok(Frame::Data(_))) => {}
+                                Some(Ok(Frame::Data(d))) => back.extend_from_slice(&d),
                                 Some(Ok(Frame::Msg(Msg::RelayAck { at }))) => {
                                     acked = acked.max(at.min(sent));
                                     note(acked);
                                 }
-                                Some(Ok(Frame::End)) => break,
+                                Some(Ok(Frame::End)) => {
+                                    let n = back.len() as u64;
+                                    if n > 0 && n <= acked {
+                                        acked -= n;
+                                        file.write_all_at(&back, acked)
+                                            .context("keep what the body had not read")?;
+                                        note(acked);
+                                    } else if n > 0 {
+                                        bail!("{n} bytes came back, past the {acked} sent");
+                                    }
+                                    break;
+                                }
                                 Some(Ok(Frame::Msg(m))) => {
                                     bail!("{} message inside a relay's handoff", kind(&m))
                                 }
@@ -565,6 +584,14 @@ where
                         let _ = done.send(Err(anyhow!("the pipe's writers are gone")));
                     } else {
                         joining = Some((token, done));
+                    }
+                }
+                _ = size_tick.tick(), if known.is_some() => {
+                    if let (Some(t), Some(k)) = (&tty, &known) {
+                        if let Some(size) = crate::relay_tty::size_changed(k, t.as_raw_fd()) {
+                            net!(write_msg(&mut tx, &Msg::RelayWinsize { size }).await, acked);
+                            net!(tx.flush().await, acked);
+                        }
                     }
                 }
                 r = pipe.readable(),
@@ -710,6 +737,18 @@ where
                     ack!();
                 }
                 Some(Ok(Frame::End)) => ending = true,
+                // A terminal's way home: the size and settings the body set.
+                Some(Ok(Frame::Msg(Msg::RelayWinsize { size }))) if tty.is_some() => {
+                    if let Some(t) = &tty {
+                        let known = crate::relay_tty::known_size(t);
+                        crate::relay_tty::set_size(&known, t.as_raw_fd(), size);
+                    }
+                }
+                Some(Ok(Frame::Msg(m @ Msg::RelayTermios { .. }))) if tty.is_some() => {
+                    if let Some(t) = &tty {
+                        crate::relay_tty::apply_termios(t.as_raw_fd(), &m);
+                    }
+                }
                 Some(Ok(Frame::Msg(Msg::RelayHandoff { to }))) => {
                     // Its last frame: all it sent is in the buffer, which the next node's
                     // connection goes on draining.
@@ -770,6 +809,15 @@ struct BodyPipe {
     join: Option<(Arc<crate::relay_join::Joins>, String, i32)>,
     /// The body writes: a second descriptor of the stand-in's read end, for a join.
     dup: Option<OwnedFd>,
+    /// A terminal's way: its size and settings.
+    tty: Option<BodyTty>,
+}
+
+/// A terminal's way at the body's node: the pty's size as last seen or set, and (the way
+/// home) its settings as last sent.
+struct BodyTty {
+    known: crate::relay_tty::Known,
+    settings: Option<ferry_sys::tty::Termios>,
 }
 
 /// Takes the body's node's word `c` while a relay is connected: a pause is answered with
@@ -779,7 +827,7 @@ fn steer(
     c: Option<Ctl>,
     paused: &mut bool,
     at: Option<u64>,
-) -> Option<(String, oneshot::Sender<Result<()>>)> {
+) -> Option<(String, u64, oneshot::Sender<Result<()>>)> {
     match c {
         Some(Ctl::Pause(ack)) => {
             *paused = true;
@@ -790,15 +838,16 @@ fn steer(
             *paused = false;
             None
         }
-        Some(Ctl::Handoff { to, done, .. }) => Some((to, done)),
+        Some(Ctl::Handoff { to, peer, done }) => Some((to, peer, done)),
     }
 }
 
 enum StandIn {
-    /// The body reads: our end is the stand-in's write end.
-    Reads(pipe::Sender),
-    /// The body writes: our end is its read end.
-    Writes(pipe::Receiver),
+    /// The body reads: our end is the stand-in's write end (or the body's stream socket's
+    /// other end, for its way from home).
+    Reads(Dst),
+    /// The body writes: our end is its read end (or the socket's, for its way home).
+    Writes(Src),
 }
 
 /// How one connection of a body's relay ended.
@@ -833,6 +882,18 @@ pub async fn body_relay(
     };
     let mut st = BodyPipe::new(fd)?;
     st.join = Some((node.body_relays.joins.clone(), home.to_string(), pid));
+    relay_on(node, home, pid, pipe, &mut st, &mut ctl).await
+}
+
+/// [`body_relay`]'s connections, one after the other, for the body's side `st`.
+async fn relay_on(
+    node: &Arc<crate::node::Node>,
+    home: &str,
+    pid: i32,
+    pipe: u32,
+    st: &mut BodyPipe,
+    ctl: &mut mpsc::UnboundedReceiver<Ctl>,
+) -> Result<u64> {
     let mut deadline = tokio::time::Instant::now() + crate::relay::OPEN_RETRY;
     loop {
         let opened = async {
@@ -859,7 +920,7 @@ pub async fn body_relay(
                 if st.at.is_some() {
                     tracing::warn!(event = "relay-resumed", home = %home, pid, pipe, at);
                 }
-                match body_pump(conn.stream, &mut st, at, &mut ctl).await? {
+                match body_pump(conn.stream, st, at, ctl).await? {
                     BodyEnd::Done => return Ok(st.total),
                     BodyEnd::Join(token) => {
                         let dup = st.dup.as_ref().map(|d| d.try_clone()).transpose();
@@ -870,7 +931,7 @@ pub async fn body_relay(
                         use crate::relay_join::WriterEnd;
                         let joins = node.body_relays.joins.clone();
                         let at = st.at.unwrap_or(0);
-                        match joins.writer(home, pid, token, dup, &mut ctl, at).await {
+                        match joins.writer(home, pid, token, dup, ctl, at).await {
                             WriterEnd::Ended => {
                                 tracing::info!(event = "relay-joined-ended", home = %home, pid,
                                     pipe, bytes = st.total);
@@ -933,7 +994,7 @@ pub async fn body_relay(
 /// A body at its own home (come home beside its deputies): its pipe's relay over the
 /// in-process stream `stream` to the home's end here.
 pub async fn body_at_home<S>(
-    mut stream: S,
+    stream: S,
     fd: OwnedFd,
     ctl: Option<mpsc::UnboundedReceiver<Ctl>>,
 ) -> Result<u64>
@@ -944,12 +1005,24 @@ where
         bail!("a relay has no control")
     };
     let mut st = BodyPipe::new(fd)?;
+    local_on(stream, &mut st, &mut ctl).await
+}
+
+/// [`body_at_home`]'s one connection, for the body's side `st`.
+async fn local_on<S>(
+    mut stream: S,
+    st: &mut BodyPipe,
+    ctl: &mut mpsc::UnboundedReceiver<Ctl>,
+) -> Result<u64>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let at = match ferry_transport::frame::read_msg(&mut stream).await {
         Ok(Msg::RelayAt { at }) => at,
         Ok(other) => bail!("the home's end answered {}", kind(&other)),
         Err(e) => bail!("the home's end did not answer: {e}"),
     };
-    match body_pump(stream, &mut st, at, &mut ctl).await? {
+    match body_pump(stream, st, at, ctl).await? {
         BodyEnd::Done => Ok(st.total),
         BodyEnd::Lost(why) => bail!("the home's end went: {why}"),
         BodyEnd::Join(_) | BodyEnd::Unjoined(_) => bail!("a relay at home was asked to join"),
@@ -964,11 +1037,21 @@ impl BodyPipe {
         let mut dup = None;
         let stand_in = if acc == libc::O_RDONLY {
             dup = Some(fd.try_clone().context("keep the relayed pipe")?);
-            StandIn::Writes(pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?)
+            StandIn::Writes(Src::Pipe(
+                pipe::Receiver::from_owned_fd(fd).context("watch the relayed pipe")?,
+            ))
         } else {
-            StandIn::Reads(pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?)
+            StandIn::Reads(Dst::Pipe(
+                pipe::Sender::from_owned_fd(fd).context("watch the relayed pipe")?,
+            ))
         };
-        Ok(BodyPipe {
+        let mut st = BodyPipe::with(stand_in);
+        st.dup = dup;
+        Ok(st)
+    }
+
+    fn with(stand_in: StandIn) -> BodyPipe {
+        BodyPipe {
             stand_in,
             at: None,
             eof: false,
@@ -977,8 +1060,9 @@ impl BodyPipe {
             paused: false,
             total: 0,
             join: None,
-            dup,
-        })
+            dup: None,
+            tty: None,
+        }
     }
 }
 
@@ -1021,12 +1105,19 @@ where
             }
             net!(tx.flush().await);
             let mut buf = vec![0u8; CHUNK];
+            let mut tty_tick = tokio::time::interval(Duration::from_millis(20));
             loop {
                 tokio::select! {
                     biased;
                     // Each chunk read is sent whole before a pause is looked at.
-                    c = ctl.recv() => if let Some((to, done)) = steer(c, &mut st.paused, st.at) {
+                    c = ctl.recv() => if let Some((to, _, done)) = steer(c, &mut st.paused, st.at) {
+                        // A socket's: what the frozen body wrote goes first (a pipe's is in
+                        // the image).
+                        let rest = pipe.rest();
                         let r = async {
+                            for c in rest.chunks(CHUNK) {
+                                write_data(&mut tx, c).await?;
+                            }
                             write_msg(&mut tx, &Msg::RelayHandoff { to }).await?;
                             tx.shutdown().await?;
                             Ok::<_, anyhow::Error>(())
@@ -1044,7 +1135,11 @@ where
                         }
                         Some(Ok(Frame::Msg(Msg::RelayJoin { token }))) => {
                             // Every chunk read is sent: the answer is after the last of them.
-                            let ok = token != 0 && !st.paused && !st.drained && st.join.is_some();
+                            let ok = token != 0
+                                && !st.paused
+                                && !st.drained
+                                && st.join.is_some()
+                                && st.dup.is_some();
                             let token = if ok { token } else { 0 };
                             net!(write_msg(&mut tx, &Msg::RelayJoin { token }).await);
                             net!(tx.flush().await);
@@ -1053,13 +1148,38 @@ where
                             }
                         }
                         // Home's readers are gone (so is what we would send), or it wrote
-                        // all we sent after our end of file.
-                        Some(Ok(Frame::End)) => return Ok(BodyEnd::Done),
+                        // all we sent after our end of file. A socket's body then reads no
+                        // more of ours: its writes fail, as they would have at home.
+                        Some(Ok(Frame::End)) => {
+                            if let Src::Sock(s, false) = pipe {
+                                let _ = ferry_sys::sockets::shutdown(s.as_raw_fd(), libc::SHUT_RD);
+                            }
+                            if let Src::Rec(r) = pipe {
+                                let _ = ferry_sys::sockets::shutdown(r.s.as_raw_fd(), libc::SHUT_RD);
+                            }
+                            return Ok(BodyEnd::Done);
+                        }
                         Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
                         Some(Ok(Frame::Data(_))) => bail!("data from the reading side of a relay"),
                         Some(Err(e)) => return Ok(BodyEnd::Lost(e.to_string())),
                         None => return Ok(BodyEnd::Lost("closed".into())),
                     },
+                    // A terminal's way home: the size and settings the body set go home.
+                    _ = tty_tick.tick(), if st.tty.is_some() && !st.paused => {
+                        if let (Some(t), Src::Sock(s, true)) = (&mut st.tty, &*pipe) {
+                            let master = s.as_raw_fd();
+                            if let Some(now) = crate::relay_tty::slave_termios(master) {
+                                if t.settings.as_ref() != Some(&now) {
+                                    t.settings = Some(now.clone());
+                                    net!(write_msg(&mut tx, &crate::relay_tty::termios_msg(now)).await);
+                                }
+                            }
+                            if let Some(size) = crate::relay_tty::size_changed(&t.known, master) {
+                                net!(write_msg(&mut tx, &Msg::RelayWinsize { size }).await);
+                            }
+                            net!(tx.flush().await);
+                        }
+                    }
                     n = pipe.read(&mut buf),
                         if !st.paused && !st.drained && (st.unacked.len() as u64) < WINDOW => {
                         let n = n.context("read the relayed pipe")?;
@@ -1083,25 +1203,42 @@ where
             // The body reads: what comes from home (from `home_at`, where we stand) is
             // written into the stand-in, and acknowledged once there.
             st.at = Some(home_at);
-            let raw = pipe.as_raw_fd();
             let mut pending: Vec<u8> = Vec::new();
             let mut off = 0usize;
             loop {
                 if st.eof && off >= pending.len() && !st.paused {
                     // Home's end of file, after all it sent: the body sees it once it has
-                    // read all. Home ends the relay.
+                    // read all (a socket's way from home is shut down). Home ends the relay.
+                    if let Dst::Sock(s, false) = pipe {
+                        let _ = ferry_sys::sockets::shutdown(s.as_raw_fd(), libc::SHUT_WR);
+                    }
+                    if let Dst::Rec(r) = pipe {
+                        let _ = ferry_sys::sockets::shutdown(r.s.as_raw_fd(), libc::SHUT_WR);
+                    }
                     let _ = write_end(&mut tx).await;
                     let _ = tx.flush().await;
                     return Ok(BodyEnd::Done);
                 }
                 tokio::select! {
                     biased;
-                    c = ctl.recv() => if let Some((to, done)) = steer(c, &mut st.paused, st.at) {
-                        let r = hand_back(&mut tx, &mut heard, to).await;
+                    c = ctl.recv() => if let Some((to, peer, done)) = steer(c, &mut st.paused, st.at) {
+                        let back = match pipe {
+                            Dst::Pipe(_) => Back::None,
+                            Dst::Sock(_, false) => Back::Socket(peer),
+                            Dst::Sock(s, true) => Back::Tty(s.as_raw_fd()),
+                            Dst::Rec(_) => {
+                                let dgram = matches!(pipe, Dst::Rec(r) if r.dgram);
+                                Back::Records(peer, dgram, pipe.taken())
+                            }
+                        };
+                        let r = hand_back(&mut tx, &mut heard, to, back).await;
                         let _ = done.send(r);
                         return Ok(BodyEnd::Done);
                     },
-                    n = pipe.write(&pending[off..]), if !st.paused && off < pending.len() => match n {
+                    // (With nothing left to write, a socket of messages sends the whole
+                    // messages it took and could not send yet.)
+                    n = pipe.write(&pending[off..]),
+                        if !st.paused && (off < pending.len() || pipe.waiting()) => match n {
                         Ok(n) => {
                             off += n;
                             st.total += n as u64;
@@ -1127,8 +1264,10 @@ where
                         Some(Ok(Frame::End)) => st.eof = true,
                         Some(Ok(Frame::Msg(Msg::RelayJoin { token }))) => {
                             // All home sent before it is in the stand-in.
+                            // (Only a pipe's stand-in is joined.)
+                            let is_pipe = matches!(&*pipe, Dst::Pipe(_));
                             let half = match &st.join {
-                                Some((joins, home, _)) if !st.paused && token != 0 => {
+                                Some((joins, home, _)) if !st.paused && token != 0 && is_pipe => {
                                     joins.take(home, token, CONTROL_WAIT).await
                                 }
                                 Some((joins, home, _)) => {
@@ -1158,6 +1297,9 @@ where
                                     bail!("a relay at home took a join");
                                 };
                                 let who = (&*joins, home.as_str(), me);
+                                let Dst::Pipe(pipe) = pipe else {
+                                    bail!("a relay that is not a pipe's took a join");
+                                };
                                 match crate::relay_join::joined(who, half, pipe, ctl, at).await? {
                                     JoinedEnd::Ended(n) => {
                                         st.total += n;
@@ -1174,12 +1316,18 @@ where
                                 }
                             }
                         }
+                        // A terminal's way from home: the home terminal's new size.
+                        Some(Ok(Frame::Msg(Msg::RelayWinsize { size }))) if st.tty.is_some() => {
+                            if let (Some(t), Dst::Sock(s, true)) = (&st.tty, &*pipe) {
+                                crate::relay_tty::set_size(&t.known, s.as_raw_fd(), size);
+                            }
+                        }
                         Some(Ok(Frame::Msg(m))) => bail!("{} message inside a relay", kind(&m)),
                         Some(Err(e)) => return Ok(BodyEnd::Lost(e.to_string())),
                         None => return Ok(BodyEnd::Lost("closed".into())),
                     },
                     _ = tick.tick(), if !st.paused => {
-                        if readers_gone(raw) {
+                        if pipe.gone() {
                             let _ = write_end(&mut tx).await;
                             let _ = tx.flush().await;
                             return Ok(BodyEnd::Done);
@@ -1219,20 +1367,38 @@ async fn hand_over_joined(
     let (rx, mut tx) = tokio::io::split(conn.stream);
     if reads {
         let mut heard = frames(rx);
-        return hand_back(&mut tx, &mut heard, to.to_string()).await;
+        return hand_back(&mut tx, &mut heard, to.to_string(), Back::None).await;
     }
     write_msg(&mut tx, &Msg::RelayHandoff { to: to.to_string() }).await?;
     tx.shutdown().await?;
     Ok(())
 }
 
+/// What a way from home gives back at its handoff, besides what it holds.
+enum Back {
+    /// Nothing (a pipe's stand-in is in the image).
+    None,
+    /// What the body's socket (its inode) had not read.
+    Socket(u64),
+    /// What the body had not read from its pty (its master).
+    Tty(std::os::fd::RawFd),
+    /// What the body's socket of messages (its inode; datagrams?) had not read, then what
+    /// this node had taken and not sent (framed).
+    Records(u64, bool, Vec<u8>),
+}
+
 /// A relay the body reads, handed off: asks home to stop, and waits for its marker (what came
 /// from home and did not reach the stand-in is still in home's buffer, past what this node
 /// acknowledged: the body's next node gets it from there).
+///
+/// A stream socket's way from home (`peer`: the body's socket's inode): what this node wrote
+/// into it and the body had not read goes back after the marker, as data before `End` (the
+/// last bytes this node acknowledged: home keeps them again for the next node).
 async fn hand_back<W: AsyncWrite + Unpin>(
     tx: &mut W,
     heard: &mut mpsc::Receiver<Result<Frame, FrameError>>,
     to: String,
+    back: Back,
 ) -> Result<()> {
     write_msg(tx, &Msg::RelayHandoff { to }).await?;
     tx.flush().await?;
@@ -1249,7 +1415,155 @@ async fn hand_back<W: AsyncWrite + Unpin>(
             None => bail!("home left during the handoff"),
         }
     }
+    let unread = match back {
+        Back::None => Vec::new(),
+        Back::Socket(peer) => crate::relay::unread_socket(peer, false, false)?,
+        Back::Tty(master) => vec![crate::relay_tty::unread_input(master)],
+        Back::Records(peer, dgram, taken) => {
+            let mut framed = Vec::new();
+            for m in crate::relay::unread_socket(peer, true, dgram)? {
+                crate::relay_standin::frame(&m, &mut framed);
+            }
+            framed.extend_from_slice(&taken);
+            vec![framed]
+        }
+    };
+    for c in unread.iter().flat_map(|m| m.chunks(CHUNK)) {
+        write_data(tx, c).await?;
+    }
     write_end(tx).await?;
     tx.flush().await?;
     Ok(())
+}
+
+/// At the body's node: relays the body's stream socket's other end `fd` (relay `id` of the
+/// tree rooted at home PID `pid`) as two pipes' relays, one each way
+/// (crate::relay_keep::socket_ways), so that it outlives its home daemon as they do: dialled
+/// again, nothing lost or sent twice. `ctl` steers both (a pause pauses both; a handoff hands
+/// over the way home first, with what the frozen body wrote, then the way from home, with what
+/// it had not read). `local`: a body at its own home, its two ways' in-process streams.
+pub async fn body_socket(
+    node: &Arc<crate::node::Node>,
+    home: &str,
+    pid: i32,
+    id: u32,
+    fd: OwnedFd,
+    ctl: Option<mpsc::UnboundedReceiver<Ctl>>,
+    local: Option<(tokio::io::DuplexStream, tokio::io::DuplexStream)>,
+) -> Result<u64> {
+    let (down, up) = crate::relay_keep::socket_ways(id);
+    // A pty's settings and size as it was rebuilt (the home's), before the body ran.
+    let start = if id & ferry_image::RELAY_TTY != 0 {
+        crate::relay_tty::take_tty_start(&fd)
+    } else {
+        None
+    };
+    let watch = || -> std::io::Result<tokio::net::UnixStream> {
+        let fl = ferry_sys::fdops::get_fl(fd.as_raw_fd()).map_err(sys)?;
+        ferry_sys::fdops::set_fl(fd.as_raw_fd(), fl | libc::O_NONBLOCK).map_err(sys)?;
+        let std = std::os::unix::net::UnixStream::from(fd.try_clone()?);
+        tokio::net::UnixStream::from_std(std)
+    };
+    let sock: Sock =
+        Arc::new(watch().with_context(|| format!("watch the relayed socket {id} of PID {pid}"))?);
+    drop(fd);
+    let tty = id & ferry_image::RELAY_TTY != 0;
+    let kind = if tty {
+        libc::SOCK_STREAM
+    } else {
+        ferry_sys::sockets::getsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TYPE)
+            .map_err(|e| anyhow!("the type of the relayed socket {id} of PID {pid}: {e}"))?
+    };
+    let (down_end, up_end) = if kind == libc::SOCK_STREAM {
+        (Dst::Sock(sock.clone(), tty), Src::Sock(sock.clone(), tty))
+    } else {
+        let dgram = kind == libc::SOCK_DGRAM;
+        (
+            Dst::Rec(crate::relay_standin::Records::new(sock.clone(), dgram)),
+            Src::Rec(crate::relay_standin::Records::new(sock.clone(), dgram)),
+        )
+    };
+    let mut down_st = BodyPipe::with(StandIn::Reads(down_end));
+    let mut up_st = BodyPipe::with(StandIn::Writes(up_end));
+    if tty {
+        // Both ways know the pty's size; the way home sends what the body sets.
+        let master = sock.as_raw_fd();
+        let (termios, size) = start.unwrap_or_default();
+        let known: crate::relay_tty::Known = Arc::new(std::sync::Mutex::new(
+            size.or_else(|| ferry_sys::tty::get_winsize(master).ok()),
+        ));
+        let settings = termios.or_else(|| crate::relay_tty::slave_termios(master));
+        down_st.tty = Some(BodyTty {
+            known: known.clone(),
+            settings: None,
+        });
+        up_st.tty = Some(BodyTty { known, settings });
+    }
+    let (down_tx, mut down_rx) = mpsc::unbounded_channel();
+    let (up_tx, mut up_rx) = mpsc::unbounded_channel();
+    // Each way's control goes with it when it ends (a pause or handoff then finds it over).
+    let ways = async {
+        let (a, b) = match local {
+            Some((d, u)) => {
+                tokio::join!(
+                    async move { local_on(d, &mut down_st, &mut down_rx).await },
+                    async move { local_on(u, &mut up_st, &mut up_rx).await }
+                )
+            }
+            None => {
+                tokio::join!(
+                    async move { relay_on(node, home, pid, down, &mut down_st, &mut down_rx).await },
+                    async move { relay_on(node, home, pid, up, &mut up_st, &mut up_rx).await }
+                )
+            }
+        };
+        Ok::<u64, anyhow::Error>(a? + b?)
+    };
+    let steer = async move {
+        let Some(mut ctl) = ctl else {
+            return std::future::pending::<()>().await;
+        };
+        // Asks way `tx` to pause: its answer (a way over answers nothing: nothing to stop).
+        async fn pause(tx: &mpsc::UnboundedSender<Ctl>) -> Result<u64, String> {
+            let (a, r) = oneshot::channel();
+            if tx.send(Ctl::Pause(a)).is_err() {
+                return Ok(0);
+            }
+            r.await.unwrap_or(Ok(0))
+        }
+        async fn hand(tx: &mpsc::UnboundedSender<Ctl>, to: &str, peer: u64) -> Result<()> {
+            let (done, r) = oneshot::channel();
+            let c = Ctl::Handoff {
+                to: to.to_string(),
+                peer,
+                done,
+            };
+            if tx.send(c).is_err() {
+                return Ok(());
+            }
+            r.await.unwrap_or(Ok(()))
+        }
+        while let Some(c) = ctl.recv().await {
+            match c {
+                Ctl::Pause(ack) => {
+                    let (a, b) = tokio::join!(pause(&up_tx), pause(&down_tx));
+                    let _ = ack.send(a.and(b).map(|_| 0));
+                }
+                Ctl::Resume => {
+                    let _ = up_tx.send(Ctl::Resume);
+                    let _ = down_tx.send(Ctl::Resume);
+                }
+                Ctl::Handoff { to, peer, done } => {
+                    let a = hand(&up_tx, &to, peer).await;
+                    let b = hand(&down_tx, &to, peer).await;
+                    let _ = done.send(a.and(b));
+                }
+            }
+        }
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        r = ways => r,
+        _ = steer => unreachable!("the control of a socket's relay never ends first"),
+    }
 }

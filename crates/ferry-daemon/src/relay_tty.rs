@@ -111,3 +111,93 @@ pub(crate) fn unread_input(master: std::os::fd::RawFd) -> Vec<u8> {
     }
     out
 }
+
+/// A relayed terminal's window size as this daemon last saw or set it, shared by both ways of
+/// its relay: a size the far side sent is set under the lock and not sent back (a stale size
+/// echoed would undo a newer one).
+pub(crate) type Known = std::sync::Arc<Mutex<Option<[u16; 4]>>>;
+static KNOWN: Mutex<Option<HashMap<(u64, u64), Known>>> = Mutex::new(None);
+
+/// The known size of terminal `fd` (see [`Known`]): at first the size it had when the tree
+/// was frozen (`remember_tty_start`), else the size it has now.
+pub(crate) fn known_size(fd: &OwnedFd) -> Known {
+    let key = tty_key(fd);
+    let mut all = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    let all = all.get_or_insert_with(HashMap::new);
+    if let Some(k) = key.and_then(|k| all.get(&k)) {
+        return k.clone();
+    }
+    let start = take_tty_start(fd)
+        .and_then(|s| s.1)
+        .or_else(|| ferry_sys::tty::get_winsize(fd.as_raw_fd()).ok());
+    let k: Known = std::sync::Arc::new(Mutex::new(start));
+    if let Some(key) = key {
+        all.insert(key, k.clone());
+    }
+    k
+}
+
+/// A new relay of terminal `fd` starts (kept as two ways): its known size is the one it had
+/// when the tree was frozen, not an earlier relay's.
+pub(crate) fn start_known(fd: &OwnedFd) {
+    if let Some(key) = tty_key(fd) {
+        if let Some(all) = KNOWN.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            all.remove(&key);
+        }
+    }
+    let _ = known_size(fd);
+}
+
+/// The size of terminal `raw` if it is not `known` (which it becomes).
+pub(crate) fn size_changed(
+    known: &Mutex<Option<[u16; 4]>>,
+    raw: std::os::fd::RawFd,
+) -> Option<[u16; 4]> {
+    let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
+    let now = ferry_sys::tty::get_winsize(raw).ok()?;
+    (known.replace(now) != Some(now)).then_some(now)
+}
+
+/// Sets terminal `raw` to `size`, which the far side sent (known first: not sent back).
+pub(crate) fn set_size(known: &Mutex<Option<[u16; 4]>>, raw: std::os::fd::RawFd, size: [u16; 4]) {
+    let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
+    *known = Some(size);
+    let _ = ferry_sys::tty::set_winsize(raw, size);
+}
+
+/// The home terminal `raw` takes the settings the body set (`RelayTermios`), its speeds kept,
+/// as a tcsetattr at home would have set it.
+pub(crate) fn apply_termios(raw: std::os::fd::RawFd, m: &ferry_transport::Msg) {
+    let ferry_transport::Msg::RelayTermios {
+        iflag,
+        oflag,
+        cflag,
+        lflag,
+        line,
+        cc,
+    } = m
+    else {
+        return;
+    };
+    if let Ok(mut t) = ferry_sys::tty::get_termios(raw) {
+        (t.iflag, t.oflag, t.cflag, t.lflag, t.line) = (*iflag, *oflag, *cflag, *lflag, *line);
+        if cc.len() == t.cc.len() {
+            t.cc = cc.clone();
+        }
+        if let Err(e) = ferry_sys::tty::set_termios(raw, &t) {
+            tracing::warn!(event = "relay-termios", error = %e);
+        }
+    }
+}
+
+/// `RelayTermios` for settings `t` (the body's pty's, sent home).
+pub(crate) fn termios_msg(t: ferry_sys::tty::Termios) -> ferry_transport::Msg {
+    ferry_transport::Msg::RelayTermios {
+        iflag: t.iflag,
+        oflag: t.oflag,
+        cflag: t.cflag,
+        lflag: t.lflag & !libc::EXTPROC,
+        line: t.line,
+        cc: t.cc,
+    }
+}

@@ -7,6 +7,18 @@
 //! group or a session (a terminal hanging up, a service manager stopping the daemon's group),
 //! are ignored: the relay's state is in what it holds. Its name (`comm`) is
 //! [`NAME`], so `ps` says what it is.
+//!
+//! With `--socket` it holds a relayed socket's home end instead (its stdin), and pumps
+//! it to and from two pipes whose other ends the daemon relays as pipes (its stdout: what the
+//! socket reads goes there; its stderr: what comes from there is sent on the socket, as
+//! `--sender` PID:UID:GID when given). The socket's peer thus never notices the daemon's
+//! restart: only the pipes' relays (kept as every pipe's) see it. End of file one way is a
+//! shutdown the other; it ends once both ways are over. A socket of messages (seqpacket,
+//! datagrams) has each message go whole: on the pipes as its length (4 bytes, little-endian)
+//! and its bytes. With `--tty` it holds a relayed
+//! terminal the same way: it reads the terminal only while the tree's root (`--root`) is in its
+//! foreground process group (else the shell at home reads it), and ends once the daemon's pipe
+//! to it ends (the body's terminal is gone).
 
 use anyhow::{anyhow, Result};
 
@@ -18,6 +30,15 @@ pub struct Args {
     /// Home PID of the tree's root (its deputy): the holder ends with it.
     #[arg(long)]
     pub root: i32,
+    /// Pump the stream socket on stdin to stdout and from stderr (see above).
+    #[arg(long)]
+    pub socket: bool,
+    /// Pump the terminal on stdin to stdout and from stderr (see above).
+    #[arg(long)]
+    pub tty: bool,
+    /// With `--socket`: whom what is sent comes from (SCM_CREDENTIALS), PID:UID:GID.
+    #[arg(long)]
+    pub sender: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -36,12 +57,402 @@ pub fn run(a: Args) -> Result<()> {
         Err(e) => return Err(anyhow!("open a pidfd of PID {}: {e}", a.root)),
     };
     use std::os::fd::AsRawFd;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // The way out (to the socket or terminal) has delivered all the daemon gave it.
+    let out_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ways = if a.tty {
+        ferry_sys::spawn::ignore_signal(libc::SIGPIPE)
+            .map_err(|e| anyhow!("ignore SIGPIPE: {e}"))?;
+        let root = a.root;
+        let over = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let o = over.clone();
+        std::thread::spawn(move || tty_to_pipe(root, &o));
+        let (d, od) = (done.clone(), out_done.clone());
+        std::thread::spawn(move || {
+            pipe_to_tty();
+            over.store(true, std::sync::atomic::Ordering::SeqCst);
+            od.store(true, std::sync::atomic::Ordering::SeqCst);
+            d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        1
+    } else if a.socket {
+        let sender = match &a.sender {
+            Some(s) => {
+                let v: Vec<&str> = s.split(':').collect();
+                let bad = || anyhow!("--sender {s}: not PID:UID:GID");
+                if v.len() != 3 {
+                    return Err(bad());
+                }
+                Some((
+                    v[0].parse::<i32>().map_err(|_| bad())?,
+                    v[1].parse::<u32>().map_err(|_| bad())?,
+                    v[2].parse::<u32>().map_err(|_| bad())?,
+                ))
+            }
+            None => None,
+        };
+        ferry_sys::spawn::ignore_signal(libc::SIGPIPE)
+            .map_err(|e| anyhow!("ignore SIGPIPE: {e}"))?;
+        let kind = ferry_sys::sockets::getsockopt_int(SOCK, libc::SOL_SOCKET, libc::SO_TYPE)
+            .map_err(|e| anyhow!("the held socket's type: {e}"))?;
+        let d = done.clone();
+        std::thread::spawn(move || {
+            match kind {
+                libc::SOCK_STREAM => socket_to_pipe(),
+                _ => records_to_pipe(kind == libc::SOCK_DGRAM),
+            }
+            d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let (d, od) = (done.clone(), out_done.clone());
+        std::thread::spawn(move || {
+            match kind {
+                libc::SOCK_STREAM => pipe_to_socket(sender),
+                _ => pipe_to_records(sender),
+            }
+            od.store(true, std::sync::atomic::Ordering::SeqCst);
+            d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        2
+    } else {
+        usize::MAX
+    };
+    let pumps = a.socket || a.tty;
+    let mut root_gone = false;
     loop {
-        match ferry_sys::ns::poll_in(&[pidfd.as_raw_fd()], -1) {
+        if done.load(std::sync::atomic::Ordering::SeqCst) >= ways {
+            return Ok(());
+        }
+        // A pump whose tree is over still delivers what the daemon gave it (the body's last
+        // words, its close): it ends once that way ends (the daemon's ends, and the relays'
+        // holders, all close).
+        if root_gone {
+            if out_done.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            continue;
+        }
+        let wait = if pumps { 200 } else { -1 };
+        match ferry_sys::ns::poll_in(&[pidfd.as_raw_fd()], wait) {
+            Ok(r) if r[0] && pumps => root_gone = true,
             Ok(r) if r[0] => return Ok(()),
             Ok(_) => continue,
             Err(e) if e.errno == libc::EINTR => continue,
             Err(e) => return Err(anyhow!("wait for PID {}: {e}", a.root)),
         }
     }
+}
+
+/// The socket or terminal held.
+const SOCK: i32 = 0;
+const TO_DAEMON: i32 = 1;
+const FROM_DAEMON: i32 = 2;
+
+/// Waits until `fd` polls one of `events` (or an error or hang-up).
+fn wait(fd: i32, events: i16) {
+    let _ = ferry_sys::sockets::poll_wait(fd, events, 1000);
+}
+
+/// What the socket reads goes into the pipe to the daemon, in order; the socket's end of file
+/// (or reset) closes that pipe; the daemon's end gone (EPIPE), the socket reads no more.
+fn socket_to_pipe() {
+    let mut d = Vec::with_capacity(1 << 16);
+    'read: loop {
+        d.clear();
+        match ferry_sys::sockets::recv_append(SOCK, &mut d, 1 << 16, libc::MSG_DONTWAIT) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.errno == libc::EINTR => continue,
+            Err(e) if e.errno == libc::EAGAIN => {
+                wait(SOCK, libc::POLLIN | libc::POLLRDHUP);
+                continue;
+            }
+            Err(_) => break,
+        }
+        let mut at = 0;
+        while at < d.len() {
+            match ferry_sys::fdops::write_fd(TO_DAEMON, &d[at..]) {
+                Ok(n) => at += n,
+                Err(e) if e.errno == libc::EINTR => {}
+                Err(e) if e.errno == libc::EAGAIN => wait(TO_DAEMON, libc::POLLOUT),
+                Err(_) => {
+                    let _ = ferry_sys::sockets::shutdown(SOCK, libc::SHUT_RD);
+                    break 'read;
+                }
+            }
+        }
+    }
+    // Our end of the pipe closed (/dev/null in its place): the daemon's end of file.
+    close_pipe(TO_DAEMON);
+}
+
+/// What comes from the daemon is sent on the socket (as `sender`), in order; the daemon's end
+/// of file is a shutdown of the socket's way out; a send that fails closes the pipe (the
+/// daemon sees its readers gone).
+fn pipe_to_socket(mut sender: Option<(i32, u32, u32)>) {
+    let mut buf = vec![0u8; 1 << 16];
+    'read: loop {
+        let n = match ferry_sys::fdops::read_fd(FROM_DAEMON, &mut buf) {
+            Ok(0) => {
+                let _ = ferry_sys::sockets::shutdown(SOCK, libc::SHUT_WR);
+                break;
+            }
+            Ok(n) => n,
+            Err(e) if e.errno == libc::EINTR => continue,
+            Err(e) if e.errno == libc::EAGAIN => {
+                wait(FROM_DAEMON, libc::POLLIN);
+                continue;
+            }
+            Err(_) => break,
+        };
+        let mut at = 0;
+        while at < n {
+            let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+            let r = match sender {
+                Some(who) => match ferry_sys::sockets::send_as(SOCK, &buf[at..n], who, flags) {
+                    // That process is gone: what is left goes as ourselves.
+                    Err(e) if e.errno == libc::ESRCH => {
+                        sender = None;
+                        continue;
+                    }
+                    r => r,
+                },
+                None => ferry_sys::sockets::send(SOCK, &buf[at..n], None, &[], flags),
+            };
+            match r {
+                Ok(k) => at += k,
+                Err(e) if e.errno == libc::EINTR => {}
+                Err(e) if e.errno == libc::EAGAIN => wait(SOCK, libc::POLLOUT),
+                Err(_) => break 'read,
+            }
+        }
+    }
+    close_pipe(FROM_DAEMON);
+}
+
+/// Closes our end `fd` of a pipe to or from the daemon, /dev/null taking its number.
+fn close_pipe(fd: i32) {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = ferry_sys::fdops::open_path("/dev/null", libc::O_RDWR | libc::O_CLOEXEC, 0) {
+        let _ = ferry_sys::fdops::dup2(null.as_raw_fd(), fd);
+    }
+}
+
+/// Whether home PID `pid` is in the foreground process group of its controlling terminal (its
+/// /proc stat's `pgrp` and `tpgid`); `None` once it is gone.
+fn in_foreground(pid: i32) -> Option<bool> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = stat
+        .get(stat.rfind(')')? + 2..)?
+        .split_whitespace()
+        .collect();
+    let pgrp: i32 = f.get(2)?.parse().ok()?;
+    let tpgid: i32 = f.get(5)?.parse().ok()?;
+    Some(pgrp == tpgid)
+}
+
+/// What is typed at the terminal while the tree at home (`root`) has it in the foreground goes
+/// into the pipe to the daemon, in order, until the relay is `over`, the terminal hangs up, or
+/// the daemon's end is gone.
+fn tty_to_pipe(root: i32, over: &std::sync::atomic::AtomicBool) {
+    let mut buf = vec![0u8; 1 << 16];
+    'read: while !over.load(std::sync::atomic::Ordering::SeqCst) {
+        match in_foreground(root) {
+            Some(true) => {}
+            Some(false) => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                continue;
+            }
+            None => break,
+        }
+        match ferry_sys::sockets::poll_wait(SOCK, libc::POLLIN, 100) {
+            Ok(ev) if ev & libc::POLLIN != 0 => {}
+            Ok(ev) if ev & (libc::POLLHUP | libc::POLLERR) != 0 => break,
+            Ok(_) => continue,
+            Err(_) => continue,
+        }
+        // The shell may have taken the terminal back while we waited.
+        if in_foreground(root) == Some(false) {
+            continue;
+        }
+        let n = match ferry_sys::fdops::read_fd(SOCK, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.errno == libc::EINTR || e.errno == libc::EAGAIN => continue,
+            // EIO: the terminal hung up.
+            Err(_) => break,
+        };
+        let mut at = 0;
+        while at < n {
+            match ferry_sys::fdops::write_fd(TO_DAEMON, &buf[at..n]) {
+                Ok(k) => at += k,
+                Err(e) if e.errno == libc::EINTR => {}
+                Err(e) if e.errno == libc::EAGAIN => wait(TO_DAEMON, libc::POLLOUT),
+                Err(_) => break 'read,
+            }
+        }
+    }
+    close_pipe(TO_DAEMON);
+}
+
+/// What comes from the daemon (the body's output) is written to the terminal, in order, until
+/// the daemon's end of file.
+fn pipe_to_tty() {
+    let mut buf = vec![0u8; 1 << 16];
+    'read: loop {
+        let n = match ferry_sys::fdops::read_fd(FROM_DAEMON, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.errno == libc::EINTR => continue,
+            Err(e) if e.errno == libc::EAGAIN => {
+                wait(FROM_DAEMON, libc::POLLIN);
+                continue;
+            }
+            Err(_) => break,
+        };
+        let mut at = 0;
+        while at < n {
+            match ferry_sys::fdops::write_fd(SOCK, &buf[at..n]) {
+                Ok(k) => at += k,
+                Err(e) if e.errno == libc::EINTR => {}
+                Err(e) if e.errno == libc::EAGAIN => wait(SOCK, libc::POLLOUT),
+                Err(_) => break 'read,
+            }
+        }
+    }
+    close_pipe(FROM_DAEMON);
+}
+
+/// Writes all of `d` into our end `fd` of a pipe to the daemon (false: its end is gone).
+fn put_all(fd: i32, d: &[u8]) -> bool {
+    let mut at = 0;
+    while at < d.len() {
+        match ferry_sys::fdops::write_fd(fd, &d[at..]) {
+            Ok(n) => at += n,
+            Err(e) if e.errno == libc::EINTR => {}
+            Err(e) if e.errno == libc::EAGAIN => wait(fd, libc::POLLOUT),
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Reads exactly `buf.len()` bytes from our end `fd` of the daemon's pipe (false: its end of
+/// file or an error first).
+fn get_all(fd: i32, buf: &mut [u8]) -> bool {
+    let mut at = 0;
+    while at < buf.len() {
+        match ferry_sys::fdops::read_fd(fd, &mut buf[at..]) {
+            Ok(0) => return false,
+            Ok(n) => at += n,
+            Err(e) if e.errno == libc::EINTR => {}
+            Err(e) if e.errno == libc::EAGAIN => wait(fd, libc::POLLIN),
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Whether the peer of connected UNIX datagram socket `fd` is gone (sock_diag no longer
+/// knows it; a datagram socket hears nothing of its peer's close).
+fn dgram_peer_gone(fd: i32) -> bool {
+    use ferry_sys::sockets::{unix_diag, UDIAG_SHOW_PEER};
+    let Some(ino) = std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .ok()
+        .and_then(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse::<u32>()
+                .ok()
+        })
+    else {
+        return false;
+    };
+    let Ok(me) = unix_diag(Some(ino), UDIAG_SHOW_PEER) else {
+        return false;
+    };
+    let Some(me) = me.first() else {
+        return false;
+    };
+    match me.peer {
+        None | Some(0) => true,
+        Some(peer) => unix_diag(Some(peer), 0).is_ok_and(|p| p.is_empty()),
+    }
+}
+
+/// A socket of messages (seqpacket, datagrams): each message it reads goes into the pipe to
+/// the daemon whole, as its length (4 bytes, little-endian) and its bytes; a seqpacket's end
+/// of file, or a datagram socket's peer gone, closes that pipe.
+fn records_to_pipe(dgram: bool) {
+    let mut checked = std::time::Instant::now();
+    loop {
+        let len = match ferry_sys::sockets::next_message_len(SOCK) {
+            Ok(n) => n,
+            Err(e) if e.errno == libc::EINTR => continue,
+            Err(e) if e.errno == libc::EAGAIN => {
+                let _ = ferry_sys::sockets::poll_wait(SOCK, libc::POLLIN | libc::POLLRDHUP, 200);
+                if dgram && checked.elapsed() >= std::time::Duration::from_millis(200) {
+                    checked = std::time::Instant::now();
+                    if dgram_peer_gone(SOCK) {
+                        break;
+                    }
+                }
+                continue;
+            }
+            Err(_) => break,
+        };
+        let mut d = Vec::new();
+        match ferry_sys::sockets::recv_append(SOCK, &mut d, len, libc::MSG_DONTWAIT) {
+            // A seqpacket's end (no empty records there).
+            Ok(0) if !dgram => break,
+            Ok(_) => {}
+            Err(e) if e.errno == libc::EINTR || e.errno == libc::EAGAIN => continue,
+            Err(_) => break,
+        }
+        let mut framed = (d.len() as u32).to_le_bytes().to_vec();
+        framed.extend_from_slice(&d);
+        if !put_all(TO_DAEMON, &framed) {
+            let _ = ferry_sys::sockets::shutdown(SOCK, libc::SHUT_RD);
+            break;
+        }
+    }
+    close_pipe(TO_DAEMON);
+}
+
+/// Each message from the daemon (length and bytes) is sent on the socket whole (as `sender`);
+/// one too long for the socket is dropped, as its sender would have found.
+fn pipe_to_records(mut sender: Option<(i32, u32, u32)>) {
+    'read: loop {
+        let mut len = [0u8; 4];
+        if !get_all(FROM_DAEMON, &mut len) {
+            let _ = ferry_sys::sockets::shutdown(SOCK, libc::SHUT_WR);
+            break;
+        }
+        let mut d = vec![0u8; u32::from_le_bytes(len) as usize];
+        if !get_all(FROM_DAEMON, &mut d) {
+            break;
+        }
+        loop {
+            let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+            let r = match sender {
+                Some(who) => match ferry_sys::sockets::send_as(SOCK, &d, who, flags) {
+                    Err(e) if e.errno == libc::ESRCH => {
+                        sender = None;
+                        continue;
+                    }
+                    r => r,
+                },
+                None => ferry_sys::sockets::send(SOCK, &d, None, &[], flags),
+            };
+            match r {
+                Ok(_) => break,
+                Err(e) if e.errno == libc::EINTR => {}
+                Err(e) if e.errno == libc::EAGAIN => wait(SOCK, libc::POLLOUT),
+                Err(e) if e.errno == libc::EMSGSIZE => break,
+                Err(_) => break 'read,
+            }
+        }
+    }
+    close_pipe(FROM_DAEMON);
 }
