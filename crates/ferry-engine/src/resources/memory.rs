@@ -731,9 +731,15 @@ pub fn restore_mappings_keeping(
         // Nor into a kept mapping right after it, received from the parent (its offset may
         // continue this one's).
         let before_kept = is_kept(i + 1) && vmas[i + 1].start == v.end;
-        if private_anon(v)
-            && ((i > 0 && vmas[i - 1].end == v.start && private_anon(&vmas[i - 1])) || before_kept)
-        {
+        // A neighbour of another protection cannot merge with it (the kernel merges only
+        // mappings of the same flags, and nothing changes a protection made here): `v` is
+        // mapped in place, one call instead of three. One received from the parent may still
+        // have another protection now than it will have.
+        let after_alike = i > 0
+            && vmas[i - 1].end == v.start
+            && private_anon(&vmas[i - 1])
+            && (is_kept(i - 1) || vmas[i - 1].prot == v.prot);
+        if private_anon(v) && (after_alike || before_kept) {
             map_apart(&mut calls, v, h.spare_area());
             madvise_flags(&mut calls, v, lock);
             whose.resize(calls.len(), i);
