@@ -732,13 +732,17 @@ pub fn restore_mappings_keeping(
         // continue this one's).
         let before_kept = is_kept(i + 1) && vmas[i + 1].start == v.end;
         // A neighbour of another protection cannot merge with it (the kernel merges only
-        // mappings of the same flags, and nothing changes a protection made here): `v` is
-        // mapped in place, one call instead of three. One received from the parent may still
-        // have another protection now than it will have.
-        let after_alike = i > 0
-            && vmas[i - 1].end == v.start
-            && private_anon(&vmas[i - 1])
-            && (is_kept(i - 1) || vmas[i - 1].prot == v.prot);
+        // mappings of the same flags, and nothing here changes a protection it made): `v` is
+        // mapped in place, one call instead of three, when its offset continued the
+        // neighbour's in the image too (one mapping split by mprotect), so that a later
+        // mprotect of the program's merges them, or not, as it would have. One received from
+        // the parent may still have another protection now than it will have.
+        let after_alike = i > 0 && {
+            let w = &vmas[i - 1];
+            w.end == v.start
+                && private_anon(w)
+                && (is_kept(i - 1) || w.prot == v.prot || w.offset + (w.end - w.start) != v.offset)
+        };
         if private_anon(v) && (after_alike || before_kept) {
             map_apart(&mut calls, v, h.spare_area());
             madvise_flags(&mut calls, v, lock);
