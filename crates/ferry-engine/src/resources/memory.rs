@@ -733,15 +733,12 @@ pub fn restore_mappings_keeping(
         let before_kept = is_kept(i + 1) && vmas[i + 1].start == v.end;
         // A neighbour of another protection cannot merge with it (the kernel merges only
         // mappings of the same flags, and nothing here changes a protection it made): `v` is
-        // mapped in place, one call instead of three, when its offset continued the
-        // neighbour's in the image too (one mapping split by mprotect), so that a later
-        // mprotect of the program's merges them, or not, as it would have. One received from
-        // the parent may still have another protection now than it will have.
+        // mapped in place, one call instead of three. (As if the two were one mapping split
+        // by mprotect: see docs/limitations.md.) One received from the parent may still have
+        // another protection now than it will have.
         let after_alike = i > 0 && {
             let w = &vmas[i - 1];
-            w.end == v.start
-                && private_anon(w)
-                && (is_kept(i - 1) || w.prot == v.prot || w.offset + (w.end - w.start) != v.offset)
+            w.end == v.start && private_anon(w) && (is_kept(i - 1) || w.prot == v.prot)
         };
         if private_anon(v) && (after_alike || before_kept) {
             map_apart(&mut calls, v, h.spare_area());
