@@ -1180,9 +1180,10 @@ fn stream_memory<R: Read>(
                             ))
                         })?;
                         let end = addr.saturating_add(len);
-                        if !p.vmas.iter().any(|v| v.start <= addr && end <= v.end) {
+                        if !memory::within_mappings(&p.vmas, addr, end) {
                             return Err(Error::BadImage(format!(
-                                "PID {pid}: memory at {addr:x}-{end:x} lies outside every mapping"
+                                "PID {pid}: memory at {addr:x}-{end:x} lies outside its \
+                                 mappings (or across a gap between them)"
                             )));
                         }
                         let mut done = 0u64;

@@ -31,8 +31,10 @@ pub const PAGES_MAGIC: [u8; 8] = *b"FERRYPGS";
 /// stream memory into processes whose shared mappings are already filled. Version 3 lets a
 /// process take pages from an earlier transfer (`Process::inherited`), which an older reader
 /// would leave zero. Version 4 lets a child take pages from its parent, copy-on-write
-/// (`Process::cow`), which an older reader would also leave zero.
-pub const FORMAT_VERSION: u32 = 4;
+/// (`Process::cow`), which an older reader would also leave zero. Version 5 lets a record of
+/// pages span adjacent mappings, which an older reader refuses only once it has made the
+/// processes and is writing their memory (it wants each record inside one mapping).
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest version this Ferry still reads.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// The image file inside a checkpoint directory.

@@ -225,6 +225,62 @@ fn bad_images_are_rejected() {
     v.assert_unharmed();
 }
 
+/// A record of pages may run on across adjacent mappings (image format version 5), never
+/// across a gap between them: an image whose record does is refused, naming the record's
+/// range, and the original runs on.
+#[test]
+fn a_record_of_pages_across_a_gap_is_refused() {
+    use ferry_image::{ImageReader, ImageWriter, Record};
+    let v = Victim::start();
+    let d = scratch("cli", "pages-gap");
+    let good = d.join("good");
+    let (ok, _, err) = ferry(&[
+        "checkpoint",
+        &v.pid.to_string(),
+        "--dir",
+        good.to_str().unwrap(),
+        "--leave-running",
+    ]);
+    assert!(ok, "{err}");
+    let bad = d.join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    let src = std::fs::File::open(good.join(ferry_image::IMAGE_FILE)).unwrap();
+    let mut r = ImageReader::new(BufReader::new(src)).unwrap();
+    let dst = std::fs::File::create(bad.join(ferry_image::IMAGE_FILE)).unwrap();
+    let mut w = ImageWriter::new(std::io::BufWriter::new(dst)).unwrap();
+    let tree = r.read_tree().unwrap();
+    w.write_tree(&tree).unwrap();
+    // The last page of a mapping and the first of the gap after it.
+    let p = &tree.processes[0];
+    let at = p
+        .vmas
+        .windows(2)
+        .find(|m| m[0].end < m[1].start)
+        .map(|m| m[0].end - 4096)
+        .expect("a mapping with a gap after it");
+    while let Some(rec) = r.next_record().unwrap() {
+        match rec {
+            Record::Pages { pid, addr, data } => w.write_pages(pid, addr, &data).unwrap(),
+            Record::Object {
+                object,
+                offset,
+                data,
+            } => w.write_object(object, offset, &data).unwrap(),
+            Record::Tree(_) | Record::End { .. } => {}
+        }
+    }
+    w.write_pages(p.pid, at, &[7u8; 8192]).unwrap();
+    w.finish().unwrap();
+    let (ok, _, err) = ferry(&["restore", "--dir", bad.to_str().unwrap(), "--pid-namespace"]);
+    assert!(!ok, "a record across a gap was accepted");
+    let want = format!(
+        "memory at {at:x}-{:x} lies outside its mappings (or across a gap between them)",
+        at + 8192
+    );
+    assert!(err.contains(&want), "expected {want:?} in {err}");
+    v.assert_unharmed();
+}
+
 /// Writes an image of `tree` (perhaps with records before it) into a fresh directory.
 fn crafted_image(name: &str, tree: &ferry_image::Tree, pages_first: bool, trees: usize) -> PathBuf {
     let d = scratch("cli", &format!("crafted-{name}"));

@@ -340,35 +340,36 @@ pub fn write_pages<W: Write>(
     let pagemap =
         std::fs::File::open(format!("/proc/{pid}/pagemap")).ctx(pid, || "open pagemap".into())?;
     let mem = ProcMem::open(pid).ctx(pid, || "open /proc/PID/mem".into())?;
-    // The runs to copy: (address, bytes, the mapping they are in).
-    let mut runs: Vec<(u64, usize, &Vma)> = Vec::new();
-    for v in vmas {
-        if v.shared
-            || !matches!(
-                v.backing,
-                Backing::Anonymous | Backing::File { .. } | Backing::Shmem { .. }
-            )
-        {
-            continue;
-        }
-        stats.pages_scanned += (v.end - v.start) / PAGE_SIZE;
-        if subtract(&[(v.start, v.end)], left_out).is_empty() {
-            continue;
-        }
-        let mut owned = owned_ranges(pid, &pagemap, v)?;
-        if !inherited.is_empty() {
-            owned = subtract(&owned, inherited);
-        }
-        if !proc.cow.is_empty() {
-            owned = subtract(&owned, &proc.cow);
-        }
-        for (s, e) in owned {
-            let mut at = s;
-            while at < e {
-                let len = (e - at).min(READ_RUN as u64);
-                runs.push((at, len as usize, v));
-                at += len;
-            }
+    // The mappings whose pages are stored, in address order.
+    let stored: Vec<&Vma> = vmas
+        .iter()
+        .filter(|v| {
+            !v.shared
+                && matches!(
+                    v.backing,
+                    Backing::Anonymous | Backing::File { .. } | Backing::Shmem { .. }
+                )
+        })
+        .inspect(|v| stats.pages_scanned += (v.end - v.start) / PAGE_SIZE)
+        .filter(|v| !subtract(&[(v.start, v.end)], left_out).is_empty())
+        .collect();
+    let mut owned = owned_pages(pid, &pagemap, &stored)?;
+    if !inherited.is_empty() {
+        owned = subtract(&owned, inherited);
+    }
+    if !proc.cow.is_empty() {
+        owned = subtract(&owned, &proc.cow);
+    }
+    // The runs to copy, (address, bytes): a run goes on across adjacent mappings, so that a
+    // process of thousands of small mappings side by side is read and stored in a few runs
+    // and records, not one (and a few system calls) per mapping.
+    let mut runs: Vec<(u64, usize)> = Vec::new();
+    for (s, e) in owned {
+        let mut at = s;
+        while at < e {
+            let len = (e - at).min(READ_RUN as u64);
+            runs.push((at, len as usize));
+            at += len;
         }
     }
     std::thread::scope(|scope| {
@@ -380,24 +381,12 @@ pub fn write_pages<W: Write>(
         let runs = &runs;
         let mem = &mem;
         let pagemap = &pagemap;
+        let stored = &stored[..];
         scope.spawn(move || {
-            for &(addr, len, v) in runs {
+            for &(addr, len) in runs {
                 let Ok(mut buf) = free.recv() else { return };
                 buf.resize(len, 0);
-                let readable = v.prot & libc::PROT_READ as u32 != 0;
-                // (Pages shared copy-on-write stay shared: a process left running keeps its
-                // memory use.)
-                let done = if readable {
-                    ferry_sys::proc_mem::read_keeping_shared(pid, pagemap, mem, addr, &mut buf)
-                } else {
-                    0
-                };
-                let r = if done < len {
-                    mem.read_exact(addr + done as u64, &mut buf[done..])
-                        .ctx(pid, || format!("read memory at {:x} ({})", addr, v.name))
-                } else {
-                    Ok(())
-                };
+                let r = read_run(pid, pagemap, mem, stored, addr, &mut buf);
                 let r = r.map(|()| {
                     let sealed = seal_nonzero(image_pid, addr, &buf);
                     (buf, sealed)
@@ -408,21 +397,21 @@ pub fn write_pages<W: Write>(
                 }
             }
         });
-        for &(_, len, _) in runs {
+        for &(_, len) in runs {
             crate::cancel::check(&format!("copying the memory of PID {pid}"))?;
             let (buf, sealed) = filled.recv().map_err(|_| Error::Unsupported {
                 pid,
                 what: "copying its memory".into(),
                 why: "the thread reading it stopped".into(),
             })??;
-            let mut stored = 0;
+            let mut kept = 0;
             for (range, seal) in &sealed {
                 out.write_sealed_pages(seal, &buf[range.clone()])
                     .ctx(pid, || "write pages to the image".into())?;
-                stored += range.len();
+                kept += range.len();
             }
-            stats.pages_written += (stored / PAGE_SIZE as usize) as u64;
-            stats.zero_pages_skipped += ((len - stored) / PAGE_SIZE as usize) as u64;
+            stats.pages_written += (kept / PAGE_SIZE as usize) as u64;
+            stats.zero_pages_skipped += ((len - kept) / PAGE_SIZE as usize) as u64;
             // The reader may have stopped after its last run: a buffer it will not need.
             let _ = to_reader.send(buf);
         }
@@ -430,6 +419,101 @@ pub fn write_pages<W: Write>(
     })?;
     // A kernel AIO context whose ring moved since the capture read it had requests in flight.
     super::aio::check_quiet(pid, vmas)
+}
+
+/// The pages of `stored` (private mappings of `pid`, in address order) that hold data of
+/// their own, as sorted ranges, merged across adjacent mappings: each group of adjacent
+/// anonymous mappings is walked by one PAGEMAP_SCAN (not one per mapping); any other
+/// mapping, or a group the ioctl refuses, mapping by mapping ([`owned_ranges`]).
+fn owned_pages(pid: i32, pagemap: &std::fs::File, stored: &[&Vma]) -> Result<Vec<(u64, u64)>> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut push = |found: Vec<(u64, u64)>| {
+        for (s, e) in found {
+            match out.last_mut() {
+                Some((_, last)) if *last == s => *last = e,
+                _ => out.push((s, e)),
+            }
+        }
+    };
+    let anon = |v: &Vma| matches!(v.backing, Backing::Anonymous);
+    let mut i = 0;
+    while i < stored.len() {
+        let mut j = i + 1;
+        if anon(stored[i]) {
+            while j < stored.len() && anon(stored[j]) && stored[j].start == stored[j - 1].end {
+                j += 1;
+            }
+        }
+        let scanned = if j > i + 1 {
+            ferry_sys::pagemap::scan_present(pagemap, stored[i].start, stored[j - 1].end).ok()
+        } else {
+            None
+        };
+        match scanned {
+            Some(r) => push(r),
+            None => {
+                for v in &stored[i..j] {
+                    push(owned_ranges(pid, pagemap, v)?);
+                }
+            }
+        }
+        i = j;
+    }
+    Ok(out)
+}
+
+/// Reads the run `[addr, addr + buf.len())` of `pid`'s memory, which lies in adjacent
+/// mappings of `stored`: the stretches of readable mappings with `process_vm_readv` (keeping
+/// pages shared copy-on-write shared), the others (and whatever that could not read) through
+/// /proc/PID/mem.
+fn read_run(
+    pid: i32,
+    pagemap: &std::fs::File,
+    mem: &ProcMem,
+    stored: &[&Vma],
+    addr: u64,
+    buf: &mut [u8],
+) -> Result<()> {
+    let end = addr + buf.len() as u64;
+    let mut i = stored.partition_point(|v| v.end <= addr);
+    let mut at = addr;
+    while at < end {
+        let Some(first) = stored.get(i).filter(|v| v.start <= at) else {
+            return Err(Error::Unsupported {
+                pid,
+                what: format!("reading its memory at {at:x}"),
+                why: "the address is in no mapping captured".into(),
+            });
+        };
+        let readable = |v: &Vma| v.prot & libc::PROT_READ as u32 != 0;
+        // The adjacent mappings as readable as this one.
+        let mut seg_end = first.end;
+        i += 1;
+        while seg_end < end {
+            match stored.get(i) {
+                Some(v) if v.start == seg_end && readable(v) == readable(first) => {
+                    seg_end = v.end;
+                    i += 1;
+                }
+                _ => break,
+            }
+        }
+        let seg_end = seg_end.min(end);
+        let part = &mut buf[(at - addr) as usize..(seg_end - addr) as usize];
+        // (Pages shared copy-on-write stay shared: a process left running keeps its memory
+        // use.)
+        let done = if readable(first) {
+            ferry_sys::proc_mem::read_keeping_shared(pid, pagemap, mem, at, part)
+        } else {
+            0
+        };
+        if done < part.len() {
+            mem.read_exact(at + done as u64, &mut part[done..])
+                .ctx(pid, || format!("read memory at {:x} ({})", at, first.name))?;
+        }
+        at = seg_end;
+    }
+    Ok(())
 }
 
 /// Splits a run of memory read at `addr` at its zero pages, which are not stored, and seals
@@ -647,9 +731,16 @@ pub fn restore_mappings_keeping(
         // Nor into a kept mapping right after it, received from the parent (its offset may
         // continue this one's).
         let before_kept = is_kept(i + 1) && vmas[i + 1].start == v.end;
-        if private_anon(v)
-            && ((i > 0 && vmas[i - 1].end == v.start && private_anon(&vmas[i - 1])) || before_kept)
-        {
+        // A neighbour of another protection cannot merge with it (the kernel merges only
+        // mappings of the same flags, and nothing here changes a protection it made): `v` is
+        // mapped in place, one call instead of three. (As if the two were one mapping split
+        // by mprotect: see docs/limitations.md.) One received from the parent may still have
+        // another protection now than it will have.
+        let after_alike = i > 0 && {
+            let w = &vmas[i - 1];
+            w.end == v.start && private_anon(w) && (is_kept(i - 1) || w.prot == v.prot)
+        };
+        if private_anon(v) && (after_alike || before_kept) {
             map_apart(&mut calls, v, h.spare_area());
             madvise_flags(&mut calls, v, lock);
             whose.resize(calls.len(), i);
@@ -877,7 +968,7 @@ fn map_apart(calls: &mut Vec<Call>, v: &Vma, hint: u64) {
 pub struct AnonFiller {
     pid: i32,
     fd: OwnedFd,
-    /// The registered mappings, as (start, end).
+    /// The registered mappings, as (start, end), in address order.
     ranges: Vec<(u64, u64)>,
 }
 
@@ -902,17 +993,36 @@ impl AnonFiller {
         // handler, so a mistake here is an error, never a hang.
         ferry_sys::uffd::api(fd.as_fd(), ferry_sys::uffd::FEATURE_SIGBUS)
             .ctx(h.pid, || "enable its userfaultfd".into())?;
-        let ranges = vmas
+        // A mapping that had transparent huge pages is written the ordinary way: the faults
+        // that makes let the kernel give it huge pages again (UFFDIO_COPY puts 4 KiB pages
+        // only).
+        let served: Vec<&Vma> = vmas
             .iter()
-            // A mapping that had transparent huge pages is written the ordinary way: the
-            // faults that makes let the kernel give it huge pages again (UFFDIO_COPY puts
-            // 4 KiB pages only).
             .filter(|v| matches!(v.backing, Backing::Anonymous) && !v.shared && !v.huge_pages)
-            .filter(|v| {
-                ferry_sys::uffd::register_missing(fd.as_fd(), v.start, v.end - v.start).is_ok()
-            })
-            .map(|v| (v.start, v.end))
             .collect();
+        // One registration for each group of adjacent mappings (one per mapping where the
+        // kernel refuses the group).
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut i = 0;
+        while i < served.len() {
+            let mut j = i + 1;
+            while j < served.len() && served[j].start == served[j - 1].end {
+                j += 1;
+            }
+            let (s, e) = (served[i].start, served[j - 1].end);
+            if j > i + 1 && ferry_sys::uffd::register_missing(fd.as_fd(), s, e - s).is_ok() {
+                ranges.extend(served[i..j].iter().map(|v| (v.start, v.end)));
+            } else {
+                for v in &served[i..j] {
+                    if ferry_sys::uffd::register_missing(fd.as_fd(), v.start, v.end - v.start)
+                        .is_ok()
+                    {
+                        ranges.push((v.start, v.end));
+                    }
+                }
+            }
+            i = j;
+        }
         Ok(Some(AnonFiller {
             pid: h.pid,
             fd,
@@ -925,7 +1035,12 @@ impl AnonFiller {
     /// since the mapping was made) is overwritten the ordinary way, which cannot fault.
     fn fill(&self, mem: &ProcMem, addr: u64, data: &[u8]) -> Result<bool> {
         let end = addr + data.len() as u64;
-        if !self.ranges.iter().any(|&(s, e)| s <= addr && end <= e) {
+        let i = self.ranges.partition_point(|&(_, e)| e <= addr);
+        if !self
+            .ranges
+            .get(i)
+            .is_some_and(|&(s, e)| s <= addr && end <= e)
+        {
             return Ok(false);
         }
         let page = PAGE_SIZE as usize;
@@ -951,8 +1066,28 @@ impl AnonFiller {
     }
 }
 
-/// Writes one run of captured private memory into the rebuilt process: through `filler` where
-/// it serves the mapping.
+/// Whether `[addr, end)` lies in mappings of `vmas` (in address order) that follow one
+/// another without a gap: where a record of pages may lie (it may span adjacent mappings).
+pub fn within_mappings(vmas: &[Vma], addr: u64, end: u64) -> bool {
+    let mut i = vmas.partition_point(|v| v.end <= addr);
+    if vmas.get(i).is_none_or(|v| v.start > addr) {
+        return false;
+    }
+    let mut at = addr;
+    while at < end {
+        match vmas.get(i) {
+            Some(v) if v.start <= at => at = v.end,
+            _ => return false,
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Writes one run of captured private memory into the rebuilt process, mapping by mapping
+/// (a run may span adjacent mappings; `vmas` in address order): through `filler` where it
+/// serves the mapping, else with `process_vm_writev` into a writable mapping, else through
+/// /proc/PID/mem.
 pub fn restore_pages(
     pid: i32,
     mem: &ProcMem,
@@ -961,23 +1096,31 @@ pub fn restore_pages(
     addr: u64,
     data: &[u8],
 ) -> Result<()> {
-    if let Some(f) = filler {
-        if f.fill(mem, addr, data)? {
-            return Ok(());
+    let end = addr + data.len() as u64;
+    let mut i = vmas.partition_point(|v| v.end <= addr);
+    let mut at = addr;
+    while at < end {
+        // (A piece in no mapping is written the ordinary way, which fails naming it.)
+        let v = vmas.get(i).filter(|v| v.start <= at);
+        let upto = v.map_or(end, |v| v.end.min(end));
+        let piece = &data[(at - addr) as usize..(upto - addr) as usize];
+        i += 1;
+        if let Some(f) = filler {
+            if f.fill(mem, at, piece)? {
+                at = upto;
+                continue;
+            }
         }
-    }
-    let writable = vmas.iter().any(|v| {
-        v.start <= addr
-            && addr + data.len() as u64 <= v.end
-            && v.prot & libc::PROT_WRITE as u32 != 0
-    });
-    let mut done = 0;
-    if writable {
-        done = vm_write(pid, addr, data).unwrap_or(0);
-    }
-    if done < data.len() {
-        mem.write_all(addr + done as u64, &data[done..])
-            .ctx(pid, || format!("write memory at {:x}", addr + done as u64))?;
+        let writable = v.is_some_and(|v| v.prot & libc::PROT_WRITE as u32 != 0);
+        let mut done = 0;
+        if writable {
+            done = vm_write(pid, at, piece).unwrap_or(0);
+        }
+        if done < piece.len() {
+            mem.write_all(at + done as u64, &piece[done..])
+                .ctx(pid, || format!("write memory at {:x}", at + done as u64))?;
+        }
+        at = upto;
     }
     Ok(())
 }
@@ -990,7 +1133,30 @@ pub fn restore_object_data(file: &std::fs::File, offset: u64, data: &[u8]) -> st
 
 #[cfg(test)]
 mod range_tests {
-    use super::{intersect, subtract};
+    use super::{intersect, subtract, within_mappings};
+    use ferry_image::Vma;
+
+    #[test]
+    fn a_record_may_span_adjacent_mappings_not_a_gap() {
+        let vma = |start, end| Vma {
+            start,
+            end,
+            ..Vma::default()
+        };
+        let vmas = [
+            vma(0x1000, 0x3000),
+            vma(0x3000, 0x4000),
+            vma(0x6000, 0x7000),
+        ];
+        assert!(within_mappings(&vmas, 0x1000, 0x4000));
+        assert!(within_mappings(&vmas, 0x2000, 0x4000));
+        assert!(within_mappings(&vmas, 0x6000, 0x7000));
+        assert!(!within_mappings(&vmas, 0x3000, 0x7000), "across the gap");
+        assert!(!within_mappings(&vmas, 0x3000, 0x5000), "into the gap");
+        assert!(!within_mappings(&vmas, 0x0, 0x2000), "before the first");
+        assert!(!within_mappings(&vmas, 0x6000, 0x8000), "past the last");
+        assert!(!within_mappings(&vmas, 0x8000, 0x9000));
+    }
 
     #[test]
     fn ranges_intersect_and_subtract() {

@@ -53,7 +53,7 @@ pub fn auto_lazy(pid: i32, memory_bytes: u64, link_bps: f64, above_ms: f64) -> O
 
 /// `auto`'s rule for hybrid, where [`auto_lazy`] did not choose lazy (with the link known, so
 /// the worker has a page link): a tree of at least [`AUTO_MIN_BYTES`] that holds no shared
-/// memory is pre-copied as pre-copy would, but what it dirtied since the last round follows
+/// memory, nor memory shared copy-on-write between its processes, is pre-copied as pre-copy would, but what it dirtied since the last round follows
 /// lazily after a short freeze instead of being sent in it (docs: ARCHITECTURE.md, "Choosing
 /// how memory moves"). The reason is returned.
 pub fn auto_hybrid(pid: i32, memory_bytes: u64, link_bps: f64) -> Option<String> {
@@ -62,6 +62,15 @@ pub fn auto_hybrid(pid: i32, memory_bytes: u64, link_bps: f64) -> Option<String>
     }
     if let Err(e) = ferry_engine::lazy::preflight(pid) {
         log::info!("auto: not hybrid: {e}");
+        return None;
+    }
+    // Its last part is lazy, whose capture does not keep pages shared copy-on-write.
+    if let Some((p, bytes)) = ferry_engine::lazy::cow_shared(pid) {
+        log::info!(
+            "auto: not hybrid: PID {p} shares {:.0} MiB of its memory copy-on-write, which \
+             the lazy remainder would copy",
+            mib(bytes as f64)
+        );
         return None;
     }
     Some(format!(
