@@ -964,9 +964,13 @@ fn build<R: Read>(
         };
         let mut tids = vec![h.host];
         let want: Vec<i32> = others.iter().map(|t| t.tid).collect();
-        for (t, (host, inj)) in others.iter().zip(h.create_threads(&want)?) {
+        let made = h.create_threads(&want)?;
+        // Every new thread sets its own state at once, all of them at the same time.
+        let inside: Vec<(&ferry_inject::Injector, &ferry_image::Thread)> =
+            made.iter().map(|(_, inj)| inj).zip(others).collect();
+        threads::restore_inside_all(h, &inside)?;
+        for (t, (host, inj)) in others.iter().zip(made) {
             tids.push(host);
-            threads::restore_inside(h, &inj, t)?;
             threads::restore_sched(p.pid, &inj, t)?;
             thread_injectors.insert(t.tid, inj);
         }
@@ -1004,15 +1008,18 @@ fn build<R: Read>(
         } else {
             h.drop_ferry_pidfd()?;
         }
-        for t in p.threads.iter().filter(|t| t.tid != p.pid) {
-            let inj = thread_injectors.get(&t.tid).ok_or_else(|| Error::Restore {
-                pid: p.pid,
-                what: format!("thread {} was not created", t.tid),
-            })?;
-            process::restore_thread_creds(inj, p)?;
-        }
-        process::restore_creds(h, p)?;
-        process::restore_prctl(h, p)?;
+        let others = p
+            .threads
+            .iter()
+            .filter(|t| t.tid != p.pid)
+            .map(|t| {
+                thread_injectors.get(&t.tid).ok_or_else(|| Error::Restore {
+                    pid: p.pid,
+                    what: format!("thread {} was not created", t.tid),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        process::restore_creds_all(h, p, &others)?;
         // Every process, thread and group exists by now: owners of signal-driven I/O, set
         // with the process's own credentials.
         files::restore_owners(h, p, tree, &mut owners_done)?;
