@@ -608,6 +608,14 @@ impl Husk {
         self.ferry_pidfd.take();
     }
 
+    /// The call that closes the husk's handle on ferry, for a batch (forgotten here at once:
+    /// the batch must run).
+    pub fn drop_ferry_pidfd_call(&self) -> Option<Call> {
+        self.ferry_pidfd
+            .take()
+            .map(|p| Call::new("close(pidfd of ferry)", libc::SYS_close, &[p as u64]))
+    }
+
     /// Closes the husk's handle on ferry.
     pub fn drop_ferry_pidfd(&self) -> Result<()> {
         if let Some(p) = self.ferry_pidfd.take() {

@@ -1002,12 +1002,14 @@ fn build<R: Read>(
             cx.listeners.push(seccomp::install_forwarding(p, h, names)?);
         }
         signals::restore_pending(h, p, &thread_injectors)?;
-        if p.files_shared_with_parent {
-            // Closed by the parent (earlier in this loop), in the table they share.
+        // Closed in the batch that drops its credentials; one that shares its parent's table
+        // has it closed by the parent (earlier in this loop).
+        let close_pidfd = if p.files_shared_with_parent {
             h.forget_ferry_pidfd();
+            None
         } else {
-            h.drop_ferry_pidfd()?;
-        }
+            h.drop_ferry_pidfd_call()
+        };
         let others = p
             .threads
             .iter()
@@ -1019,7 +1021,7 @@ fn build<R: Read>(
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        process::restore_creds_all(h, p, &others)?;
+        process::restore_creds_all(h, p, &others, close_pidfd)?;
         // Every process, thread and group exists by now: owners of signal-driven I/O, set
         // with the process's own credentials.
         files::restore_owners(h, p, tree, &mut owners_done)?;

@@ -222,11 +222,17 @@ pub fn restore_environment(
                 })?;
         }
     }
-    inj.syscall("umask", libc::SYS_umask, &[p.umask as u64])?;
-    inj.syscall(
-        "personality",
-        libc::SYS_personality,
-        &[p.personality as u64],
+    // (umask and personality answer the previous value: never taken for an error.)
+    h.batch(
+        &[
+            Call::new("umask", libc::SYS_umask, &[p.umask as u64]),
+            Call::new(
+                "personality",
+                libc::SYS_personality,
+                &[p.personality as u64],
+            ),
+        ],
+        |i| ["set its umask", "set its personality"][i.min(1)].to_string(),
     )?;
     for r in &p.rlimits {
         ferry_sys::fdops::set_rlimit(h.host, r.resource, r.cur, r.max).ctx(pid, || {
@@ -383,11 +389,18 @@ fn set_mm_map(
 /// friends change every thread's in turn): every thread of a rebuilt process, made by root, is
 /// dropped, not only the main one. `threads`: the injectors of the threads other than the
 /// husk's own (its main thread). Every thread runs the same batch at the same time (one round
-/// of stops for all of them); the main thread's goes on with the prctl attributes, which come
-/// after the credentials since changing them resets `dumpable`.
-pub fn restore_creds_all(h: &Husk, p: &Process, threads: &[&Injector]) -> Result<()> {
+/// of stops for all of them); the main thread's starts with `first` (closing the husk's
+/// handle on ferry) and goes on with the prctl attributes, which come after the credentials
+/// since changing them resets `dumpable`.
+pub fn restore_creds_all(
+    h: &Husk,
+    p: &Process,
+    threads: &[&Injector],
+    first: Option<Call>,
+) -> Result<()> {
     let creds = creds_calls(h, p)?;
-    let mut main = creds.clone();
+    let mut main: Vec<Call> = first.into_iter().collect();
+    main.extend_from_slice(&creds);
     main.extend(prctl_calls(p));
     let slot = (main.len().max(creds.len()) as u64 * ferry_inject::batch::ENTRY_LEN)
         .next_multiple_of(64)
