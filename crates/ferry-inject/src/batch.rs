@@ -209,7 +209,7 @@ impl Injector {
     /// [`Injector::end_batch`] waits for the loop's end. Between the two, the thread runs on
     /// its own, so that several threads (of one process or of several) run their batches at
     /// the same time ([`run_batches`]).
-    fn start_batch(&self, site: BatchSite, calls: &[Call]) -> Result<()> {
+    fn start_batch(&self, site: BatchSite, calls: &[Call], write_table: bool) -> Result<()> {
         assert!(
             self.owned.is_none(),
             "start_batch is for processes Ferry builds, never for a live one"
@@ -218,13 +218,15 @@ impl Injector {
             calls.len() as u64 * ENTRY_LEN <= site.table_len,
             "a batch started alongside others fits one table"
         );
-        let mut bytes = Vec::with_capacity(calls.len() * ENTRY_LEN as usize);
-        for c in calls {
-            c.bytes(&mut bytes);
+        if write_table {
+            let mut bytes = Vec::with_capacity(calls.len() * ENTRY_LEN as usize);
+            for c in calls {
+                c.bytes(&mut bytes);
+            }
+            self.mem
+                .write_all(site.table, &bytes)
+                .map_err(|e| self.sys(e))?;
         }
-        self.mem
-            .write_all(site.table, &bytes)
-            .map_err(|e| self.sys(e))?;
         let mut r = self.base;
         r.rip = site.code;
         r.rbx = site.table;
@@ -323,13 +325,20 @@ pub fn run_batches(
 ) -> Result<Vec<std::result::Result<(), Stopped>>> {
     let mut started = 0;
     let mut first_err = None;
+    // A table is written once (by the first item that uses it), never while a thread started
+    // before reads it. Tables are per address space: the same address in two processes is
+    // two tables.
+    let mut written: Vec<(i32, u64)> = Vec::new();
     for (inj, site, calls) in items {
         inj.batch_children.borrow_mut().clear();
         if calls.is_empty() {
             started += 1;
             continue;
         }
-        if let Err(e) = inj.start_batch(*site, calls) {
+        let table = (inj.pid, site.table);
+        let write_table = !written.contains(&table);
+        written.push(table);
+        if let Err(e) = inj.start_batch(*site, calls, write_table) {
             first_err = Some(e);
             break;
         }
