@@ -353,6 +353,40 @@ impl Husk {
         }
     }
 
+    /// Slot `k` of the table split into slots of `slot_len` bytes: where one of several
+    /// threads of the husk runs its own batch while the others run theirs
+    /// (`ferry_inject::batch::run_batches`). `None` past the table's end.
+    pub fn batch_slot(&self, k: usize, slot_len: u64) -> Option<BatchSite> {
+        let site = self.batch_site();
+        let at = (k as u64).checked_mul(slot_len)?;
+        (at.checked_add(slot_len)? <= site.table_len).then_some(BatchSite {
+            code: site.code,
+            table: site.table + at,
+            table_len: slot_len,
+        })
+    }
+
+    /// Writes `bytes` at offset `off` of the data pages after the batch table (what a batch's
+    /// calls point to), and returns their address in the husk.
+    pub fn write_data(&self, off: u64, bytes: &[u8]) -> Result<u64> {
+        let site = self.batch_site();
+        let len = DATA_PAGES * ferry_sys::PAGE_SIZE;
+        if off.saturating_add(bytes.len() as u64) > len {
+            return Err(Error::Restore {
+                pid: self.pid,
+                what: format!(
+                    "{} bytes at offset {off} do not fit the trampoline's {len}-byte data area",
+                    bytes.len()
+                ),
+            });
+        }
+        let at = site.table + site.table_len + off;
+        self.mem.write_all(at, bytes).ctx(self.pid, || {
+            "write a batch's data into the trampoline".into()
+        })?;
+        Ok(at)
+    }
+
     /// The addresses the trampoline takes, `[start, end)`.
     pub fn trampoline_range(&self) -> (u64, u64) {
         (self.trampoline, self.trampoline + TRAMPOLINE_LEN)
@@ -572,6 +606,14 @@ impl Husk {
     /// parent's descriptor table, where the parent closes it.
     pub fn forget_ferry_pidfd(&self) {
         self.ferry_pidfd.take();
+    }
+
+    /// The call that closes the husk's handle on ferry, for a batch (forgotten here at once:
+    /// the batch must run).
+    pub fn drop_ferry_pidfd_call(&self) -> Option<Call> {
+        self.ferry_pidfd
+            .take()
+            .map(|p| Call::new("close(pidfd of ferry)", libc::SYS_close, &[p as u64]))
     }
 
     /// Closes the husk's handle on ferry.

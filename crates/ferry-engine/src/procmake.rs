@@ -61,6 +61,19 @@ pub(crate) fn join_session(
     stand_in_groups: &mut HashSet<i32>,
 ) -> Result<()> {
     let inj = h.injector();
+    // Forked from its parent, it is in its parent's group already: the parent was put in the
+    // group the image gives it before it forked (the root: in the group it leads).
+    let root_pid = tree.processes.first().map(|r| r.pid);
+    let in_parents_group = tree.processes.iter().any(|q| {
+        q.pid == p.ppid
+            && q.pid == parent.pid
+            && q.pgid == p.pgid
+            && q.sid == p.sid
+            && (Some(q.pid) != root_pid || q.pgid == q.pid)
+    });
+    if p.sid != p.pid && p.pgid != p.pid && in_parents_group {
+        return Ok(());
+    }
     if p.sid == p.pid {
         inj.syscall("setsid", libc::SYS_setsid, &[])?;
     } else if p.pgid == p.pid {

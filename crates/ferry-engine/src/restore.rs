@@ -971,9 +971,13 @@ fn build<R: Read>(
         };
         let mut tids = vec![h.host];
         let want: Vec<i32> = others.iter().map(|t| t.tid).collect();
-        for (t, (host, inj)) in others.iter().zip(h.create_threads(&want)?) {
+        let made = h.create_threads(&want)?;
+        // Every new thread sets its own state at once, all of them at the same time.
+        let inside: Vec<(&ferry_inject::Injector, &ferry_image::Thread)> =
+            made.iter().map(|(_, inj)| inj).zip(others).collect();
+        threads::restore_inside_all(h, &inside)?;
+        for (t, (host, inj)) in others.iter().zip(made) {
             tids.push(host);
-            threads::restore_inside(h, &inj, t)?;
             threads::restore_sched(p.pid, &inj, t)?;
             thread_injectors.insert(t.tid, inj);
         }
@@ -1005,21 +1009,26 @@ fn build<R: Read>(
             cx.listeners.push(seccomp::install_forwarding(p, h, names)?);
         }
         signals::restore_pending(h, p, &thread_injectors)?;
-        if p.files_shared_with_parent {
-            // Closed by the parent (earlier in this loop), in the table they share.
+        // Closed in the batch that drops its credentials; one that shares its parent's table
+        // has it closed by the parent (earlier in this loop).
+        let close_pidfd = if p.files_shared_with_parent {
             h.forget_ferry_pidfd();
+            None
         } else {
-            h.drop_ferry_pidfd()?;
-        }
-        for t in p.threads.iter().filter(|t| t.tid != p.pid) {
-            let inj = thread_injectors.get(&t.tid).ok_or_else(|| Error::Restore {
-                pid: p.pid,
-                what: format!("thread {} was not created", t.tid),
-            })?;
-            process::restore_thread_creds(inj, p)?;
-        }
-        process::restore_creds(h, p)?;
-        process::restore_prctl(h, p)?;
+            h.drop_ferry_pidfd_call()
+        };
+        let others = p
+            .threads
+            .iter()
+            .filter(|t| t.tid != p.pid)
+            .map(|t| {
+                thread_injectors.get(&t.tid).ok_or_else(|| Error::Restore {
+                    pid: p.pid,
+                    what: format!("thread {} was not created", t.tid),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        process::restore_creds_all(h, p, &others, close_pidfd)?;
         // Every process, thread and group exists by now: owners of signal-driven I/O, set
         // with the process's own credentials.
         files::restore_owners(h, p, tree, &mut owners_done)?;

@@ -205,6 +205,66 @@ impl Injector {
         Ok(Ok(()))
     }
 
+    /// Starts `calls` (at most one table of them) in the thread and returns at once:
+    /// [`Injector::end_batch`] waits for the loop's end. Between the two, the thread runs on
+    /// its own, so that several threads (of one process or of several) run their batches at
+    /// the same time ([`run_batches`]).
+    fn start_batch(&self, site: BatchSite, calls: &[Call], write_table: bool) -> Result<()> {
+        assert!(
+            self.owned.is_none(),
+            "start_batch is for processes Ferry builds, never for a live one"
+        );
+        assert!(
+            calls.len() as u64 * ENTRY_LEN <= site.table_len,
+            "a batch started alongside others fits one table"
+        );
+        if write_table {
+            let mut bytes = Vec::with_capacity(calls.len() * ENTRY_LEN as usize);
+            for c in calls {
+                c.bytes(&mut bytes);
+            }
+            self.mem
+                .write_all(site.table, &bytes)
+                .map_err(|e| self.sys(e))?;
+        }
+        let mut r = self.base;
+        r.rip = site.code;
+        r.rbx = site.table;
+        r.r12 = calls.len() as u64;
+        r.r13 = 0;
+        r.r14 = 0;
+        r.orig_rax = u64::MAX;
+        ptrace::set_regs(self.tid, &r).map_err(|e| self.sys(e))?;
+        ptrace::cont(self.tid, 0).map_err(|e| self.sys(e))?;
+        self.at_syscall_stop.set(false);
+        fault("batch");
+        Ok(())
+    }
+
+    /// Waits for the end of a batch [`Injector::start_batch`] started.
+    fn end_batch(&self, calls: &[Call]) -> Result<std::result::Result<(), Stopped>> {
+        let out = self.wait_trap()?;
+        let done = out.r13 as usize;
+        if out.r12 == 0 && done == calls.len() {
+            return Ok(Ok(()));
+        }
+        match calls.get(done) {
+            Some(c) => Ok(Err(Stopped {
+                index: done,
+                name: c.name,
+                result: out.rax as i64,
+            })),
+            None => Err(InjectError::UnexpectedStop {
+                tid: self.tid,
+                call: "a batch of calls",
+                status: WaitStatus::Stopped {
+                    sig: libc::SIGTRAP,
+                    event: 0,
+                },
+            }),
+        }
+    }
+
     /// The processes or threads (our PIDs) that the clone3 calls of the last batch made, in
     /// the order they were made.
     pub fn take_batch_children(&self) -> Vec<i32> {
@@ -250,5 +310,56 @@ impl Injector {
                 }
             }
         }
+    }
+}
+
+/// Runs a batch in each of several threads at once (of one process or of several Ferry
+/// builds): every thread is started, then each is waited for, so that the threads' stops
+/// overlap instead of following one another (one round of stops for them all, the calls
+/// themselves spread over the CPUs). Each item's calls must fit its site's table; items that
+/// share a table must carry the same calls (all threads of a process running the same
+/// ones, say). The answer is each item's outcome, in order. A thread that was started is
+/// always waited for, even after another failed.
+pub fn run_batches(
+    items: &[(&Injector, BatchSite, &[Call])],
+) -> Result<Vec<std::result::Result<(), Stopped>>> {
+    let mut started = 0;
+    let mut first_err = None;
+    // A table is written once (by the first item that uses it), never while a thread started
+    // before reads it. Tables are per address space: the same address in two processes is
+    // two tables.
+    let mut written: Vec<(i32, u64)> = Vec::new();
+    for (inj, site, calls) in items {
+        inj.batch_children.borrow_mut().clear();
+        if calls.is_empty() {
+            started += 1;
+            continue;
+        }
+        let table = (inj.pid, site.table);
+        let write_table = !written.contains(&table);
+        written.push(table);
+        if let Err(e) = inj.start_batch(*site, calls, write_table) {
+            first_err = Some(e);
+            break;
+        }
+        started += 1;
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (inj, _, calls) in &items[..started] {
+        if calls.is_empty() {
+            out.push(Ok(()));
+            continue;
+        }
+        match inj.end_batch(calls) {
+            Ok(r) => out.push(r),
+            Err(e) => {
+                first_err.get_or_insert(e);
+                out.push(Ok(()));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
     }
 }

@@ -113,6 +113,8 @@ struct Owned {
 /// A stopped thread in which system calls can be run.
 pub struct Injector {
     pub tid: i32,
+    /// The process the thread belongs to (whose memory `mem` is).
+    pid: i32,
     site: Site,
     base: GpRegs,
     mem: ProcMem,
@@ -134,6 +136,7 @@ impl Injector {
         let mem = ProcMem::open(pid).map_err(|source| InjectError::Sys { tid, source })?;
         Ok(Injector {
             tid,
+            pid,
             site,
             base,
             mem,

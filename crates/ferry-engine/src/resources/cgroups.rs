@@ -50,7 +50,7 @@ struct Mount {
     root: String,
 }
 
-fn mounts() -> Vec<Mount> {
+fn mounts_here() -> Vec<Mount> {
     let known: BTreeSet<String> = std::fs::read_to_string("/proc/cgroups")
         .unwrap_or_default()
         .lines()
@@ -124,7 +124,8 @@ pub fn restore(h: &Husk, p: &Process, cpu_cgroup: Option<&std::path::Path>) -> R
         return Ok(());
     }
     let now = parse(&procfs::read(h.host, "cgroup")?);
-    let mounts = mounts();
+    // Read once a cgroup differs (a child is mostly in its parent's, which it has by fork).
+    let mut mounts = None;
     for cg in &p.cgroups {
         let k = key(&cg.controllers);
         if cpu_cgroup.is_some() && k.contains("cpu") {
@@ -136,7 +137,11 @@ pub fn restore(h: &Husk, p: &Process, cpu_cgroup: Option<&std::path::Path>) -> R
         {
             continue;
         }
-        let Some(m) = mounts.iter().find(|m| m.key == k) else {
+        let Some(m) = mounts
+            .get_or_insert_with(mounts_here)
+            .iter()
+            .find(|m| m.key == k)
+        else {
             log::warn!(
                 "PID {}: cgroup hierarchy {:?} is not mounted here; left out of {}",
                 p.pid,

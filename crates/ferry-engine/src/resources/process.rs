@@ -5,6 +5,7 @@ use crate::error::{Context, Result};
 use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{Creds, MmLayout, PrctlState, Process, Rlimit};
+use ferry_inject::batch::Call;
 use ferry_inject::Injector;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -221,11 +222,17 @@ pub fn restore_environment(
                 })?;
         }
     }
-    inj.syscall("umask", libc::SYS_umask, &[p.umask as u64])?;
-    inj.syscall(
-        "personality",
-        libc::SYS_personality,
-        &[p.personality as u64],
+    // (umask and personality answer the previous value: never taken for an error.)
+    h.batch(
+        &[
+            Call::new("umask", libc::SYS_umask, &[p.umask as u64]),
+            Call::new(
+                "personality",
+                libc::SYS_personality,
+                &[p.personality as u64],
+            ),
+        ],
+        |i| ["set its umask", "set its personality"][i.min(1)].to_string(),
     )?;
     for r in &p.rlimits {
         ferry_sys::fdops::set_rlimit(h.host, r.resource, r.cur, r.max).ctx(pid, || {
@@ -376,89 +383,144 @@ fn set_mm_map(
     Ok(())
 }
 
-/// Drops to the process's credentials. The last step of a restore: afterwards the process may
-/// no longer be allowed to do what the earlier steps needed.
-pub fn restore_creds(h: &Husk, p: &Process) -> Result<()> {
-    restore_thread_creds(h.injector(), p)
+/// Drops every thread of a process to its credentials, and sets its prctl attributes: the
+/// last injected calls of a restore (afterwards the process may no longer be allowed to do
+/// what the earlier steps needed). Credentials belong to each thread (glibc's setuid and
+/// friends change every thread's in turn): every thread of a rebuilt process, made by root, is
+/// dropped, not only the main one. `threads`: the injectors of the threads other than the
+/// husk's own (its main thread). Every thread runs the same batch at the same time (one round
+/// of stops for all of them); the main thread's starts with `first` (closing the husk's
+/// handle on ferry) and goes on with the prctl attributes, which come after the credentials
+/// since changing them resets `dumpable`.
+pub fn restore_creds_all(
+    h: &Husk,
+    p: &Process,
+    threads: &[&Injector],
+    first: Option<Call>,
+) -> Result<()> {
+    let creds = creds_calls(h, p)?;
+    let mut main: Vec<Call> = first.into_iter().collect();
+    main.extend_from_slice(&creds);
+    main.extend(prctl_calls(p));
+    let slot = (main.len().max(creds.len()) as u64 * ferry_inject::batch::ENTRY_LEN)
+        .next_multiple_of(64)
+        .max(64);
+    let fail = || crate::Error::Restore {
+        pid: p.pid,
+        what: format!(
+            "{} calls to drop its threads' credentials do not fit the trampoline",
+            main.len()
+        ),
+    };
+    let main_site = h.batch_slot(0, slot).ok_or_else(fail)?;
+    let threads_site = h.batch_slot(1, slot).ok_or_else(fail)?;
+    let mut items: Vec<(&Injector, ferry_inject::batch::BatchSite, &[Call])> =
+        vec![(h.injector(), main_site, &main[..])];
+    items.extend(threads.iter().map(|inj| (*inj, threads_site, &creds[..])));
+    let results = ferry_inject::batch::run_batches(&items)?;
+    for ((inj, _, _), r) in items.iter().zip(results) {
+        if let Err(stopped) = r {
+            return Err(crate::Error::Restore {
+                pid: p.pid,
+                what: format!(
+                    "thread (TID {} here): drop to the process's credentials: {stopped}",
+                    inj.tid
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
-/// Drops one thread to the process's credentials. Credentials belong to each thread (glibc's
-/// setuid and friends change every thread's in turn): every thread of a rebuilt process, made
-/// by root, is dropped, not only the main one.
-pub fn restore_thread_creds(inj: &Injector, p: &Process) -> Result<()> {
+/// The calls that drop a thread to `p`'s credentials, their data (groups, capabilities)
+/// written into the husk's trampoline, where every thread of it reads them.
+fn creds_calls(h: &Husk, p: &Process) -> Result<Vec<Call>> {
     let c = &p.creds;
+    let mut calls = Vec::new();
+    let last = last_cap();
     for cap in 0..64u64 {
-        if c.cap_bnd & (1 << cap) == 0 && cap <= last_cap() {
-            inj.syscall(
+        if c.cap_bnd & (1 << cap) == 0 && cap <= last {
+            calls.push(Call::new(
                 "prctl(PR_CAPBSET_DROP)",
                 libc::SYS_prctl,
                 &[PR_CAPBSET_DROP, cap],
-            )?;
+            ));
         }
     }
     // Securebits go first, while we are still root, with KEEP_CAPS on so that the
     // capabilities survive the change of uid; KEEP_CAPS is put right at the end.
     const SECBIT_KEEP_CAPS: u64 = 1 << 4;
     let bits = c.securebits as u64;
-    inj.syscall(
+    calls.push(Call::new(
         "prctl(PR_SET_SECUREBITS)",
         libc::SYS_prctl,
         &[PR_SET_SECUREBITS, bits | SECBIT_KEEP_CAPS],
-    )?;
-    let groups: Vec<u8> = c.groups.iter().flat_map(|g| g.to_ne_bytes()).collect();
-    let gaddr = inj.write_scratch(0, &groups)?;
-    inj.syscall(
+    ));
+    // struct __user_cap_header_struct (version 3) and two __user_cap_data_struct, then the
+    // groups.
+    let mut data = Vec::new();
+    data.extend_from_slice(&0x2008_0522u32.to_ne_bytes());
+    data.extend_from_slice(&0i32.to_ne_bytes());
+    for half in [0u32, 32] {
+        data.extend_from_slice(&((c.cap_eff >> half) as u32).to_ne_bytes());
+        data.extend_from_slice(&((c.cap_prm >> half) as u32).to_ne_bytes());
+        data.extend_from_slice(&((c.cap_inh >> half) as u32).to_ne_bytes());
+    }
+    let groups_at = data.len() as u64;
+    data.extend(c.groups.iter().flat_map(|g| g.to_ne_bytes()));
+    let caddr = h.write_data(0, &data)?;
+    calls.push(Call::new(
         "setgroups",
         libc::SYS_setgroups,
-        &[c.groups.len() as u64, gaddr],
-    )?;
-    inj.syscall(
+        &[c.groups.len() as u64, caddr + groups_at],
+    ));
+    calls.push(Call::new(
         "setresgid",
         libc::SYS_setresgid,
         &[c.gids[0] as u64, c.gids[1] as u64, c.gids[2] as u64],
-    )?;
-    inj.syscall("setfsgid", libc::SYS_setfsgid, &[c.gids[3] as u64])?;
-    inj.syscall(
+    ));
+    // (setfsgid and setfsuid answer the previous value, a 32-bit one: never taken for an
+    // error.)
+    calls.push(Call::new(
+        "setfsgid",
+        libc::SYS_setfsgid,
+        &[c.gids[3] as u64],
+    ));
+    calls.push(Call::new(
         "setresuid",
         libc::SYS_setresuid,
         &[c.uids[0] as u64, c.uids[1] as u64, c.uids[2] as u64],
-    )?;
-    inj.syscall("setfsuid", libc::SYS_setfsuid, &[c.uids[3] as u64])?;
-    // struct __user_cap_header_struct (version 3) and two __user_cap_data_struct.
-    let mut capbuf = Vec::new();
-    capbuf.extend_from_slice(&0x2008_0522u32.to_ne_bytes());
-    capbuf.extend_from_slice(&0i32.to_ne_bytes());
-    for half in [0u32, 32] {
-        capbuf.extend_from_slice(&((c.cap_eff >> half) as u32).to_ne_bytes());
-        capbuf.extend_from_slice(&((c.cap_prm >> half) as u32).to_ne_bytes());
-        capbuf.extend_from_slice(&((c.cap_inh >> half) as u32).to_ne_bytes());
-    }
-    let caddr = inj.write_scratch(256, &capbuf)?;
-    inj.syscall("capset", libc::SYS_capset, &[caddr, caddr + 8])?;
+    ));
+    calls.push(Call::new(
+        "setfsuid",
+        libc::SYS_setfsuid,
+        &[c.uids[3] as u64],
+    ));
+    calls.push(Call::new("capset", libc::SYS_capset, &[caddr, caddr + 8]));
     for cap in 0..64u64 {
         if c.cap_amb & (1 << cap) != 0 {
-            inj.syscall(
+            calls.push(Call::new(
                 "prctl(PR_CAP_AMBIENT_RAISE)",
                 libc::SYS_prctl,
                 &[PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0],
-            )?;
+            ));
         }
     }
     if bits & SECBIT_KEEP_CAPS == 0 {
-        inj.syscall(
+        calls.push(Call::new(
             "prctl(PR_SET_KEEPCAPS)",
             libc::SYS_prctl,
             &[PR_SET_KEEPCAPS, 0],
-        )?;
+        ));
     }
     if p.no_new_privs {
-        inj.syscall(
+        calls.push(Call::new(
             "prctl(PR_SET_NO_NEW_PRIVS)",
             libc::SYS_prctl,
             &[PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0],
-        )?;
+        ));
     }
-    Ok(())
+    Ok(calls)
 }
 
 fn last_cap() -> u64 {
@@ -521,44 +583,45 @@ fn capture_prctl(inj: &Injector) -> Result<PrctlState> {
     })
 }
 
-/// prctl attributes; after the credentials, since changing them resets `dumpable`.
-pub fn restore_prctl(h: &Husk, p: &Process) -> Result<()> {
-    let inj = h.injector();
+/// The calls that set prctl attributes; after the credentials, since changing them resets
+/// `dumpable`.
+fn prctl_calls(p: &Process) -> Vec<Call> {
     let s = &p.prctl;
+    let mut calls = Vec::new();
     if s.pdeathsig != 0 {
-        inj.syscall(
+        calls.push(Call::new(
             "prctl(PR_SET_PDEATHSIG)",
             libc::SYS_prctl,
             &[PR_SET_PDEATHSIG, s.pdeathsig as u64],
-        )?;
+        ));
     }
-    inj.syscall(
+    calls.push(Call::new(
         "prctl(PR_SET_DUMPABLE)",
         libc::SYS_prctl,
         &[PR_SET_DUMPABLE, s.dumpable as u64],
-    )?;
+    ));
     if s.child_subreaper {
-        inj.syscall(
+        calls.push(Call::new(
             "prctl(PR_SET_CHILD_SUBREAPER)",
             libc::SYS_prctl,
             &[PR_SET_CHILD_SUBREAPER, 1],
-        )?;
+        ));
     }
     if s.thp_disable {
-        inj.syscall(
+        calls.push(Call::new(
             "prctl(PR_SET_THP_DISABLE)",
             libc::SYS_prctl,
             &[PR_SET_THP_DISABLE, 1, 0, 0, 0],
-        )?;
+        ));
     }
     if s.mdwe != 0 {
-        inj.syscall(
+        calls.push(Call::new(
             "prctl(PR_SET_MDWE)",
             libc::SYS_prctl,
             &[PR_SET_MDWE, s.mdwe as u64, 0, 0, 0],
-        )?;
+        ));
     }
-    Ok(())
+    calls
 }
 
 /// Enters the working directory `cwd` (not removed) in the rebuilt process, if it is the one

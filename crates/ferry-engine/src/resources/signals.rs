@@ -4,6 +4,7 @@ use crate::error::Result;
 use crate::husk::Husk;
 use crate::procfs;
 use ferry_image::{ITimer, PosixTimer, Process, SigAction, SigInfo};
+use ferry_inject::batch::Call;
 use ferry_inject::Injector;
 
 const PR_TIMER_CREATE_RESTORE_IDS: u64 = 77;
@@ -115,20 +116,31 @@ fn posix_timers(pid: i32, inj: &Injector) -> Result<Vec<PosixTimer>> {
 }
 
 pub fn restore_actions(h: &Husk, p: &Process) -> Result<()> {
-    let inj = h.injector();
-    for (i, a) in p.sigactions.iter().enumerate() {
-        let sig = i as u64 + 1;
-        if sig == libc::SIGKILL as u64 || sig == libc::SIGSTOP as u64 {
-            continue;
+    // Every handler in one batch: the actions side by side in the trampoline's data area.
+    let mut bytes = Vec::with_capacity(p.sigactions.len() * 32);
+    for a in &p.sigactions {
+        for w in [a.handler, a.flags, a.restorer, a.mask] {
+            bytes.extend_from_slice(&w.to_ne_bytes());
         }
-        let bytes: Vec<u8> = [a.handler, a.flags, a.restorer, a.mask]
-            .iter()
-            .flat_map(|w| w.to_ne_bytes())
-            .collect();
-        let addr = inj.write_scratch(0, &bytes)?;
-        inj.syscall("rt_sigaction", libc::SYS_rt_sigaction, &[sig, addr, 0, 8])?;
     }
-    Ok(())
+    let base = h.write_data(0, &bytes)?;
+    let calls: Vec<(u64, Call)> = (1..=p.sigactions.len() as u64)
+        .filter(|&sig| sig != libc::SIGKILL as u64 && sig != libc::SIGSTOP as u64)
+        .map(|sig| {
+            let at = base + (sig - 1) * 32;
+            (
+                sig,
+                Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sig, at, 0, 8]),
+            )
+        })
+        .collect();
+    let table: Vec<Call> = calls.iter().map(|(_, c)| *c).collect();
+    h.batch(&table, |i| {
+        format!(
+            "set the action of signal {}",
+            calls.get(i).map_or(0, |(sig, _)| *sig)
+        )
+    })
 }
 
 pub fn restore_timers(h: &Husk, p: &Process) -> Result<()> {

@@ -122,15 +122,55 @@ const ROBUST_LIST_HEAD_LEN: u64 = 24;
 /// list, rseq, clear_child_tid and timer slack, as one batch of calls the thread runs itself
 /// (`h`'s trampoline). The thread must be stopped in `inj`.
 pub fn restore_inside(h: &Husk, inj: &Injector, t: &Thread) -> Result<()> {
-    let mut name = t.comm.as_bytes().to_vec();
-    name.truncate(15);
-    name.push(0);
-    let a = inj.write_scratch(0, &name)?;
-    let mut calls = vec![Call::new(
-        "prctl(PR_SET_NAME)",
-        libc::SYS_prctl,
-        &[PR_SET_NAME, a],
-    )];
+    restore_inside_all(h, &[(inj, t)])
+}
+
+/// Bytes of the table for one thread's batch of [`restore_inside`] (six calls at most).
+const INSIDE_SLOT: u64 = 512;
+/// Bytes of the data area for one thread's name and alternate stack.
+const INSIDE_DATA: u64 = 64;
+
+/// [`restore_inside`] for several threads of `h` at once: each runs its own batch from its
+/// own slot of the trampoline's table, all of them at the same time (one round of stops for
+/// all, not one per thread), in waves of as many as the table holds.
+pub fn restore_inside_all(h: &Husk, threads: &[(&Injector, &Thread)]) -> Result<()> {
+    let per_wave = (h.batch_site().table_len / INSIDE_SLOT) as usize;
+    for wave in threads.chunks(per_wave.max(1)) {
+        let mut tables = Vec::with_capacity(wave.len());
+        for (k, (_, t)) in wave.iter().enumerate() {
+            let data = k as u64 * INSIDE_DATA;
+            let site = h
+                .batch_slot(k, INSIDE_SLOT)
+                .ok_or_else(|| crate::Error::Restore {
+                    pid: h.pid,
+                    what: format!("thread {}: no room in the trampoline's table", t.tid),
+                })?;
+            tables.push((site, inside_calls(h, t, data)?));
+        }
+        let items: Vec<_> = wave
+            .iter()
+            .zip(&tables)
+            .map(|((inj, _), (site, calls))| (*inj, *site, &calls[..]))
+            .collect();
+        let results = ferry_inject::batch::run_batches(&items)?;
+        for ((_, t), r) in wave.iter().zip(results) {
+            if let Err(stopped) = r {
+                return Err(crate::Error::Restore {
+                    pid: h.pid,
+                    what: format!("thread {}: {stopped}", t.tid),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The calls of [`restore_inside`] for thread `t`, its name and alternate stack written at
+/// offset `data` of the trampoline's data area.
+fn inside_calls(h: &Husk, t: &Thread, data: u64) -> Result<Vec<Call>> {
+    let mut bytes = t.comm.as_bytes().to_vec();
+    bytes.truncate(15);
+    bytes.resize(16, 0);
     // Set even when the thread had none: the thread it is rebuilt in may have one (inherited
     // from the restorer, on a stack the image does not map), and a handler with SA_ONSTACK
     // (every handler Python installs) would then be run there, and the process killed.
@@ -143,12 +183,15 @@ pub fn restore_inside(h: &Husk, inj: &Injector, t: &Thread) -> Result<()> {
     } else {
         (0, libc::SS_DISABLE, 0)
     };
-    let mut ss = Vec::new();
-    ss.extend_from_slice(&sp.to_ne_bytes());
-    ss.extend_from_slice(&(flags as i64).to_ne_bytes());
-    ss.extend_from_slice(&size.to_ne_bytes());
-    let a = inj.write_scratch(64, &ss)?;
-    calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
+    bytes.extend_from_slice(&sp.to_ne_bytes());
+    bytes.extend_from_slice(&(flags as i64).to_ne_bytes());
+    bytes.extend_from_slice(&size.to_ne_bytes());
+    let name = h.write_data(data, &bytes)?;
+    let ss = name + 16;
+    let mut calls = vec![
+        Call::new("prctl(PR_SET_NAME)", libc::SYS_prctl, &[PR_SET_NAME, name]),
+        Call::new("sigaltstack", libc::SYS_sigaltstack, &[ss, 0]),
+    ];
     // Likewise: a thread without a robust list (a Go or static program's) must not keep the
     // restorer's, which the kernel would walk in the image's memory when the thread exits.
     let robust_len = if t.robust_list != 0 {
@@ -180,13 +223,7 @@ pub fn restore_inside(h: &Husk, inj: &Injector, t: &Thread) -> Result<()> {
             &[PR_SET_TIMERSLACK, t.sched.timerslack_ns],
         ));
     }
-    match inj.run_batch(h.batch_site(), &calls)? {
-        Ok(()) => Ok(()),
-        Err(stopped) => Err(crate::Error::Restore {
-            pid: h.pid,
-            what: format!("thread {}: {stopped}", t.tid),
-        }),
-    }
+    Ok(calls)
 }
 
 /// Puts the registers, FPU state and signal mask of thread `t` of process `pid` (the tree's
