@@ -91,6 +91,16 @@ pub struct Guest {
 /// Starts `s` in namespaces of its own (see the module's text). On failure the error's `pid`
 /// is the init, which ends by itself and must be reaped.
 pub fn spawn_guest(s: &Spawn, ns: &OwnNamespaces) -> Result<Guest, SpawnError> {
+    spawn_guest_from(s, ns, false)
+}
+
+/// [`spawn_guest`]; with `for_parent` (the spawner, [`crate::spawner`]) the init is made our
+/// parent's child (`CLONE_PARENT`): its parent-death signal and its reaping are our parent's.
+pub(crate) fn spawn_guest_from(
+    s: &Spawn,
+    ns: &OwnNamespaces,
+    for_parent: bool,
+) -> Result<Guest, SpawnError> {
     let fail0 = SpawnError::before;
     let (argv, envp) = s.pointers();
     let groups: Vec<libc::gid_t> = s.groups.clone();
@@ -144,7 +154,13 @@ pub fn spawn_guest(s: &Spawn, ns: &OwnNamespaces) -> Result<Guest, SpawnError> {
     // SAFETY: a raw clone (no C library fork handlers) into new PID and IPC namespaces, with
     // no new stack: the child runs on its copy of ours, like fork. It only runs `init_child`,
     // which makes async-signal-safe calls on data prepared above and never returns.
-    let pid = unsafe { crate::process::raw_clone(libc::CLONE_NEWPID | libc::CLONE_NEWIPC) };
+    let pid = unsafe {
+        crate::process::raw_clone(
+            libc::CLONE_NEWPID
+                | libc::CLONE_NEWIPC
+                | if for_parent { libc::CLONE_PARENT } else { 0 },
+        )
+    };
     if pid < 0 {
         return Err(fail0(Step::Namespaces, errno()));
     }
