@@ -200,11 +200,19 @@ pub fn spawn(s: &Spawn) -> Result<i32, SpawnError> {
 /// parent's child (`CLONE_PARENT`), not ours: its parent-death signal and its reaping are our
 /// parent's, as if our parent had forked it.
 pub(crate) fn spawn_from(s: &Spawn, for_parent: bool) -> Result<i32, SpawnError> {
+    let (err_r, err_w) = crate::fdops::pipe2(libc::O_CLOEXEC)
+        .map_err(|e| SpawnError::before(Step::Fork, e.errno))?;
+    let pid = start(s, for_parent, err_w.as_raw_fd())?;
+    drop(err_w);
+    finish(pid, err_r.as_raw_fd())
+}
+
+/// Forks the child (it reports a failure on `err_w`, which closes at its execve) and returns
+/// its PID at once.
+pub(crate) fn start(s: &Spawn, for_parent: bool, err_w: RawFd) -> Result<i32, SpawnError> {
     let fail0 = SpawnError::before;
     let (argv, envp) = s.pointers();
     let groups: Vec<libc::gid_t> = s.groups.clone();
-    let (err_r, err_w) =
-        crate::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| fail0(Step::Fork, e.errno))?;
     // SAFETY: getpid and getppid cannot fail.
     let parent = unsafe {
         match for_parent {
@@ -226,18 +234,15 @@ pub(crate) fn spawn_from(s: &Spawn, for_parent: bool) -> Result<i32, SpawnError>
         return Err(fail0(Step::Fork, errno()));
     }
     if pid == 0 {
-        child(
-            s,
-            s.mount_ns,
-            &argv,
-            &envp,
-            &groups,
-            parent,
-            err_w.as_raw_fd(),
-        );
+        child(s, s.mount_ns, &argv, &envp, &groups, parent, err_w);
     }
-    drop(err_w);
-    match read_report(err_r.as_raw_fd()) {
+    Ok(pid)
+}
+
+/// Waits for the child started by [`start`] to exec (Ok) or report what failed (every other
+/// copy of the error pipe's write end closed).
+pub(crate) fn finish(pid: i32, err_r: RawFd) -> Result<i32, SpawnError> {
+    match read_report(err_r) {
         None => Ok(pid),
         Some(mut e) => {
             e.pid = pid;

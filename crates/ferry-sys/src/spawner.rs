@@ -13,15 +13,17 @@
 //! difference: the process it makes (the program, or its init) is cloned with `CLONE_PARENT`,
 //! so it is the daemon's child, not the spawner's. Its parent-death signal is tied to the
 //! daemon's thread that forked the spawner (the main thread, which lives as long as the
-//! daemon), and the daemon's reaper collects its status, as before. The spawner answers with
-//! the PIDs (and the init's status pipe) or the step that failed.
+//! daemon), and the daemon's reaper collects its status, as before. The daemon makes the
+//! pipes the new process reports on and sends their far ends along; the spawner answers with
+//! the PID as soon as it has cloned (or with the step that failed), and the daemon waits for
+//! the program's exec itself, so that one slow start never holds up the next.
 //!
 //! The spawner dies with the daemon (parent-death signal), and exits when the daemon closes
 //! its socket. Nothing it does is on behalf of anyone but the daemon: its socket is a private
 //! socketpair, and every step done for a user is done in the process made for that user, as
 //! the user, exactly as when the daemon forked it.
 
-use crate::guest_spawn::{spawn_guest_from, Guest, OwnNamespaces};
+use crate::guest_spawn::{self, spawn_guest_from, Guest, InitEnds, OwnNamespaces};
 use crate::spawn::{spawn_from, Spawn, SpawnError, Step};
 use crate::{SysError, SysResult};
 use std::ffi::CString;
@@ -71,8 +73,8 @@ pub fn start() -> SysResult<()> {
 
 const KIND_SPAWN: u8 = 0;
 const KIND_GUEST: u8 = 1;
-/// The answer: ok (1 byte), the program's PID, the init's (or the failed child's), the failed
-/// step (1 byte), its errno, the candidate it is about (u32::MAX: none).
+/// The answer: ok (1 byte), the PID made (the program, or its init), the failed child's (0:
+/// none), the failed step (1 byte), its errno, the candidate it is about (u32::MAX: none).
 const REPLY_LEN: usize = 1 + 4 + 4 + 1 + 4 + 4;
 
 impl Spawner {
@@ -84,39 +86,49 @@ impl Spawner {
     /// [`crate::spawn::spawn`], made by the spawner: the program is this process's child. A
     /// spawner gone (killed) before it got the request: this process forks it itself.
     pub fn spawn(&self, s: &Spawn) -> Result<i32, SpawnError> {
-        match self.ask(KIND_SPAWN, s, None) {
+        let (err_r, err_w) = crate::fdops::pipe2(libc::O_CLOEXEC)
+            .map_err(|e| SpawnError::before(Step::Fork, e.errno))?;
+        match self.ask(KIND_SPAWN, s, None, vec![err_w]) {
             Err(Asked::NotSent) => spawn_from(s, false),
             Err(Asked::Failed(e)) => Err(e),
-            Ok((pid, _, _)) => Ok(pid),
+            Ok(pid) => crate::spawn::finish(pid, err_r.as_raw_fd()),
         }
     }
 
     /// [`crate::guest_spawn::spawn_guest`], made by the spawner: the init is this process's
     /// child. A spawner gone before it got the request: this process clones the init itself.
     pub fn spawn_guest(&self, s: &Spawn, ns: &OwnNamespaces) -> Result<Guest, SpawnError> {
-        match self.ask(KIND_GUEST, s, Some(ns)) {
+        let (ours, theirs) = guest_spawn::pipes()?;
+        let InitEnds {
+            err_w,
+            go_r,
+            status_w,
+        } = theirs;
+        match self.ask(KIND_GUEST, s, Some(ns), vec![err_w, go_r, status_w]) {
             Err(Asked::NotSent) => spawn_guest_from(s, ns, false),
             Err(Asked::Failed(e)) => Err(e),
-            Ok((pid, init, Some(status))) => Ok(Guest { pid, init, status }),
-            Ok((_, init, None)) => Err(SpawnError {
-                pid: init,
-                ..SpawnError::before(Step::Fork, libc::EPROTO)
-            }),
+            Ok(init) => guest_spawn::finish(init, ours),
         }
     }
 
+    /// Sends the request, `ends` (the pipes' ends the new process keeps) attached after the
+    /// program's descriptors, closes our copies of `ends`, and returns the PID the spawner
+    /// made (the program, or its init) as soon as it is cloned: its start is waited for here,
+    /// not in the spawner, which is free for the next request meanwhile.
     fn ask(
         &self,
         kind: u8,
         s: &Spawn,
         ns: Option<&OwnNamespaces>,
-    ) -> Result<(i32, i32, Option<OwnedFd>), Asked> {
+        ends: Vec<OwnedFd>,
+    ) -> Result<i32, Asked> {
         let lost = |e: SysError| Asked::Failed(SpawnError::before(Step::Fork, e.errno));
         let payload = encode(kind, s, ns);
         let mut fds = s.stdio.to_vec();
         fds.extend(s.mount_ns);
         fds.extend(s.user_ns);
         fds.extend(ns.and_then(|n| n.net_ns));
+        fds.extend(ends.iter().map(|f| f.as_raw_fd()));
         let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
         let fd = sock.as_raw_fd();
         let mut head = [0u8; 8];
@@ -125,12 +137,15 @@ impl Spawner {
         // Nothing is made before the whole request is there.
         send_all(fd, &head, &fds).map_err(|_| Asked::NotSent)?;
         send_all(fd, &payload, &[]).map_err(|_| Asked::NotSent)?;
-        let (reply, mut rights) = recv_exact(fd, REPLY_LEN).map_err(lost)?;
+        // The new process's copies are the only ones that count from here on.
+        drop(ends);
+        let (reply, _) = recv_exact(fd, REPLY_LEN).map_err(lost)?;
+        drop(sock);
         let int = |at: usize| {
             i32::from_ne_bytes([reply[at], reply[at + 1], reply[at + 2], reply[at + 3]])
         };
         if reply[0] == 1 {
-            return Ok((int(1), int(5), rights.pop()));
+            return Ok(int(1));
         }
         let candidate = int(14) as u32;
         Err(Asked::Failed(SpawnError {
@@ -263,9 +278,10 @@ impl Reader<'_> {
     }
 }
 
-/// A request decoded: the kind, the spawn (its descriptors those received), and for a guest
-/// its namespaces' settings (private tmp, the init's executable, the network namespace).
-type Request = (u8, Spawn, bool, PathBuf, Option<RawFd>);
+/// A request decoded: the kind, the spawn (its descriptors those received), for a guest its
+/// namespaces' settings (private tmp, the init's executable, the network namespace), and the
+/// pipes' ends the new process keeps (the rest of the descriptors received).
+type Request = (u8, Spawn, bool, PathBuf, Option<RawFd>, Vec<RawFd>);
 
 fn decode(p: &[u8], fds: &[OwnedFd]) -> Option<Request> {
     let mut r = Reader(p);
@@ -290,6 +306,7 @@ fn decode(p: &[u8], fds: &[OwnedFd]) -> Option<Request> {
     let mount_ns = if has_mnt { Some(fd.next()?) } else { None };
     let user_ns = if has_user { Some(fd.next()?) } else { None };
     let net_ns = if has_net { Some(fd.next()?) } else { None };
+    let ends: Vec<RawFd> = fd.collect();
     let s = Spawn {
         candidates,
         search,
@@ -309,7 +326,7 @@ fn decode(p: &[u8], fds: &[OwnedFd]) -> Option<Request> {
         mount_ns,
         user_ns,
     };
-    Some((kind, s, private_tmp, exe, net_ns))
+    Some((kind, s, private_tmp, exe, net_ns, ends))
 }
 
 /// The spawner's life: answers requests until the daemon closes its end. Never returns.
@@ -350,30 +367,31 @@ fn serve(sock: OwnedFd, parent: i32) -> ! {
             unsafe { libc::_exit(0) };
         };
         let mut reply = [0u8; REPLY_LEN];
-        let mut status = None;
         let put = |r: &mut [u8; REPLY_LEN], at: usize, v: i32| {
             r[at..at + 4].copy_from_slice(&v.to_ne_bytes())
         };
         let result = match decode(&payload, &rights) {
             None => Err(SpawnError::before(Step::Fork, libc::EPROTO)),
-            Some((KIND_GUEST, s, private_tmp, exe, net_ns)) => {
-                let ns = OwnNamespaces {
-                    private_tmp,
-                    init_exe: &exe,
-                    net_ns,
-                };
-                spawn_guest_from(&s, &ns, true).map(|g| {
-                    status = Some(g.status);
-                    (g.pid, g.init)
-                })
-            }
-            Some((_, s, ..)) => spawn_from(&s, true).map(|pid| (pid, 0)),
+            Some((KIND_GUEST, s, private_tmp, exe, net_ns, ends)) => match ends[..] {
+                [err_w, go_r, status_w] => {
+                    let ns = OwnNamespaces {
+                        private_tmp,
+                        init_exe: &exe,
+                        net_ns,
+                    };
+                    guest_spawn::start_init(&s, &ns, true, [err_w, go_r, status_w])
+                }
+                _ => Err(SpawnError::before(Step::Fork, libc::EPROTO)),
+            },
+            Some((_, s, .., ends)) => match ends[..] {
+                [err_w] => crate::spawn::start(&s, true, err_w),
+                _ => Err(SpawnError::before(Step::Fork, libc::EPROTO)),
+            },
         };
         drop(rights);
         match result {
-            Ok((pid, init)) => {
+            Ok(pid) => {
                 put(&mut reply, 1, pid);
-                put(&mut reply, 5, init);
                 reply[0] = 1;
             }
             Err(e) => {
@@ -387,11 +405,9 @@ fn serve(sock: OwnedFd, parent: i32) -> ! {
                 reply[9] = e.step.code();
             }
         }
-        let attach: Vec<RawFd> = status.iter().map(|f| f.as_raw_fd()).collect();
-        if send_all(fd, &reply, &attach).is_err() {
+        if send_all(fd, &reply, &[]).is_err() {
             // SAFETY: _exit ends this process at once.
             unsafe { libc::_exit(0) };
         }
-        drop(status);
     }
 }
