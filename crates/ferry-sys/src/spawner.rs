@@ -50,7 +50,9 @@ pub fn get() -> Option<&'static Spawner> {
 /// thread starts), from the thread that lives as long as the process: the programs' parent
 /// death signal is tied to it.
 pub fn start() -> SysResult<()> {
-    let (ours, theirs) = crate::sockets::socketpair(libc::AF_UNIX, libc::SOCK_STREAM)?;
+    // Close-on-exec: nothing the daemon or the spawner executes keeps the socket.
+    let (ours, theirs) =
+        crate::sockets::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)?;
     // SAFETY: getpid cannot fail.
     let parent = unsafe { libc::getpid() };
     // SAFETY: the caller is single-threaded (the contract above), so the child is a complete
