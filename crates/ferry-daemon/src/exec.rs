@@ -1135,8 +1135,9 @@ impl Program {
             sig_ignored: spec.sig_ignored,
             sig_blocked: spec.sig_blocked,
             // The program must not outlive this daemon (its caller could not reach it). The
-            // signal is tied to the forking thread: a tokio worker, which lives as long as the
-            // runtime.
+            // signal is tied to the thread that forked it: the daemon's main thread when the
+            // spawner made it (ferry_sys::spawner), else a tokio worker; both live as long as
+            // the daemon.
             parent_death_signal: libc::SIGKILL,
             mount_ns,
             user_ns,
@@ -1150,9 +1151,17 @@ impl Program {
                 net_ns: guest_ns.and_then(|g| g.net),
                 init_exe: &node.exe,
             };
-            ferry_sys::guest_spawn::spawn_guest(&s, &own).map(|g| (g.pid, Some((g.init, g.status))))
+            match ferry_sys::spawner::get() {
+                Some(sp) => sp.spawn_guest(&s, &own),
+                None => ferry_sys::guest_spawn::spawn_guest(&s, &own),
+            }
+            .map(|g| (g.pid, Some((g.init, g.status))))
         } else {
-            ferry_sys::spawn::spawn(&s).map(|pid| (pid, None))
+            match ferry_sys::spawner::get() {
+                Some(sp) => sp.spawn(&s),
+                None => ferry_sys::spawn::spawn(&s),
+            }
+            .map(|pid| (pid, None))
         };
         let (pid, init) = match started {
             Ok(p) => p,

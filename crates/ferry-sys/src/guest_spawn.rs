@@ -91,13 +91,75 @@ pub struct Guest {
 /// Starts `s` in namespaces of its own (see the module's text). On failure the error's `pid`
 /// is the init, which ends by itself and must be reaped.
 pub fn spawn_guest(s: &Spawn, ns: &OwnNamespaces) -> Result<Guest, SpawnError> {
-    let fail0 = SpawnError::before;
-    let (argv, envp) = s.pointers();
-    let groups: Vec<libc::gid_t> = s.groups.clone();
-    let pipe = || crate::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| fail0(Step::Fork, e.errno));
+    spawn_guest_from(s, ns, false)
+}
+
+/// [`spawn_guest`]; with `for_parent` (the spawner, [`crate::spawner`]) the init is made our
+/// parent's child (`CLONE_PARENT`): its parent-death signal and its reaping are our parent's.
+pub(crate) fn spawn_guest_from(
+    s: &Spawn,
+    ns: &OwnNamespaces,
+    for_parent: bool,
+) -> Result<Guest, SpawnError> {
+    let (ours, theirs) = pipes()?;
+    let init = start_init(
+        s,
+        ns,
+        for_parent,
+        [&theirs.err_w, &theirs.go_r, &theirs.status_w].map(|f| f.as_raw_fd()),
+    )?;
+    drop(theirs);
+    finish(init, ours)
+}
+
+/// The init's ends of its three pipes: its error report, its go, its status word.
+pub(crate) struct InitEnds {
+    pub err_w: OwnedFd,
+    pub go_r: OwnedFd,
+    pub status_w: OwnedFd,
+}
+
+/// Ours: the error report read, the go given, the status word read.
+pub(crate) struct OurEnds {
+    pub err_r: OwnedFd,
+    pub go_w: OwnedFd,
+    pub status_r: OwnedFd,
+}
+
+/// The pipes between the init and whoever waits for the program's start and end.
+pub(crate) fn pipes() -> Result<(OurEnds, InitEnds), SpawnError> {
+    let pipe = || {
+        crate::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| SpawnError::before(Step::Fork, e.errno))
+    };
     let (err_r, err_w) = pipe()?;
     let (go_r, go_w) = pipe()?;
     let (status_r, status_w) = pipe()?;
+    Ok((
+        OurEnds {
+            err_r,
+            go_w,
+            status_r,
+        },
+        InitEnds {
+            err_w,
+            go_r,
+            status_w,
+        },
+    ))
+}
+
+/// Clones the init (which makes the program's process) and returns its PID at once; the
+/// init's pipe ends (`InitEnds`' error report, go and status word) are copied into it (the
+/// caller then closes its own).
+pub(crate) fn start_init(
+    s: &Spawn,
+    ns: &OwnNamespaces,
+    for_parent: bool,
+    [err_w, go_r, status_w]: [RawFd; 3],
+) -> Result<i32, SpawnError> {
+    let fail0 = SpawnError::before;
+    let (argv, envp) = s.pointers();
+    let groups: Vec<libc::gid_t> = s.groups.clone();
     let exe = crate::fdops::open_path(
         &ns.init_exe.to_string_lossy(),
         libc::O_PATH | libc::O_CLOEXEC,
@@ -136,22 +198,38 @@ pub fn spawn_guest(s: &Spawn, ns: &OwnNamespaces) -> Result<Guest, SpawnError> {
         null: null.as_raw_fd(),
     };
     let fds = Fds {
-        err_w: err_w.as_raw_fd(),
-        go_r: go_r.as_raw_fd(),
-        status_w: status_w.as_raw_fd(),
+        err_w,
+        go_r,
+        status_w,
     };
 
     // SAFETY: a raw clone (no C library fork handlers) into new PID and IPC namespaces, with
     // no new stack: the child runs on its copy of ours, like fork. It only runs `init_child`,
     // which makes async-signal-safe calls on data prepared above and never returns.
-    let pid = unsafe { crate::process::raw_clone(libc::CLONE_NEWPID | libc::CLONE_NEWIPC) };
+    let pid = unsafe {
+        crate::process::raw_clone(
+            libc::CLONE_NEWPID
+                | libc::CLONE_NEWIPC
+                | if for_parent { libc::CLONE_PARENT } else { 0 },
+        )
+    };
     if pid < 0 {
         return Err(fail0(Step::Namespaces, errno()));
     }
     if pid == 0 {
         init_child(s, ns, &argv, &envp, &groups, &fds, &init);
     }
-    drop((err_w, go_r, status_w));
+    Ok(pid)
+}
+
+/// Waits for the init started by [`start_init`] to report the program exec'd (or what failed),
+/// learns the program's PID and lets the init reap. On failure the error's `pid` is the init.
+pub(crate) fn finish(pid: i32, ours: OurEnds) -> Result<Guest, SpawnError> {
+    let OurEnds {
+        err_r,
+        go_w,
+        status_r,
+    } = ours;
     if let Some(mut e) = read_report(err_r.as_raw_fd()) {
         e.pid = pid;
         return Err(e);

@@ -22,6 +22,7 @@ pub mod sched;
 pub mod seccomp;
 pub mod sockets;
 pub mod spawn;
+pub mod spawner;
 pub mod tty;
 pub mod uffd;
 pub mod wait;

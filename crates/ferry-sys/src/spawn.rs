@@ -117,6 +117,11 @@ const STEPS: [Step; 17] = [
     Step::NetNs,
 ];
 
+/// The step whose [`Step::code`] is `code`.
+pub(crate) fn step_of(code: u8) -> Step {
+    STEPS.get(code as usize).copied().unwrap_or(Step::Exec)
+}
+
 impl Step {
     pub(crate) fn code(self) -> u8 {
         STEPS.iter().position(|s| *s == self).unwrap_or(0) as u8
@@ -188,33 +193,56 @@ pub(crate) fn errno() -> i32 {
 
 /// Forks and executes `s`; returns the child's PID once execve succeeded.
 pub fn spawn(s: &Spawn) -> Result<i32, SpawnError> {
+    spawn_from(s, false)
+}
+
+/// [`spawn`]; with `for_parent` (the spawner, [`crate::spawner`]) the child is made our
+/// parent's child (`CLONE_PARENT`), not ours: its parent-death signal and its reaping are our
+/// parent's, as if our parent had forked it.
+pub(crate) fn spawn_from(s: &Spawn, for_parent: bool) -> Result<i32, SpawnError> {
+    let (err_r, err_w) = crate::fdops::pipe2(libc::O_CLOEXEC)
+        .map_err(|e| SpawnError::before(Step::Fork, e.errno))?;
+    let pid = start(s, for_parent, err_w.as_raw_fd())?;
+    drop(err_w);
+    finish(pid, err_r.as_raw_fd())
+}
+
+/// Forks the child (it reports a failure on `err_w`, which closes at its execve) and returns
+/// its PID at once.
+pub(crate) fn start(s: &Spawn, for_parent: bool, err_w: RawFd) -> Result<i32, SpawnError> {
     let fail0 = SpawnError::before;
     let (argv, envp) = s.pointers();
     let groups: Vec<libc::gid_t> = s.groups.clone();
-    let (err_r, err_w) =
-        crate::fdops::pipe2(libc::O_CLOEXEC).map_err(|e| fail0(Step::Fork, e.errno))?;
-    // SAFETY: getpid cannot fail.
-    let parent = unsafe { libc::getpid() };
+    // SAFETY: getpid and getppid cannot fail.
+    let parent = unsafe {
+        match for_parent {
+            true => libc::getppid(),
+            false => libc::getpid(),
+        }
+    };
 
     // SAFETY: the child only runs `child` below, which makes async-signal-safe calls on data
-    // prepared before the fork (no allocation, no lock), then execs or _exits.
-    let pid = unsafe { libc::fork() };
+    // prepared before the fork (no allocation, no lock), then execs or _exits. The spawner is
+    // single-threaded, so its raw clone copies a consistent process.
+    let pid = unsafe {
+        match for_parent {
+            true => crate::process::raw_clone(libc::CLONE_PARENT),
+            false => libc::fork(),
+        }
+    };
     if pid < 0 {
         return Err(fail0(Step::Fork, errno()));
     }
     if pid == 0 {
-        child(
-            s,
-            s.mount_ns,
-            &argv,
-            &envp,
-            &groups,
-            parent,
-            err_w.as_raw_fd(),
-        );
+        child(s, s.mount_ns, &argv, &envp, &groups, parent, err_w);
     }
-    drop(err_w);
-    match read_report(err_r.as_raw_fd()) {
+    Ok(pid)
+}
+
+/// Waits for the child started by [`start`] to exec (Ok) or report what failed (every other
+/// copy of the error pipe's write end closed).
+pub(crate) fn finish(pid: i32, err_r: RawFd) -> Result<i32, SpawnError> {
+    match read_report(err_r) {
         None => Ok(pid),
         Some(mut e) => {
             e.pid = pid;

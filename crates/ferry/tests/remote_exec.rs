@@ -47,7 +47,7 @@ fn main() {
         Some(Arc::new(Cluster::up("remote-exec", 3)))
     };
     type Test = fn(&Cluster) -> Result<(), Failed>;
-    let tests: [(&str, Test); 20] = [
+    let tests: [(&str, Test); 21] = [
         ("exit_codes", exit_codes),
         ("death_by_signal", death_by_signal),
         ("many_short_runs", many_short_runs),
@@ -68,6 +68,7 @@ fn main() {
         ("ps_shows_the_program", ps_shows_program),
         ("on_this_node", on_this_node),
         ("caller_vanishes", caller_vanishes),
+        ("programs_made_by_the_spawner", made_by_the_spawner),
     ];
     // A test that makes the shared cluster's nodes refuse guests holds it alone: the others
     // would be refused meanwhile.
@@ -1084,6 +1085,92 @@ fn on_this_node(c: &Cluster) -> Result<(), Failed> {
     .unwrap();
     check(
         text(&o.stdout) == "run here\n" && o.status.code() == Some(5),
+        || describe(&o),
+    )
+}
+
+/// The children of process `pid` named `comm`.
+fn children_named(pid: i32, comm: &str) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .collect()
+}
+
+/// A program run for another node has its process (its init) made by that daemon's spawner, a
+/// small copy of the daemon taken at its start, not by a fork of the whole daemon: the init, a
+/// copy of what forked it for its first second, bears the spawner's name, and it is the
+/// daemon's child. With the spawner killed, the daemon makes programs' processes itself.
+fn made_by_the_spawner(c: &Cluster) -> Result<(), Failed> {
+    let daemon = c.daemon_pid("c");
+    let spawners = children_named(daemon, "ferry-spawner");
+    check(spawners.len() == 1, || {
+        format!("c's daemon ({daemon}) has no spawner child: {spawners:?}")
+    })?;
+    // The program reads its init's name (PID 1 of its namespace, a copy of the spawner until
+    // it is exec'd afresh after a second: tried again if this machine was that slow).
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let o = run_cmd(
+            c,
+            "a",
+            &[
+                "--on",
+                "c",
+                "--",
+                "sh",
+                "-c",
+                "cat /proc/1/comm; grep PPid /proc/1/status",
+            ],
+        )
+        .output()
+        .unwrap();
+        check(o.status.success(), || describe(&o))?;
+        let out = text(&o.stdout);
+        if out.starts_with("ferry-spawner\n") {
+            break;
+        }
+        seen.push(out);
+    }
+    check(seen.len() < 5, || {
+        format!("the program's init was never the spawner's copy: {seen:?}")
+    })?;
+    // Its init is the daemon's child (the spawner clones it with CLONE_PARENT).
+    let (child, rx) = spawn_reading(&mut run_cmd(
+        c,
+        "a",
+        &["--on", "c", "--", "sh", "-c", "echo up; exec sleep 30"],
+    ));
+    next_line(&rx, "the program's first line")?;
+    let inits = children_named(daemon, "ferry-spawner")
+        .into_iter()
+        .chain(children_named(daemon, "ferry"))
+        .filter(|p| !spawners.contains(p))
+        .count();
+    drop(child);
+    check(inits >= 1, || {
+        format!("no init among c's daemon's ({daemon}) children")
+    })?;
+    kill(spawners[0] as u32, "KILL");
+    check(
+        wait_until(Duration::from_secs(10), || {
+            state(spawners[0] as i64).is_none()
+        }),
+        || "the spawner did not die".into(),
+    )?;
+    let o = run_cmd(
+        c,
+        "a",
+        &["--on", "c", "--", "sh", "-c", "echo still; exit 7"],
+    )
+    .output()
+    .unwrap();
+    check(
+        text(&o.stdout) == "still\n" && o.status.code() == Some(7),
         || describe(&o),
     )
 }

@@ -29,6 +29,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     ferry_daemon::hosts::set_config_path(&a.config);
     let exe = std::env::current_exe().context("find the ferry binary")?;
+    // Programs' processes are made by a small copy of this process taken now, before the
+    // runtime's threads and memory exist (ferry_sys::spawner); this thread, which forks it,
+    // lives as long as the daemon.
+    ferry_sys::spawner::start().context("fork the spawner (which makes programs' processes)")?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
