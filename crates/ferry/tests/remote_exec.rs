@@ -412,8 +412,10 @@ fn interactive_output(c: &Cluster) -> Result<(), Failed> {
         sorted[sorted.len() - 1]
     );
     check(st.success(), || format!("{st:?}"))?;
-    // A few ms on a loaded machine; output held until more came would take far longer.
-    check(median < 25.0, || format!("round trips (ms): {times:.2?}"))
+    // A few ms on a quiet machine, tens under the suite's own load (28-43 ms seen at a load
+    // average of 20); output held until a frame filled (64 KiB of ticks at about 5 KB/s)
+    // would take seconds.
+    check(median < 250.0, || format!("round trips (ms): {times:.2?}"))
 }
 
 fn large_stdout(c: &Cluster) -> Result<(), Failed> {
