@@ -89,6 +89,7 @@ pub fn capture_with<W: Write>(
         &|host, _| inherited.get(&host).cloned(),
         None,
         false,
+        false,
         parent,
         before_image,
     )
@@ -106,12 +107,17 @@ pub type KeepRanges<'a> = &'a dyn Fn(i32, &[ferry_image::Vma]) -> Option<Vec<(u6
 /// With `no_cow`, pages a child shares copy-on-write with its parent are not looked for: each
 /// process's pages are its own in the image, as before (a lazy migration of a tree whose
 /// sharing was kept gave its children zeros for their shared pages: docs/limitations.md).
+/// With `whole` (a lazy migration, whose source answers for the pages it holds none of:
+/// `Msg::PageReply::holes`), the ranges left out are named whole as `Process::inherited`,
+/// not walked in the freeze for their present pages.
+#[allow(clippy::too_many_arguments)]
 pub fn capture_keeping<W: Write>(
     frozen: &FrozenTree,
     out: W,
     keep: KeepRanges<'_>,
     lazily: Option<KeepRanges<'_>>,
     no_cow: bool,
+    whole: bool,
     parent: Option<ferry_image::ParentImage>,
     before_image: impl FnOnce() -> Result<()>,
 ) -> Result<(W, CaptureReport)> {
@@ -305,7 +311,11 @@ pub fn capture_keeping<W: Write>(
             Some(_) => None,
         };
         if let Some(keep) = kept {
-            let inherited = memory::inherited_pages(host, &p.vmas, &keep)?;
+            let inherited = if whole {
+                keep.clone()
+            } else {
+                memory::inherited_pages(host, &p.vmas, &keep)?
+            };
             left_out[i] = keep;
             let p = &mut tree.processes[i];
             p.inherited = memory::without(&inherited, &p.cow);

@@ -205,12 +205,19 @@ pub struct RestoreReport {
 
 impl RestoreReport {
     fn stamp(&mut self, what: &'static str) {
-        let us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
-        self.timeline.push((what, us));
+        self.timeline.push(stamp(what));
     }
 }
+
+/// A step of the timeline: what ended, and when (µs since the epoch).
+fn stamp(what: &'static str) -> (&'static str, u64) {
+    let us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    (what, us)
+}
+
+impl RestoreReport {}
 
 /// Where the pages a process inherits (`Process::inherited`: pre-copy rounds, a parent
 /// image) come from: the page of image process `pid` at `addr`, if held.
@@ -620,8 +627,10 @@ pub fn restore_with<R: Read>(
             p.id, p.ino
         )));
     }
+    let mut early = vec![stamp("dest: image checked")];
     ferry_sys::fdops::raise_nofile();
     let objects = RestoreObjects::create(&img.tree, opts.caller)?;
+    early.push(stamp("dest: shared objects made"));
     let mut buf = vec![0u8; PIECE];
     // The contents of shared objects come before memory (since format version 2).
     loop {
@@ -639,10 +648,12 @@ pub fn restore_with<R: Read>(
             }
         }
     }
+    early.push(stamp("dest: shared objects filled"));
     let tree = &img.tree;
     let descs = files::open_descriptions(tree, &objects, opts.guest);
     let deferred = Deferred::take();
     let (descs, relay_ends) = descs?;
+    early.push(stamp("dest: descriptions opened"));
     // What the supervisor answers for the relayed sockets (`seccomp::NAMES`).
     let relayed_names = if opts.supervised {
         crate::resources::sockets::relayed_names(tree, &descs)?
@@ -688,6 +699,7 @@ pub fn restore_with<R: Read>(
         listeners: Vec::new(),
         pages: opts.pages,
         relayed_files,
+        early,
     };
     let mut exiting_leaders = Vec::new();
     match build(&mut cx, &mut husks, &mut live, &mut exiting_leaders, t0) {
@@ -740,6 +752,8 @@ struct BuildContext<'a, R: Read> {
     /// The file ids of the relayed sockets: a process that holds one has its getsockname and
     /// getpeername answered by the supervisor.
     relayed_files: HashSet<u32>,
+    /// The steps of the timeline before the build.
+    early: Vec<(&'static str, u64)>,
 }
 
 fn build<R: Read>(
@@ -752,6 +766,7 @@ fn build<R: Read>(
     let tree = &cx.img.tree;
     let mut report = RestoreReport {
         root_pid: tree.root_pid,
+        timeline: std::mem::take(&mut cx.early),
         ..Default::default()
     };
     report.stamp("dest: objects and descriptors opened");
@@ -1106,12 +1121,23 @@ fn stream_memory<R: Read>(
     stop_at_other: bool,
     report: &mut RestoreReport,
 ) -> Result<()> {
-    // Dropped (closed, which unregisters their ranges) when the memory is in place.
+    // Dropped (closed, which unregisters their ranges) when the memory is in place. A lazy
+    // migration's page server supplies every page of the mappings a filler would register
+    // (the image carries none there, and no pages come from an earlier transfer): no filler
+    // for it, whose userfaultfd would be made in the process by injected calls, registered
+    // and closed again in the freeze only for the server's own to be made next.
+    let served = |p: &Process| inherited != InheritedHere::All && p.inherited_lazily.is_none();
     let fillers = live
         .iter()
-        .map(|(p, h)| AnonFiller::open(h, &p.vmas))
+        .map(|(p, h)| match served(p) {
+            true => Ok(None),
+            false => AnonFiller::open(h, &p.vmas),
+        })
         .collect::<Result<Vec<_>>>()?;
-    report.memory_filled_by_uffd &= fillers.iter().all(Option::is_some);
+    report.memory_filled_by_uffd &= fillers
+        .iter()
+        .zip(live)
+        .all(|(f, (p, _))| f.is_some() || served(p));
     // Pages the image does not carry, from the transfer before it; the image's own records
     // come after and may overwrite them.
     // (Unless a lazy page server supplies them once the records are in.)

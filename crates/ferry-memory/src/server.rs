@@ -105,6 +105,9 @@ pub struct Stats {
     pub pushed_pages: u64,
     /// Faults answered with the zero page (no data for that page).
     pub zero_pages: u64,
+    /// Pages the source named as holes (it holds none of them: never present, or dropped),
+    /// copied nowhere: they read as zeros.
+    pub hole_pages: u64,
     pub remaps: u64,
     pub removes: u64,
     pub unmaps: u64,
@@ -446,6 +449,41 @@ impl LazyMemory for LazyServer {
     }
 }
 
+/// `pieces` (an answer's destinations in one address space: start, end and offset in the
+/// answer to the request at `addr`) cut where they meet `holes` (the source's addresses,
+/// sorted): each piece of a piece says whether it is a hole.
+fn split_holes(
+    addr: u64,
+    pieces: &[(u64, u64, usize)],
+    holes: &[(u64, u64)],
+) -> Vec<(u64, u64, usize, bool)> {
+    let mut out = Vec::new();
+    for &(ds, de, off) in pieces {
+        if holes.is_empty() {
+            out.push((ds, de, off, false));
+            continue;
+        }
+        // The piece in the source's addresses.
+        let (ss, se) = (addr + off as u64, addr + off as u64 + (de - ds));
+        let mut at = ss;
+        for &(hs, he) in holes {
+            let (hs, he) = (hs.max(ss), he.min(se));
+            if hs >= he || he <= at {
+                continue;
+            }
+            if hs > at {
+                out.push((ds + (at - ss), ds + (hs - ss), (at - addr) as usize, false));
+            }
+            out.push((ds + (hs - ss), ds + (he - ss), (hs - addr) as usize, true));
+            at = he;
+        }
+        if at < se {
+            out.push((ds + (at - ss), de, (at - addr) as usize, false));
+        }
+    }
+    out
+}
+
 /// Writes the image's pages that lie outside the registered ranges (private pages of file
 /// mappings, which userfaultfd cannot serve) into the process, before it runs.
 fn write_eager(
@@ -633,12 +671,16 @@ struct Serving {
     push_in_flight: u64,
     /// Answers received whose pages are not yet in every address space waiting for them (a
     /// copy met a changing address space: tried again once its events are read).
-    arrived: Vec<(Ask, Vec<u8>)>,
+    arrived: Vec<Arrived>,
     /// Told the statistics once the source is no longer needed (taken then).
     released: Option<mpsc::Sender<Stats>>,
     /// The space whose pre-copied pages the push copies next.
     local_next: usize,
 }
+
+/// An answer received: its request, its bytes, and the holes the source named in it (the
+/// source's addresses: [`PageSource::take_holes`]).
+type Arrived = (Ask, Vec<u8>, Vec<(u64, u64)>);
 
 /// Bytes of pre-copied pages the push copies between two looks at the faults, and pages one
 /// fault copies from them (its own and those after it).
@@ -873,20 +915,21 @@ impl Serving {
                     a.len
                 ));
             }
-            self.arrived.push((a, data));
+            let holes = self.source.take_holes(id);
+            self.arrived.push((a, data, holes));
         }
         Ok(())
     }
 
     /// Copies what has arrived into every address space waiting for it.
     fn apply_arrived(&mut self) -> Result<(), String> {
-        for (a, data) in std::mem::take(&mut self.arrived) {
-            if self.apply(&a, &data)? {
+        for (a, data, holes) in std::mem::take(&mut self.arrived) {
+            if self.apply(&a, &data, &holes)? {
                 if let Some(t) = a.fault_at {
                     self.stats.fault_service_us += t.elapsed().as_micros() as u64;
                 }
             } else {
-                self.arrived.push((a, data));
+                self.arrived.push((a, data, holes));
             }
         }
         Ok(())
@@ -895,8 +938,10 @@ impl Serving {
     /// Copies the answer to `a` wherever its pages are on their way (a range moved by
     /// mremap since is found at its new place, a forked child gets them too, a range
     /// unmapped or dropped since is no longer waited for). False: a copy met a changing
-    /// address space, to be tried again once its events are read.
-    fn apply(&mut self, a: &Ask, data: &[u8]) -> Result<bool, String> {
+    /// address space, to be tried again once its events are read. `holes` (the source's
+    /// addresses): pages the source holds none of, copied nowhere: no longer on their way,
+    /// a thread waiting there is woken and its fault answered with the zero page.
+    fn apply(&mut self, a: &Ask, data: &[u8], holes: &[(u64, u64)]) -> Result<bool, String> {
         let mut complete = true;
         for j in 0..self.spaces.len() {
             if self.spaces[j].dead {
@@ -915,7 +960,13 @@ impl Serving {
                     _ => None,
                 })
                 .collect();
-            'pieces: for (ds, de, off) in pieces {
+            let pieces = split_holes(a.addr, &pieces, holes);
+            'pieces: for (ds, de, off, hole) in pieces {
+                if hole {
+                    self.spaces[j].forget_on_the_way(ds, de);
+                    self.stats.hole_pages += (de - ds) / PAGE;
+                    continue;
+                }
                 let mut at = ds;
                 while at < de {
                     let from = off + (at - ds) as usize;

@@ -39,6 +39,13 @@ pub trait PageSource: Send {
     fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+    /// The ranges of answer `number`'s request (the source's addresses) that the source holds
+    /// no page of, named by it rather than sent (their bytes in the answer are zeros): taken
+    /// once, as the answer is collected. The server copies nothing there; a thread waiting
+    /// on such a page is woken and finds the zero page.
+    fn take_holes(&mut self, _number: u64) -> Vec<(u64, u64)> {
+        Vec::new()
+    }
     /// The most bytes one request may ask for.
     fn max_ask(&self) -> usize {
         1 << 20

@@ -192,19 +192,32 @@ pub enum Msg {
     // ---- Lazy memory (`--memory lazy`): the destination's page server <-> the source ----
     /// Restore worker, through both daemons, to the capture worker: send `len` bytes (at most
     /// `frame::DATA_CHUNK`) of the memory of process `pid` (the tree's number) at `addr`.
-    /// Answered by `PageReply` with the same `id` and one `Data` frame of exactly `len` bytes,
-    /// or by `PageError`. A request unanswered for a while is asked again under the same `id`
-    /// (a late second answer is then told apart by its `id` and dropped).
+    /// Answered by `PageReply` with the same `id` and one `Data` frame of exactly `len` bytes
+    /// (with `holes`: `len` less the holes' bytes), or by `PageError`. A request unanswered for
+    /// a while is asked again under the same `id` (a late second answer is then told apart by
+    /// its `id` and dropped).
     PageWant {
         pid: i32,
         addr: u64,
         len: u64,
         #[serde(default)]
         id: u64,
+        /// The asker takes holes: the source may name the pages of the range it holds nothing
+        /// for (never present, or dropped) instead of sending their zeros.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        holes: bool,
     },
     /// The `Data` frame that follows answers request `id`.
     PageReply {
         id: u64,
+        /// Ranges `[start, end)` of the request (page-aligned, sorted, disjoint) the source
+        /// holds no page of: they read as zeros, and the `Data` frame carries only the rest,
+        /// in address order. Only for a request that said `holes`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        holes: Vec<(u64, u64)>,
+        /// The holes are the whole request: no `Data` frame follows.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        all_holes: bool,
     },
     /// The source cannot supply the memory asked for: why.
     PageError {
@@ -853,6 +866,11 @@ pub struct LazyReport {
     pub pushed_pages: u64,
     /// Faults answered with a zero page (no data there).
     pub zero_pages: u64,
+    /// Pages the source named as holes (it holds none of them: never touched, or dropped):
+    /// not sent, they read as zeros. (Counted in `fault_pages` and `pushed_pages` too, which
+    /// count the pages asked for.)
+    #[serde(default)]
+    pub hole_pages: u64,
     /// Forks, mremaps, munmaps and madvise(DONTNEED)s followed during the lazy phase.
     pub forked: u64,
     pub remaps: u64,

@@ -95,8 +95,13 @@ fn messages() -> Vec<Msg> {
             addr: 0x7f00_0000_0000,
             len: 4096,
             id: 3,
+            holes: true,
         },
-        Msg::PageReply { id: 3 },
+        Msg::PageReply {
+            id: 3,
+            holes: vec![(0x7f00_0000_1000, 0x7f00_0000_3000)],
+            all_holes: false,
+        },
         Msg::PageError {
             message: "gone".into(),
             id: 3,

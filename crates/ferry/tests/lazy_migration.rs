@@ -32,6 +32,10 @@ fn main() {
             source_lost_in("lazy")
         }),
         Trial::test(
+            "sparse_memory_moved_lazily_reads_right_through_the_sources_holes",
+            sparse_memory_holes,
+        ),
+        Trial::test(
             "shared_memory_is_refused_and_left_running",
             shared_memory_refused,
         ),
@@ -414,6 +418,64 @@ fn source_lost_in(mode: &str) -> Result<(), Failed> {
 /// Shared memory (here a MAP_SHARED|MAP_ANONYMOUS mapping) cannot be served lazily: the
 /// migration is refused before anything is frozen, naming the PID and the kind, and the
 /// process runs on at home.
+/// tests/victims/sparse.c moved lazily: 32 MiB of which a quarter is written, a quarter never
+/// touched, a quarter written and dropped (MADV_DONTNEED), a quarter only read (the zero page),
+/// a run of 4 MiB never touched, and beside it a reservation of 512 MiB with two pages
+/// written. The image names its mappings whole (nothing walks them in the freeze) and the
+/// source answers for the pages it holds none of with holes, never sent: the copy, checking
+/// as soon as it runs (its pages still owed), finds every written page right and every
+/// other page zero, and can write them all.
+fn sparse_memory_holes() -> Result<(), Failed> {
+    let c = Cluster::up("lzholes", 2);
+    let dir = scratch("lazy_migration", "holes");
+    let status = dir.join("sparse.status");
+    let _ = std::fs::remove_file(&status);
+    let mut child = Command::new(victim_binary("sparse"))
+        .arg("32")
+        .arg(&status)
+        .arg("512")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let read = || std::fs::read_to_string(&status).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !read().starts_with("ready") {
+        assert!(Instant::now() < deadline, "the victim did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = migrate_lazy(&c, "a", pid, "b");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !read().starts_with("result=") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let result = read();
+    let _ = child.kill();
+    let _ = child.wait();
+    let r = r?;
+    assert_eq!(result.trim(), "result=ok", "{r}");
+    assert_eq!(r["memory"]["mode"], "lazy", "{r}");
+    let l = &r["lazy"];
+    let n = |k: &str| l[k].as_u64().unwrap_or(0);
+    assert!(
+        n("owed_bytes") >= 544 << 20,
+        "the image did not name the mappings whole: {r}"
+    );
+    // Holes: the 512 MiB reservation but two pages, and in the 32 MiB the quarters never
+    // touched and dropped (at least).
+    assert!(
+        n("hole_pages") >= (512 << 20) / 4096 - 2 + (12 << 20) / 4096,
+        "the source did not answer for its holes: {r}"
+    );
+    assert!(
+        n("source_bytes") < 24 << 20,
+        "pages the source never had crossed the link: {r}"
+    );
+    Ok(())
+}
+
 fn shared_memory_refused() -> Result<(), Failed> {
     let c = Cluster::up("lazyshm", 2);
     let mut child = Command::new("python3")

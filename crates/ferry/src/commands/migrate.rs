@@ -110,12 +110,13 @@ pub fn run(a: Args, node: Option<&str>) -> Result<()> {
     }
     if let Some(l) = &report.lazy {
         println!(
-            "  lazy phase: {:.1} MiB owed; {} pages sent by {} faults, {} pushed, {} zero-filled; \
-             the source was released {:.0} ms after the copy ran",
+            "  lazy phase: {:.1} MiB owed; {} pages asked by {} faults, {} pushed, {} of them \
+             holes (not sent), {} zero-filled; the source was released {:.0} ms after the copy ran",
             l.owed_bytes as f64 / (1 << 20) as f64,
             l.fault_pages,
             l.faults,
             l.pushed_pages,
+            l.hole_pages,
             l.zero_pages,
             l.source_released_after_resume_ms
         );

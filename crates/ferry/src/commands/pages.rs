@@ -38,13 +38,24 @@ pub fn take_link(fd: i32) -> Result<UnixStream> {
 
 /// Source side: answers the page link's requests from the memory of the frozen tree (`hosts`:
 /// the tree's PIDs to ours) until the link closes. Runs on a thread of its own beside the
-/// capture worker's main thread, which keeps the tree frozen meanwhile.
+/// capture worker's main thread, which keeps the tree frozen meanwhile. A request that takes
+/// holes (`PageWant::holes`: the image names whole mappings, not their present pages, so
+/// that the freeze does not walk them) is answered with the pages of the range that are
+/// present or swapped out (one `PAGEMAP_SCAN` walk of the range) and the rest named as
+/// holes: never sent, read as zeros there.
 pub fn serve(mut link: UnixStream, hosts: HashMap<i32, i32>) {
     let mut buf = Vec::new();
     let mut mems: HashMap<i32, ProcMem> = HashMap::new();
+    let mut pagemaps: HashMap<i32, std::fs::File> = HashMap::new();
     loop {
-        let (pid, addr, len, id) = match read_frame(&mut link) {
-            Ok(Frame::Msg(Msg::PageWant { pid, addr, len, id })) => (pid, addr, len as usize, id),
+        let (pid, addr, len, id, take_holes) = match read_frame(&mut link) {
+            Ok(Frame::Msg(Msg::PageWant {
+                pid,
+                addr,
+                len,
+                id,
+                holes,
+            })) => (pid, addr, len as usize, id, holes),
             Ok(_) => {
                 log::warn!("page link: unexpected frame");
                 return;
@@ -55,43 +66,115 @@ pub fn serve(mut link: UnixStream, hosts: HashMap<i32, i32>) {
                 return;
             }
         };
-        let answer = (|| -> std::result::Result<(), String> {
+        let answer = (|| -> std::result::Result<Vec<(u64, u64)>, String> {
             if len > DATA_CHUNK {
                 return Err(format!("{len} bytes asked at once (at most {DATA_CHUNK})"));
             }
             let host = *hosts
                 .get(&pid)
                 .ok_or_else(|| format!("PID {pid} is no process of the tree"))?;
-            buf.resize(len, 0);
-            let done = vm_read(host, addr, &mut buf).unwrap_or(0);
-            if done < len {
-                // Pages the process may not read itself (PROT_NONE): through /proc/PID/mem.
-                if let std::collections::hash_map::Entry::Vacant(v) = mems.entry(host) {
-                    v.insert(ProcMem::open(host).map_err(|e| {
-                        format!("PID {pid}: open its memory (PID {host} here): {e}")
-                    })?);
-                }
-                mems[&host]
-                    .read_exact(addr + done as u64, &mut buf[done..])
-                    .map_err(|e| {
-                        format!(
-                            "PID {pid}: read its memory at {:x}-{:x}: {e}",
-                            addr,
-                            addr + len as u64
-                        )
-                    })?;
+            let end = addr + len as u64;
+            let present = if take_holes {
+                present_in(&mut pagemaps, pid, host, addr, end)?
+            } else {
+                vec![(addr, end)]
+            };
+            let bytes: u64 = present.iter().map(|(s, e)| e - s).sum();
+            buf.resize(bytes as usize, 0);
+            let mut at = 0usize;
+            for &(s, e) in &present {
+                let n = (e - s) as usize;
+                read_memory(&mut mems, pid, host, s, &mut buf[at..at + n])?;
+                at += n;
             }
-            Ok(())
+            Ok(ferry_memory::RangeSet::from_ranges(vec![(addr, end)])
+                .minus(&ferry_memory::RangeSet::from_ranges(present))
+                .ranges()
+                .to_vec())
         })();
         let sent = match answer {
-            Ok(()) => write_msg(&mut link, &Msg::PageReply { id })
-                .and_then(|()| write_data(&mut link, &buf)),
+            Ok(holes) => {
+                // (A Data frame of nothing would be no frame at all.)
+                let all_holes = buf.is_empty();
+                write_msg(
+                    &mut link,
+                    &Msg::PageReply {
+                        id,
+                        holes,
+                        all_holes,
+                    },
+                )
+                .and_then(|()| match all_holes {
+                    true => Ok(()),
+                    false => write_data(&mut link, &buf),
+                })
+            }
             Err(message) => write_msg(&mut link, &Msg::PageError { message, id }),
         };
         if sent.is_err() {
             return;
         }
     }
+}
+
+/// The ranges of `[start, end)` of process `pid` (PID `host` here, frozen) whose pages are
+/// present or swapped out, page-aligned; a scan that fails (a kernel without
+/// `PAGEMAP_SCAN`) counts the whole range present.
+fn present_in(
+    pagemaps: &mut HashMap<i32, std::fs::File>,
+    pid: i32,
+    host: i32,
+    start: u64,
+    end: u64,
+) -> std::result::Result<Vec<(u64, u64)>, String> {
+    if !start.is_multiple_of(4096) || !end.is_multiple_of(4096) {
+        return Ok(vec![(start, end)]);
+    }
+    if let std::collections::hash_map::Entry::Vacant(v) = pagemaps.entry(host) {
+        let f = std::fs::File::open(format!("/proc/{host}/pagemap"))
+            .map_err(|e| format!("PID {pid}: open its pagemap (PID {host} here): {e}"))?;
+        v.insert(f);
+    }
+    Ok(
+        ferry_sys::pagemap::scan_present(&pagemaps[&host], start, end)
+            .map(|r| {
+                r.into_iter()
+                    .map(|(s, e)| (s.max(start), e.min(end)))
+                    .filter(|(s, e)| s < e)
+                    .collect()
+            })
+            .unwrap_or_else(|_| vec![(start, end)]),
+    )
+}
+
+/// Reads `buf.len()` bytes of process `pid`'s memory (PID `host` here) at `addr`.
+fn read_memory(
+    mems: &mut HashMap<i32, ProcMem>,
+    pid: i32,
+    host: i32,
+    addr: u64,
+    buf: &mut [u8],
+) -> std::result::Result<(), String> {
+    let done = vm_read(host, addr, buf).unwrap_or(0);
+    if done < buf.len() {
+        // Pages the process may not read itself (PROT_NONE): through /proc/PID/mem.
+        if let std::collections::hash_map::Entry::Vacant(v) = mems.entry(host) {
+            v.insert(
+                ProcMem::open(host)
+                    .map_err(|e| format!("PID {pid}: open its memory (PID {host} here): {e}"))?,
+            );
+        }
+        mems[&host]
+            .read_exact(addr + done as u64, &mut buf[done..])
+            .map_err(|e| {
+                format!(
+                    "PID {pid}: read its memory at {:x}-{:x}: {e}",
+                    addr,
+                    addr + buf.len() as u64
+                )
+            })?;
+    }
+    Ok(())
 }
 
 /// Destination side: the source node's memory, read over the page link. Requests are
@@ -110,6 +193,9 @@ pub struct RemoteSource {
     outstanding: HashMap<u64, Msg>,
     /// Answers read while waiting for another ([`Self::read`]), not yet collected.
     stash: Vec<(u64, Vec<u8>)>,
+    /// The holes the source named in answers (by number) not yet taken by the server
+    /// ([`ferry_memory::PageSource::take_holes`]).
+    holes: HashMap<u64, Vec<(u64, u64)>>,
     /// When an answer last came (or the first request went out since none was outstanding),
     /// and when the outstanding requests were last asked again.
     last_answer: Instant,
@@ -159,6 +245,7 @@ impl RemoteSource {
             id: 0,
             outstanding: HashMap::new(),
             stash: Vec::new(),
+            holes: HashMap::new(),
             last_answer: Instant::now(),
             last_resend: Instant::now(),
             stall,
@@ -176,6 +263,7 @@ impl RemoteSource {
             addr,
             len: len as u64,
             id,
+            holes: true,
         };
         write_msg(&mut self.link, &want).context("ask for it")?;
         if self.outstanding.is_empty() {
@@ -234,16 +322,27 @@ impl RemoteSource {
     /// late second answer to one asked again, dropped.
     fn read_answer(&mut self) -> Result<Option<(u64, Vec<u8>)>> {
         match read_frame(&mut self.link) {
-            Ok(Frame::Msg(Msg::PageReply { id })) => match read_frame(&mut self.link) {
+            Ok(Frame::Msg(Msg::PageReply {
+                id,
+                holes,
+                all_holes,
+            })) => match if all_holes {
+                Ok(Frame::Data(Vec::new()))
+            } else {
+                read_frame(&mut self.link)
+            } {
                 Ok(Frame::Data(d)) => {
-                    let Some(Msg::PageWant { len, .. }) = self.outstanding.remove(&id) else {
+                    let Some(Msg::PageWant { addr, len, .. }) = self.outstanding.remove(&id) else {
                         return Ok(None);
                     };
-                    if d.len() as u64 != len {
-                        bail!("{} bytes came for {len} asked", d.len());
+                    // The pages the source sent: its holes crossed no link.
+                    let sent = d.len() as u64;
+                    let full = with_holes(addr, len, d, &holes)?;
+                    self.delivered += sent;
+                    if !holes.is_empty() {
+                        self.holes.insert(id, holes);
                     }
-                    self.delivered += d.len() as u64;
-                    Ok(Some((id, d)))
+                    Ok(Some((id, full)))
                 }
                 Ok(_) => bail!("the link carried something else than pages"),
                 Err(e) => bail!("the link to the source failed: {e}"),
@@ -269,6 +368,40 @@ impl RemoteSource {
     }
 }
 
+/// The `len` bytes at `addr` of an answer whose `Data` frame `d` carries only what is not in
+/// `holes` (checked: page-aligned, sorted, disjoint ranges inside the request, and the bytes
+/// exactly the rest), the holes zeros.
+fn with_holes(addr: u64, len: u64, d: Vec<u8>, holes: &[(u64, u64)]) -> Result<Vec<u8>> {
+    let end = addr + len;
+    let mut last = addr;
+    let mut hole_bytes = 0;
+    for &(s, e) in holes {
+        if s < last || e <= s || e > end || !s.is_multiple_of(4096) || !e.is_multiple_of(4096) {
+            bail!("the source named holes outside the request {addr:x}-{end:x}: {holes:x?}");
+        }
+        hole_bytes += e - s;
+        last = e;
+    }
+    if d.len() as u64 + hole_bytes != len {
+        bail!(
+            "{} bytes and {hole_bytes} of holes came for {len} asked",
+            d.len()
+        );
+    }
+    if holes.is_empty() {
+        return Ok(d);
+    }
+    let mut full = vec![0u8; len as usize];
+    let (mut at, mut from) = (addr, 0usize);
+    for &(s, e) in holes.iter().chain(std::iter::once(&(end, end))) {
+        let n = (s - at) as usize;
+        full[(at - addr) as usize..(s - addr) as usize].copy_from_slice(&d[from..from + n]);
+        from += n;
+        at = e;
+    }
+    Ok(full)
+}
+
 impl ferry_memory::PageSource for RemoteSource {
     fn extents(&self, pid: i32) -> Vec<(u64, u64)> {
         self.extents.get(&pid).cloned().unwrap_or_default()
@@ -286,6 +419,7 @@ impl ferry_memory::PageSource for RemoteSource {
                     self.take(&mut answers, 100)?;
                     if let Some(k) = answers.iter().position(|(i, _)| *i == id) {
                         let (_, d) = answers.swap_remove(k);
+                        self.holes.remove(&id);
                         buf[done..done + n].copy_from_slice(&d);
                         self.stash.append(&mut answers);
                         return Ok(());
@@ -316,6 +450,10 @@ impl ferry_memory::PageSource for RemoteSource {
 
     fn ready_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(self.link.as_raw_fd())
+    }
+
+    fn take_holes(&mut self, id: u64) -> Vec<(u64, u64)> {
+        self.holes.remove(&id).unwrap_or_default()
     }
 
     fn max_ask(&self) -> usize {
@@ -356,6 +494,7 @@ pub fn report(s: &ferry_memory::Stats) -> ferry_transport::message::LazyReport {
         fault_pages: s.fault_pages,
         pushed_pages: s.pushed_pages,
         zero_pages: s.zero_pages,
+        hole_pages: s.hole_pages,
         forked: s.forked as u64,
         remaps: s.remaps,
         unmaps: s.unmaps,

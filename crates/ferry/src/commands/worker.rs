@@ -364,12 +364,21 @@ pub fn capture_worker(
     let mut leases = None;
     let lazily: Option<ferry_engine::checkpoint::KeepRanges<'_>> = hybrid.then_some(&lazily);
     // (A lazy or hybrid move does not look for copy-on-write sharing: see capture_keeping.)
-    let captured = capture_keeping(&frozen, framed, &keep, lazily, lazy, None, || {
-        timeline.push(stamp("source: non-memory state captured"));
-        aside = Some(SocketFilesAside::set_aside(&frozen)?);
-        leases = Some(WriteLeasesAside::set_aside(&frozen)?);
-        Ok(())
-    })
+    let captured = capture_keeping(
+        &frozen,
+        framed,
+        &keep,
+        lazily,
+        lazy,
+        lazy && !hybrid,
+        None,
+        || {
+            timeline.push(stamp("source: non-memory state captured"));
+            aside = Some(SocketFilesAside::set_aside(&frozen)?);
+            leases = Some(WriteLeasesAside::set_aside(&frozen)?);
+            Ok(())
+        },
+    )
     .map_err(anyhow::Error::from)
     .and_then(|(framed, report)| {
         framed
