@@ -170,6 +170,36 @@ pub fn capture_keeping<W: Write>(
     let mut stops_collected = std::collections::HashSet::new();
     // Children continued after a stop whose parent has not collected that (by our PIDs).
     let mut continues_uncollected = std::collections::HashSet::new();
+    // Every live process's main thread gets its injector first, so that the 64 signal-action
+    // queries run in all the processes at once (their stops overlapping); each injector
+    // then serves the rest of its process's capture. Until then (or on an error) they stay
+    // parked: a ferry killed meanwhile leaves every thread as it was.
+    let mut leaders: HashMap<i32, (u64, Injector)> = HashMap::new();
+    for fp in frozen.procs.iter().filter(|fp| !fp.zombie) {
+        crate::cancel::check(&format!("capturing PID {}", fp.pid))?;
+        // Signals arriving while the tree is frozen stay queued, to be captured as pending: a
+        // thread in a ptrace stop takes none, and one running injected calls has them blocked.
+        let host = fp.host();
+        let syscall_at = ferry_inject::find_syscall_insn(host)?;
+        let leader = &fp.threads[0];
+        let inj = Injector::on_stack(host, leader.tid, leader.regs, syscall_at)?;
+        leaders.insert(fp.pid, (syscall_at, inj));
+    }
+    let mut actions: HashMap<i32, Vec<ferry_image::SigAction>> = {
+        let injs: Vec<(i32, &Injector)> = frozen
+            .procs
+            .iter()
+            .filter_map(|fp| leaders.get(&fp.pid).map(|(_, inj)| (fp.host(), inj)))
+            .collect();
+        let found = signals::capture_actions(&injs)?;
+        frozen
+            .procs
+            .iter()
+            .filter(|fp| leaders.contains_key(&fp.pid))
+            .map(|fp| fp.pid)
+            .zip(found)
+            .collect()
+    };
     for fp in &frozen.procs {
         crate::cancel::check(&format!("capturing PID {}", fp.pid))?;
         report.pids.push(fp.pid);
@@ -202,11 +232,10 @@ pub fn capture_keeping<W: Write>(
                 why: "the stop is remade through the main thread; not written yet".into(),
             });
         }
-        // Signals arriving while the tree is frozen stay queued, to be captured as pending: a
-        // thread in a ptrace stop takes none, and one running injected calls has them blocked.
-        let syscall_at = ferry_inject::find_syscall_insn(host)?;
         let leader = &fp.threads[0];
-        let inj = Injector::on_stack(host, leader.tid, leader.regs, syscall_at)?;
+        let (syscall_at, inj) = leaders
+            .remove(&fp.pid)
+            .expect("every live process has its main thread's injector");
         // A main thread that has exited no longer shows its address space in its stat.
         let stat = if fp.leader_exited {
             let mut st = procfs::task_stat(fp.pid, host)?;
@@ -234,7 +263,12 @@ pub fn capture_keeping<W: Write>(
         }
         let tids: Vec<i32> = fp.threads.iter().map(|t| t.tid).collect();
         crate::resources::seccomp::capture(host, &tids, &mut p)?;
-        signals::capture(host, &inj, &mut p)?;
+        signals::capture(
+            host,
+            &inj,
+            &mut p,
+            actions.remove(&fp.pid).unwrap_or_default(),
+        )?;
         p.threads.push(threads::capture(host, leader, &inj)?);
         inj.finish()?;
         for t in &fp.threads[1..] {

@@ -19,6 +19,7 @@
 
 pub mod batch;
 pub mod rescue;
+pub mod together;
 
 use ferry_sys::proc_mem::ProcMem;
 use ferry_sys::ptrace;
@@ -233,8 +234,19 @@ impl Injector {
     /// Resumes the thread up to its next syscall stop (entry or exit), following the fork and
     /// clone events of an injected clone on the way.
     fn to_syscall_stop(&self, call: &'static str) -> Result<()> {
+        self.resume_to_syscall()?;
+        self.wait_syscall_stop(call)
+    }
+
+    /// Lets the thread run up to its next syscall stop, without waiting for it.
+    fn resume_to_syscall(&self) -> Result<()> {
         ptrace::syscall(self.tid, 0).map_err(|e| self.sys(e))?;
         self.at_syscall_stop.set(false);
+        Ok(())
+    }
+
+    /// Waits for the syscall stop [`Injector::resume_to_syscall`] let the thread run to.
+    fn wait_syscall_stop(&self, call: &'static str) -> Result<()> {
         loop {
             let status = wait_tid(self.tid, false).map_err(|e| self.sys(e))?;
             match status {
