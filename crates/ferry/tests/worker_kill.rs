@@ -27,6 +27,10 @@ fn main() {
             "checkpoint_worker_killed_in_injected_calls",
             checkpoint_worker_killed_in_calls,
         ),
+        Trial::test(
+            "checkpoint_tree_worker_killed_in_calls_together",
+            checkpoint_tree_worker_killed_in_calls,
+        ),
         Trial::test("migration_worker_killed_anywhere", migration_worker_killed),
         Trial::test("restore_killed_in_batched_calls", restore_killed_in_batches),
     ];
@@ -53,7 +57,9 @@ struct Status {
 }
 
 struct Victim {
-    child: Child,
+    /// The victim as our child; `None` for one a shell of the test started.
+    child: Option<Child>,
+    pid: i32,
     status: PathBuf,
 }
 
@@ -68,17 +74,26 @@ impl Victim {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let v = Victim { child, status };
+        let v = Victim {
+            pid: child.id() as i32,
+            child: Some(child),
+            status,
+        };
+        v.wait_started();
+        v
+    }
+
+    fn wait_started(&self) {
+        let v = self;
         let deadline = Instant::now() + Duration::from_secs(10);
         while v.status().is_none_or(|s| s.count < 3) {
             assert!(Instant::now() < deadline, "selfcheck did not start");
             std::thread::sleep(Duration::from_millis(10));
         }
-        v
     }
 
     fn pid(&self) -> i32 {
-        self.child.id() as i32
+        self.pid
     }
 
     fn status(&self) -> Option<Status> {
@@ -111,8 +126,16 @@ impl Victim {
         unsafe { libc::kill(pid, libc::SIGUSR1) };
         let deadline = Instant::now() + Duration::from_secs(3);
         loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return Err(format!("{what}: the victim died: {st}").into());
+            match &mut self.child {
+                Some(c) => {
+                    if let Ok(Some(st)) = c.try_wait() {
+                        return Err(format!("{what}: the victim died: {st}").into());
+                    }
+                }
+                None if !Path::new(&format!("/proc/{pid}")).exists() => {
+                    return Err(format!("{what}: the victim {pid} died").into());
+                }
+                None => {}
             }
             let now = self.status().ok_or("no status")?;
             if !now.ok {
@@ -136,8 +159,16 @@ impl Victim {
 
 impl Drop for Victim {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        match &mut self.child {
+            Some(c) => {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            // SAFETY: kill with a plain PID and signal number.
+            None => unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+            },
+        }
     }
 }
 
@@ -265,6 +296,122 @@ fn checkpoint_worker_killed_in_calls() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Fail points of a checkpoint of a shell and two victims, in the signal-action queries that
+/// run in all three processes at once (`ferry_inject::together`): the second process's
+/// entry while the first has its call set up and the third runs; calls and exits of the first
+/// rounds and of a later one.
+const TREE_FAULTS: &[(&str, u32)] = &[
+    ("parked", 2),
+    ("entry", 2),
+    ("entry", 3),
+    ("call", 2),
+    ("call", 3),
+    ("exit", 1),
+    ("exit", 2),
+    ("entry", 50),
+    ("exit", 100),
+];
+
+/// A checkpoint of a tree (a shell, parent of two victims) killed at each of `TREE_FAULTS`:
+/// every process runs on unharmed, the shell still waiting for its children.
+fn checkpoint_tree_worker_killed_in_calls() -> Result<(), Failed> {
+    let dir = scratch("worker_kill", "tree");
+    let bin = victim_binary();
+    let (a, b) = (dir.join("a.status"), dir.join("b.status"));
+    for f in [&a, &b] {
+        let _ = std::fs::remove_file(f);
+    }
+    let mut shell = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{0} {1} & {0} {2} & wait",
+            bin.display(),
+            a.display(),
+            b.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let root = shell.id() as i32;
+    let kids = |root: i32| -> Vec<i32> {
+        std::fs::read_to_string(format!("/proc/{root}/task/{root}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kids(root).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the shell did not start its victims"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut victims: Vec<Victim> = Vec::new();
+    for status in [a, b] {
+        // Which child writes which status file: the first whose command line names it.
+        let pid = kids(root)
+            .into_iter()
+            .find(|k| {
+                std::fs::read(format!("/proc/{k}/cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).contains(&*status.to_string_lossy()))
+                    .unwrap_or(false)
+            })
+            .expect("a victim for each status file");
+        let v = Victim {
+            child: None,
+            pid,
+            status,
+        };
+        v.wait_started();
+        victims.push(v);
+    }
+    let result = (|| -> Result<(), Failed> {
+        // The whole tree checkpoints (the faults below are the only reason a run fails).
+        let o = Command::new(FERRY)
+            .args(["checkpoint", &root.to_string(), "--leave-running", "--dir"])
+            .arg(dir.join("image-whole"))
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "checkpoint of the tree: {e}");
+        for v in &mut victims {
+            v.assert_unharmed("tree checkpointed, left running")?;
+        }
+        for (i, (point, n)) in TREE_FAULTS.iter().enumerate() {
+            let o = Command::new(FERRY)
+                .args(["checkpoint", &root.to_string(), "--leave-running", "--dir"])
+                .arg(dir.join(format!("image-{i}")))
+                .env("FAILPOINTS", nth_time(point, *n))
+                .output()
+                .unwrap();
+            let e = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                !o.status.success() && e.contains(&format!("fail point {point}")),
+                "no fault at {point}:{n}: {e}"
+            );
+            for v in &mut victims {
+                v.assert_unharmed(&format!("tree checkpoint worker killed at {point}:{n}"))?;
+            }
+            if let Ok(Some(st)) = shell.try_wait() {
+                return Err(format!("the shell died at {point}:{n}: {st}").into());
+            }
+            let st = std::fs::read_to_string(format!("/proc/{root}/stat")).unwrap_or_default();
+            let state = st.rsplit(") ").next().and_then(|r| r.split(' ').next());
+            if state == Some("T") || state == Some("t") || tracer_of(root).is_some() {
+                return Err(format!("the shell is left stopped at {point}:{n}: {st}").into());
+            }
+        }
+        Ok(())
+    })();
+    drop(victims);
+    let _ = shell.wait();
+    result
+}
+
 /// A restore killed while a husk runs a batch of calls (fail point `batch`, the Nth time: the
 /// husk runs its loop of mmaps, clone3s, descriptor installs, ... and ferry dies): nothing of
 /// the half-built tree is left (its husks die with their tracer), and the image restores
@@ -284,7 +431,9 @@ fn restore_killed_in_batches() -> Result<(), Failed> {
         "checkpoint: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let _ = v.child.wait();
+    if let Some(c) = &mut v.child {
+        let _ = c.wait();
+    }
     let mut killed = 0;
     let mut restored = false;
     for n in [1, 2, 3, 4, 6, 9] {
