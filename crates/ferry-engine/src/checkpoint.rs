@@ -185,20 +185,24 @@ pub fn capture_keeping<W: Write>(
         let inj = Injector::on_stack(host, leader.tid, leader.regs, syscall_at)?;
         leaders.insert(fp.pid, (syscall_at, inj));
     }
-    let mut actions: HashMap<i32, Vec<ferry_image::SigAction>> = {
+    let (mut actions, mut rlimits) = {
         let injs: Vec<(i32, &Injector)> = frozen
             .procs
             .iter()
             .filter_map(|fp| leaders.get(&fp.pid).map(|(_, inj)| (fp.host(), inj)))
             .collect();
-        let found = signals::capture_actions(&injs)?;
-        frozen
-            .procs
-            .iter()
-            .filter(|fp| leaders.contains_key(&fp.pid))
-            .map(|fp| fp.pid)
-            .zip(found)
-            .collect()
+        let pids = || {
+            frozen
+                .procs
+                .iter()
+                .filter(|fp| leaders.contains_key(&fp.pid))
+                .map(|fp| fp.pid)
+        };
+        let actions: HashMap<i32, Vec<ferry_image::SigAction>> =
+            pids().zip(signals::capture_actions(&injs)?).collect();
+        let rlimits: HashMap<i32, Vec<ferry_image::Rlimit>> =
+            pids().zip(process::capture_rlimits(&injs)?).collect();
+        (actions, rlimits)
     };
     for fp in &frozen.procs {
         crate::cancel::check(&format!("capturing PID {}", fp.pid))?;
@@ -245,7 +249,13 @@ pub fn capture_keeping<W: Write>(
         } else {
             fp.stat.clone()
         };
-        process::capture(host, &stat, &inj, &mut p)?;
+        process::capture(
+            host,
+            &stat,
+            &inj,
+            &mut p,
+            rlimits.remove(&fp.pid).unwrap_or_default(),
+        )?;
         p.pid = fp.pid;
         crate::resources::cgroups::capture(host, &mut p)?;
         for child in frozen

@@ -3,6 +3,7 @@
 
 pub mod aio;
 pub mod anon_inodes;
+pub mod asked;
 pub mod cgroups;
 pub mod devices;
 pub mod files;

@@ -35,7 +35,40 @@ fn ids(s: &str) -> [u32; 4] {
 }
 
 /// Fills the identity fields of `p` from /proc and from calls injected through `inj`.
-pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -> Result<()> {
+/// The resource limits of every process of `injs` (ours PIDs and main threads' injectors),
+/// asked of all at once (`asked::ask_all`). Asked from inside: prlimit64 on another process
+/// with other credentials would need CAP_SYS_RESOURCE.
+pub fn capture_rlimits(injs: &[(i32, &Injector)]) -> Result<Vec<Vec<Rlimit>>> {
+    let answers = crate::resources::asked::ask_all(injs, RLIMIT_COUNT as usize, 16, |k, inj| {
+        (
+            "prlimit64",
+            libc::SYS_prlimit64,
+            [0, k as u64, 0, inj.scratch(0), 0, 0],
+        )
+    })?;
+    Ok(answers
+        .into_iter()
+        .map(|per| {
+            per.into_iter()
+                .enumerate()
+                .map(|(k, b)| Rlimit {
+                    resource: k as _,
+                    cur: u64::from_ne_bytes(b[0..8].try_into().expect("8 bytes")),
+                    max: u64::from_ne_bytes(b[8..16].try_into().expect("8 bytes")),
+                })
+                .collect()
+        })
+        .collect())
+}
+
+/// A process's own state; its resource limits (`capture_rlimits`) given.
+pub fn capture(
+    pid: i32,
+    stat: &procfs::Stat,
+    inj: &Injector,
+    p: &mut Process,
+    rlimits: Vec<Rlimit>,
+) -> Result<()> {
     let status = procfs::status(pid)?;
     p.pid = pid;
     p.ppid = stat.ppid;
@@ -81,19 +114,7 @@ pub fn capture(pid: i32, stat: &procfs::Stat, inj: &Injector, p: &mut Process) -
             &[PR_GET_SECUREBITS],
         )? as u32,
     };
-    // Asked from inside: prlimit64 on another process with other credentials would need
-    // CAP_SYS_RESOURCE.
-    for resource in 0..RLIMIT_COUNT {
-        inj.syscall(
-            "prlimit64",
-            libc::SYS_prlimit64,
-            &[0, resource as u64, 0, inj.scratch(0)],
-        )?;
-        let b = inj.read_scratch(0, 16)?;
-        let cur = u64::from_ne_bytes(b[0..8].try_into().expect("8 bytes"));
-        let max = u64::from_ne_bytes(b[8..16].try_into().expect("8 bytes"));
-        p.rlimits.push(Rlimit { resource, cur, max });
-    }
+    p.rlimits = rlimits;
     if procfs::field(&status, "Seccomp") == "1" {
         return Err(crate::Error::Unsupported {
             pid,

@@ -13,39 +13,32 @@ const PR_TIMER_CREATE_RESTORE_IDS: u64 = 77;
 /// PIDs and injectors), in order: one `rt_sigaction` query per signal, made in all the
 /// processes at once (`ferry_inject::together`), their ptrace stops overlapping.
 pub fn capture_actions(injs: &[(i32, &Injector)]) -> Result<Vec<Vec<SigAction>>> {
-    let mut out: Vec<Vec<SigAction>> = injs.iter().map(|_| Vec::with_capacity(64)).collect();
-    for sig in 1..=64u64 {
-        let items: Vec<ferry_inject::together::Item> = injs
-            .iter()
-            .map(|(_, inj)| {
-                (
-                    *inj,
-                    "rt_sigaction",
-                    libc::SYS_rt_sigaction,
-                    [sig, 0, inj.scratch(0), 8, 0, 0],
-                )
-            })
-            .collect();
-        let results = ferry_inject::together::syscalls(&items)?;
-        for (((pid, inj), r), actions) in injs.iter().zip(results).zip(&mut out) {
-            if (-4095..0).contains(&r) {
-                return Err(crate::Error::Sys {
-                    pid: *pid,
-                    what: format!("read the action of signal {sig} (injected rt_sigaction)"),
-                    source: ferry_sys::SysError::new("rt_sigaction", (-r) as i32),
-                });
-            }
-            let b = inj.read_scratch(0, 32)?;
-            let w = |i: usize| u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-            actions.push(SigAction {
-                handler: w(0),
-                flags: w(1),
-                restorer: w(2),
-                mask: w(3),
-            });
-        }
-    }
-    Ok(out)
+    let answers = crate::resources::asked::ask_all(injs, 64, 32, |k, inj| {
+        let sig = k as u64 + 1;
+        (
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            [sig, 0, inj.scratch(0), 8, 0, 0],
+        )
+    })?;
+    Ok(answers
+        .into_iter()
+        .map(|per| {
+            per.into_iter()
+                .map(|b| {
+                    let w = |i: usize| {
+                        u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+                    };
+                    SigAction {
+                        handler: w(0),
+                        flags: w(1),
+                        restorer: w(2),
+                        mask: w(3),
+                    }
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// The rest of a process's signal state, its actions (`capture_actions`) given.
