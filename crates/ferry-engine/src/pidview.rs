@@ -341,6 +341,21 @@ impl PidView {
                         why: format!("it refers to PID {pid}, which is not part of the tree"),
                     })?;
                 }
+                FileKind::ProcFile { pid, rest } => {
+                    let (holder, fd) = holders.get(&f.id).copied().unwrap_or_default();
+                    let host = *pid;
+                    *pid = self.member(host, || format!("PID {holder} fd {fd} (/proc/{host})"))?;
+                    // /proc/PID/task/TID/...: the thread by the tree's number too.
+                    if let Some(after) = rest.strip_prefix("/task/") {
+                        let (tid, tail) = after.split_at(after.find('/').unwrap_or(after.len()));
+                        if let Ok(tid) = tid.parse::<i32>() {
+                            let seen = self.member(tid, || {
+                                format!("PID {holder} fd {fd} (/proc/{host}/task/{tid})")
+                            })?;
+                            *rest = format!("/task/{seen}{tail}");
+                        }
+                    }
+                }
                 FileKind::Tty(t) => {
                     if let Some(s) = &mut t.state {
                         s.session = self.of_pid(s.session);

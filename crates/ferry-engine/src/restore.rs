@@ -1044,8 +1044,9 @@ fn build<R: Read>(
             })
             .collect::<Result<Vec<_>>>()?;
         process::restore_creds_all(h, p, &others, close_pidfd)?;
-        // Every process, thread and group exists by now: owners of signal-driven I/O, set
-        // with the process's own credentials.
+        // Every process, thread and group exists by now: its files of /proc/PID, and owners
+        // of signal-driven I/O, set with the process's own credentials.
+        files::install_proc_files(h, p, tree)?;
         files::restore_owners(h, p, tree, &mut owners_done)?;
         h.remove_trampoline()?;
         let thread_hosts = if p.leader_exited {

@@ -168,6 +168,10 @@ fn synthetic_image() -> Vec<u8> {
             path: "/dev/null".into(),
         },
         FileKind::Pidfd { pid: 101 },
+        FileKind::ProcFile {
+            pid: 101,
+            rest: "/status".into(),
+        },
         FileKind::Fanotify(ferry_image::FanotifyDesc {
             flags: 3,
             event_flags: 0x8000,

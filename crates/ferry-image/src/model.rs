@@ -612,8 +612,18 @@ pub enum FileKind {
     Pidfd {
         pid: i32,
     },
-    /// A fanotify group with its inode marks (last: images without one read as before).
+    /// A fanotify group with its inode marks (after the others: images without one read as
+    /// before).
     Fanotify(crate::FanotifyDesc),
+    /// A file of /proc/PID of process (or thread) `pid` of the tree, as the tree numbers it
+    /// (/proc/self/status opened by the process itself, say): `rest` is the path under
+    /// /proc/PID ("/status", "/fd", "" for the directory itself; a `/task/TID` in it names a
+    /// thread of the tree by the tree's number too). Opened again by the rebuilt process
+    /// itself once every process of the tree exists (last: images without one read as before).
+    ProcFile {
+        pid: i32,
+        rest: String,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]

@@ -43,6 +43,9 @@ pub struct FdCapture {
     pub tree_ids: std::collections::HashSet<i32>,
     /// The PIDs of the tree's processes (ours), in capture order.
     pub tree_pids: Vec<i32>,
+    /// The tree's own number (innermost `NSpid`) -> ours, for each of `tree_ids`: made when
+    /// first needed (a /proc file opened through the tree's own /proc names it so).
+    inner_ids: Option<HashMap<i32, i32>>,
 }
 
 /// The owner (host PIDs, translated with the tree's) and the signal of signal-driven I/O of
@@ -286,13 +289,10 @@ impl FdCapture {
             let semaphore = decimal(info, "eventfd-semaphore") != 0;
             return Ok(FileKind::EventFd { count, semaphore });
         }
-        if let Some(id) = proc_pid_of(link).filter(|id| self.tree_ids.contains(id)) {
-            // Its /proc/PID names a process that is rebuilt only after its descriptors are
-            // opened, under that PID as the tree sees it, and a file there is a new inode.
-            return Err(unsupported(&format!(
-                "it is a file of /proc/{id}, a process of the tree (/proc/self opened by it?), \
-                 which cannot be checkpointed yet"
-            )));
+        if let Some(n) = proc_pid_of(link) {
+            if let Some(kind) = self.proc_file(pid, fd, link, n, md)? {
+                return Ok(kind);
+            }
         }
         if let Some(path) = link.strip_prefix('/').map(|_| link) {
             let deleted = path.ends_with(" (deleted)");
@@ -379,6 +379,83 @@ impl FdCapture {
             "this kind of descriptor is not known to Ferry"
         };
         Err(unsupported(why))
+    }
+
+    /// A descriptor of /proc/`n`/... (`link`) of `pid`: a file of a process (or thread) of the
+    /// tree, opened again by the rebuilt process itself once every process exists
+    /// (`install_proc_files`). `n` is numbered by the /proc it was opened through: ours (the
+    /// same numbers as ours), or the process's own /proc, which numbers the tree as the tree
+    /// sees itself (a tree in a PID namespace of its own). A file of /proc/N of a process
+    /// outside the tree is refused (that process is not rebuilt with it). `None`: not a file
+    /// of either /proc.
+    fn proc_file(
+        &mut self,
+        pid: i32,
+        fd: i32,
+        link: &str,
+        n: i32,
+        md: &std::fs::Metadata,
+    ) -> Result<Option<FileKind>> {
+        let unsupported = |why: String| Error::Unsupported {
+            pid,
+            what: format!("fd {fd} ({link})"),
+            why,
+        };
+        let dev_of = |p: &str| std::fs::metadata(p).map(|m| m.dev()).ok();
+        let inner = dev_of("/proc") != Some(md.dev());
+        let host = if !inner {
+            self.tree_ids.contains(&n).then_some(n)
+        } else if dev_of(&format!("/proc/{pid}/root/proc")) == Some(md.dev()) {
+            if self.inner_ids.is_none() {
+                let mut m = HashMap::new();
+                for &id in &self.tree_ids {
+                    let st = procfs::status(id)?;
+                    if let Some(inner) = procfs::field(&st, "NSpid")
+                        .split_whitespace()
+                        .last()
+                        .and_then(|x| x.parse().ok())
+                    {
+                        m.insert(inner, id);
+                    }
+                }
+                self.inner_ids = Some(m);
+            }
+            self.inner_ids.as_ref().and_then(|m| m.get(&n).copied())
+        } else {
+            return Ok(None);
+        };
+        let Some(host) = host else {
+            return Err(unsupported(format!(
+                "it is a file of /proc/{n}, a process outside the tree, which is not rebuilt \
+                 with it"
+            )));
+        };
+        let rest = &link["/proc/".len() + n.to_string().len()..];
+        if rest.ends_with(" (deleted)") {
+            return Err(unsupported(format!(
+                "it is a file of /proc/{n}, a process of the tree, that no longer exists"
+            )));
+        }
+        if rest.starts_with("/task/") && inner {
+            // Its TID, numbered by the tree's /proc, would need the same renumbering.
+            let tail = &rest["/task/".len()..];
+            let tid: Option<i32> = tail.split('/').next().and_then(|t| t.parse().ok());
+            let ours = tid.and_then(|t| self.inner_ids.as_ref()?.get(&t).copied());
+            let Some(ours) = ours else {
+                return Err(unsupported(format!(
+                    "it is a file of {link}, a thread that is not part of the tree"
+                )));
+            };
+            let after = &tail[tail.find('/').unwrap_or(tail.len())..];
+            return Ok(Some(FileKind::ProcFile {
+                pid: host,
+                rest: format!("/task/{ours}{after}"),
+            }));
+        }
+        Ok(Some(FileKind::ProcFile {
+            pid: host,
+            rest: rest.to_string(),
+        }))
     }
 
     /// Registers a pipe (or FIFO) once, with the bytes buffered in it, read without consuming
@@ -771,6 +848,8 @@ pub fn open_descriptions(
             FileKind::Tty(_) => super::tty::open(d, tree, &dev, objects.caller())?,
             // Made in the process itself, once its target exists (see `install`).
             FileKind::Pidfd { .. } => continue,
+            // Made in the process itself, once every process exists (`install_proc_files`).
+            FileKind::ProcFile { .. } => continue,
             FileKind::Unknown => {
                 return Err(Error::BadImage(format!(
                     "file {} has an unknown kind",
@@ -906,7 +985,9 @@ pub fn install(h: &Husk, p: &Process, tree: &Tree, descs: &HashMap<u32, OwnedFd>
     // number first, so that the lowest free number is rarely the one wanted.
     let mut plain: Vec<(&Fd, &OwnedFd)> = Vec::new();
     for fd in &p.fds {
-        if let Some(FileKind::Pidfd { .. }) = tree.files.get(fd.file as usize).map(|d| &d.kind) {
+        if let Some(FileKind::Pidfd { .. } | FileKind::ProcFile { .. }) =
+            tree.files.get(fd.file as usize).map(|d| &d.kind)
+        {
             continue;
         }
         if tree
@@ -1151,6 +1232,85 @@ fn install_pidfd(h: &Husk, fd: &Fd, target: i32, flags: i32) -> Result<()> {
             &[got as u64, libc::F_SETFD as u64, 0],
         )
         .map_err(|e| fail(e.into()))?;
+    }
+    Ok(())
+}
+
+/// Opens again, inside the rebuilt process `p` (husk `h`) and with its own credentials, its
+/// descriptors of files of /proc/PID of processes of the tree (`FileKind::ProcFile`): once
+/// every process and thread of the tree exists, before it runs. Each is opened at its number
+/// (an injected openat of /proc/PID/REST, PID as the tree numbers it, in the process's own
+/// /proc) with its flags, and put back at its offset; descriptors of one description in the
+/// process share the description opened for the first. A process sharing its parent's table
+/// has them from its parent.
+pub fn install_proc_files(h: &Husk, p: &Process, tree: &Tree) -> Result<()> {
+    if p.files_shared_with_parent {
+        return Ok(());
+    }
+    let inj = h.injector();
+    let mut first: HashMap<u32, i32> = HashMap::new();
+    for fd in &p.fds {
+        let Some(d) = tree.files.get(fd.file as usize) else {
+            continue;
+        };
+        let FileKind::ProcFile { pid, rest } = &d.kind else {
+            continue;
+        };
+        let path = format!("/proc/{pid}{rest}");
+        let fail = |e: crate::Error| Error::Restore {
+            pid: h.pid,
+            what: format!("fd {}: open {path} again: {e}", fd.fd),
+        };
+        let cloexec = if fd.cloexec {
+            libc::O_CLOEXEC as u64
+        } else {
+            0
+        };
+        let got = match first.get(&d.id) {
+            Some(&other) => other,
+            None => {
+                let mut name = path.clone().into_bytes();
+                name.push(0);
+                let at = inj.write_scratch(0, &name).map_err(|e| fail(e.into()))?;
+                let flags = (d.flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC))
+                    | libc::O_NOCTTY
+                    | libc::O_CLOEXEC;
+                let got = inj
+                    .syscall(
+                        "openat",
+                        libc::SYS_openat,
+                        &[libc::AT_FDCWD as u64, at, flags as u64, 0],
+                    )
+                    .map_err(|e| fail(e.into()))? as i32;
+                if d.pos != 0 {
+                    inj.syscall(
+                        "lseek",
+                        libc::SYS_lseek,
+                        &[got as u64, d.pos as u64, libc::SEEK_SET as u64],
+                    )
+                    .map_err(|e| fail(e.into()))?;
+                }
+                first.insert(d.id, fd.fd);
+                if got == fd.fd {
+                    if !fd.cloexec {
+                        inj.syscall(
+                            "fcntl",
+                            libc::SYS_fcntl,
+                            &[got as u64, libc::F_SETFD as u64, 0],
+                        )
+                        .map_err(|e| fail(e.into()))?;
+                    }
+                    continue;
+                }
+                inj.syscall("dup3", libc::SYS_dup3, &[got as u64, fd.fd as u64, cloexec])
+                    .map_err(|e| fail(e.into()))?;
+                inj.syscall("close", libc::SYS_close, &[got as u64])
+                    .map_err(|e| fail(e.into()))?;
+                continue;
+            }
+        };
+        inj.syscall("dup3", libc::SYS_dup3, &[got as u64, fd.fd as u64, cloexec])
+            .map_err(|e| fail(e.into()))?;
     }
     Ok(())
 }

@@ -191,6 +191,7 @@ pub fn run(c: Command) -> Result<()> {
                 FileKind::Tty(t) => format!("tty {t:?}"),
                 FileKind::PathOnly { path } => format!("path {path} (O_PATH)"),
                 FileKind::Pidfd { pid } => format!("pidfd of PID {pid}"),
+                FileKind::ProcFile { pid, rest } => format!("/proc/{pid}{rest} (of the tree)"),
                 FileKind::Unknown => "unknown".into(),
             };
             println!(

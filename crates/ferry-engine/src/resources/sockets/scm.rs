@@ -46,6 +46,7 @@ pub(crate) fn may_fly(kind: &FileKind) -> std::result::Result<(), &'static str> 
         | FileKind::Pidfd { .. }
         | FileKind::Tty(_) => Ok(()),
         FileKind::Socket(_) => Ok(()),
+        FileKind::ProcFile { .. } => Err("a file of /proc/PID of a process of the tree"),
         FileKind::Unknown => Err("an unknown kind of file"),
     }
 }
