@@ -535,18 +535,25 @@ fn fill_now(
         };
         let mut buf = vec![0u8; (e - s) as usize];
         source.read(from, addr, &mut buf)?;
-        let mut done = 0;
-        while done < buf.len() {
-            match uffd::copy(space.uffd.as_fd(), s + done as u64, &buf[done..]) {
-                Ok(n) if n > 0 => done += n,
-                Err((err, n)) if err.errno == libc::EEXIST => done += n + PAGE as usize,
-                Ok(_) => done += PAGE as usize,
-                Err((err, _)) => {
-                    return Err(format!(
-                        "PID {pid}: fill its memory at {:x}: {err}",
-                        s + done as u64
-                    ))
-                }
+        copy_before_running(space, pid, s, &buf)?;
+    }
+    Ok(())
+}
+
+/// Copies `data` into `space` at `at` (the process is not running yet): pages already there
+/// are passed over.
+fn copy_before_running(space: &Space, pid: i32, at: u64, data: &[u8]) -> Result<(), String> {
+    let mut done = 0;
+    while done < data.len() {
+        match uffd::copy(space.uffd.as_fd(), at + done as u64, &data[done..]) {
+            Ok(n) if n > 0 => done += n,
+            Err((err, n)) if err.errno == libc::EEXIST => done += n + PAGE as usize,
+            Ok(_) => done += PAGE as usize,
+            Err((err, _)) => {
+                return Err(format!(
+                    "PID {pid}: fill its memory at {:x}: {err}",
+                    at + done as u64
+                ))
             }
         }
     }
@@ -571,20 +578,7 @@ fn fill_now_local(
             let run = cache
                 .run(from, addr + (at - s), (e - at) as usize)
                 .ok_or_else(|| format!("PID {pid}: the pre-copied page at {at:x} is missing"))?;
-            let mut done = 0;
-            while done < run.len() {
-                match uffd::copy(space.uffd.as_fd(), at + done as u64, &run[done..]) {
-                    Ok(n) if n > 0 => done += n,
-                    Err((err, n)) if err.errno == libc::EEXIST => done += n + PAGE as usize,
-                    Ok(_) => done += PAGE as usize,
-                    Err((err, _)) => {
-                        return Err(format!(
-                            "PID {pid}: fill its memory at {:x}: {err}",
-                            at + done as u64
-                        ))
-                    }
-                }
-            }
+            copy_before_running(space, pid, at, run)?;
             at += run.len() as u64;
         }
     }
