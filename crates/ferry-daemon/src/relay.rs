@@ -17,7 +17,7 @@
 mod duplex;
 
 use duplex::*;
-pub(crate) use duplex::{dgram_peer_gone, recv_record, unread_socket};
+pub(crate) use duplex::{recv_record, unread_socket};
 
 use crate::node::Node;
 use crate::relay_keep::Keep;

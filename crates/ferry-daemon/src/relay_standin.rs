@@ -145,7 +145,7 @@ impl Src {
                     let raw = r.s.as_raw_fd();
                     match ready {
                         Err(_) => {
-                            if r.dgram && crate::relay::dgram_peer_gone(raw) {
+                            if r.dgram && ferry_sys::sockets::unix_dgram_peer_gone(raw) {
                                 return Ok(0);
                             }
                             continue;
@@ -277,7 +277,7 @@ impl Dst {
         match self {
             Dst::Pipe(p) => readers_gone(p.as_raw_fd()),
             Dst::Sock(..) => false,
-            Dst::Rec(r) => r.dgram && crate::relay::dgram_peer_gone(r.s.as_raw_fd()),
+            Dst::Rec(r) => r.dgram && ferry_sys::sockets::unix_dgram_peer_gone(r.s.as_raw_fd()),
         }
     }
 

@@ -69,8 +69,9 @@ pub(crate) fn slave_termios(master: std::os::fd::RawFd) -> Option<ferry_sys::tty
 }
 
 /// Whether home PID `pid` is in the foreground process group of its controlling terminal
-/// (from its /proc stat: `pgrp` and `tpgid`; a deputy keeps its terminal and its group).
-pub(crate) fn in_foreground(pid: i32) -> Option<bool> {
+/// (from its /proc stat: `pgrp` and `tpgid`; a deputy keeps its terminal and its group);
+/// `None` once it is gone.
+pub fn in_foreground(pid: i32) -> Option<bool> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let f: Vec<&str> = stat
         .get(stat.rfind(')')? + 2..)?

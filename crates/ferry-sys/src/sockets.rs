@@ -1300,6 +1300,35 @@ pub fn tcp_peek_send_queue(fd: RawFd, len: usize) -> SysResult<Vec<u8>> {
     Ok(buf)
 }
 
+/// Whether the peer of connected UNIX datagram socket `fd` (ours) is gone: a datagram socket
+/// hears nothing of its peer's close, so it is looked for with sock_diag, where a closed
+/// socket no longer is. A socket sock_diag cannot see (another network namespace's) is taken
+/// as alive.
+pub fn unix_dgram_peer_gone(fd: RawFd) -> bool {
+    let Some(ino) = std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .ok()
+        .and_then(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse::<u32>()
+                .ok()
+        })
+    else {
+        return false;
+    };
+    let Ok(me) = unix_diag(Some(ino), UDIAG_SHOW_PEER) else {
+        return false;
+    };
+    let Some(me) = me.first() else {
+        return false;
+    };
+    match me.peer {
+        None | Some(0) => true,
+        Some(peer) => unix_diag(Some(peer), 0).is_ok_and(|p| p.is_empty()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -221,7 +221,7 @@ where
                         // A datagram socket hears nothing of its peer's close: ask.
                         if dgram && peer_checked.elapsed() >= PEER_POLL {
                             peer_checked = std::time::Instant::now();
-                            if dgram_peer_gone(raw) {
+                            if ferry_sys::sockets::unix_dgram_peer_gone(raw) {
                                 let _ = out_tx.blocking_send(TtyOut::Broken);
                                 return;
                             }
@@ -369,31 +369,11 @@ where
                     // (whose terminal then signals its foreground group, which the deputy
                     // forwards, as a TIOCSWINSZ at home would).
                     Ok(Frame::Msg(Msg::RelayWinsize { size })) if !socket => {
-                        let mut known = known_size.lock().unwrap_or_else(|e| e.into_inner());
-                        *known = Some(size);
-                        let _ = ferry_sys::tty::set_winsize(fd.as_raw_fd(), size);
+                        crate::relay_tty::set_size(&known_size, fd.as_raw_fd(), size);
                     }
-                    Ok(Frame::Msg(Msg::RelayTermios {
-                        iflag,
-                        oflag,
-                        cflag,
-                        lflag,
-                        line,
-                        cc,
-                    })) if gate.is_some() => {
-                        // The body set its terminal: the home terminal takes it (its speeds
-                        // kept), as a tcsetattr at home would have set it.
-                        let raw = fd.as_raw_fd();
-                        if let Ok(mut t) = ferry_sys::tty::get_termios(raw) {
-                            (t.iflag, t.oflag, t.cflag, t.lflag, t.line) =
-                                (iflag, oflag, cflag, lflag, line);
-                            if cc.len() == t.cc.len() {
-                                t.cc = cc;
-                            }
-                            if let Err(e) = ferry_sys::tty::set_termios(raw, &t) {
-                                tracing::warn!(event = "relay-termios", error = %e);
-                            }
-                        }
+                    // The body set its terminal: the home terminal takes it.
+                    Ok(Frame::Msg(m @ Msg::RelayTermios { .. })) if gate.is_some() => {
+                        crate::relay_tty::apply_termios(fd.as_raw_fd(), &m);
                     }
                     // A terminal's relay moving on: the body's node hands it over (at home), or
                     // home answers (at the body's node); what follows is read after.
@@ -793,33 +773,4 @@ fn send_on(
         }
     }
     ferry_sys::sockets::send(raw, data, None, &[], flags)
-}
-
-/// Whether the peer of connected UNIX datagram socket `raw` is gone (closed: it is no longer
-/// among the sockets sock_diag knows). A socket sock_diag cannot see (another network
-/// namespace's) is taken as alive.
-pub(crate) fn dgram_peer_gone(raw: std::os::fd::RawFd) -> bool {
-    use ferry_sys::sockets::{unix_diag, UDIAG_SHOW_PEER};
-    let Some(ino) = std::fs::read_link(format!("/proc/self/fd/{raw}"))
-        .ok()
-        .and_then(|l| {
-            let l = l.to_string_lossy().into_owned();
-            l.strip_prefix("socket:[")?
-                .strip_suffix(']')?
-                .parse::<u32>()
-                .ok()
-        })
-    else {
-        return false;
-    };
-    let Ok(me) = unix_diag(Some(ino), UDIAG_SHOW_PEER) else {
-        return false;
-    };
-    let Some(me) = me.first() else {
-        return false;
-    };
-    match me.peer {
-        None | Some(0) => true,
-        Some(peer) => unix_diag(Some(peer), 0).is_ok_and(|p| p.is_empty()),
-    }
 }

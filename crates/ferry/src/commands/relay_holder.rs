@@ -157,7 +157,7 @@ fn wait(fd: i32, events: i16) {
 /// (or reset) closes that pipe; the daemon's end gone (EPIPE), the socket reads no more.
 fn socket_to_pipe() {
     let mut d = Vec::with_capacity(1 << 16);
-    'read: loop {
+    loop {
         d.clear();
         match ferry_sys::sockets::recv_append(SOCK, &mut d, 1 << 16, libc::MSG_DONTWAIT) {
             Ok(0) => break,
@@ -169,17 +169,9 @@ fn socket_to_pipe() {
             }
             Err(_) => break,
         }
-        let mut at = 0;
-        while at < d.len() {
-            match ferry_sys::fdops::write_fd(TO_DAEMON, &d[at..]) {
-                Ok(n) => at += n,
-                Err(e) if e.errno == libc::EINTR => {}
-                Err(e) if e.errno == libc::EAGAIN => wait(TO_DAEMON, libc::POLLOUT),
-                Err(_) => {
-                    let _ = ferry_sys::sockets::shutdown(SOCK, libc::SHUT_RD);
-                    break 'read;
-                }
-            }
+        if !put_all(TO_DAEMON, &d) {
+            let _ = ferry_sys::sockets::shutdown(SOCK, libc::SHUT_RD);
+            break;
         }
     }
     // Our end of the pipe closed (/dev/null in its place): the daemon's end of file.
@@ -207,19 +199,7 @@ fn pipe_to_socket(mut sender: Option<(i32, u32, u32)>) {
         };
         let mut at = 0;
         while at < n {
-            let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-            let r = match sender {
-                Some(who) => match ferry_sys::sockets::send_as(SOCK, &buf[at..n], who, flags) {
-                    // That process is gone: what is left goes as ourselves.
-                    Err(e) if e.errno == libc::ESRCH => {
-                        sender = None;
-                        continue;
-                    }
-                    r => r,
-                },
-                None => ferry_sys::sockets::send(SOCK, &buf[at..n], None, &[], flags),
-            };
-            match r {
+            match send_on_sock(&mut sender, &buf[at..n]) {
                 Ok(k) => at += k,
                 Err(e) if e.errno == libc::EINTR => {}
                 Err(e) if e.errno == libc::EAGAIN => wait(SOCK, libc::POLLOUT),
@@ -230,6 +210,23 @@ fn pipe_to_socket(mut sender: Option<(i32, u32, u32)>) {
     close_pipe(FROM_DAEMON);
 }
 
+/// Sends `d` on the socket without waiting, as `sender` (a process's PID, user and group:
+/// SCM_CREDENTIALS) while that process lives, then as ourselves (`sender` becomes None).
+fn send_on_sock(
+    sender: &mut Option<(i32, u32, u32)>,
+    d: &[u8],
+) -> Result<usize, ferry_sys::SysError> {
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    if let Some(who) = *sender {
+        match ferry_sys::sockets::send_as(SOCK, d, who, flags) {
+            // That process is gone: what is left goes as ourselves.
+            Err(e) if e.errno == libc::ESRCH => *sender = None,
+            r => return r,
+        }
+    }
+    ferry_sys::sockets::send(SOCK, d, None, &[], flags)
+}
+
 /// Closes our end `fd` of a pipe to or from the daemon, /dev/null taking its number.
 fn close_pipe(fd: i32) {
     use std::os::fd::AsRawFd;
@@ -238,26 +235,13 @@ fn close_pipe(fd: i32) {
     }
 }
 
-/// Whether home PID `pid` is in the foreground process group of its controlling terminal (its
-/// /proc stat's `pgrp` and `tpgid`); `None` once it is gone.
-fn in_foreground(pid: i32) -> Option<bool> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let f: Vec<&str> = stat
-        .get(stat.rfind(')')? + 2..)?
-        .split_whitespace()
-        .collect();
-    let pgrp: i32 = f.get(2)?.parse().ok()?;
-    let tpgid: i32 = f.get(5)?.parse().ok()?;
-    Some(pgrp == tpgid)
-}
-
 /// What is typed at the terminal while the tree at home (`root`) has it in the foreground goes
 /// into the pipe to the daemon, in order, until the relay is `over`, the terminal hangs up, or
 /// the daemon's end is gone.
 fn tty_to_pipe(root: i32, over: &std::sync::atomic::AtomicBool) {
     let mut buf = vec![0u8; 1 << 16];
-    'read: while !over.load(std::sync::atomic::Ordering::SeqCst) {
-        match in_foreground(root) {
+    while !over.load(std::sync::atomic::Ordering::SeqCst) {
+        match ferry_daemon::relay_tty::in_foreground(root) {
             Some(true) => {}
             Some(false) => {
                 std::thread::sleep(std::time::Duration::from_millis(50));
@@ -272,7 +256,7 @@ fn tty_to_pipe(root: i32, over: &std::sync::atomic::AtomicBool) {
             Err(_) => continue,
         }
         // The shell may have taken the terminal back while we waited.
-        if in_foreground(root) == Some(false) {
+        if ferry_daemon::relay_tty::in_foreground(root) == Some(false) {
             continue;
         }
         let n = match ferry_sys::fdops::read_fd(SOCK, &mut buf) {
@@ -282,14 +266,8 @@ fn tty_to_pipe(root: i32, over: &std::sync::atomic::AtomicBool) {
             // EIO: the terminal hung up.
             Err(_) => break,
         };
-        let mut at = 0;
-        while at < n {
-            match ferry_sys::fdops::write_fd(TO_DAEMON, &buf[at..n]) {
-                Ok(k) => at += k,
-                Err(e) if e.errno == libc::EINTR => {}
-                Err(e) if e.errno == libc::EAGAIN => wait(TO_DAEMON, libc::POLLOUT),
-                Err(_) => break 'read,
-            }
+        if !put_all(TO_DAEMON, &buf[..n]) {
+            break;
         }
     }
     close_pipe(TO_DAEMON);
@@ -299,7 +277,7 @@ fn tty_to_pipe(root: i32, over: &std::sync::atomic::AtomicBool) {
 /// the daemon's end of file.
 fn pipe_to_tty() {
     let mut buf = vec![0u8; 1 << 16];
-    'read: loop {
+    loop {
         let n = match ferry_sys::fdops::read_fd(FROM_DAEMON, &mut buf) {
             Ok(0) => break,
             Ok(n) => n,
@@ -310,20 +288,15 @@ fn pipe_to_tty() {
             }
             Err(_) => break,
         };
-        let mut at = 0;
-        while at < n {
-            match ferry_sys::fdops::write_fd(SOCK, &buf[at..n]) {
-                Ok(k) => at += k,
-                Err(e) if e.errno == libc::EINTR => {}
-                Err(e) if e.errno == libc::EAGAIN => wait(SOCK, libc::POLLOUT),
-                Err(_) => break 'read,
-            }
+        if !put_all(SOCK, &buf[..n]) {
+            break;
         }
     }
     close_pipe(FROM_DAEMON);
 }
 
-/// Writes all of `d` into our end `fd` of a pipe to the daemon (false: its end is gone).
+/// Writes all of `d` into `fd` (our end of a pipe to the daemon, or the terminal), waiting
+/// while it is full (false: its reader is gone, or another error).
 fn put_all(fd: i32, d: &[u8]) -> bool {
     let mut at = 0;
     while at < d.len() {
@@ -353,34 +326,6 @@ fn get_all(fd: i32, buf: &mut [u8]) -> bool {
     true
 }
 
-/// Whether the peer of connected UNIX datagram socket `fd` is gone (sock_diag no longer
-/// knows it; a datagram socket hears nothing of its peer's close).
-fn dgram_peer_gone(fd: i32) -> bool {
-    use ferry_sys::sockets::{unix_diag, UDIAG_SHOW_PEER};
-    let Some(ino) = std::fs::read_link(format!("/proc/self/fd/{fd}"))
-        .ok()
-        .and_then(|l| {
-            let l = l.to_string_lossy().into_owned();
-            l.strip_prefix("socket:[")?
-                .strip_suffix(']')?
-                .parse::<u32>()
-                .ok()
-        })
-    else {
-        return false;
-    };
-    let Ok(me) = unix_diag(Some(ino), UDIAG_SHOW_PEER) else {
-        return false;
-    };
-    let Some(me) = me.first() else {
-        return false;
-    };
-    match me.peer {
-        None | Some(0) => true,
-        Some(peer) => unix_diag(Some(peer), 0).is_ok_and(|p| p.is_empty()),
-    }
-}
-
 /// A socket of messages (seqpacket, datagrams): each message it reads goes into the pipe to
 /// the daemon whole, as its length (4 bytes, little-endian) and its bytes; a seqpacket's end
 /// of file, or a datagram socket's peer gone, closes that pipe.
@@ -394,7 +339,7 @@ fn records_to_pipe(dgram: bool) {
                 let _ = ferry_sys::sockets::poll_wait(SOCK, libc::POLLIN | libc::POLLRDHUP, 200);
                 if dgram && checked.elapsed() >= std::time::Duration::from_millis(200) {
                     checked = std::time::Instant::now();
-                    if dgram_peer_gone(SOCK) {
+                    if ferry_sys::sockets::unix_dgram_peer_gone(SOCK) {
                         break;
                     }
                 }
@@ -434,18 +379,7 @@ fn pipe_to_records(mut sender: Option<(i32, u32, u32)>) {
             break;
         }
         loop {
-            let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-            let r = match sender {
-                Some(who) => match ferry_sys::sockets::send_as(SOCK, &d, who, flags) {
-                    Err(e) if e.errno == libc::ESRCH => {
-                        sender = None;
-                        continue;
-                    }
-                    r => r,
-                },
-                None => ferry_sys::sockets::send(SOCK, &d, None, &[], flags),
-            };
-            match r {
+            match send_on_sock(&mut sender, &d) {
                 Ok(_) => break,
                 Err(e) if e.errno == libc::EINTR => {}
                 Err(e) if e.errno == libc::EAGAIN => wait(SOCK, libc::POLLOUT),
